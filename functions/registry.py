@@ -1,0 +1,91 @@
+"""The function registry: what a node can run. A function is bytes in, bytes out.
+
+Add your own with a ``module:function`` reference (see docs/functions.md), e.g.
+``P2PFAAS_FUNCTIONS="resize=myapp.images:resize"`` or ``p2pfaas up --function``.
+"""
+
+from __future__ import annotations
+
+import importlib
+import re
+from dataclasses import dataclass
+from typing import Callable
+
+FunctionBody = Callable[[bytes], bytes]
+NAME_RE = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
+
+
+class FunctionInputError(ValueError):
+    """Raised by a function whose input is malformed: the caller gets 400, not 500."""
+
+
+@dataclass(frozen=True, slots=True)
+class FunctionSpec:
+    name: str
+    body: FunctionBody
+    timeout_s: float = 30.0
+    requires_input: bool = True   # an empty payload is refused with 400
+    description: str = ""
+
+
+class FunctionRegistry:
+    def __init__(self) -> None:
+        self._specs: dict[str, FunctionSpec] = {}
+
+    def add(self, spec: FunctionSpec) -> None:
+        if not NAME_RE.match(spec.name):
+            raise ValueError(f"invalid function name {spec.name!r}: must match [A-Za-z0-9_-]{{1,64}}")
+        self._specs[spec.name] = spec
+
+    def add_reference(self, name: str, reference: str, *, timeout_s: float = 30.0, requires_input: bool = False) -> FunctionSpec:
+        """Register ``module:function`` under ``name``; ValueError if it cannot be imported."""
+        spec = FunctionSpec(name, load_reference(reference), timeout_s, requires_input, f"user function {reference}")
+        self.add(spec)
+        return spec
+
+    def get(self, name: str) -> FunctionSpec | None:
+        return self._specs.get(name)
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._specs
+
+    def names(self) -> list[str]:
+        return sorted(self._specs)
+
+
+def load_reference(reference: str) -> FunctionBody:
+    module_name, sep, attr = reference.partition(":")
+    if not sep or not module_name or not attr:
+        raise ValueError(f"function reference {reference!r} must look like 'package.module:function'")
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as exc:
+        raise ValueError(f"cannot import {module_name!r} for {reference!r}: {exc}") from exc
+    body = getattr(module, attr, None)
+    if not callable(body):
+        raise ValueError(f"{reference!r} is not a callable")
+    return body
+
+
+def parse_function_specs(text: str) -> list[tuple[str, str]]:
+    """``"a=pkg.mod:f,b=pkg.mod:g"`` -> [("a", "pkg.mod:f"), ...]."""
+    pairs = []
+    for item in filter(None, (p.strip() for p in text.split(","))):
+        name, sep, ref = item.partition("=")
+        if not sep:
+            raise ValueError(f"function spec {item!r} must look like name=package.module:function")
+        pairs.append((name.strip(), ref.strip()))
+    return pairs
+
+
+def default_registry(extra: str | list[tuple[str, str]] = "") -> FunctionRegistry:
+    """Built-ins plus user functions (``name=module:function`` pairs)."""
+    from functions import builtins
+
+    registry = FunctionRegistry()
+    for spec in builtins.SPECS:
+        registry.add(spec)
+    pairs = parse_function_specs(extra) if isinstance(extra, str) else extra
+    for name, ref in pairs:
+        registry.add_reference(name, ref)
+    return registry

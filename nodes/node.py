@@ -1,0 +1,165 @@
+"""One p2pfaas node: scheduler service + worker pool + control plane (load, configuration,
+metrics over NATS request/reply). ``async with Node(settings)`` runs it."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+
+import orjson
+from nats.aio.client import Client
+from nats.aio.msg import Msg
+from prometheus_client import generate_latest
+
+from broker.codec import decode, encode
+from broker.connection import close_quietly, connect
+from broker.errors import ContractError
+from broker.messages import ErrorBody, NodeConfiguration, NodeLoad, SchedulerConfiguration
+from broker.streams import ensure_node_streams
+from broker.subjects import Subjects
+from functions.registry import FunctionRegistry, default_registry
+from nodes.config_store import ConfigStore
+from nodes.metrics import NodeMetrics
+from nodes.pool import WorkerPool
+from nodes.scheduler.service import PeerSource, SchedulerService
+from nodes.settings import NodeSettings
+
+log = logging.getLogger(__name__)
+
+VERSION = "0.1.0"
+STATUS_HEADER = "X-P2pfaas-Status"
+
+
+class Node:
+    def __init__(self, settings: NodeSettings, registry: FunctionRegistry | None = None,
+                 peers: PeerSource | None = None) -> None:
+        self.settings = settings
+        self.subjects = Subjects(settings.prefix)
+        self.registry = registry or default_registry(settings.functions)
+        self.metrics = NodeMetrics(settings.node_id)
+        self.store = ConfigStore(settings.node_dir, settings.initial, settings.initial_scheduler)
+        self.nc: Client | None = None
+        self.pool: WorkerPool | None = None
+        self.scheduler: SchedulerService | None = None
+        self._peers = peers
+        self._subs: list = []
+        self.started_at = time.time()
+
+    async def start(self) -> "Node":
+        self.nc = await connect(self.settings.nats_url, f"node-{self.settings.node_id}")
+        js = self.nc.jetstream()
+        await ensure_node_streams(js, self.subjects, self.settings.node_id)
+        self.pool = WorkerPool(self.settings, js, self.subjects)
+        await self.pool.start(self.store.node.parallel_running_functions_max)
+        self.scheduler = SchedulerService(self.settings, self.nc, self.registry, self.store,
+                                          self.metrics, self._peers)
+        await self.scheduler.start()
+        node = self.settings.node_id
+        s = self.subjects
+        for subject, handler in (
+            (s.load(node), self._on_load),
+            (s.config(node, "get"), self._on_config_get),
+            (s.config(node, "set"), self._on_config_set),
+            (s.scheduler_config(node, "get"), self._on_scheduler_get),
+            (s.scheduler_config(node, "set"), self._on_scheduler_set),
+            (s.metrics(node), self._on_metrics),
+            (s.info(node), self._on_info),
+        ):
+            self._subs.append(await self.nc.subscribe(subject, cb=handler))
+        log.info("node %s up: K=%d queue=%d scheduler=%s", node,
+                 self.store.node.parallel_running_functions_max, self.store.node.queue_length_max,
+                 self.scheduler.algorithm.describe())
+        return self
+
+    async def stop(self) -> None:
+        for sub in self._subs:
+            await sub.unsubscribe()
+        self._subs.clear()
+        if self.scheduler:
+            await self.scheduler.stop()
+        if self.pool:
+            await self.pool.stop()
+        if self.nc and not self.nc.is_closed:
+            await close_quietly(self.nc)
+
+    async def __aenter__(self) -> "Node":
+        return await self.start()
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.stop()
+
+    # -- control plane ------------------------------------------------------
+    def current_load(self) -> NodeLoad:
+        assert self.scheduler is not None
+        c = self.store.node
+        return NodeLoad(node=self.settings.node_id, running=self.scheduler.load.n_running,
+                        queued=self.scheduler.load.n_queued,
+                        parallel_running_functions_max=c.parallel_running_functions_max,
+                        queue_length_max=c.queue_length_max, queue_enabled=c.queue_enabled)
+
+    async def apply_configuration(self, config: NodeConfiguration) -> None:
+        """Persist and apply at run time: K resizes the worker pool, no restart."""
+        self.store.set_node(config)
+        assert self.pool is not None
+        await self.pool.set_size(config.parallel_running_functions_max)
+        if self.pool:
+            self.metrics.workers.labels(node=self.settings.node_id, state="target").set(self.pool.target)
+
+    async def _reply(self, msg: Msg, body: bytes, status: int = 200) -> None:
+        if msg.reply:
+            await self.nc.publish(msg.reply, body, headers={STATUS_HEADER: str(status)})
+
+    async def _error(self, msg: Msg, status: int, message: str) -> None:
+        log.warning("control request on %s refused: %s", msg.subject, message)
+        self.metrics.error("bad_configuration")
+        await self._reply(msg, encode(ErrorBody(code=status, message=message)), status)
+
+    async def _on_load(self, msg: Msg) -> None:
+        await self._reply(msg, encode(self.current_load()))
+
+    async def _on_config_get(self, msg: Msg) -> None:
+        await self._reply(msg, encode(self.store.node))
+
+    async def _on_config_set(self, msg: Msg) -> None:
+        try:
+            config = decode(NodeConfiguration, msg.data)
+        except ContractError as exc:
+            return await self._error(msg, 400, str(exc))
+        await self.apply_configuration(config)
+        await self._reply(msg, encode(config))
+
+    async def _on_scheduler_get(self, msg: Msg) -> None:
+        await self._reply(msg, encode(self.store.scheduler))
+
+    async def _on_scheduler_set(self, msg: Msg) -> None:
+        assert self.scheduler is not None
+        try:
+            config = decode(SchedulerConfiguration, msg.data)
+            algorithm = self.scheduler.set_algorithm(config.name, config.parameters)
+        except (ContractError, ValueError) as exc:
+            return await self._error(msg, 400, str(exc))
+        config = SchedulerConfiguration(name=algorithm.name, parameters=algorithm.parameters())
+        self.store.set_scheduler(config)
+        log.info("node %s scheduler is now %s", self.settings.node_id, algorithm.describe())
+        await self._reply(msg, encode(config))
+
+    async def _on_metrics(self, msg: Msg) -> None:
+        if self.pool:
+            for state in ("ready", "starting", "stopping"):
+                self.metrics.workers.labels(node=self.settings.node_id, state=state).set(getattr(self.pool, state))
+        await self._reply(msg, generate_latest(self.metrics.registry))
+
+    async def _on_info(self, msg: Msg) -> None:
+        assert self.scheduler is not None
+        await self._reply(msg, orjson.dumps({
+            "name": "p2pfaas", "version": VERSION, "node": self.settings.node_id,
+            "scheduler": self.scheduler.algorithm.describe(), "functions": self.registry.names(),
+            "workers": {"ready": self.pool.ready, "starting": self.pool.starting, "stopping": self.pool.stopping} if self.pool else {},
+            "uptime_s": time.time() - self.started_at,
+        }))
+
+
+async def run_node(settings: NodeSettings, stop: asyncio.Event) -> None:
+    async with Node(settings):
+        await stop.wait()

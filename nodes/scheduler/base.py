@@ -1,0 +1,128 @@
+"""The scheduling-algorithm interface: ``schedule(request, view) -> Decision``.
+
+An algorithm only decides; the scheduler service carries the decision out
+(enqueue locally, forward over NATS, publish a rejection).
+"""
+
+from __future__ import annotations
+
+import abc
+from dataclasses import dataclass, field
+from typing import ClassVar, Protocol, Sequence
+
+
+@dataclass(frozen=True, slots=True)
+class SchedulingRequest:
+    """What an algorithm may look at when it decides where a request runs."""
+
+    fn: str
+    client: str
+    request_id: str
+    external: bool = False          # arrived over faas.<node>.forward.* (P2PFaaS "External")
+    hops: int = 0                   # forwards already done
+    peers: tuple[str, ...] = ()     # nodes already visited, origin first
+    bypass: bool = False            # X-P2pfaas-Scheduler-Bypass
+    force_forward: bool = False     # X-P2pfaas-Scheduler-Forward
+    force_reject: bool = False      # X-P2pfaas-Scheduler-Reject
+    task_type: float | None = None  # X-P2pfaas-Scheduler-Learning-Task-Type
+
+
+@dataclass(frozen=True, slots=True)
+class LocalLoad:
+    running: int
+    queued: int
+    slots: int          # K, parallel_running_functions_max
+    queue_max: int
+    queue_enabled: bool
+
+    @property
+    def has_room(self) -> bool:
+        """A new task could run now or wait in the queue."""
+        if self.running < self.slots:
+            return True
+        return self.queue_enabled and self.queued < self.queue_max
+
+
+class SchedulingView(Protocol):
+    """The node's view that algorithms decide on (implemented by the service)."""
+
+    node_id: str
+
+    def local_load(self) -> LocalLoad: ...
+
+    def peers(self) -> Sequence[str]:
+        """Alive peers from discovery, excluding this node, in a stable order."""
+        ...
+
+    async def probe(self, peer: str) -> int | None:
+        """Running + queued of ``peer``; None when the probe failed or timed out."""
+        ...
+
+
+@dataclass(frozen=True, slots=True)
+class Execute:
+    """Run on this node's worker pool."""
+
+    probing_s: float = 0.0  # time spent probing peers before deciding to stay local
+
+
+@dataclass(frozen=True, slots=True)
+class Forward:
+    peer: str
+    probing_s: float = 0.0
+
+
+@dataclass(frozen=True, slots=True)
+class Reject:
+    reason: str
+    code: int = 401  # P2PFaaS: deliberately rejected
+    probing_s: float = 0.0  # time spent probing peers before giving up
+
+
+Decision = Execute | Forward | Reject
+
+
+class SchedulingAlgorithm(abc.ABC):
+    """Base of every algorithm; subclasses register themselves by ``name``."""
+
+    name: ClassVar[str]
+    registry: ClassVar[dict[str, type["SchedulingAlgorithm"]]] = {}
+
+    def __init_subclass__(cls, **kw: object) -> None:
+        super().__init_subclass__(**kw)
+        if "name" in cls.__dict__:
+            SchedulingAlgorithm.registry[cls.name] = cls
+
+    @classmethod
+    @abc.abstractmethod
+    def from_parameters(cls, parameters: Sequence[str]) -> "SchedulingAlgorithm":
+        """Build from P2PFaaS string parameters; ValueError with a clear message if invalid."""
+
+    @abc.abstractmethod
+    def parameters(self) -> list[str]:
+        """The parameters as P2PFaaS strings (round-trips through from_parameters)."""
+
+    @abc.abstractmethod
+    async def schedule(self, request: SchedulingRequest, view: SchedulingView) -> Decision: ...
+
+    def describe(self) -> str:
+        """Name as P2PFaaS prints it in X-P2pfaas-Scheduler, e.g. ``PowerOfNScheduler(1, 2, true, 1)``."""
+        return f"{self.name}({', '.join(self.parameters())})"
+
+
+def parse_bool(value: str) -> bool:
+    v = value.strip().lower()
+    if v in ("true", "1", "yes"):
+        return True
+    if v in ("false", "0", "no"):
+        return False
+    raise ValueError(f"expected a boolean (true/false), got {value!r}")
+
+
+def build_algorithm(name: str, parameters: Sequence[str]) -> SchedulingAlgorithm:
+    """Instantiate a registered algorithm; ValueError names the known ones."""
+    cls = SchedulingAlgorithm.registry.get(name)
+    if cls is None:
+        known = ", ".join(sorted(SchedulingAlgorithm.registry))
+        raise ValueError(f"unknown scheduler {name!r}; known: {known}")
+    return cls.from_parameters(list(parameters))

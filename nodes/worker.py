@@ -1,0 +1,192 @@
+"""A worker: pulls one task at a time from the node's durable task stream, runs it, publishes the result.
+
+Runs as its own OS process (``python -m nodes.worker``, the default runtime, so
+K workers are K-way parallelism) or as a task inside the node ("inprocess").
+Delivery is at-least-once; the result is published once per request id: a
+redelivered task whose result already exists is only acknowledged.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import logging
+import os
+import signal
+import sys
+import time
+
+import orjson
+from nats.aio.client import Client
+from nats.aio.msg import Msg
+from nats.errors import TimeoutError as NatsTimeout
+from nats.js.errors import NotFoundError
+
+from broker import headers as H
+from broker.codec import encode
+from broker.connection import close_quietly, connect
+from broker.messages import Result, Timings
+from broker.streams import deadletter_stream, results_stream, tasks_stream
+from broker.subjects import Subjects
+from functions.registry import FunctionInputError, FunctionRegistry, default_registry
+from nodes.settings import NodeSettings
+
+log = logging.getLogger(__name__)
+
+WORKERS_DURABLE = "workers"
+EXIT_RECYCLE = 3  # a function overran its timeout: the process exits so its thread dies with it
+
+
+def output_fields(output: bytes) -> dict[str, str]:
+    try:
+        return {"output": output.decode()}
+    except UnicodeDecodeError:
+        return {"output_b64": base64.b64encode(output).decode()}
+
+
+class Worker:
+    def __init__(self, settings: NodeSettings, registry: FunctionRegistry, name: str) -> None:
+        self.settings = settings
+        self.registry = registry
+        self.name = name
+        self.subjects = Subjects(settings.prefix)
+        self.stopping = asyncio.Event()
+        self.recycle = False
+        self.nc: Client | None = None
+
+    async def run(self, ready: "asyncio.Future[None] | None" = None) -> int:
+        self.nc = await connect(self.settings.nats_url, f"{self.settings.node_id}-{self.name}")
+        js = self.nc.jetstream()
+        sub = await js.pull_subscribe_bind(
+            durable=WORKERS_DURABLE, stream=tasks_stream(self.subjects, self.settings.node_id)
+        )
+        if ready is not None and not ready.done():
+            ready.set_result(None)
+        try:
+            while not self.stopping.is_set() and not self.recycle:
+                try:
+                    msgs = await sub.fetch(1, timeout=0.5)
+                except (NatsTimeout, asyncio.TimeoutError):
+                    continue
+                for msg in msgs:
+                    await self.handle(msg)
+        finally:
+            await close_quietly(self.nc, sub)
+        return EXIT_RECYCLE if self.recycle else 0
+
+    async def handle(self, msg: Msg) -> None:
+        assert self.nc is not None
+        js = self.nc.jetstream()
+        h = msg.headers or {}
+        fn = msg.subject.rsplit(".", 1)[-1]
+        client, req = h.get(H.CLIENT, ""), h.get(H.REQUEST_ID, "")
+        key = f"{client}.{req}"
+        delivered = msg.metadata.num_delivered
+        node = self.settings.node_id
+        result_subject = self.subjects.result(client, req)
+
+        if delivered > 1 and await self._result_exists(js, result_subject):
+            log.info("task %s redelivered but already answered; acknowledging", key)
+            await self._done(key, fn, 0, 0.0, 0.0)
+            await msg.ack()
+            return
+
+        arrival = float(h.get(H.ARRIVAL, time.time()))
+        sent_at = float(h.get(H.SENT_AT, arrival))
+        common = dict(
+            request_id=req, client=client, fn=fn, executed_by=node, origin=h.get(H.ORIGIN, node),
+            hops=int(h.get(H.HOPS, 0)), peers=[p for p in h.get(H.PEERS_LIST_ID, "").split(",") if p],
+            scheduler=h.get(H.SCHEDULER_NAME, ""),
+        )
+        if delivered >= self.settings.max_deliver:
+            reason = f"task failed {delivered - 1} times (its worker died); dead-lettered"
+            log.error("%s: %s", key, reason)
+            await js.publish(self.subjects.deadletter(node, fn), msg.data, headers=dict(h),
+                             stream=deadletter_stream(self.subjects))
+            await self._publish(js, Result(status=500, error=reason, **common), key)
+            await self._done(key, fn, 500, 0.0, time.time() - arrival)
+            await msg.ack()
+            return
+
+        await self.nc.publish(self.subjects.task_event(node, "started"), key.encode())
+        started = time.time()
+        spec = self.registry.get(fn)
+        timeout = float(h.get(H.TIMEOUT, 0) or 0) or (spec.timeout_s if spec else 30.0)
+        status, fields = 200, {}
+        if spec is None:
+            status, fields = 404, {"error": f"unknown function {fn!r} on worker"}
+        else:
+            keepalive = asyncio.create_task(self._keep_alive(msg))
+            try:
+                output = await asyncio.wait_for(asyncio.to_thread(spec.body, msg.data), timeout)
+                if not isinstance(output, (bytes, bytearray)):
+                    output = str(output).encode()
+                fields = output_fields(bytes(output))
+            except asyncio.TimeoutError:
+                status, fields = 504, {"error": f"{fn} exceeded its timeout of {timeout:g} s"}
+                self.recycle = os.environ.get("P2PFAAS_WORKER_PROCESS") == "1"
+            except FunctionInputError as exc:
+                status, fields = 400, {"error": f"{fn}: {exc}"}
+            except Exception as exc:  # the function's own failure: report it, keep serving
+                status, fields = 500, {"error": f"{fn} raised {type(exc).__name__}: {exc}"}
+            finally:
+                keepalive.cancel()
+        finished = time.time()
+        scheduling_s = float(h.get(H.SCHEDULING_S, 0.0))
+        timings = Timings(
+            scheduling_s=scheduling_s,
+            queueing_s=max(0.0, started - sent_at),
+            execution_s=finished - started,
+            total_s=finished - arrival,
+        )
+        if status != 200:
+            log.warning("%s %s -> %d: %s", fn, key, status, fields.get("error"))
+        await self._publish(js, Result(status=status, timings=timings, **common, **fields), key)
+        await self._done(key, fn, status, timings.execution_s, timings.total_s)
+        await msg.ack()
+
+    async def _publish(self, js, result: Result, key: str) -> None:
+        await js.publish(
+            self.subjects.result(result.client, result.request_id), encode(result),
+            headers={H.MSG_ID: f"result.{key}"}, stream=results_stream(self.subjects),
+        )
+
+    async def _done(self, key: str, fn: str, status: int, execution_s: float, total_s: float) -> None:
+        assert self.nc is not None
+        event = {"k": key, "fn": fn, "s": status, "e": execution_s, "t": total_s}
+        await self.nc.publish(self.subjects.task_event(self.settings.node_id, "done"), orjson.dumps(event))
+
+    async def _result_exists(self, js, subject: str) -> bool:
+        try:
+            await js.get_last_msg(results_stream(self.subjects), subject)
+            return True
+        except NotFoundError:
+            return False
+
+    async def _keep_alive(self, msg: Msg) -> None:
+        """Tell JetStream a long task is still running, so it is not redelivered meanwhile."""
+        while True:
+            await asyncio.sleep(self.settings.ack_wait_s / 3)
+            try:
+                await msg.in_progress()
+            except Exception as exc:  # connection blip: the next beat retries
+                log.debug("in_progress failed: %s", exc)
+
+
+async def _main() -> int:
+    settings = NodeSettings.model_validate_json(os.environ["P2PFAAS_NODE_SETTINGS"])
+    name = os.environ.get("P2PFAAS_WORKER_NAME", f"w{os.getpid()}")
+    worker = Worker(settings, default_registry(settings.functions), name)
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, worker.stopping.set)
+    ready: asyncio.Future[None] = loop.create_future()
+    ready.add_done_callback(lambda _: print("READY", flush=True))
+    return await worker.run(ready)
+
+
+if __name__ == "__main__":
+    logging.basicConfig(level=os.environ.get("P2PFAAS_LOG_LEVEL", "WARNING"),
+                        format="%(asctime)s %(levelname)s worker %(name)s: %(message)s")
+    os.environ["P2PFAAS_WORKER_PROCESS"] = "1"
+    sys.exit(asyncio.run(_main()))

@@ -1,0 +1,227 @@
+"""The ``p2pfaas`` command line: ``up``, ``node``, ``bridge``, ``invoke`` and the experiments."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+import sys
+from enum import Enum
+from pathlib import Path
+from typing import Optional
+
+import typer
+from rich.console import Console
+
+from broker.messages import NodeConfiguration
+
+app = typer.Typer(help="p2pfaas: peer-to-peer Function-as-a-Service over NATS/JetStream and MQTT.",
+                  no_args_is_help=True, add_completion=False)
+console = Console(stderr=True)
+
+
+class Via(str, Enum):
+    http = "http"
+    mqtt = "mqtt"
+    nats = "nats"
+
+
+class MqttChoice(str, Enum):
+    nats = "nats"
+    mosquitto = "mosquitto"
+    off = "off"
+
+
+class Runtime(str, Enum):
+    process = "process"
+    inprocess = "inprocess"
+
+
+def _logging(verbose: bool) -> None:
+    logging.basicConfig(level=logging.INFO if verbose else logging.WARNING,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+
+
+def _functions(specs: list[str]) -> list[tuple[str, str]]:
+    from functions.registry import parse_function_specs
+    return [pair for spec in specs for pair in parse_function_specs(spec)]
+
+
+async def _until_signal(stop: asyncio.Event) -> None:
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    await stop.wait()
+
+
+@app.command()
+def up(
+    nodes: int = typer.Option(1, "--nodes", min=1, max=64, help="Number of nodes (n1..nN)."),
+    http_port: int = typer.Option(18080, help="HTTP bridge port of n1; node i gets PORT+i-1 (a busy port is replaced)."),
+    nats_url: Optional[str] = typer.Option(None, help="Use this NATS instead of starting the embedded nats-server."),
+    nats_port: int = typer.Option(4222, help="Port of the embedded nats-server (a busy port is replaced)."),
+    mqtt: MqttChoice = typer.Option(MqttChoice.nats, help="nats: nats-server's MQTT listener; mosquitto: start mosquitto + the MQTT bridge; off."),
+    mqtt_url: Optional[str] = typer.Option(None, help="Bridge to an MQTT broker that already runs (mqtt://HOST:PORT)."),
+    mqtt_port: int = typer.Option(1883, help="MQTT port to listen on (a busy port is replaced)."),
+    data_dir: Path = typer.Option(Path("data"), help="Streams, configuration and models live here."),
+    parallel: int = typer.Option(4, "--k", help="K: parallel running functions per node (changeable at run time)."),
+    queue: int = typer.Option(4, help="Queue length max per node."),
+    runtime: Runtime = typer.Option(Runtime.process, help="Workers as OS processes (real parallelism) or inside the node."),
+    function: list[str] = typer.Option([], "--function", "-f", help="Add a function: name=package.module:callable (repeatable)."),
+    verbose: bool = typer.Option(False, "--verbose", "-v", help="Log at INFO."),
+) -> None:
+    """Start the whole stack: nats-server (JetStream), nodes with worker pools, HTTP and MQTT access. Ctrl-C stops it."""
+    from p2pfaas.stack import Stack, StackSettings
+
+    _logging(verbose)
+    settings = StackSettings(
+        nodes=nodes, http_port=http_port, nats_url=nats_url, nats_port=nats_port, mqtt=mqtt.value,
+        mqtt_url=mqtt_url, mqtt_port=mqtt_port, data_dir=data_dir, runtime=runtime.value,
+        configuration=NodeConfiguration(parallel_running_functions_max=parallel, queue_length_max=queue),
+        functions=_functions(function),
+    )
+
+    async def main() -> None:
+        stop = asyncio.Event()
+        with console.status("starting p2pfaas ..."):
+            stack = Stack(settings)
+            endpoints = await stack.start()
+        try:
+            for note in endpoints.notes:
+                console.print(f"[yellow]note:[/] {note}")
+            console.print("[bold green]p2pfaas is up[/]")
+            for line in endpoints.lines():
+                console.print("  " + line)
+            first = next(iter(endpoints.http.values()))
+            console.print(f"  try: curl -X POST {first}/function/fib -d 25")
+            console.print("  Ctrl-C to stop")
+            await _until_signal(stop)
+            console.print("stopping ...")
+        finally:
+            await stack.stop()
+        console.print("stopped")
+
+    asyncio.run(main())
+
+
+@app.command()
+def node(
+    node_id: str = typer.Option("n1", "--id", help="Node id."),
+    nats_url: str = typer.Option("nats://127.0.0.1:4222", help="NATS to attach to."),
+    data_dir: Path = typer.Option(Path("data"), help="Configuration directory."),
+    runtime: Runtime = typer.Option(Runtime.process),
+    function: list[str] = typer.Option([], "--function", "-f", help="name=package.module:callable (repeatable)."),
+    verbose: bool = typer.Option(False, "--verbose", "-v"),
+) -> None:
+    """Run one node (scheduler + worker pool) against an existing NATS."""
+    from nodes.node import Node
+    from nodes.settings import NodeSettings
+
+    _logging(verbose)
+    settings = NodeSettings(node_id=node_id, nats_url=nats_url, data_dir=data_dir, runtime=runtime.value,
+                            functions=_functions(function))
+
+    async def main() -> None:
+        async with Node(settings):
+            console.print(f"node {node_id} attached to {nats_url}; Ctrl-C to stop")
+            await _until_signal(asyncio.Event())
+
+    asyncio.run(main())
+
+
+class BridgeKind(str, Enum):
+    http = "http"
+    mqtt = "mqtt"
+
+
+@app.command()
+def bridge(
+    kind: BridgeKind = typer.Argument(..., help="http or mqtt"),
+    node_id: str = typer.Option("n1", "--node", help="Node served by the HTTP bridge."),
+    nats_url: str = typer.Option("nats://127.0.0.1:4222"),
+    port: int = typer.Option(18080, help="HTTP port."),
+    host: str = typer.Option("127.0.0.1"),
+    mqtt_url: str = typer.Option("mqtt://127.0.0.1:1883", help="Mosquitto to bridge (mqtt bridge)."),
+    verbose: bool = typer.Option(False, "--verbose", "-v"),
+) -> None:
+    """Run one bridge against an existing NATS (and Mosquitto)."""
+    from broker.connection import close_quietly, connect
+    from broker.http_bridge import HttpBridge
+    from broker.mqtt_bridge import MqttBridge
+
+    _logging(verbose)
+
+    async def main() -> None:
+        nc = await connect(nats_url, f"p2pfaas-{kind.value}-bridge")
+        stop = asyncio.Event()
+        try:
+            if kind is BridgeKind.http:
+                b = await HttpBridge(nc, node_id).start()
+                serving = asyncio.create_task(b.serve(host, port))
+                console.print(f"HTTP bridge for {node_id} on http://{host}:{port}")
+                await _until_signal(stop)
+                b.shutdown()
+                await serving
+                await b.stop()
+            else:
+                async with MqttBridge(nc, mqtt_url):
+                    console.print(f"MQTT bridge {mqtt_url} <-> {nats_url}")
+                    await _until_signal(stop)
+        finally:
+            await close_quietly(nc)
+
+    asyncio.run(main())
+
+
+@app.command()
+def invoke(
+    fn: str = typer.Argument(..., help="Function name, e.g. fib."),
+    data: str = typer.Option("", "--data", "-d", help="Input payload (text); @FILE reads a file."),
+    via: Via = typer.Option(Via.http, help="Transport."),
+    node_id: str = typer.Option("n1", "--node", help="Target node."),
+    url: Optional[str] = typer.Option(None, help="HTTP bridge URL (default: from a running `p2pfaas up`, else :18080)."),
+    nats_url: Optional[str] = typer.Option(None, help="NATS URL (default: from a running `p2pfaas up`)."),
+    mqtt_url: Optional[str] = typer.Option(None, help="MQTT URL (default: from a running `p2pfaas up`)."),
+    header: list[str] = typer.Option([], "--header", "-H", help="Extra header 'Name: value' (http/nats)."),
+    client: str = typer.Option("cli", help="Client id used in the result topic."),
+    timeout: float = typer.Option(60.0, help="Seconds to wait for the result."),
+    data_dir: Path = typer.Option(Path("data"), help="Where `p2pfaas up` wrote endpoints.json."),
+    show_headers: bool = typer.Option(False, "--show-headers", "-i", help="Print response headers/metadata."),
+) -> None:
+    """Invoke a function and print its output (exit code 1 on an error answer)."""
+    from p2pfaas import invoke as inv
+    from p2pfaas.stack import read_endpoints
+
+    known = read_endpoints(data_dir)
+    payload = Path(data[1:]).read_bytes() if data.startswith("@") else data.encode()
+    headers = {}
+    for item in header:
+        name, sep, value = item.partition(":")
+        if not sep:
+            raise typer.BadParameter(f"header {item!r} must look like 'Name: value'")
+        headers[name.strip()] = value.strip()
+    try:
+        if via is Via.http:
+            target = url or known.get("http", {}).get(node_id) or "http://127.0.0.1:18080"
+            outcome = inv.via_http(target, fn, payload, headers, timeout)
+        elif via is Via.nats:
+            outcome = inv.run_nats(nats_url or known.get("nats_url") or "nats://127.0.0.1:4222",
+                                   node_id, fn, payload, headers, timeout, client=client)
+        else:
+            outcome = inv.via_mqtt(mqtt_url or known.get("mqtt_url") or "mqtt://127.0.0.1:1883",
+                                   node_id, fn, payload, timeout, client=client)
+    except Exception as exc:  # connection refused, timeout ... : one clear line
+        console.print(f"[red]error:[/] {type(exc).__name__}: {exc}")
+        raise typer.Exit(2)
+    if show_headers:
+        console.print(f"status {outcome.status} in {outcome.elapsed_s * 1000:.1f} ms")
+        for k, v in outcome.headers.items():
+            console.print(f"  {k}: {v}")
+    sys.stdout.buffer.write(outcome.body + (b"\n" if not outcome.body.endswith(b"\n") else b""))
+    if outcome.status >= 300:
+        console.print(f"[red]status {outcome.status}[/]")
+        raise typer.Exit(1)
+
+
+if __name__ == "__main__":
+    app()

@@ -1,0 +1,98 @@
+"""Client side of ``p2pfaas invoke``: call a function over HTTP, MQTT or NATS."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+import uuid
+from dataclasses import dataclass, field
+
+import httpx
+import paho.mqtt.client as mqtt
+
+from broker.client import Answer, FaasClient, answer_from
+from broker.connection import connect
+from broker.mqtt_bridge import parse_mqtt_url
+from broker.subjects import Subjects, from_mqtt
+
+
+@dataclass
+class Outcome:
+    status: int
+    body: bytes
+    headers: dict[str, str] = field(default_factory=dict)
+    elapsed_s: float = 0.0
+
+
+def via_http(url: str, fn: str, data: bytes, headers: dict[str, str], timeout_s: float) -> Outcome:
+    start = time.perf_counter()
+    response = httpx.post(f"{url.rstrip('/')}/function/{fn}", content=data, headers=headers, timeout=timeout_s)
+    return Outcome(response.status_code, response.content,
+                   {k: v for k, v in response.headers.items() if k.lower().startswith("x-")},
+                   time.perf_counter() - start)
+
+
+def _outcome(answer: Answer, elapsed: float) -> Outcome:
+    if answer.rejection is not None:
+        r = answer.rejection
+        return Outcome(r.http_status, f"{r.code} {r.reason}".encode(), {"node": r.node}, elapsed)
+    res = answer.result
+    assert res is not None
+    body = answer.output if res.status == 200 else (res.error or "").encode()
+    return Outcome(res.status, body, {"executed-by": res.executed_by, "scheduler": res.scheduler,
+                                      "timings": res.timings.model_dump_json()}, elapsed)
+
+
+async def via_nats(nats_url: str, node: str, fn: str, data: bytes, headers: dict[str, str], timeout_s: float,
+                   prefix: str = "faas", client: str = "cli") -> Outcome:
+    nc = await connect(nats_url, "p2pfaas-invoke")
+    try:
+        async with FaasClient(nc, client=client, prefix=prefix) as faas:
+            start = time.perf_counter()
+            answer = await faas.invoke(node, fn, data, headers=headers, timeout_s=timeout_s)
+            return _outcome(answer, time.perf_counter() - start)
+    finally:
+        await nc.close()
+
+
+def via_mqtt(mqtt_url: str, node: str, fn: str, data: bytes, timeout_s: float, prefix: str = "faas",
+             client: str = "cli") -> Outcome:
+    """Publish at QoS 1 like a device and wait on faas/result|reject/<client>/<req>."""
+    subjects = Subjects(prefix)
+    host, port = parse_mqtt_url(mqtt_url)
+    req = uuid.uuid4().hex
+    answer: list[Answer] = []
+    got = threading.Event()
+    subscribed = threading.Event()
+    c = mqtt.Client(mqtt.CallbackAPIVersion.VERSION2, client_id=f"{client}-{req[:8]}")
+
+    def on_connect(cl, userdata, flags, rc, props):
+        cl.subscribe([(f"{prefix}/result/{client}/{req}", 1), (f"{prefix}/reject/{client}/{req}", 1)])
+
+    def on_subscribe(cl, userdata, mid, rcs, props):
+        subscribed.set()
+
+    def on_message(cl, userdata, msg):
+        kind, _, _ = subjects.answer_ids(from_mqtt(msg.topic))
+        answer.append(answer_from(kind, msg.payload))
+        got.set()
+
+    c.on_connect, c.on_subscribe, c.on_message = on_connect, on_subscribe, on_message
+    c.connect(host, port, keepalive=30)
+    c.loop_start()
+    try:
+        if not subscribed.wait(timeout_s):
+            raise TimeoutError(f"could not subscribe on {mqtt_url}")
+        start = time.perf_counter()
+        c.publish(f"{prefix}/{node}/request/{fn}/{client}/{req}", data, qos=1)
+        if not got.wait(timeout_s):
+            raise TimeoutError(f"no result within {timeout_s:g} s")
+        return _outcome(answer[0], time.perf_counter() - start)
+    finally:
+        c.disconnect()
+        c.loop_stop()
+
+
+def run_nats(*args, **kwargs) -> Outcome:
+    return asyncio.run(via_nats(*args, **kwargs))

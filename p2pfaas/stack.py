@@ -1,0 +1,161 @@
+"""The stack launcher behind ``p2pfaas up``: brokers, nodes and bridges in one process tree.
+
+Ports: each default port is used when free, otherwise a free one is picked and
+reported. Everything started here is stopped here (children also die with us).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Literal
+
+import orjson
+
+from broker.connection import close_quietly, connect
+from broker.embedded import Mosquitto, NatsServer, choose_port
+from broker.http_bridge import HttpBridge
+from broker.messages import NodeConfiguration
+from broker.mqtt_bridge import MqttBridge
+from nodes.node import Node
+from nodes.settings import NodeSettings
+
+log = logging.getLogger(__name__)
+
+MqttMode = Literal["nats", "mosquitto", "off"]
+
+
+@dataclass
+class StackSettings:
+    nodes: int = 1
+    http_port: int = 18080
+    host: str = "127.0.0.1"
+    nats_url: str | None = None          # None: start the embedded nats-server
+    nats_port: int = 4222
+    mqtt: MqttMode = "nats"
+    mqtt_url: str | None = None          # bridge to an MQTT broker that already runs
+    mqtt_port: int = 1883
+    data_dir: Path = Path("data")
+    prefix: str = "faas"
+    runtime: Literal["process", "inprocess"] = "process"
+    configuration: NodeConfiguration = field(default_factory=NodeConfiguration)
+    functions: list[tuple[str, str]] = field(default_factory=list)
+    max_payload_bytes: int = 1024 * 1024
+
+
+@dataclass
+class Endpoints:
+    nats_url: str = ""
+    mqtt_url: str | None = None
+    mqtt_via: str = "off"
+    http: dict[str, str] = field(default_factory=dict)
+    notes: list[str] = field(default_factory=list)
+
+    def lines(self) -> list[str]:
+        out = [f"NATS        {self.nats_url}"]
+        if self.mqtt_url:
+            out.append(f"MQTT        {self.mqtt_url}  ({self.mqtt_via})")
+        for node, url in self.http.items():
+            out.append(f"HTTP {node:<6} {url}  (docs {url}/docs, metrics {url}/metrics)")
+        return out
+
+
+class Stack:
+    def __init__(self, settings: StackSettings) -> None:
+        self.settings = settings
+        self.endpoints = Endpoints()
+        self.nodes: list[Node] = []
+        self._stack = contextlib.AsyncExitStack()
+        self._bridges: list[HttpBridge] = []
+        self._serving: list[asyncio.Task] = []
+
+    async def start(self) -> Endpoints:
+        try:
+            await self._start()
+        except BaseException:
+            await self.stop()
+            raise
+        return self.endpoints
+
+    async def _start(self) -> None:
+        s = self.settings
+        s.data_dir.mkdir(parents=True, exist_ok=True)
+        ep = self.endpoints
+        nats_url = s.nats_url
+        if nats_url is None:
+            server = NatsServer(data_dir=s.data_dir / "nats", port=s.nats_port, host=s.host,
+                                mqtt_port=s.mqtt_port if s.mqtt == "nats" and not s.mqtt_url else None)
+            await self._stack.enter_async_context(server)
+            ep.notes += server.notes
+            nats_url = server.url
+            if server.mqtt_port is not None:
+                ep.mqtt_url, ep.mqtt_via = f"mqtt://{s.host}:{server.mqtt_port}", "nats-server MQTT listener"
+        ep.nats_url = nats_url
+        mqtt_url = s.mqtt_url
+        if mqtt_url is None and s.mqtt == "mosquitto":
+            mosquitto = Mosquitto(data_dir=s.data_dir / "mosquitto", port=s.mqtt_port, host=s.host)
+            await self._stack.enter_async_context(mosquitto)
+            ep.notes += mosquitto.notes
+            mqtt_url = mosquitto.url
+
+        for i in range(s.nodes):
+            settings = NodeSettings(node_id=f"n{i + 1}", nats_url=nats_url, prefix=s.prefix, data_dir=s.data_dir,
+                                    runtime=s.runtime, initial=s.configuration, functions=s.functions,
+                                    max_payload_bytes=s.max_payload_bytes)
+            node = await self._stack.enter_async_context(Node(settings))
+            self.nodes.append(node)
+
+        nc = await connect(nats_url, "p2pfaas-bridges")
+        self._stack.push_async_callback(close_quietly, nc)
+        if mqtt_url is not None:
+            bridge = MqttBridge(nc, mqtt_url, prefix=s.prefix, max_payload_bytes=s.max_payload_bytes)
+            await self._stack.enter_async_context(bridge)
+            ep.mqtt_url, ep.mqtt_via = mqtt_url, "Mosquitto + p2pfaas MQTT bridge"
+
+        taken: set[int] = set()
+        for i, node in enumerate(self.nodes):
+            port, note = choose_port(s.http_port + i, s.host, taken)
+            taken.add(port)
+            if note:
+                ep.notes.append(f"HTTP {node.settings.node_id}: {note}")
+            bridge = HttpBridge(nc, node.settings.node_id, prefix=s.prefix, max_payload_bytes=s.max_payload_bytes)
+            await bridge.start()
+            self._stack.push_async_callback(bridge.stop)
+            started = asyncio.Event()
+            self._serving.append(asyncio.create_task(bridge.serve(s.host, port, started)))
+            await asyncio.wait_for(started.wait(), 10)
+            self._bridges.append(bridge)
+            ep.http[node.settings.node_id] = f"http://{s.host}:{port}"
+        for node in self.nodes:
+            assert node.pool is not None
+            await node.pool.wait_ready(60)
+        (s.data_dir / "endpoints.json").write_bytes(orjson.dumps({
+            "nats_url": ep.nats_url, "mqtt_url": ep.mqtt_url, "http": ep.http, "prefix": s.prefix,
+        }, option=orjson.OPT_INDENT_2))
+
+    async def stop(self) -> None:
+        for bridge in self._bridges:
+            bridge.shutdown()
+        await asyncio.gather(*self._serving, return_exceptions=True)
+        await self._stack.aclose()
+        endpoints_file = self.settings.data_dir / "endpoints.json"
+        endpoints_file.unlink(missing_ok=True)
+
+    async def __aenter__(self) -> "Stack":
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.stop()
+
+
+def read_endpoints(data_dir: Path) -> dict:
+    """Endpoints a running ``p2pfaas up`` wrote, or {} (used by ``invoke`` defaults)."""
+    path = data_dir / "endpoints.json"
+    try:
+        return orjson.loads(path.read_bytes())
+    except (OSError, orjson.JSONDecodeError):
+        return {}
