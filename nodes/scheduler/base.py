@@ -37,10 +37,13 @@ class LocalLoad:
 
     @property
     def has_room(self) -> bool:
-        """A new task could run now or wait in the queue."""
-        if self.running < self.slots:
-            return True
-        return self.queue_enabled and self.queued < self.queue_max
+        """A new task could run now or wait in the queue.
+
+        Counted on running + queued: a task enqueued but not started yet will
+        take a free slot before the new one does.
+        """
+        capacity = self.slots + (self.queue_max if self.queue_enabled else 0)
+        return self.running + self.queued < capacity
 
 
 class SchedulingView(Protocol):

@@ -1,0 +1,92 @@
+"""Every scheduling algorithm, registered, and the one place where request headers
+override them: :func:`decide` is what the scheduler service calls.
+
+Precedence (first match wins):
+
+1. ``X-P2pfaas-Scheduler-Reject``  -> Reject (401);
+2. ``X-P2pfaas-Scheduler-Bypass``  -> run here, loss on (P2PFaaS runs
+   ``NoScheduler(true)``): rejected when there is no room;
+3. ``X-P2pfaas-Scheduler-Forward`` -> a random unvisited peer (P2PFaaS runs
+   ``ForwardScheduler(1)``): a forwarded request, or one with no peer left,
+   runs here;
+4. the configured algorithm.
+
+Whatever an algorithm answers, a Forward to this node or to a node already on
+the request's path is turned into local execution, so no chain can loop.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+
+from nodes.scheduler.base import (
+    Decision,
+    Execute,
+    Forward,
+    SchedulingAlgorithm,
+    SchedulingRequest,
+    SchedulingView,
+    build_algorithm,
+)
+# Importing every algorithm module registers it: build_algorithm knows every name.
+# A new algorithm module (e.g. the LearningScheduler) must be imported here too.
+from nodes.scheduler.forward import ForwardScheduler
+from nodes.scheduler.no_scheduler import NoScheduler
+from nodes.scheduler.power_of_n import PowerOfNScheduler, PowerOfNSchedulerTau
+from nodes.scheduler.rejector import RejectScheduler
+from nodes.scheduler.round_robin import RoundRobinWithMasterScheduler
+
+__all__ = [
+    "ForwardScheduler",
+    "NoScheduler",
+    "PowerOfNScheduler",
+    "PowerOfNSchedulerTau",
+    "RejectScheduler",
+    "RoundRobinWithMasterScheduler",
+    "build_algorithm",
+    "decide",
+    "known_algorithms",
+]
+
+log = logging.getLogger(__name__)
+
+_REJECT = RejectScheduler()
+_BYPASS = NoScheduler(loss=True)
+_shared_rng = random.Random()
+
+
+def known_algorithms() -> list[str]:
+    """Names accepted by ``/configuration/scheduler``, sorted."""
+    return sorted(SchedulingAlgorithm.registry)
+
+
+async def decide(
+    algorithm: SchedulingAlgorithm,
+    request: SchedulingRequest,
+    view: SchedulingView,
+    *,
+    rng: random.Random | None = None,
+) -> Decision:
+    """Header overrides, then ``algorithm``; see the module docstring for the order.
+
+    ``rng`` drives the forced forward (default: the algorithm's own ``rng`` if it
+    has one, else a module-wide generator).
+    """
+    if request.force_reject:
+        return await _REJECT.schedule(request, view)
+    if request.bypass:
+        return await _BYPASS.schedule(request, view)
+    if request.force_forward:
+        forced = ForwardScheduler(1, rng=rng or getattr(algorithm, "rng", None) or _shared_rng)
+        return await forced.schedule(request, view)
+    decision = await algorithm.schedule(request, view)
+    if isinstance(decision, Forward) and (
+        decision.peer == view.node_id or decision.peer in request.peers
+    ):
+        log.warning(
+            "%s forwarded request %s back to visited node %s; running it here",
+            algorithm.describe(), request.request_id, decision.peer,
+        )
+        return Execute(probing_s=decision.probing_s)
+    return decision

@@ -1,0 +1,87 @@
+"""P2PFaaS ``RoundRobinWithMasterScheduler [isMaster, master, loss]``.
+
+Slaves send every client request to the master; the master deals the requests
+it receives round robin over the alive nodes (its peers and itself).
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Sequence
+
+from nodes.scheduler.base import (
+    Decision,
+    Execute,
+    Forward,
+    Reject,
+    SchedulingAlgorithm,
+    SchedulingRequest,
+    SchedulingView,
+    parse_bool,
+)
+from nodes.scheduler.forward import forwardable_peers, run_locally
+
+_NODE_ID = re.compile(r"[A-Za-z0-9_-]{1,64}")
+
+CANNOT_SCHEDULE = 400  # P2PFaaS "cannot schedule" (HTTP 500), not a load rejection
+
+
+class RoundRobinWithMasterScheduler(SchedulingAlgorithm):
+    """Centralised round robin, the baseline of the P2PFaaS experiments.
+
+    * slave, client request: forward to the master (run here if the master is
+      not alive: better late than lost);
+    * slave, forwarded request: run here;
+    * master, client request: reject (the master only dispatches);
+    * master, forwarded request: the next node of ``peers() + [itself]`` in
+      round-robin order, skipping nodes already on the request's path.
+
+    ``loss`` rejects a request that should run here when there is no room.
+    The master is named by node id (P2PFaaS used its IP address).
+    """
+
+    name = "RoundRobinWithMasterScheduler"
+
+    def __init__(self, is_master: bool, master: str = "", loss: bool = True) -> None:
+        if master and not _NODE_ID.fullmatch(master):
+            raise ValueError(f"master must be a node id of [A-Za-z0-9_-]{{1,64}}, got {master!r}")
+        if not is_master and not master:
+            raise ValueError("a slave (isMaster=false) needs the master's node id")
+        self.is_master = is_master
+        self.master = master
+        self.loss = loss
+        self._next = 0  # position of the next node in the dealing cycle
+
+    @classmethod
+    def from_parameters(cls, parameters: Sequence[str]) -> "RoundRobinWithMasterScheduler":
+        if len(parameters) != 3:
+            raise ValueError(
+                "RoundRobinWithMasterScheduler takes [isMaster, master, loss], "
+                f"got {list(parameters)!r}"
+            )
+        return cls(parse_bool(parameters[0]), parameters[1].strip(), parse_bool(parameters[2]))
+
+    def parameters(self) -> list[str]:
+        return [str(self.is_master).lower(), self.master, str(self.loss).lower()]
+
+    async def schedule(self, request: SchedulingRequest, view: SchedulingView) -> Decision:
+        if self.is_master:
+            if not request.external:
+                return Reject("the round-robin master only dispatches requests from its slaves",
+                              code=CANNOT_SCHEDULE)
+            return self._deal(request, view)
+        if request.external or self.master == view.node_id:
+            return run_locally(view, self.loss)
+        if self.master in forwardable_peers(request, view):
+            return Forward(self.master)
+        return run_locally(view, self.loss)
+
+    def _deal(self, request: SchedulingRequest, view: SchedulingView) -> Decision:
+        cycle = [*view.peers(), view.node_id]
+        allowed = set(forwardable_peers(request, view)) | {view.node_id}
+        for step in range(len(cycle)):
+            node = cycle[(self._next + step) % len(cycle)]
+            if node in allowed:
+                self._next = (self._next + step + 1) % len(cycle)
+                return run_locally(view, self.loss) if node == view.node_id else Forward(node)
+        return Execute()  # unreachable: this node is always in the cycle
