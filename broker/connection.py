@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
 
 import nats
@@ -25,7 +26,9 @@ async def connect(url: str, name: str, *, connect_timeout_s: float = 5.0) -> Cli
         log.info("nats %s: reconnected", name)
 
     try:
-        return await nats.connect(
+        # nats-py retries a failed first connect forever when reconnects are on:
+        # bound it, so an unreachable broker is a clear error and not a hang.
+        return await asyncio.wait_for(nats.connect(
             url,
             name=name,
             connect_timeout=connect_timeout_s,
@@ -36,7 +39,7 @@ async def connect(url: str, name: str, *, connect_timeout_s: float = 5.0) -> Cli
             disconnected_cb=on_disconnect,
             reconnected_cb=on_reconnect,
             pending_size=64 * 1024 * 1024,
-        )
+        ), timeout=connect_timeout_s * 2)
     except Exception as exc:  # nats raises several unrelated types here
         raise BrokerUnavailable(f"cannot connect to NATS at {url}: {exc}") from exc
 

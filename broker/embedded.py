@@ -113,10 +113,21 @@ class NatsServer(ManagedProcess):
     max_payload: int = 8 * 1024 * 1024
     notes: list[str] = field(default_factory=list)
     name: str = "nats-server"
+    # NATS cluster (None: standalone). JetStream then runs clustered: server
+    # names must be unique (ours include the client port) and the cluster needs
+    # a meta leader before streams can be created (a few seconds after start).
+    cluster_port: int | None = None
+    routes: list[str] = field(default_factory=list)   # nats-route://host:port of the others (self is ignored)
+    cluster_name: str = "p2pfaas"
 
     @property
     def url(self) -> str:
         return f"nats://{self.host}:{self.port}"
+
+    @property
+    def route_url(self) -> str:
+        """Where other servers reach this one's cluster port."""
+        return f"nats-route://{self.host}:{self.cluster_port}"
 
     async def start(self, timeout_s: float = 15.0) -> "NatsServer":
         binary = find_binary("nats-server")
@@ -133,10 +144,17 @@ class NatsServer(ManagedProcess):
             f'jetstream {{ store_dir: "{(self.data_dir / "jetstream").resolve()}" }}',
         ]
         if self.mqtt_port is not None:
-            self.mqtt_port, note = choose_port(self.mqtt_port or None, self.host, {self.port})
+            self.mqtt_port, note = choose_port(self.mqtt_port or None, self.host, {self.port})  # 0: any free port
             if note:
                 self.notes.append(f"MQTT: {note}")
             lines.append(f'mqtt {{ listen: "{self.host}:{self.mqtt_port}" }}')
+        if self.cluster_port is not None:
+            self.cluster_port, note = choose_port(self.cluster_port or None, self.host, {self.port, self.mqtt_port or 0})
+            if note:
+                self.notes.append(f"cluster: {note}")
+            routes = ", ".join(f'"{r}"' for r in self.routes)
+            lines.append(f'cluster {{ name: "{self.cluster_name}", listen: "{self.host}:{self.cluster_port}", '
+                         f'routes: [{routes}] }}')
         conf = self.data_dir / "nats-server.conf"
         conf.write_text("\n".join(lines) + "\n")
         log_path = self.data_dir / "nats-server.log"
@@ -206,10 +224,25 @@ class Mosquitto(ManagedProcess):
         await self.stop()
 
 
+def nats_cluster(size: int, data_dir: Path, host: str = "127.0.0.1", name: str = "p2pfaas") -> list[NatsServer]:
+    """``size`` servers (not started) that form one cluster on free ports: each routes to all.
+
+    Start them all, then wait for JetStream (the node does: it retries stream
+    creation until the cluster has elected its meta leader).
+    """
+    cluster_ports: set[int] = set()
+    while len(cluster_ports) < size:
+        cluster_ports.add(free_port(host))
+    ports = sorted(cluster_ports)
+    routes = [f"nats-route://{host}:{p}" for p in ports]
+    return [NatsServer(data_dir=data_dir / f"s{i + 1}", port=None, host=host, cluster_port=p,
+                       routes=routes, cluster_name=name) for i, p in enumerate(ports)]
+
+
 def die_with_parent_preexec() -> None:
     """Public for other launchers (worker processes)."""
     _die_with_parent()
 
 
-__all__ = ["NatsServer", "Mosquitto", "choose_port", "free_port", "port_is_free", "find_binary", "die_with_parent_preexec"]
+__all__ = ["NatsServer", "Mosquitto", "nats_cluster", "choose_port", "free_port", "port_is_free", "find_binary", "die_with_parent_preexec"]
 

@@ -33,6 +33,7 @@ SCHEDULING_S = "X-P2pfaas-Scheduling-Seconds"
 SCHEDULER_NAME = "X-P2pfaas-Scheduler-Name"
 SENT_AT = "X-P2pfaas-Sent-At"
 REPLY_TOPIC = "X-P2pfaas-Reply-Topic"
+HOP_TIMINGS = "X-P2pfaas-Hop-Timings"      # HopTrail JSON: arrival/scheduling/probing per node so far
 
 TRUE_VALUES = frozenset({"1", "true", "yes", "on"})
 

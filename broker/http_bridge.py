@@ -181,7 +181,8 @@ class HttpBridge:
         async def root() -> dict[str, str]:
             return {"name": "p2pfaas", "version": VERSION, "version_commit": "", "node": bridge.node}
 
-        @app.api_route("/function/{fn}", methods=["GET", "POST"], summary="Invoke a function synchronously")
+        @app.get("/function/{fn}", summary="Invoke a function synchronously", operation_id="invoke_get")
+        @app.post("/function/{fn}", summary="Invoke a function synchronously", operation_id="invoke_post")
         async def invoke(fn: str, request: Request) -> Response:
             try:
                 check_token(fn, "function")
@@ -267,6 +268,10 @@ class HttpBridge:
         @app.post("/configuration/scheduler", summary="Change the scheduling algorithm (persisted)")
         async def set_scheduler(request: Request) -> Response:
             return await bridge._control(bridge.subjects.scheduler_config(bridge.node, "set"), await request.body())
+
+        @app.get("/list", summary="Alive peers (P2PFaaS discovery format)")
+        async def peer_list() -> Response:
+            return await bridge._control(bridge.subjects.peers(bridge.node))
 
         @app.get("/healthz", summary="Liveness: broker connected and node answering")
         async def healthz() -> Response:

@@ -9,7 +9,7 @@ from __future__ import annotations
 import time
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, RootModel
 
 
 class Contract(BaseModel):
@@ -17,12 +17,24 @@ class Contract(BaseModel):
 
 
 class HopTiming(Contract):
-    """Timings of one node on a request's path (P2PFaaS ``peers_list`` entry)."""
+    """Timings of one node on a request's path (P2PFaaS ``peers_list`` entry).
+
+    ``arrival`` is when the request reached that node (unix time; for a peer,
+    when its durable stream stored the forward); ``total_s`` runs from there to
+    the result, so it is filled in by the worker that executes the request.
+    """
 
     node: str
+    arrival: float = 0.0
     scheduling_s: float = 0.0
     probing_s: float = 0.0
     total_s: float = 0.0
+
+
+class HopTrail(Contract):
+    """The ``X-P2pfaas-Hop-Timings`` header: one entry per node so far, origin first."""
+
+    hops: list[HopTiming] = Field(default_factory=list)
 
 
 class Timings(Contract):
@@ -117,6 +129,28 @@ class Heartbeat(Contract):
     queue_length_max: int = 0
     version: str = ""
     time: float = Field(default_factory=time.time)
+
+
+class PeerInfo(Contract):
+    """One alive peer, as a row of P2PFaaS discovery ``GET /list``."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid", validate_by_name=True, validate_by_alias=True,
+                              serialize_by_alias=True)
+
+    id: int = Field(alias="_id")   # order of first sighting
+    ip: str                        # the advertised address (P2PFaaS: the machine's IP)
+    name: str                      # node id
+    group_name: str
+    ping: float                    # one-way delay of the newest heartbeat, seconds
+    last_update: int               # unix seconds of the newest heartbeat
+    alive: bool
+    dead_polls: int                # heartbeat periods missed since
+
+
+class PeerList(RootModel[list[PeerInfo]]):
+    """Answer of ``faas.<node>.peers``: a bare JSON array, as P2PFaaS ``GET /list``."""
+
+    model_config = ConfigDict(frozen=True)
 
 
 class PoolTelemetry(Contract):

@@ -166,6 +166,10 @@ class Subjects:
     def info(self, node: str) -> str:
         return self._join(node, "info")
 
+    def peers(self, node: str) -> str:
+        """Request/reply: the node's alive peers (P2PFaaS discovery ``GET /list``)."""
+        return self._join(node, "peers")
+
     def membership(self, node: str) -> str:
         return f"{self.prefix}.membership.{check_token(node, 'node')}"
 

@@ -1,0 +1,32 @@
+"""The one codec: contracts <-> bytes (pure)."""
+
+from __future__ import annotations
+
+import pytest
+
+from broker.codec import decode, encode
+from broker.errors import ContractError
+from broker.messages import NodeConfiguration, Result, ScaleCommand, Timings
+
+
+def test_round_trip():
+    r = Result(request_id="r", client="c", fn="f", status=200, output="x", executed_by="n1", origin="n1",
+               timings=Timings(total_s=0.5))
+    assert decode(Result, encode(r)) == r
+
+
+@pytest.mark.parametrize("data, fragment", [
+    (b"{nope", "not valid JSON"),
+    (b'{"parallel_running_functions_max": 0}', "parallel_running_functions_max"),
+    (b'{"parallel_running_functions_max": 2, "surprise": 1}', "surprise"),
+    (b"[]", "NodeConfiguration"),
+])
+def test_invalid_payloads_name_the_problem(data, fragment):
+    with pytest.raises(ContractError, match=fragment):
+        decode(NodeConfiguration, data)
+
+
+def test_contracts_are_frozen():
+    cmd = ScaleCommand(node="n1", pool="fib", target_workers=3)
+    with pytest.raises(Exception):
+        cmd.target_workers = 4  # type: ignore[misc]

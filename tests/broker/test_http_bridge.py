@@ -1,0 +1,140 @@
+"""The HTTP bridge (P2PFaaS REST) against a real node over a real nats-server."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+
+import httpx
+import orjson
+import pytest
+import uvicorn
+from fastapi import FastAPI, Request
+
+from broker import headers as H
+from broker.embedded import free_port
+from broker.http_bridge import HttpBridge
+from support import wait_until
+
+
+@contextlib.asynccontextmanager
+async def serving(bridge: HttpBridge):
+    port = free_port()
+    await bridge.start()
+    started = asyncio.Event()
+    task = asyncio.create_task(bridge.serve("127.0.0.1", port, started))
+    await asyncio.wait_for(started.wait(), 10)
+    try:
+        async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}", timeout=30) as http:
+            yield http
+    finally:
+        bridge.shutdown()
+        await task
+        await bridge.stop()
+
+
+@pytest.fixture
+async def http(node_factory, nc, prefix):
+    async with node_factory(k=2, queue=2):
+        async with serving(HttpBridge(nc, "n1", prefix=prefix, max_payload_bytes=4096, invoke_timeout_s=5)) as client:
+            yield client
+
+
+async def test_sync_invoke_returns_output_and_p2pfaas_headers(http):
+    r = await http.post("/function/fib", content=b"25")
+    assert r.status_code == 200 and r.content == b"75025"
+    assert r.headers[H.VERSION] and r.headers[H.SCHEDULER] == "NoScheduler(true)"
+    assert r.headers[H.CALL_ID]
+    for name in (H.TIMING_TOTAL, H.TIMING_SCHEDULING, H.TIMING_PROBING):
+        values = orjson.loads(r.headers[name])
+        assert isinstance(values, list) and len(values) == 1 and values[0] >= 0
+    assert float(r.headers[H.TIMING_EXECUTION]) > 0
+    assert (await http.get("/function/echo", params={})).status_code == 200  # GET works too
+
+
+async def test_errors_map_to_statuses_with_json_bodies(http):
+    cases = [
+        (("/function/nope", b"1"), 404),
+        (("/function/fib", b""), 400),
+        (("/function/fib", b"abc"), 400),
+        (("/function/echo", b"x" * 5000), 413),
+        (("/function/bad%20name", b"1"), 400),
+    ]
+    for (path, body), status in cases:
+        r = await http.post(path, content=body)
+        assert r.status_code == status, path
+        assert set(r.json()) == {"code", "message"} and r.json()["message"]
+    r = await http.post("/function/sleep", content=b"3", headers={H.TIMEOUT: "0.2"})
+    assert r.status_code == 504 and "timeout" in r.json()["message"]
+    r = await http.post("/function/echo", content=b"x", headers={H.REJECT: "true"})
+    assert r.status_code == 503 and r.headers["Retry-After"] and r.json()["code"] == 401
+
+
+async def test_overload_gives_503_with_retry_after(http):
+    rs = await asyncio.gather(*(http.post("/function/sleep", content=b"0.5") for _ in range(6)))
+    codes = sorted(r.status_code for r in rs)
+    assert codes == [200, 200, 200, 200, 503, 503]  # K=2 + queue 2
+    assert all(r.headers.get("Retry-After") for r in rs if r.status_code == 503)
+
+
+async def test_async_invoke_result_and_callback(http):
+    received: list[tuple[dict, bytes]] = []
+    app = FastAPI()
+
+    @app.post("/cb")
+    async def cb(request: Request) -> dict:
+        received.append((dict(request.headers), await request.body()))
+        return {}
+
+    port = free_port()
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", lifespan="off"))
+    task = asyncio.create_task(server.serve())
+    await wait_until(lambda: server.started)
+    try:
+        r = await http.post("/async-function/fib", content=b"20", headers={H.CALLBACK_URL: f"http://127.0.0.1:{port}/cb"})
+        assert r.status_code == 202
+        call_id = r.headers[H.CALL_ID]
+        await wait_until(lambda: bool(received), timeout_s=15)
+        headers, body = received[0]
+        assert body == b"6765" and headers[H.CALL_ID.lower()] == call_id
+        stored = await http.get(f"/result/{call_id}")
+        assert stored.status_code == 200 and stored.content == b"6765"
+        assert (await http.get("/result/unknown123")).status_code == 404
+        pending = await http.post("/async-function/sleep", content=b"1")
+        assert (await http.get(f"/result/{pending.headers[H.CALL_ID]}")).status_code == 202
+    finally:
+        server.should_exit = True
+        await task
+
+
+async def test_load_configuration_health_metrics_and_docs(http):
+    r = await http.get("/monitoring/load")
+    assert r.status_code == 200 and r.headers[H.MAXLOAD] == "2" and r.headers[H.LOAD] == "0"
+    assert r.json()["queue_length_max"] == 2
+    r = await http.post("/configuration", json={"parallel_running_functions_max": 3, "queue_length_max": 1, "queue_enabled": True})
+    assert r.status_code == 200
+    assert (await http.get("/configuration")).json()["parallel_running_functions_max"] == 3
+    r = await http.post("/configuration", content=b"{not json")
+    assert r.status_code == 400 and r.json()["code"] == 400
+    r = await http.post("/configuration/scheduler", json={"name": "NoSuchScheduler", "parameters": []})
+    assert r.status_code == 400 and "NoScheduler" in r.json()["message"]
+    r = await http.post("/configuration/scheduler", json={"name": "NoScheduler", "parameters": ["false"]})
+    assert r.status_code == 200
+    assert (await http.post("/function/echo", content=b"x")).headers[H.SCHEDULER] == "NoScheduler(false)"
+    health = await http.get("/healthz")
+    assert health.status_code == 200 and health.json()["node"]["node"] == "n1"
+    metrics = (await http.get("/metrics")).text
+    assert "p2pfaas_requests_total" in metrics and "p2pfaas_http_requests_total" in metrics
+    assert 'kind="bad_configuration"' in metrics
+    assert "/function/{fn}" in (await http.get("/openapi.json")).json()["paths"]
+    assert (await http.get("/docs")).status_code == 200
+
+
+async def test_bridge_answers_503_when_node_is_down(nc, prefix, node_factory):
+    async with node_factory():
+        pass  # streams exist, node stopped
+    async with serving(HttpBridge(nc, "n1", prefix=prefix, invoke_timeout_s=1)) as http:
+        assert (await http.get("/healthz")).status_code == 503
+        assert (await http.get("/monitoring/load")).status_code == 503
+        r = await http.post("/function/echo", content=b"x")
+        assert r.status_code == 504 and r.headers[H.CALL_ID]  # accepted durably, runs when the node returns

@@ -1,0 +1,112 @@
+"""Devices over MQTT, the same topics and payloads both ways: nats-server's own MQTT
+listener, and Mosquitto + the p2pfaas MQTT bridge (real brokers, real clients)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import shutil
+import threading
+
+import orjson
+import paho.mqtt.client as mqtt
+import pytest
+
+from broker.mqtt_bridge import MqttBridge
+
+
+@pytest.fixture(params=["nats-mqtt-listener", "mosquitto+bridge"])
+async def mqtt_port(request, nats_server, mosquitto, nc, prefix):
+    if request.param == "nats-mqtt-listener":
+        yield nats_server.mqtt_port
+        return
+    async with MqttBridge(nc, mosquitto.url, prefix=prefix, client_id=f"bridge-{prefix}", max_payload_bytes=1000):
+        yield mosquitto.port
+
+
+class Device:
+    """A paho device: subscribes to its answers, publishes requests at QoS 1."""
+
+    def __init__(self, port: int, prefix: str, client: str = "dev1") -> None:
+        self.prefix, self.client = prefix, client
+        self.answers: dict[str, dict] = {}
+        self.got = threading.Condition()
+        self.paho = mqtt.Client(mqtt.CallbackAPIVersion.VERSION2, client_id=f"{client}-{prefix}")
+        subscribed = threading.Event()
+        self.paho.on_subscribe = lambda *a: subscribed.set()
+        self.paho.on_message = self._on_message
+        self.paho.connect("127.0.0.1", port)
+        self.paho.loop_start()
+        self.paho.subscribe([(f"{prefix}/result/{client}/#", 1), (f"{prefix}/reject/#", 1)])
+        assert subscribed.wait(10)
+
+    def _on_message(self, client, userdata, msg) -> None:
+        with self.got:
+            self.answers[msg.topic] = orjson.loads(msg.payload)
+            self.got.notify_all()
+
+    def publish(self, topic_tail: str, payload: bytes) -> None:
+        self.paho.publish(f"{self.prefix}/{topic_tail}", payload, qos=1).wait_for_publish(10)
+
+    async def answer(self, topic_tail: str, timeout_s: float = 20.0) -> dict:
+        topic = f"{self.prefix}/{topic_tail}"
+
+        def wait() -> dict:
+            with self.got:
+                assert self.got.wait_for(lambda: topic in self.answers, timeout_s), f"nothing on {topic}"
+                return self.answers[topic]
+        return await asyncio.to_thread(wait)
+
+    def close(self) -> None:
+        self.paho.disconnect()
+        self.paho.loop_stop()
+
+
+@contextlib.contextmanager
+def device(port: int, prefix: str):
+    d = Device(port, prefix)
+    try:
+        yield d
+    finally:
+        d.close()
+
+
+async def test_device_request_gets_result_on_result_topic(node_factory, mqtt_port, prefix):
+    async with node_factory(max_payload_bytes=1000):
+        with device(mqtt_port, prefix) as dev:
+            dev.publish("n1/request/fib/dev1/r1", b"25")
+            result = await dev.answer("result/dev1/r1")
+    assert result["status"] == 200 and result["output"] == "75025" and result["executed_by"] == "n1"
+
+
+async def test_device_bad_input_gets_rejections(node_factory, mqtt_port, prefix):
+    async with node_factory(max_payload_bytes=1000):
+        with device(mqtt_port, prefix) as dev:
+            dev.publish("n1/request/nope/dev1/r2", b"1")
+            dev.publish("n1/request/echo/dev1/r3", b"x" * 1001)
+            dev.publish("n1/request/f$n/dev1/r4", b"1")
+            dev.publish("n1/request/fib/dev1", b"1")  # a level short
+            dev.publish("n1/request/fib/dev1/r5", b"10")
+            assert (await dev.answer("reject/dev1/r2"))["code"] == 404
+            assert (await dev.answer("reject/dev1/r3"))["code"] == 413
+            assert "malformed" in (await dev.answer("reject/dev1/r4"))["reason"]
+            assert (await dev.answer("reject/invalid"))["code"] == 400
+            assert (await dev.answer("result/dev1/r5"))["output"] == "55"  # still serving
+
+
+async def test_mosquitto_clients_like_the_readme(node_factory, mqtt_port, prefix):
+    if shutil.which("mosquitto_pub") is None:
+        pytest.fail("mosquitto-clients not installed: apt-get install -y mosquitto-clients (.ci/run does this)")
+    async with node_factory():
+        sub = await asyncio.create_subprocess_exec(
+            "stdbuf", "-oL", "mosquitto_sub", "-p", str(mqtt_port), "-q", "1", "-t", f"{prefix}/result/dev1/#", "-C", "1", "-W", "30", "-d",
+            stdout=asyncio.subprocess.PIPE)
+        assert sub.stdout is not None
+        while b"SUBACK" not in await asyncio.wait_for(sub.stdout.readline(), 10):
+            pass
+        pub = await asyncio.create_subprocess_exec(
+            "mosquitto_pub", "-p", str(mqtt_port), "-q", "1", "-t", f"{prefix}/n1/request/fib/dev1/r1", "-m", "25")
+        assert await asyncio.wait_for(pub.wait(), 10) == 0
+        out, _ = await asyncio.wait_for(sub.communicate(), 30)
+    payload = next(line for line in out.splitlines() if line.startswith(b"{"))
+    assert orjson.loads(payload)["output"] == "75025"
