@@ -1,0 +1,272 @@
+"""Scaling policies: the paper's reactive controllers, the autoscalers users would otherwise
+pick (KEDA, Knative KPA, Kubernetes HPA), a fixed pool, and the adapter that runs an RL agent.
+
+Every policy maps one period's ``PoolTelemetry`` and the current target to a new
+target, so the live controller and the evaluation run them all the same way.
+The reactive controllers need the mean service time: it comes from the scenario
+(the paper's controller was given the farm model too), or with
+``estimate_service=True`` from telemetry, by Little's law on the workers
+(in service = throughput x service time), smoothed over periods. KEDA, KPA and
+HPA need no service time, like the real ones.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+from typing import Protocol, Sequence, runtime_checkable
+
+import numpy as np
+
+from broker.messages import PoolTelemetry
+from controller.env import ACTION_DELTAS, observation_from_telemetry
+from controller.scenario import Scenario
+
+
+@runtime_checkable
+class ScalingPolicy(Protocol):
+    name: str
+
+    def reset(self) -> None:
+        """Forget everything from the previous episode."""
+        ...
+
+    def decide(self, t: PoolTelemetry, current_target: int) -> int:
+        """The number of workers wanted after this period (the caller clamps to the bounds)."""
+        ...
+
+
+class ServiceTimeEstimate:
+    """The mean service time: fixed, or an exponentially smoothed Little's-law estimate."""
+
+    def __init__(self, fixed_s: float | None, prior_s: float, smoothing: float = 0.3) -> None:
+        self.fixed_s, self.prior_s, self.smoothing = fixed_s, prior_s, smoothing
+        self.reset()
+
+    def reset(self) -> None:
+        self.value = self.fixed_s if self.fixed_s is not None else self.prior_s
+
+    def update(self, t: PoolTelemetry) -> float:
+        if self.fixed_s is None and t.throughput > 0 and t.in_service > 0:
+            sample = t.in_service / t.throughput
+            self.value += self.smoothing * (sample - self.value)
+        return self.value
+
+
+class ScaleDownStabilisation:
+    """Kubernetes' behaviour: scale up at once, scale down only to the highest
+    recommendation of the last ``window_s`` seconds."""
+
+    def __init__(self, window_s: float) -> None:
+        self.window_s = window_s
+        self.history: deque[tuple[float, int]] = deque()
+
+    def reset(self) -> None:
+        self.history.clear()
+
+    def apply(self, now: float, desired: int, current: int) -> int:
+        self.history.append((now, desired))
+        while self.history[0][0] < now - self.window_s:
+            self.history.popleft()
+        if desired > current:
+            return desired
+        return min(current, max(r for _, r in self.history))
+
+
+class _Baseline:
+    name = "baseline"
+
+    def __init__(self, scenario: Scenario) -> None:
+        self.scenario = scenario
+
+    def reset(self) -> None:
+        pass
+
+    def __repr__(self) -> str:
+        return f"<{type(self).__name__} {self.name}>"
+
+
+class Reactive(_Baseline):
+    """The farm performance model: ``ceil(arrival rate x task time + queue x service / step)``.
+
+    ``on="mean"`` uses the period's mean task latency as the task time, ``on="max"``
+    its maximum (the paper's two reactive controllers); the second term is the
+    workers needed to drain the backlog within one control period.
+    """
+
+    def __init__(self, scenario: Scenario, on: str = "mean", estimate_service: bool = False) -> None:
+        super().__init__(scenario)
+        if on not in {"mean", "max"}:
+            raise ValueError(f"on must be 'mean' or 'max', got {on!r}")
+        self.on = on
+        self.name = "reactive-avg" if on == "mean" else "reactive-max"
+        fixed = None if estimate_service else scenario.mean_service_s
+        self.service = ServiceTimeEstimate(fixed, prior_s=scenario.mean_service_s)
+
+    def reset(self) -> None:
+        self.service.reset()
+
+    def decide(self, t: PoolTelemetry, current_target: int) -> int:
+        service = self.service.update(t)
+        task_time = (t.latency_mean_s if self.on == "mean" else t.latency_max_s) if t.completed else service
+        return math.ceil(t.arrival_rate * task_time + t.queue_length * service / self.scenario.step_seconds)
+
+
+class KedaLag(_Baseline):
+    """KEDA's NATS JetStream scaler: ``ceil(lag / lag_threshold)`` with lag = pending + ack-pending
+    (queued + in service), the minimum when the lag is at the activation threshold, and the
+    HPA's 300 s scale-down stabilisation. Evaluated every control period."""
+
+    name = "keda"
+
+    def __init__(self, scenario: Scenario, lag_threshold: float = 10, activation: int = 0, stabilisation_s: float = 300) -> None:
+        super().__init__(scenario)
+        self.lag_threshold, self.activation = lag_threshold, activation
+        self.stabilisation = ScaleDownStabilisation(stabilisation_s)
+
+    def reset(self) -> None:
+        super().reset()
+        self.stabilisation.reset()
+
+    def decide(self, t: PoolTelemetry, current_target: int) -> int:
+        lag = t.queue_length + t.in_service
+        desired = math.ceil(lag / self.lag_threshold) if lag > self.activation else self.scenario.workers.min
+        return self.stabilisation.apply(t.time, desired, current_target)
+
+
+class KnativeKPA(_Baseline):
+    """Knative's KPA on concurrency (queued + in service, one task per worker): desired =
+    ceil(average concurrency / (container concurrency x target utilisation)) over a 60 s
+    stable window, or the 6 s panic window once that wants 2x the ready workers. In panic it
+    never scales down and leaves after a stable window without the panic condition. Scale
+    down is limited to ready / 2 per decision. With periods longer than 6 s the panic window
+    holds only the latest sample."""
+
+    name = "kpa"
+
+    def __init__(
+        self,
+        scenario: Scenario,
+        container_concurrency: float = 1.0,
+        target_utilisation: float = 0.7,
+        stable_window_s: float = 60.0,
+        panic_window_s: float = 6.0,
+        panic_threshold: float = 2.0,
+        max_scale_down_rate: float = 2.0,
+        max_scale_up_rate: float = 1000.0,
+    ) -> None:
+        super().__init__(scenario)
+        self.target = container_concurrency * target_utilisation
+        self.stable_window_s, self.panic_window_s = stable_window_s, panic_window_s
+        self.panic_threshold = panic_threshold
+        self.max_scale_down_rate, self.max_scale_up_rate = max_scale_down_rate, max_scale_up_rate
+        self.reset()
+
+    def reset(self) -> None:
+        super().reset()
+        self.samples: deque[tuple[float, int]] = deque()
+        self.panic_since: float | None = None
+
+    def _average(self, now: float, window_s: float) -> float:
+        recent = [c for at, c in self.samples if at > now - window_s] or [self.samples[-1][1]]
+        return sum(recent) / len(recent)
+
+    def decide(self, t: PoolTelemetry, current_target: int) -> int:
+        now = t.time
+        self.samples.append((now, t.queue_length + t.in_service))
+        while self.samples[0][0] <= now - self.stable_window_s:
+            self.samples.popleft()
+        stable = math.ceil(self._average(now, self.stable_window_s) / self.target)
+        panic = math.ceil(self._average(now, self.panic_window_s) / self.target)
+        ready = max(t.workers_ready, 1)
+        if panic / ready >= self.panic_threshold:
+            self.panic_since = now  # entering, or extending, panic mode
+        elif self.panic_since is not None and now - self.panic_since >= self.stable_window_s:
+            self.panic_since = None
+        desired = max(panic, current_target) if self.panic_since is not None else stable
+        low = math.ceil(ready / self.max_scale_down_rate)
+        high = math.ceil(ready * self.max_scale_up_rate)
+        return min(high, max(low, desired))
+
+
+class HorizontalPodAutoscaler(_Baseline):
+    """Kubernetes HPA on utilisation (busy workers / target workers; starting workers count as
+    idle, like unready pods on scale-up): desired = ceil(current x utilisation / target), kept
+    when within the 0.1 tolerance, with the 300 s scale-down stabilisation."""
+
+    name = "hpa"
+
+    def __init__(self, scenario: Scenario, target_utilisation: float = 0.8, tolerance: float = 0.1, stabilisation_s: float = 300) -> None:
+        super().__init__(scenario)
+        self.target_utilisation, self.tolerance = target_utilisation, tolerance
+        self.stabilisation = ScaleDownStabilisation(stabilisation_s)
+
+    def reset(self) -> None:
+        super().reset()
+        self.stabilisation.reset()
+
+    def decide(self, t: PoolTelemetry, current_target: int) -> int:
+        current = max(current_target, 1)
+        ratio = (t.in_service / current) / self.target_utilisation
+        desired = current_target if abs(ratio - 1.0) <= self.tolerance else math.ceil(current * ratio)
+        return self.stabilisation.apply(t.time, desired, current_target)
+
+
+class FixedSize(_Baseline):
+    """A pool that never scales (``workers`` defaults to the scenario's initial size)."""
+
+    def __init__(self, scenario: Scenario, workers: int | None = None) -> None:
+        super().__init__(scenario)
+        self.workers = scenario.workers.initial if workers is None else workers
+        self.name = "fixed" if workers is None else f"fixed-{workers}"
+
+    def decide(self, t: PoolTelemetry, current_target: int) -> int:
+        return self.workers
+
+
+class RLPolicy:
+    """An RL agent (``act(obs, explore) -> action``) as a ``ScalingPolicy``: the observation is
+    :func:`observation_from_telemetry`, the action a change of the target. The last observation
+    and action are kept so a live controller can publish the experience."""
+
+    def __init__(self, name: str, agent, scenario: Scenario, deltas: Sequence[int] = ACTION_DELTAS["unit"], explore: bool = False) -> None:
+        n_actions = getattr(agent, "n_actions", len(deltas))
+        if n_actions != len(deltas):
+            raise ValueError(f"{name}: the agent has {n_actions} actions, the action mode {len(deltas)}")
+        self.name, self.agent, self.scenario = name, agent, scenario
+        self.deltas, self.explore = tuple(deltas), explore
+        self.last_observation: np.ndarray | None = None
+        self.last_action: int | None = None
+
+    def reset(self) -> None:
+        self.last_observation, self.last_action = None, None
+
+    def decide(self, t: PoolTelemetry, current_target: int) -> int:
+        obs = observation_from_telemetry(t, self.scenario)
+        action = int(self.agent.act(obs, explore=self.explore))
+        self.last_observation, self.last_action = obs, action
+        return current_target + self.deltas[action]
+
+
+BASELINES = {
+    "reactive-avg": lambda sc: Reactive(sc, on="mean"),
+    "reactive-max": lambda sc: Reactive(sc, on="max"),
+    "keda": KedaLag,
+    "kpa": KnativeKPA,
+    "hpa": HorizontalPodAutoscaler,
+    "fixed": FixedSize,
+}
+
+
+def make_baseline(name: str, scenario: Scenario) -> ScalingPolicy:
+    """A baseline by its name in ``BASELINES`` (or ``fixed-<n>``), with the defaults documented above."""
+    if name in BASELINES:
+        return BASELINES[name](scenario)
+    size = name.removeprefix("fixed-")
+    if name.startswith("fixed-") and size.isdigit():
+        return FixedSize(scenario, workers=int(size))
+    raise ValueError(f"unknown baseline {name!r}; known: {', '.join(BASELINES)}, fixed-<n>")
+
+
+def is_baseline(name: str) -> bool:
+    return name in BASELINES or (name.startswith("fixed-") and name.removeprefix("fixed-").isdigit())

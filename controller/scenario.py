@@ -1,0 +1,363 @@
+"""Autoscaling scenarios: a user-writable JSON (or YAML) description of a farm and its workload.
+
+A scenario fixes everything the simulator draws from: worker bounds, cold-start
+and scale-down delays, per-task service times and deadlines, and the arrival-rate
+phases (a non-homogeneous Poisson process, sampled by thinning).
+"""
+
+from __future__ import annotations
+
+import math
+from functools import cached_property
+from pathlib import Path
+from typing import Annotated, Any, Literal, Union
+
+import numpy as np
+import orjson
+from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, ValidationError, model_validator
+
+SCENARIO_DIR = Path(__file__).with_name("scenarios")
+_MEAN_SAMPLES = 200_000  # draws used to compute the mean of a clamped distribution
+
+
+class ScenarioError(ValueError):
+    """A scenario name, file or field is not usable; the message says which and why."""
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+# --------------------------------------------------------------------------- distributions
+class _Clamped(_Model):
+    min: float = Field(default=0.0, ge=0)
+    max: float | None = Field(default=None, gt=0)
+
+    @model_validator(mode="after")
+    def _ordered(self) -> _Clamped:
+        if self.max is not None and self.max < self.min:
+            raise ValueError(f"max ({self.max}) is below min ({self.min})")
+        return self
+
+    def sample(self, rng: np.random.Generator, size: int) -> np.ndarray:
+        return np.clip(self._draw(rng, size), self.min, self.max if self.max is not None else np.inf)
+
+    def _draw(self, rng: np.random.Generator, size: int) -> np.ndarray:
+        raise NotImplementedError
+
+    def _unclamped_mean(self) -> float:
+        raise NotImplementedError
+
+    @cached_property
+    def mean_s(self) -> float:
+        """Mean of the clamped distribution (exact without clamping, else a fixed-seed estimate)."""
+        if self.min == 0.0 and self.max is None:
+            return self._unclamped_mean()
+        return float(self.sample(np.random.default_rng(0), _MEAN_SAMPLES).mean())
+
+
+class ConstantDist(_Clamped):
+    dist: Literal["constant"]
+    value: float = Field(ge=0)
+
+    def _draw(self, rng: np.random.Generator, size: int) -> np.ndarray:
+        return np.full(size, self.value)
+
+    def _unclamped_mean(self) -> float:
+        return self.value
+
+
+class UniformDist(_Clamped):
+    dist: Literal["uniform"]
+    low: float = Field(ge=0)
+    high: float = Field(ge=0)
+
+    @model_validator(mode="after")
+    def _low_high(self) -> UniformDist:
+        if self.high < self.low:
+            raise ValueError(f"high ({self.high}) is below low ({self.low})")
+        return self
+
+    def _draw(self, rng: np.random.Generator, size: int) -> np.ndarray:
+        return rng.uniform(self.low, self.high, size)
+
+    def _unclamped_mean(self) -> float:
+        return (self.low + self.high) / 2
+
+
+class ExponentialDist(_Clamped):
+    dist: Literal["exponential"]
+    mean: float = Field(gt=0)
+
+    def _draw(self, rng: np.random.Generator, size: int) -> np.ndarray:
+        return rng.exponential(self.mean, size)
+
+    def _unclamped_mean(self) -> float:
+        return self.mean
+
+
+class GammaDist(_Clamped):
+    dist: Literal["gamma"]
+    shape: float = Field(gt=0)
+    scale: float = Field(gt=0)
+
+    def _draw(self, rng: np.random.Generator, size: int) -> np.ndarray:
+        return rng.gamma(self.shape, self.scale, size)
+
+    def _unclamped_mean(self) -> float:
+        return self.shape * self.scale
+
+
+class LognormalDist(_Clamped):
+    """``exp(N(mu, sigma))``, numpy's parametrisation: the median is ``exp(mu)``."""
+
+    dist: Literal["lognormal"]
+    mu: float
+    sigma: float = Field(ge=0)
+
+    def _draw(self, rng: np.random.Generator, size: int) -> np.ndarray:
+        return rng.lognormal(self.mu, self.sigma, size)
+
+    def _unclamped_mean(self) -> float:
+        return math.exp(self.mu + self.sigma**2 / 2)
+
+
+ServiceTime = Annotated[
+    Union[GammaDist, ExponentialDist, LognormalDist, ConstantDist, UniformDist], Field(discriminator="dist")
+]
+DelayDist = Annotated[Union[UniformDist, ConstantDist], Field(discriminator="dist")]
+Delay = Union[Annotated[float, Field(ge=0)], DelayDist]
+
+
+def sample_delay(delay: Delay, rng: np.random.Generator) -> float:
+    """One draw of a cold-start or scale-down delay (a plain number is a constant)."""
+    if isinstance(delay, (int, float)):
+        return float(delay)
+    return float(delay.sample(rng, 1)[0])
+
+
+# --------------------------------------------------------------------------- arrival phases
+class _Phase(_Model):
+    duration_s: float = Field(gt=0)
+    rate_per_s: float = Field(ge=0)
+
+    @property
+    def peak_rate(self) -> float:
+        return self.rate_per_s
+
+    def rate_at(self, t: np.ndarray) -> np.ndarray:
+        """Arrival rate at ``t`` seconds since the phase started."""
+        return np.full(np.shape(t), self.rate_per_s)
+
+
+class ConstantPhase(_Phase):
+    pattern: Literal["constant"] = "constant"
+
+
+class SinePhase(_Phase):
+    """``rate_per_s + amplitude_per_s * sin(2 pi t / period_s)``."""
+
+    pattern: Literal["sine"]
+    amplitude_per_s: float = Field(ge=0)
+    period_s: float = Field(gt=0)
+
+    @model_validator(mode="after")
+    def _non_negative(self) -> SinePhase:
+        if self.amplitude_per_s > self.rate_per_s:
+            raise ValueError("amplitude_per_s exceeds rate_per_s: the rate would go negative")
+        return self
+
+    @property
+    def peak_rate(self) -> float:
+        return self.rate_per_s + self.amplitude_per_s
+
+    def rate_at(self, t: np.ndarray) -> np.ndarray:
+        return self.rate_per_s + self.amplitude_per_s * np.sin(2 * np.pi * np.asarray(t) / self.period_s)
+
+
+class SpikePhase(_Phase):
+    """``rate_per_s``, except ``spike_rate_per_s`` during ``[spike_start_s, +spike_duration_s)``."""
+
+    pattern: Literal["spike"]
+    spike_rate_per_s: float = Field(ge=0)
+    spike_start_s: float = Field(ge=0)
+    spike_duration_s: float = Field(gt=0)
+
+    @model_validator(mode="after")
+    def _inside(self) -> SpikePhase:
+        if self.spike_start_s + self.spike_duration_s > self.duration_s:
+            raise ValueError("the spike ends after the phase does (spike_start_s + spike_duration_s > duration_s)")
+        return self
+
+    @property
+    def peak_rate(self) -> float:
+        return max(self.rate_per_s, self.spike_rate_per_s)
+
+    def rate_at(self, t: np.ndarray) -> np.ndarray:
+        t = np.asarray(t)
+        spiking = (t >= self.spike_start_s) & (t < self.spike_start_s + self.spike_duration_s)
+        return np.where(spiking, self.spike_rate_per_s, self.rate_per_s)
+
+
+def _pattern(value: Any) -> str:
+    if isinstance(value, dict):
+        return value.get("pattern", "constant")
+    return getattr(value, "pattern", "constant")
+
+
+Phase = Annotated[
+    Union[
+        Annotated[ConstantPhase, Tag("constant")],
+        Annotated[SinePhase, Tag("sine")],
+        Annotated[SpikePhase, Tag("spike")],
+    ],
+    Discriminator(_pattern),
+]
+
+
+# --------------------------------------------------------------------------- the scenario
+class WorkerBounds(_Model):
+    min: int = Field(ge=0)
+    max: int = Field(ge=1)
+    initial: int = Field(ge=0)
+
+    @model_validator(mode="after")
+    def _ordered(self) -> WorkerBounds:
+        if not self.min <= self.initial <= self.max:
+            raise ValueError(f"need min <= initial <= max, got {self.min} <= {self.initial} <= {self.max}")
+        return self
+
+
+class DeadlineSpec(_Model):
+    """Each task's deadline is ``factor`` x its own service time, clamped to ``[min, max]``."""
+
+    factor: float = Field(gt=0)
+    min: float = Field(default=0.0, ge=0)
+    max: float | None = Field(default=None, gt=0)
+
+    def for_service(self, service_s: np.ndarray) -> np.ndarray:
+        return np.clip(self.factor * service_s, self.min, self.max if self.max is not None else np.inf)
+
+
+class Scenario(_Model):
+    name: str = Field(min_length=1)
+    description: str = ""
+    step_seconds: float = Field(gt=0, description="control period: one decision per step")
+    max_steps: int | None = Field(default=None, ge=1, description="decisions per episode (after one warm-up step)")
+    workers: WorkerBounds
+    cold_start_seconds: Delay = 0.0
+    scale_down_seconds: Delay = 0.0
+    service_time: ServiceTime
+    deadline: DeadlineSpec
+    phases: list[Phase] = Field(min_length=1)
+
+    @model_validator(mode="after")
+    def _horizon(self) -> Scenario:
+        # The episode is one warm-up period (no decision) + max_steps decisions, all inside the phases.
+        fits = int(math.floor(self.duration_s / self.step_seconds + 1e-9)) - 1
+        if self.max_steps is None:
+            if fits < 1:
+                raise ValueError(f"phases last {self.duration_s:g} s: not enough for two steps of {self.step_seconds:g} s")
+            return self.model_copy(update={"max_steps": fits})
+        if self.max_steps > fits:
+            raise ValueError(
+                f"(max_steps + 1) x step_seconds = {(self.max_steps + 1) * self.step_seconds:g} s exceeds the "
+                f"phases' total {self.duration_s:g} s (one warm-up step precedes the decisions); "
+                f"use max_steps <= {max(fits, 0)} or longer phases"
+            )
+        return self
+
+    @property
+    def steps(self) -> int:
+        """Decisions per episode (``max_steps``, defaulted from the phases)."""
+        assert self.max_steps is not None
+        return self.max_steps
+
+    @property
+    def duration_s(self) -> float:
+        return float(sum(p.duration_s for p in self.phases))
+
+    @property
+    def episode_seconds(self) -> float:
+        """Simulated time of one episode: the warm-up step plus ``max_steps`` steps."""
+        return (self.steps + 1) * self.step_seconds
+
+    @property
+    def mean_service_s(self) -> float:
+        return self.service_time.mean_s
+
+    @cached_property
+    def mean_deadline_s(self) -> float:
+        draws = self.service_time.sample(np.random.default_rng(0), _MEAN_SAMPLES)
+        return float(self.deadline.for_service(draws).mean())
+
+    def rate_at(self, t: np.ndarray) -> np.ndarray:
+        """Arrival rate (tasks/s) at episode times ``t``; 0 after the last phase."""
+        t = np.asarray(t, dtype=float)
+        rate = np.zeros_like(t)
+        start = 0.0
+        for phase in self.phases:
+            inside = (t >= start) & (t < start + phase.duration_s)
+            rate = np.where(inside, phase.rate_at(t - start), rate)
+            start += phase.duration_s
+        return rate
+
+    def sample_arrivals(self, rng: np.random.Generator, horizon_s: float) -> np.ndarray:
+        """Sorted arrival times in ``[0, horizon_s)``: Poisson with rate ``rate_at``, by thinning per phase."""
+        chunks, start = [], 0.0
+        for phase in self.phases:
+            if start >= horizon_s:
+                break
+            length = min(phase.duration_s, horizon_s - start)
+            peak = phase.peak_rate
+            n = rng.poisson(peak * length) if peak > 0 else 0
+            t = np.sort(rng.uniform(0.0, length, n))
+            keep = rng.uniform(0.0, peak, n) < phase.rate_at(t)
+            chunks.append(start + t[keep])
+            start += phase.duration_s
+        return np.concatenate(chunks) if chunks else np.empty(0)
+
+
+# --------------------------------------------------------------------------- loading
+def shipped_scenarios() -> list[str]:
+    """Names of the scenarios that ship with the package."""
+    return sorted(p.stem for p in SCENARIO_DIR.glob("*.json"))
+
+
+def _read(path: Path) -> Any:
+    text = path.read_bytes()
+    if path.suffix.lower() in {".yaml", ".yml"}:
+        try:
+            import yaml
+        except ImportError as exc:
+            raise ScenarioError(f"{path}: YAML scenarios need pyyaml (pip install pyyaml), or use JSON") from exc
+        try:
+            return yaml.safe_load(text)
+        except yaml.YAMLError as exc:
+            raise ScenarioError(f"{path}: not valid YAML: {exc}") from exc
+    try:
+        return orjson.loads(text)
+    except orjson.JSONDecodeError as exc:
+        raise ScenarioError(f"{path}: not valid JSON: {exc}") from exc
+
+
+def load_scenario(name_or_path: str | Path | Scenario) -> Scenario:
+    """A shipped scenario by name (``"bursty"``) or a scenario file by path; a ``Scenario`` passes through."""
+    if isinstance(name_or_path, Scenario):
+        return name_or_path
+    text = str(name_or_path)
+    path = Path(text)
+    looks_like_file = path.suffix.lower() in {".json", ".yaml", ".yml"} or "/" in text or path.exists()
+    if not looks_like_file:
+        path = SCENARIO_DIR / f"{text}.json"
+        if not path.is_file():
+            raise ScenarioError(f"unknown scenario {text!r}; shipped: {', '.join(shipped_scenarios())}, or give a file path")
+    elif not path.is_file():
+        raise ScenarioError(f"{path}: no such scenario file")
+    data = _read(path)
+    if not isinstance(data, dict):
+        raise ScenarioError(f"{path}: a scenario is a JSON object, got {type(data).__name__}")
+    try:
+        return Scenario.model_validate(data)
+    except ValidationError as exc:
+        raise ScenarioError(f"{path}: invalid scenario:\n{exc}") from exc
