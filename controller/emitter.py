@@ -1,0 +1,98 @@
+"""The farm emitter behind ``p2pfaas farm run``: a scenario's tasks, in real time, into a node.
+
+Each task is the ``sleep`` function with the sampled service time as payload and
+its deadline in ``X-P2pfaas-Deadline-Seconds``; QoS is measured end to end here
+(submit -> result) against that deadline.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+from dataclasses import dataclass, field
+from typing import Callable
+
+import numpy as np
+from nats.aio.client import Client
+
+from broker import headers as H
+from broker.client import Answer, FaasClient
+from controller.scenario import Scenario
+
+
+@dataclass
+class EmitterReport:
+    submitted: int = 0
+    completed: int = 0
+    met_deadline: int = 0
+    errors: int = 0
+    lost: int = 0
+    latencies: list[float] = field(default_factory=list)
+
+    @property
+    def qos(self) -> float:
+        return self.met_deadline / self.submitted if self.submitted else 1.0
+
+    @property
+    def p95_s(self) -> float:
+        return float(np.percentile(self.latencies, 95)) if self.latencies else 0.0
+
+
+@dataclass
+class FarmEmitter:
+    nc: Client
+    node: str
+    scenario: Scenario
+    seed: int = 0
+    prefix: str = "faas"
+    fn: str = "sleep"
+    speed: float = 1.0             # >1 compresses time (rates x speed, service / speed)
+    grace_s: float = 60.0          # wait this long after the last arrival for stragglers
+
+    async def run(self, progress: Callable[[float, EmitterReport], None] | None = None) -> EmitterReport:
+        rng = np.random.default_rng(self.seed)
+        horizon = self.scenario.episode_seconds
+        arrivals = self.scenario.sample_arrivals(rng, horizon) / self.speed
+        service = self.scenario.service_time.sample(rng, len(arrivals)) / self.speed
+        deadlines = self.scenario.deadline.for_service(service * self.speed) / self.speed
+        report = EmitterReport()
+        run_id = uuid.uuid4().hex[:8]
+        pending: set[asyncio.Task] = set()
+        async with FaasClient(self.nc, client=f"farm-{run_id}", prefix=self.prefix) as faas:
+            start = time.monotonic()
+
+            async def one(i: int) -> None:
+                req = f"t{i}"
+                sent = time.monotonic()
+                fut = faas.expect(req)
+                try:
+                    await faas.submit(self.node, self.fn, f"{service[i]:.4f}".encode(), req,
+                                      {H.DEADLINE: f"{deadlines[i]:.4f}"})
+                    answer: Answer = await asyncio.wait_for(fut, horizon / self.speed + self.grace_s)
+                except asyncio.TimeoutError:
+                    report.lost += 1
+                    return
+                finally:
+                    faas.forget(req)
+                latency = time.monotonic() - sent
+                if answer.status != 200:
+                    report.errors += 1
+                    return
+                report.completed += 1
+                report.latencies.append(latency)
+                if latency <= deadlines[i]:
+                    report.met_deadline += 1
+
+            for i, at in enumerate(arrivals):
+                delay = start + at - time.monotonic()
+                if delay > 0:
+                    await asyncio.sleep(delay)
+                report.submitted += 1
+                task = asyncio.create_task(one(i))
+                pending.add(task)
+                task.add_done_callback(pending.discard)
+                if progress:
+                    progress(min(1.0, at / (horizon / self.speed)), report)
+            await asyncio.gather(*pending)
+        return report

@@ -1,0 +1,80 @@
+"""``p2pfaas top``: a live view of nodes (heartbeats) and pools (telemetry)."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from dataclasses import dataclass, field
+
+from rich.console import Group
+from rich.live import Live
+from rich.table import Table
+
+from broker.codec import decode
+from broker.connection import close_quietly, connect
+from broker.errors import ContractError
+from broker.messages import Heartbeat, PoolTelemetry
+from broker.subjects import Subjects
+
+
+@dataclass
+class TopView:
+    nodes: dict[str, Heartbeat] = field(default_factory=dict)
+    pools: dict[tuple[str, str], PoolTelemetry] = field(default_factory=dict)
+
+    def render(self, now: float | None = None) -> Group:
+        now = now or time.time()
+        nodes = Table(title="nodes", expand=True)
+        for col in ("node", "address", "running", "queued", "K", "queue max", "seen"):
+            nodes.add_column(col)
+        for hb in sorted(self.nodes.values(), key=lambda h: h.node):
+            nodes.add_row(hb.node, hb.address or "-", str(hb.running), str(hb.queued),
+                          str(hb.parallel_running_functions_max), str(hb.queue_length_max),
+                          f"{max(0.0, now - hb.time):.1f}s ago")
+        pools = Table(title="pools", expand=True)
+        for col in ("node", "pool", "workers", "starting", "queue", "in service", "arrivals/s",
+                    "done/s", "p95 latency", "QoS"):
+            pools.add_column(col)
+        for (node, pool), t in sorted(self.pools.items()):
+            qos_style = "green" if t.qos >= 0.99 else "yellow" if t.qos >= 0.9 else "red"
+            pools.add_row(node, pool, str(t.workers_ready), str(t.workers_starting), str(t.queue_length),
+                          str(t.in_service), f"{t.arrival_rate:.2f}", f"{t.throughput:.2f}",
+                          f"{t.latency_p95_s * 1000:.0f} ms", f"[{qos_style}]{t.qos:.1%}[/]")
+        return Group(nodes, pools)
+
+
+async def watch(nats_url: str, prefix: str = "faas", *, refresh_s: float = 1.0, duration_s: float | None = None,
+                live: bool = True) -> TopView:
+    """Follow heartbeats and telemetry; with ``duration_s`` stop after that long (``--once``)."""
+    subjects = Subjects(prefix)
+    view = TopView()
+    nc = await connect(nats_url, "p2pfaas-top")
+
+    async def on_heartbeat(msg) -> None:
+        try:
+            hb = decode(Heartbeat, msg.data)
+        except ContractError:
+            return
+        view.nodes[hb.node] = hb
+
+    async def on_telemetry(msg) -> None:
+        try:
+            t = decode(PoolTelemetry, msg.data)
+        except ContractError:
+            return
+        view.pools[(t.node, t.pool)] = t
+
+    await nc.subscribe(subjects.all_membership(), cb=on_heartbeat)
+    await nc.subscribe(subjects.all_telemetry(), cb=on_telemetry)
+    deadline = None if duration_s is None else time.monotonic() + duration_s
+    try:
+        if not live:
+            await asyncio.sleep(duration_s or 0)
+            return view
+        with Live(view.render(), refresh_per_second=4, screen=False) as screen:
+            while deadline is None or time.monotonic() < deadline:
+                await asyncio.sleep(refresh_s)
+                screen.update(view.render())
+    finally:
+        await close_quietly(nc)
+    return view
