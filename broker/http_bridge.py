@@ -21,12 +21,17 @@ from fastapi.responses import JSONResponse, Response
 from nats.aio.client import Client
 from nats.errors import NoRespondersError
 from nats.errors import TimeoutError as NatsTimeout
+from nats.js.errors import Error as JetStreamError
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Histogram, generate_latest
 
 from broker import headers as H
 from broker.client import Answer, FaasClient, new_request_id
 from broker.errors import InvalidToken
 from broker.subjects import Subjects, check_token
+from broker.codec import decode, encode
+from broker.errors import ContractError
+from broker.messages import LearnerAction, LearnerActRequest, LearnerTrainBatch, LearnerTrainSample, SchedulingExperience
+from broker.subjects import SCHEDULING_MODEL, LearnerVerb
 
 log = logging.getLogger(__name__)
 
@@ -34,6 +39,8 @@ VERSION = "0.1.0"
 STATUS_HEADER = "X-P2pfaas-Status"
 PASS_THROUGH = (H.BYPASS, H.FORWARD, H.REJECT, H.TRACING_ID, H.TASK_TYPE, H.TIMEOUT, H.DEADLINE)
 REMEMBERED_CALLS = 100_000
+LEARNING_HEADER = "X-P2pfaas-Learning-"     # + Eid, State, Action, Reward (P2PFaaS learner API)
+LEARNING_EPS = "X-P2pfaas-Eps"
 
 
 def error(status: int, message: str, **headers: str) -> JSONResponse:
@@ -290,7 +297,96 @@ class HttpBridge:
                 text += msg.data
             return Response(text, media_type=CONTENT_TYPE_LATEST)
 
+        bridge._learner_routes(app)
         return app
+
+    # -- P2PFaaS learner API (docs/learner.md) -----------------------------------
+    def _learner_routes(self, app: FastAPI) -> None:
+        """/learner/*: act and control are request/reply with the node's learner; train and
+        train_batch store experiences on the node's durable reward stream (JetStream ack)."""
+        bridge = self
+
+        def learner_subject(model: str, verb: LearnerVerb) -> str | Response:
+            try:
+                return bridge.subjects.learner(bridge.node, model, verb)
+            except InvalidToken as exc:
+                return error(400, str(exc))
+
+        async def control(model: str, verb: LearnerVerb, body: bytes = b"") -> Response:
+            subject = learner_subject(model, verb)
+            return subject if isinstance(subject, Response) else await bridge._control(subject, body)
+
+        async def store(samples: list[LearnerTrainSample]) -> Response:
+            js = bridge.nc.jetstream()
+            subject = bridge.subjects.reward(bridge.node)
+            try:
+                for i in range(0, len(samples), 256):  # pipelined, a bounded number in flight
+                    await asyncio.gather(*(js.publish(subject, encode(SchedulingExperience(
+                        eid=s.eid, state=s.state, action=s.action, reward=s.reward, node=bridge.node)))
+                        for s in samples[i:i + 256]))
+            except (NatsTimeout, NoRespondersError, JetStreamError, asyncio.TimeoutError) as exc:
+                return error(503, f"experiences of {bridge.node} not stored: {exc!r}", **{"Retry-After": "1"})
+            return Response("ok", media_type="text/plain")
+
+        @app.get("/learner/act", summary="P2PFaaS learner: action for X-P2pfaas-Learning-State (+ X-P2pfaas-Eps)")
+        async def learner_act(request: Request, model: str = SCHEDULING_MODEL, explore: bool = True) -> Response:
+            state = request.headers.get(LEARNING_HEADER + "State")
+            if state is None:
+                return error(400, f"missing header {LEARNING_HEADER}State: \"f1,f2,...\"")
+            try:
+                body = encode(decode(LearnerActRequest, orjson.dumps({"state": state, "explore": explore})))
+            except ContractError as exc:
+                return error(400, str(exc))
+            response = await control(model, "act", body)
+            if response.status_code != 200:
+                return response
+            action = decode(LearnerAction, response.body)
+            return Response(str(action.action), media_type="text/plain", headers={LEARNING_EPS: repr(action.eps)})
+
+        @app.get("/learner/train", summary="P2PFaaS learner: one sample from X-P2pfaas-Learning-{Eid,State,Action,Reward}")
+        async def learner_train(request: Request) -> Response:
+            names = ("Eid", "State", "Action", "Reward")
+            missing = [LEARNING_HEADER + n for n in names if LEARNING_HEADER + n not in request.headers]
+            if missing:
+                return error(400, f"missing header(s) {', '.join(missing)}")
+            fields = {n.lower(): request.headers[LEARNING_HEADER + n] for n in names}
+            try:
+                sample = decode(LearnerTrainSample, orjson.dumps(fields))
+            except ContractError as exc:
+                return error(400, str(exc))
+            return await store([sample])
+
+        @app.post("/learner/train_batch", summary="P2PFaaS learner: JSON list of {eid, state, action, reward}")
+        async def learner_train_batch(request: Request) -> Response:
+            body = await bridge._read_body(request)
+            if isinstance(body, Response):
+                return body
+            try:
+                batch = decode(LearnerTrainBatch, body)
+            except ContractError as exc:
+                return error(400, str(exc))
+            return await store(batch.root)
+
+        @app.get("/learner/parameters", summary="Learner hyper-parameters")
+        async def learner_parameters(model: str = SCHEDULING_MODEL) -> Response:
+            return await control(model, "parameters.get")
+
+        @app.post("/learner/parameters", summary="Change learner hyper-parameters at run time")
+        async def learner_set_parameters(request: Request, model: str = SCHEDULING_MODEL) -> Response:
+            body = await bridge._read_body(request)
+            return body if isinstance(body, Response) else await control(model, "parameters.set", body)
+
+        @app.get("/learner/stats", summary="Learner statistics")
+        async def learner_stats(model: str = SCHEDULING_MODEL) -> Response:
+            return await control(model, "stats")
+
+        @app.get("/learner/weights", summary="Current model weights (base64 torch payload + shape)")
+        async def learner_weights(model: str = SCHEDULING_MODEL) -> Response:
+            return await control(model, "weights.get")
+
+        @app.get("/learner/reset", summary="Forget what the model learned")
+        async def learner_reset(model: str = SCHEDULING_MODEL) -> Response:
+            return await control(model, "reset")
 
 
 class _EmbeddedServer(uvicorn.Server):

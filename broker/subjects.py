@@ -43,6 +43,25 @@ def from_mqtt(topic: str) -> str:
     return topic.replace("/", ".")
 
 
+# Learner models (docs/learner.md): the node's scheduling model and one per scaled pool.
+SCHEDULING_MODEL = "scheduling"
+SCALING_MODEL_PREFIX = "scaling-"
+LearnerVerb = Literal["act", "weights", "weights.get", "parameters.get", "parameters.set", "stats", "reset"]
+LEARNER_VERBS: frozenset[str] = frozenset(LearnerVerb.__args__)  # type: ignore[attr-defined]
+
+
+def scaling_model(pool: str) -> str:
+    """Model token of a pool's scaling model (pool names up to 56 characters)."""
+    return check_token(SCALING_MODEL_PREFIX + check_token(pool, "pool"), "model")
+
+
+def pool_of_model(model: str) -> str | None:
+    """The pool of a scaling model token, None for any other model."""
+    if model.startswith(SCALING_MODEL_PREFIX) and TOKEN_RE.match(model[len(SCALING_MODEL_PREFIX):]):
+        return model[len(SCALING_MODEL_PREFIX):]
+    return None
+
+
 Kind = Literal["request", "forward"]
 
 
@@ -179,6 +198,9 @@ class Subjects:
     def telemetry(self, node: str, pool: str) -> str:
         return self._join(node, "telemetry", check_token(pool, "pool"))
 
+    def all_telemetry(self) -> str:
+        return f"{self.prefix}.*.telemetry.*"
+
     def scale(self, node: str, pool: str) -> str:
         return self._join(node, "scale", check_token(pool, "pool"))
 
@@ -187,6 +209,39 @@ class Subjects:
 
     def experience(self, node: str, pool: str) -> str:
         return self._join(node, "experience", check_token(pool, "pool"))
+
+    # -- learner (docs/learner.md) ---------------------------------------------
+    def experiences_of(self, node: str) -> str:
+        return self._join(node, "experience", ">")
+
+    def parse_experience(self, subject: str) -> tuple[str, str | None]:
+        """(node, pool) of ``<prefix>.<node>.reward`` (pool None) or ``...experience.<pool>``."""
+        parts = subject.split(".")
+        if len(parts) == 3 and parts[0] == self.prefix and parts[2] == "reward":
+            return check_node(parts[1]), None
+        if len(parts) == 4 and parts[0] == self.prefix and parts[2] == "experience":
+            return check_node(parts[1]), check_token(parts[3], "pool")
+        raise InvalidSubject(f"{subject!r} is not {self.prefix}.<node>.reward or .experience.<pool>")
+
+    def learner(self, node: str, model: str, verb: LearnerVerb) -> str:
+        """``<prefix>.<node>.learner.<model>.<verb>``; ``weights`` is published, the rest are request/reply."""
+        if verb not in LEARNER_VERBS:
+            raise InvalidSubject(f"unknown learner verb {verb!r}")
+        return self._join(node, "learner", check_token(model, "model"), verb)
+
+    def learner_all_models(self, node: str, verb: LearnerVerb) -> str:
+        """Subscription to ``verb`` of every model of ``node``."""
+        if verb not in LEARNER_VERBS:
+            raise InvalidSubject(f"unknown learner verb {verb!r}")
+        return self._join(node, "learner", "*", verb)
+
+    def parse_learner(self, subject: str) -> tuple[str, str, str]:
+        """(node, model, verb) of a learner subject."""
+        parts = subject.split(".")
+        verb = ".".join(parts[4:])
+        if len(parts) < 5 or parts[0] != self.prefix or parts[2] != "learner" or verb not in LEARNER_VERBS:
+            raise InvalidSubject(f"{subject!r} is not {self.prefix}.<node>.learner.<model>.<verb>")
+        return check_node(parts[1]), check_token(parts[3], "model"), verb
 
     def _join(self, node: str, *rest: str) -> str:
         return ".".join((self.prefix, check_node(node), *rest))

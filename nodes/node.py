@@ -1,5 +1,5 @@
-"""One p2pfaas node: scheduler service + worker pool + control plane (load, configuration,
-metrics over NATS request/reply). ``async with Node(settings)`` runs it."""
+"""One p2pfaas node: scheduler + discovery services, worker pool and control plane (load,
+configuration, metrics over NATS request/reply). ``async with Node(settings)`` runs it."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ import time
 import orjson
 from nats.aio.client import Client
 from nats.aio.msg import Msg
+from nats.js.errors import APIError, ServiceUnavailableError
 from prometheus_client import generate_latest
 
 from broker.codec import decode, encode
@@ -20,6 +21,7 @@ from broker.streams import ensure_node_streams
 from broker.subjects import Subjects
 from functions.registry import FunctionRegistry, default_registry
 from nodes.config_store import ConfigStore
+from nodes.discovery.service import DiscoveryService
 from nodes.metrics import NodeMetrics
 from nodes.pool import WorkerPool
 from nodes.scheduler.service import PeerSource, SchedulerService
@@ -29,11 +31,13 @@ log = logging.getLogger(__name__)
 
 VERSION = "0.1.0"
 STATUS_HEADER = "X-P2pfaas-Status"
+JETSTREAM_READY_TIMEOUT_S = 30.0  # a fresh NATS cluster elects its JetStream leader first
 
 
 class Node:
     def __init__(self, settings: NodeSettings, registry: FunctionRegistry | None = None,
                  peers: PeerSource | None = None) -> None:
+        """``peers`` replaces discovery (tests, fixed topologies); by default the node runs its own."""
         self.settings = settings
         self.subjects = Subjects(settings.prefix)
         self.registry = registry or default_registry(settings.functions)
@@ -42,19 +46,25 @@ class Node:
         self.nc: Client | None = None
         self.pool: WorkerPool | None = None
         self.scheduler: SchedulerService | None = None
+        self.discovery: DiscoveryService | None = None
         self._peers = peers
         self._subs: list = []
         self.started_at = time.time()
 
     async def start(self) -> "Node":
-        self.nc = await connect(self.settings.nats_url, f"node-{self.settings.node_id}")
+        self.nc = await connect(self.settings.nats_servers, f"node-{self.settings.node_id}")  # type: ignore[arg-type]
         js = self.nc.jetstream()
-        await ensure_node_streams(js, self.subjects, self.settings.node_id)
+        await _when_jetstream_ready(lambda: ensure_node_streams(js, self.subjects, self.settings.node_id))
         self.pool = WorkerPool(self.settings, js, self.subjects)
         await self.pool.start(self.store.node.parallel_running_functions_max)
+        peers = self._peers
+        if peers is None:
+            self.discovery = peers = DiscoveryService(self.settings, self.nc, self.current_load)
         self.scheduler = SchedulerService(self.settings, self.nc, self.registry, self.store,
-                                          self.metrics, self._peers)
+                                          self.metrics, peers)
         await self.scheduler.start()
+        if self.discovery:
+            await self.discovery.start()
         node = self.settings.node_id
         s = self.subjects
         for subject, handler in (
@@ -73,6 +83,8 @@ class Node:
         return self
 
     async def stop(self) -> None:
+        if self.discovery:  # silence first: peers stop choosing us within suspect_after periods
+            await self.discovery.stop()
         for sub in self._subs:
             await sub.unsubscribe()
         self._subs.clear()
@@ -158,6 +170,26 @@ class Node:
             "workers": {"ready": self.pool.ready, "starting": self.pool.starting, "stopping": self.pool.stopping} if self.pool else {},
             "uptime_s": time.time() - self.started_at,
         }))
+
+
+async def _when_jetstream_ready(action, timeout_s: float = JETSTREAM_READY_TIMEOUT_S) -> None:
+    """Run ``action`` (stream provisioning), retrying while JetStream is not available yet.
+
+    A clustered nats-server answers "JetStream system temporarily unavailable"
+    (HTTP-like 503) until its meta leader is elected; a single server never does.
+    """
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout_s
+    while True:
+        try:
+            return await action()
+        except (APIError, asyncio.TimeoutError) as exc:
+            retryable = (isinstance(exc, (asyncio.TimeoutError, ServiceUnavailableError))
+                         or getattr(exc, "code", None) == 503)
+            if not retryable or loop.time() > deadline:
+                raise
+            log.info("JetStream not ready yet (%s); retrying", exc)
+            await asyncio.sleep(0.25)
 
 
 async def run_node(settings: NodeSettings, stop: asyncio.Event) -> None:

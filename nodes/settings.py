@@ -6,7 +6,7 @@ import os
 from pathlib import Path
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from broker.messages import NodeConfiguration, SchedulerConfiguration
 
@@ -29,6 +29,26 @@ class NodeSettings(BaseModel):
     initial: NodeConfiguration = NodeConfiguration()
     initial_scheduler: SchedulerConfiguration = SchedulerConfiguration()
     telemetry_period_s: float = Field(default=1.0, gt=0)
+    # emulated slowness: every execution is padded to last 1/speed times longer (1.0 = as is)
+    speed: float = Field(default=1.0, gt=0, le=1.0)
+    # discovery (docs/p2p.md)
+    group: str = "default"                            # P2PFaaS group_name of this node
+    seeds: list[str] = Field(default_factory=list)    # more NATS URLs of the same cluster: first connect + failover
+    heartbeat_period_s: float = Field(default=1.0, gt=0)
+    suspect_after: int = Field(default=3, ge=1)       # missed periods before a peer is no longer offered
+    remove_after: int = Field(default=10, ge=2)       # missed periods before a peer is forgotten
+    probe_timeout_s: float = Field(default=0.25, gt=0)  # a slower load probe counts as a fully loaded peer
+
+    @model_validator(mode="after")
+    def _periods_in_order(self) -> "NodeSettings":
+        if self.remove_after <= self.suspect_after:
+            raise ValueError(f"remove_after ({self.remove_after}) must exceed suspect_after ({self.suspect_after})")
+        return self
+
+    @property
+    def nats_servers(self) -> str | list[str]:
+        """What nats.connect gets: the URL alone, or it and the seeds (the client tries each)."""
+        return [self.nats_url, *self.seeds] if self.seeds else self.nats_url
 
     @property
     def node_dir(self) -> Path:
@@ -42,7 +62,11 @@ class NodeSettings(BaseModel):
             "nats_url": os.environ.get("P2PFAAS_NATS_URL"),
             "prefix": os.environ.get("P2PFAAS_PREFIX"),
             "data_dir": os.environ.get("P2PFAAS_DATA_DIR"),
+            "group": os.environ.get("P2PFAAS_GROUP"),
+            "heartbeat_period_s": os.environ.get("P2PFAAS_HEARTBEAT_PERIOD_S"),
         }
-        values = {k: v for k, v in env.items() if v}
+        values: dict[str, object] = {k: v for k, v in env.items() if v}
+        if os.environ.get("P2PFAAS_SEEDS"):
+            values["seeds"] = [u.strip() for u in os.environ["P2PFAAS_SEEDS"].split(",") if u.strip()]
         values.update({k: v for k, v in overrides.items() if v is not None})
         return cls(**values)

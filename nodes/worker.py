@@ -4,6 +4,8 @@ Runs as its own OS process (``python -m nodes.worker``, the default runtime, so
 K workers are K-way parallelism) or as a task inside the node ("inprocess").
 Delivery is at-least-once; the result is published once per request id: a
 redelivered task whose result already exists is only acknowledged.
+The result carries the request's path: ``peers`` (origin first, this node
+last, when it was forwarded) and ``hop_timings`` (one entry per node).
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ import os
 import signal
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 
 import orjson
 from nats.aio.client import Client
@@ -23,9 +26,10 @@ from nats.errors import TimeoutError as NatsTimeout
 from nats.js.errors import NotFoundError
 
 from broker import headers as H
-from broker.codec import encode
+from broker.codec import decode, encode
 from broker.connection import close_quietly, connect
-from broker.messages import Result, Timings
+from broker.errors import ContractError
+from broker.messages import HopTiming, HopTrail, Result, Timings
 from broker.streams import deadletter_stream, results_stream, tasks_stream
 from broker.subjects import Subjects
 from functions.registry import FunctionInputError, FunctionRegistry, default_registry
@@ -35,6 +39,23 @@ log = logging.getLogger(__name__)
 
 WORKERS_DURABLE = "workers"
 EXIT_RECYCLE = 3  # a function overran its timeout: the process exits so its thread dies with it
+
+
+def hop_timings(h: dict, node: str, arrival: float, scheduling_s: float, finished: float) -> list[HopTiming]:
+    """Every node's timings, origin first, with ``total_s`` = its arrival to ``finished``.
+
+    Earlier nodes' arrivals are their own clocks: across machines this assumes
+    synchronised clocks (NTP), as the origin's ``X-P2pfaas-Arrival`` already does.
+    """
+    hops: list[HopTiming] = []
+    if h.get(H.HOP_TIMINGS):
+        try:
+            hops = list(decode(HopTrail, h[H.HOP_TIMINGS].encode()).hops)
+        except ContractError as exc:
+            log.warning("malformed %s header: %s", H.HOP_TIMINGS, exc)
+    if not hops:  # a task enqueued by an older scheduler: this node alone
+        hops = [HopTiming(node=node, arrival=arrival, scheduling_s=scheduling_s)]
+    return [hop.model_copy(update={"total_s": max(0.0, finished - hop.arrival)}) for hop in hops]
 
 
 def output_fields(output: bytes) -> dict[str, str]:
@@ -53,9 +74,18 @@ class Worker:
         self.stopping = asyncio.Event()
         self.recycle = False
         self.nc: Client | None = None
+        # one thread per worker (a worker runs one task at a time): in-process
+        # workers do not queue behind the loop's small default executor
+        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix=name)
 
     async def run(self, ready: "asyncio.Future[None] | None" = None) -> int:
-        self.nc = await connect(self.settings.nats_url, f"{self.settings.node_id}-{self.name}")
+        try:
+            return await self._run(ready)
+        finally:
+            self._executor.shutdown(wait=False)
+
+    async def _run(self, ready: "asyncio.Future[None] | None") -> int:
+        self.nc = await connect(self.settings.nats_servers, f"{self.settings.node_id}-{self.name}")  # type: ignore[arg-type]
         js = self.nc.jetstream()
         sub = await js.pull_subscribe_bind(
             durable=WORKERS_DURABLE, stream=tasks_stream(self.subjects, self.settings.node_id)
@@ -93,9 +123,11 @@ class Worker:
 
         arrival = float(h.get(H.ARRIVAL, time.time()))
         sent_at = float(h.get(H.SENT_AT, arrival))
+        scheduling_s = float(h.get(H.SCHEDULING_S, 0.0))
+        forwarders = [p for p in h.get(H.PEERS_LIST_ID, "").split(",") if p]
         common = dict(
             request_id=req, client=client, fn=fn, executed_by=node, origin=h.get(H.ORIGIN, node),
-            hops=int(h.get(H.HOPS, 0)), peers=[p for p in h.get(H.PEERS_LIST_ID, "").split(",") if p],
+            hops=int(h.get(H.HOPS, 0)), peers=[*forwarders, node] if forwarders else [],
             scheduler=h.get(H.SCHEDULER_NAME, ""),
         )
         if delivered >= self.settings.max_deliver:
@@ -103,7 +135,8 @@ class Worker:
             log.error("%s: %s", key, reason)
             await js.publish(self.subjects.deadletter(node, fn), msg.data, headers=dict(h),
                              stream=deadletter_stream(self.subjects))
-            await self._publish(js, Result(status=500, error=reason, **common), key)
+            hops = hop_timings(h, node, arrival, scheduling_s, time.time())
+            await self._publish(js, Result(status=500, error=reason, hop_timings=hops, **common), key)
             await self._done(key, fn, 500, 0.0, time.time() - arrival)
             await msg.ack()
             return
@@ -118,13 +151,16 @@ class Worker:
         else:
             keepalive = asyncio.create_task(self._keep_alive(msg))
             try:
-                output = await asyncio.wait_for(asyncio.to_thread(spec.body, msg.data), timeout)
+                output = await asyncio.wait_for(self._call(spec.body, msg.data), timeout)
                 if not isinstance(output, (bytes, bytearray)):
                     output = str(output).encode()
                 fields = output_fields(bytes(output))
             except asyncio.TimeoutError:
                 status, fields = 504, {"error": f"{fn} exceeded its timeout of {timeout:g} s"}
                 self.recycle = os.environ.get("P2PFAAS_WORKER_PROCESS") == "1"
+                if not self.recycle:  # the overrunning thread cannot be killed: leave it behind
+                    self._executor.shutdown(wait=False)
+                    self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix=self.name)
             except FunctionInputError as exc:
                 status, fields = 400, {"error": f"{fn}: {exc}"}
             except Exception as exc:  # the function's own failure: report it, keep serving
@@ -132,7 +168,6 @@ class Worker:
             finally:
                 keepalive.cancel()
         finished = time.time()
-        scheduling_s = float(h.get(H.SCHEDULING_S, 0.0))
         timings = Timings(
             scheduling_s=scheduling_s,
             queueing_s=max(0.0, started - sent_at),
@@ -141,9 +176,19 @@ class Worker:
         )
         if status != 200:
             log.warning("%s %s -> %d: %s", fn, key, status, fields.get("error"))
-        await self._publish(js, Result(status=status, timings=timings, **common, **fields), key)
+        hops = hop_timings(h, node, arrival, scheduling_s, finished)
+        await self._publish(js, Result(status=status, timings=timings, hop_timings=hops, **common, **fields), key)
         await self._done(key, fn, status, timings.execution_s, timings.total_s)
         await msg.ack()
+
+    async def _call(self, body, payload: bytes):
+        """Run the function in this worker's thread; a node with ``speed`` < 1 pads the time
+        (the slot stays busy, as on a slower machine)."""
+        started = time.perf_counter()
+        output = await asyncio.get_running_loop().run_in_executor(self._executor, body, payload)
+        if self.settings.speed < 1.0:
+            await asyncio.sleep((time.perf_counter() - started) * (1.0 / self.settings.speed - 1.0))
+        return output
 
     async def _publish(self, js, result: Result, key: str) -> None:
         await js.publish(
@@ -189,4 +234,9 @@ if __name__ == "__main__":
     logging.basicConfig(level=os.environ.get("P2PFAAS_LOG_LEVEL", "WARNING"),
                         format="%(asctime)s %(levelname)s worker %(name)s: %(message)s")
     os.environ["P2PFAAS_WORKER_PROCESS"] = "1"
-    sys.exit(asyncio.run(_main()))
+    code = asyncio.run(_main())
+    if code == EXIT_RECYCLE:  # an overrunning function's thread would hold a normal exit
+        logging.shutdown()
+        sys.stdout.flush()
+        os._exit(code)
+    sys.exit(code)

@@ -17,6 +17,9 @@ from broker.messages import NodeConfiguration
 
 app = typer.Typer(help="p2pfaas: peer-to-peer Function-as-a-Service over NATS/JetStream and MQTT.",
                   no_args_is_help=True, add_completion=False)
+eval_app = typer.Typer(help="Experiments: run the real system on seeded workloads and compare with references.",
+                       no_args_is_help=True, add_completion=False)
+app.add_typer(eval_app, name="eval")
 console = Console(stderr=True)
 
 
@@ -56,7 +59,8 @@ async def _until_signal(stop: asyncio.Event) -> None:
 
 @app.command()
 def up(
-    nodes: int = typer.Option(1, "--nodes", min=1, max=64, help="Number of nodes (n1..nN)."),
+    nodes: int = typer.Option(3, "--nodes", min=1, max=64, help="Number of nodes (n1..nN); a --config node list wins."),
+    config: Optional[Path] = typer.Option(None, "--config", help="JSON file: heterogeneous nodes (K, queue, speed, scheduler), discovery; see docs/p2p.md."),
     http_port: int = typer.Option(18080, help="HTTP bridge port of n1; node i gets PORT+i-1 (a busy port is replaced)."),
     nats_url: Optional[str] = typer.Option(None, help="Use this NATS instead of starting the embedded nats-server."),
     nats_port: int = typer.Option(4222, help="Port of the embedded nats-server (a busy port is replaced)."),
@@ -71,14 +75,18 @@ def up(
     verbose: bool = typer.Option(False, "--verbose", "-v", help="Log at INFO."),
 ) -> None:
     """Start the whole stack: nats-server (JetStream), nodes with worker pools, HTTP and MQTT access. Ctrl-C stops it."""
-    from p2pfaas.stack import Stack, StackSettings
+    from p2pfaas.stack import Stack, StackConfig, StackSettings
 
     _logging(verbose)
+    try:
+        stack_config = StackConfig.load(config) if config else StackConfig()
+    except ValueError as exc:
+        raise typer.BadParameter(str(exc), param_hint="--config") from None
     settings = StackSettings(
         nodes=nodes, http_port=http_port, nats_url=nats_url, nats_port=nats_port, mqtt=mqtt.value,
         mqtt_url=mqtt_url, mqtt_port=mqtt_port, data_dir=data_dir, runtime=runtime.value,
         configuration=NodeConfiguration(parallel_running_functions_max=parallel, queue_length_max=queue),
-        functions=_functions(function),
+        functions=_functions(function), config=stack_config,
     )
 
     async def main() -> None:
@@ -221,6 +229,101 @@ def invoke(
     if outcome.status >= 300:
         console.print(f"[red]status {outcome.status}[/]")
         raise typer.Exit(1)
+
+
+@eval_app.command("p2p")
+def eval_p2p(
+    nodes: int = typer.Option(4, "--nodes", min=2, max=16, help="n: number of nodes."),
+    slots: int = typer.Option(3, "--k", min=1, max=64, help="K: slots per node (the queue is disabled)."),
+    service: float = typer.Option(0.2, "--service", min=0.001, help="Mean exponential service time, seconds."),
+    hot_load: float = typer.Option(3.0, "--hot-load", min=0.0, help="Erlangs offered to the hot node n1."),
+    cold_load: float = typer.Option(1.0, "--cold-load", min=0.0, help="Erlangs offered to every other node."),
+    duration: float = typer.Option(60.0, "--duration", min=1.0, help="Seconds of arrivals per algorithm."),
+    seed: int = typer.Option(1, "--seed", help="Seed of the arrivals and service times."),
+    algorithm: list[str] = typer.Option([], "--algorithm", "-a",
+                                        help="Name or Name:p1,p2,... (repeatable; default: NoScheduler, ForwardScheduler, 3 PowerOfN variants, RoundRobin)."),
+    nats_url: Optional[str] = typer.Option(None, help="Run against this NATS (default: a private nats-server)."),
+    json_out: Optional[Path] = typer.Option(None, "--json", help="Also write the full report here."),
+    verbose: bool = typer.Option(False, "--verbose", "-v"),
+) -> None:
+    """P2P scheduling vs the Erlang-B bounds: rejection rate and latency per algorithm, one hot node."""
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+    from rich.table import Table
+
+    from p2pfaas.experiments import p2p
+
+    _logging(verbose)
+    exp = p2p.P2PExperiment(nodes=nodes, slots=slots, mean_service_s=service, hot_load=hot_load,
+                            cold_load=cold_load, duration_s=duration, seed=seed)
+    if algorithm:
+        exp.algorithms = [p2p.parse_algorithm(a) for a in algorithm]
+    total = len(p2p.poisson_arrivals(exp))
+    progress = Progress(TextColumn("{task.description:<40}"), BarColumn(), MofNCompleteColumn(),
+                        TimeElapsedColumn(), console=console)
+    bars: dict[str, int] = {}
+
+    def advance(name: str, done: int, _total: int) -> None:
+        if name not in bars:
+            bars[name] = progress.add_task(name, total=total)
+        progress.update(bars[name], completed=done)
+
+    with progress:
+        report = asyncio.run(p2p.run_experiment(exp, nats_url=nats_url, progress=advance))
+    table = Table(title="p2pfaas eval p2p", caption=p2p.caption(report))
+    for i, header in enumerate(p2p.HEADERS):
+        table.add_column(header, no_wrap=True, justify="left" if i == 0 else "right")
+    for row in p2p.rows(report):
+        table.add_row(*row)
+    out = Console()
+    if not out.is_terminal:  # piped into a file: do not squeeze the table into 80 columns
+        out = Console(width=140)
+    out.print(table)
+    if json_out:
+        json_out.write_bytes(report.to_json())
+        console.print(f"report written to {json_out}")
+
+
+@app.command()
+def learner(
+    node_ids: list[str] = typer.Option(["n1"], "--node", help="Node served (repeatable: one learner shared by several nodes)."),
+    nats_url: str = typer.Option("nats://127.0.0.1:4222", help="NATS to attach to."),
+    prefix: str = typer.Option("faas", help="Subject prefix."),
+    data_dir: Path = typer.Option(Path("data"), help="Checkpoints go to DATA_DIR/nodes/<node>/learner/."),
+    scheduling_agent: str = typer.Option("dsarsa", help="Scheduling model: dsarsa (P2PFaaS) or dqn."),
+    scaling_agent: str = typer.Option("dqn", help="Scaling model of each pool: dqn, pg, sarsa or dsarsa."),
+    checkpoint_period: float = typer.Option(5.0, help="Seconds between checkpoints of changed models."),
+    weights_period: float = typer.Option(1.0, help="Minimum seconds between two weights publications."),
+    torch_threads: int = typer.Option(1, help="torch intra-op threads (small models are fastest on one)."),
+    verbose: bool = typer.Option(False, "--verbose", "-v"),
+) -> None:
+    """Run the learner service of one or more nodes against an existing NATS (docs/learner.md)."""
+    import torch
+
+    from nodes.learner.service import run_learner
+    from nodes.learner.settings import LearnerSettings
+
+    _logging(verbose)
+    torch.set_num_threads(torch_threads)
+    try:
+        settings = LearnerSettings(node_ids=node_ids, nats_url=nats_url, prefix=prefix, data_dir=data_dir,
+                                   scheduling_agent=scheduling_agent, scaling_agent=scaling_agent,
+                                   checkpoint_period_s=checkpoint_period, weights_period_s=weights_period)
+    except ValueError as exc:
+        raise typer.BadParameter(str(exc)) from None
+
+    async def main() -> None:
+        stop = asyncio.Event()
+        serving = asyncio.create_task(run_learner(settings, stop))
+        console.print(f"learner for {', '.join(node_ids)} attached to {nats_url}; Ctrl-C to stop")
+        await asyncio.wait({serving, asyncio.create_task(_until_signal(stop))}, return_when=asyncio.FIRST_COMPLETED)
+        stop.set()
+        await serving
+
+    try:
+        asyncio.run(main())
+    except Exception as exc:  # broker unreachable, unusable data dir ... : one clear line
+        console.print(f"[red]error:[/] {type(exc).__name__}: {exc}")
+        raise typer.Exit(2)
 
 
 if __name__ == "__main__":

@@ -14,11 +14,12 @@ from pathlib import Path
 from typing import Literal
 
 import orjson
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from broker.connection import close_quietly, connect
 from broker.embedded import Mosquitto, NatsServer, choose_port
 from broker.http_bridge import HttpBridge
-from broker.messages import NodeConfiguration
+from broker.messages import NodeConfiguration, SchedulerConfiguration
 from broker.mqtt_bridge import MqttBridge
 from nodes.node import Node
 from nodes.settings import NodeSettings
@@ -28,9 +29,66 @@ log = logging.getLogger(__name__)
 MqttMode = Literal["nats", "mosquitto", "off"]
 
 
+class NodeSpec(BaseModel):
+    """One node of a ``--config`` file; every field is optional (CLI flags give the defaults)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    id: str | None = Field(default=None, pattern=r"^[A-Za-z0-9_-]{1,64}$")  # default n<i>
+    k: int | None = Field(default=None, ge=1, le=1024)       # parallel_running_functions_max
+    queue: int | None = Field(default=None, ge=0)            # queue_length_max
+    queue_enabled: bool | None = None
+    speed: float = Field(default=1.0, gt=0, le=1.0)          # < 1 emulates a slower machine
+    group: str | None = None
+    scheduler: SchedulerConfiguration | None = None
+
+
+class DiscoveryOptions(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    heartbeat_period_s: float | None = Field(default=None, gt=0)
+    suspect_after: int | None = Field(default=None, ge=1)
+    remove_after: int | None = Field(default=None, ge=2)
+    probe_timeout_s: float | None = Field(default=None, gt=0)
+
+
+class StackConfig(BaseModel):
+    """The ``p2pfaas up --config FILE`` document (JSON; see docs/p2p.md).
+
+    ``nodes`` lists heterogeneous nodes; when it is empty, ``--nodes N`` identical
+    ones are started. ``scheduler`` is the default algorithm of every node.
+    """
+
+    model_config = ConfigDict(extra="forbid")
+
+    nodes: list[NodeSpec] = Field(default_factory=list)
+    scheduler: SchedulerConfiguration | None = None
+    discovery: DiscoveryOptions = DiscoveryOptions()
+
+    @model_validator(mode="after")
+    def _unique_ids(self) -> "StackConfig":
+        ids = [spec.id or f"n{i + 1}" for i, spec in enumerate(self.nodes)]
+        if len(set(ids)) != len(ids):
+            raise ValueError(f"node ids must be unique, got {ids}")
+        return self
+
+    @classmethod
+    def load(cls, path: Path) -> "StackConfig":
+        """Parse the file; ValueError names the file and what is wrong."""
+        try:
+            return cls.model_validate(orjson.loads(path.read_bytes()))
+        except OSError as exc:
+            raise ValueError(f"cannot read {path}: {exc}") from None
+        except orjson.JSONDecodeError as exc:
+            raise ValueError(f"{path}: not valid JSON ({exc})") from None
+        except ValidationError as exc:
+            problems = "; ".join(f"{'.'.join(str(p) for p in e['loc'])}: {e['msg']}" for e in exc.errors())
+            raise ValueError(f"{path}: {problems}") from None
+
+
 @dataclass
 class StackSettings:
-    nodes: int = 1
+    nodes: int = 3
     http_port: int = 18080
     host: str = "127.0.0.1"
     nats_url: str | None = None          # None: start the embedded nats-server
@@ -44,6 +102,35 @@ class StackSettings:
     configuration: NodeConfiguration = field(default_factory=NodeConfiguration)
     functions: list[tuple[str, str]] = field(default_factory=list)
     max_payload_bytes: int = 1024 * 1024
+    config: StackConfig = field(default_factory=StackConfig)   # heterogeneous nodes, scheduler, discovery
+
+    def node_settings(self, nats_url: str, addresses: list[str]) -> list[NodeSettings]:
+        """One NodeSettings per node: CLI flags, overridden by the config file's defaults and node entries."""
+        specs = self.config.nodes or [NodeSpec() for _ in range(self.nodes)]
+        discovery = self.config.discovery.model_dump(exclude_none=True)
+        out = []
+        for i, spec in enumerate(specs):
+            base = self.configuration
+            initial = NodeConfiguration(
+                parallel_running_functions_max=spec.k or base.parallel_running_functions_max,
+                queue_length_max=spec.queue if spec.queue is not None else base.queue_length_max,
+                queue_enabled=spec.queue_enabled if spec.queue_enabled is not None else base.queue_enabled,
+            )
+            extra: dict[str, object] = dict(discovery)
+            scheduler = spec.scheduler or self.config.scheduler
+            if scheduler is not None:
+                extra["initial_scheduler"] = scheduler
+            if spec.group:
+                extra["group"] = spec.group
+            out.append(NodeSettings(node_id=spec.id or f"n{i + 1}", nats_url=nats_url, prefix=self.prefix,
+                                    data_dir=self.data_dir, runtime=self.runtime, initial=initial,
+                                    functions=self.functions, max_payload_bytes=self.max_payload_bytes,
+                                    address=addresses[i], speed=spec.speed, **extra))
+        return out
+
+    @property
+    def node_count(self) -> int:
+        return len(self.config.nodes) or self.nodes
 
 
 @dataclass
@@ -101,10 +188,14 @@ class Stack:
             ep.notes += mosquitto.notes
             mqtt_url = mosquitto.url
 
-        for i in range(s.nodes):
-            settings = NodeSettings(node_id=f"n{i + 1}", nats_url=nats_url, prefix=s.prefix, data_dir=s.data_dir,
-                                    runtime=s.runtime, initial=s.configuration, functions=s.functions,
-                                    max_payload_bytes=s.max_payload_bytes)
+        # HTTP ports first: each node advertises its bridge's URL in its heartbeats (GET /list)
+        ports: list[int] = []
+        for i in range(s.node_count):
+            port, note = choose_port(s.http_port + i, s.host, set(ports))
+            ports.append(port)
+            if note:
+                ep.notes.append(f"HTTP node {i + 1}: {note}")
+        for settings in s.node_settings(nats_url, [f"http://{s.host}:{p}" for p in ports]):
             node = await self._stack.enter_async_context(Node(settings))
             self.nodes.append(node)
 
@@ -115,12 +206,7 @@ class Stack:
             await self._stack.enter_async_context(bridge)
             ep.mqtt_url, ep.mqtt_via = mqtt_url, "Mosquitto + p2pfaas MQTT bridge"
 
-        taken: set[int] = set()
-        for i, node in enumerate(self.nodes):
-            port, note = choose_port(s.http_port + i, s.host, taken)
-            taken.add(port)
-            if note:
-                ep.notes.append(f"HTTP {node.settings.node_id}: {note}")
+        for node, port in zip(self.nodes, ports):
             bridge = HttpBridge(nc, node.settings.node_id, prefix=s.prefix, max_payload_bytes=s.max_payload_bytes)
             await bridge.start()
             self._stack.push_async_callback(bridge.stop)

@@ -3,6 +3,9 @@
 Per request: validate (subject, function, size) -> ask the algorithm -> enqueue on
 the task stream, forward to a peer, or publish a rejection; the request is
 acknowledged only after that publish succeeded, so nothing accepted is lost.
+Every node on the path appends its arrival/scheduling/probing times to the
+``X-P2pfaas-Hop-Timings`` header; the executing worker turns them into
+``Result.hop_timings``.
 """
 
 from __future__ import annotations
@@ -21,9 +24,9 @@ from nats.js.api import AckPolicy, ConsumerConfig
 from nats.js.errors import BadRequestError, NotFoundError
 
 from broker import headers as H
-from broker.codec import encode
-from broker.errors import InvalidSubject, InvalidToken
-from broker.messages import Rejection
+from broker.codec import decode, encode
+from broker.errors import ContractError, InvalidSubject, InvalidToken
+from broker.messages import HopTiming, HopTrail, Rejection
 from broker.streams import requests_stream, results_stream, tasks_stream
 from broker.subjects import Invocation, Subjects
 from functions.registry import FunctionRegistry
@@ -194,12 +197,14 @@ class SchedulerService:
 
     async def _schedule(self, msg: Msg):
         h = msg.headers or {}
-        now = time.time()
-        arrival = float(h.get(H.ARRIVAL) or msg.metadata.timestamp.timestamp())
+        stored_at = msg.metadata.timestamp.timestamp()
+        arrival = float(h.get(H.ARRIVAL) or stored_at)  # entered the system (origin)
         try:
             inv = self.subjects.parse_invocation(msg.subject)
         except (InvalidSubject, InvalidToken) as exc:
             return self._refuse_malformed(msg, str(exc))
+        # reached this node: a forward when the peer's stream stored it
+        hop_arrival = stored_at if inv.kind == "forward" else arrival
         spec = self.registry.get(inv.fn)
         if spec is None:
             return self._refuse(msg, inv, 404, 404, f"unknown function {inv.fn!r}; this node has: {', '.join(self.registry.names())}", "unknown_function")
@@ -224,21 +229,41 @@ class SchedulerService:
         algorithm = self.algorithm
         decision = await decide(algorithm, request, self)
         scheduled_at = time.time()
+        here = HopTiming(node=self.node_id, arrival=hop_arrival,
+                         scheduling_s=max(0.0, scheduled_at - hop_arrival), probing_s=decision.probing_s)
+        trail = self._trail(h if request.external else {}, here)
         if isinstance(decision, Execute):
             self.load.enqueued(inv.call_key)
             self._update_gauges()
             self.metrics.requests.labels(node=self.node_id, fn=inv.fn, outcome="scheduled").inc()
-            return self._enqueue(msg, inv, request, algorithm, arrival, scheduled_at)
+            return self._enqueue(msg, inv, request, algorithm, arrival, scheduled_at, trail)
         if isinstance(decision, Forward):
             self.metrics.requests.labels(node=self.node_id, fn=inv.fn, outcome="forwarded").inc()
-            return self._forward(msg, inv, request, decision, arrival, scheduled_at)
+            return self._forward(msg, inv, request, decision, algorithm, arrival, trail)
         assert isinstance(decision, Reject)
         self.metrics.requests.labels(node=self.node_id, fn=inv.fn, outcome="rejected").inc()
-        return self._refuse(msg, inv, decision.code, 503, decision.reason, "rejected",
-                            retry_after_s=1.0, scheduler=algorithm.describe(), count_error=False)
+        # P2PFaaS: 401 deliberately rejected -> HTTP 503 (try again); 400 cannot schedule -> HTTP 500
+        overloaded = decision.code == 401
+        return self._refuse(msg, inv, decision.code, 503 if overloaded else 500, decision.reason, "rejected",
+                            retry_after_s=1.0 if overloaded else None,
+                            scheduler=(request.external and h.get(H.SCHEDULER_NAME)) or algorithm.describe(),
+                            count_error=False)
+
+    def _trail(self, h: dict, here: HopTiming) -> str:
+        """The hop-timings header with this node's entry appended (a garbled one restarts here).
+
+        Only forwards carry a trail; a client's own header is ignored (``h`` is empty then).
+        """
+        hops: list[HopTiming] = []
+        if h.get(H.HOP_TIMINGS):
+            try:
+                hops = list(decode(HopTrail, h[H.HOP_TIMINGS].encode()).hops)
+            except ContractError as exc:
+                log.warning("ignoring malformed %s header: %s", H.HOP_TIMINGS, exc)
+        return encode(HopTrail(hops=[*hops, here])).decode()
 
     async def _enqueue(self, msg: Msg, inv: Invocation, request: SchedulingRequest,
-                       algorithm: SchedulingAlgorithm, arrival: float, scheduled_at: float) -> None:
+                       algorithm: SchedulingAlgorithm, arrival: float, scheduled_at: float, trail: str) -> None:
         h = msg.headers or {}
         task_headers = {
             H.MSG_ID: f"task.{inv.call_key}",
@@ -246,8 +271,10 @@ class SchedulerService:
             H.ORIGIN: request.peers[0] if request.peers else self.node_id,
             H.ARRIVAL: repr(arrival), H.SENT_AT: repr(time.time()),
             H.SCHEDULING_S: repr(scheduled_at - arrival),
-            H.SCHEDULER_NAME: algorithm.describe(),
+            # the origin's algorithm is the one the caller configured (P2PFaaS reports it)
+            H.SCHEDULER_NAME: (request.external and h.get(H.SCHEDULER_NAME)) or algorithm.describe(),
             H.HOPS: str(request.hops), H.PEERS_LIST_ID: ",".join(request.peers),
+            H.HOP_TIMINGS: trail,
         }
         for passthrough in (H.TIMEOUT, H.DEADLINE, H.TRACING_ID, H.TASK_TYPE):
             if passthrough in h:
@@ -255,8 +282,10 @@ class SchedulerService:
         await self._publish_then_ack(msg, self.subjects.task(self.node_id, inv.fn), msg.data, task_headers,
                                      tasks_stream(self.subjects, self.node_id), undo=inv.call_key)
 
-    async def _forward(self, msg: Msg, inv: Invocation, request: SchedulingRequest,
-                       decision: Forward, arrival: float, scheduled_at: float) -> None:
+    async def _forward(self, msg: Msg, inv: Invocation, request: SchedulingRequest, decision: Forward,
+                       algorithm: SchedulingAlgorithm, arrival: float, trail: str) -> None:
+        """Publish to ``faas.<peer>.forward...``: the peer's durable request stream stores it, so a
+        peer that is down runs it when it returns (docs/p2p.md)."""
         headers = dict(msg.headers or {})
         peers = list(request.peers) or [self.node_id]
         if peers[-1] != self.node_id:
@@ -265,6 +294,8 @@ class SchedulerService:
             H.MSG_ID: f"fwd.{decision.peer}.{inv.call_key}",
             H.ARRIVAL: repr(arrival), H.HOPS: str(request.hops + 1),
             H.PEERS_LIST_ID: ",".join(peers),
+            H.SCHEDULER_NAME: (request.external and headers.get(H.SCHEDULER_NAME)) or algorithm.describe(),
+            H.HOP_TIMINGS: trail,
         })
         headers.pop(H.FORWARD, None)
         subject = self.subjects.forward(decision.peer, inv.fn, inv.client, inv.request_id)

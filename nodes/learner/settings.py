@@ -1,0 +1,84 @@
+"""Settings of the learner service (one pydantic object; defaults run the embedded stack)."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from broker.subjects import check_node
+
+SchedulingAgent = Literal["dsarsa", "dqn"]
+ScalingAgent = Literal["dqn", "pg", "sarsa", "dsarsa"]
+
+
+class LearnerSettings(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    node_ids: list[str] = Field(default_factory=lambda: ["n1"], min_length=1)
+    """Nodes this learner serves (one per node by default; a shared learner lists several)."""
+    nats_url: str = "nats://127.0.0.1:4222"
+    prefix: str = "faas"
+    data_dir: Path = Path("data")
+    """Checkpoints go to ``<data_dir>/nodes/<node>/learner/``."""
+
+    scheduling_agent: SchedulingAgent = "dsarsa"
+    """The scheduling model: P2PFaaS's differential SARSA, or a DQN for continuous states."""
+    scheduling_actions: int = Field(default=2, ge=1)
+    """P2PFaaS's ``actions_n`` default; the LearningScheduler sets its own through parameters."""
+    scheduling_obs_dim: int | None = Field(default=None, ge=1)
+    """DQN only: the state size; None creates the model from the first state seen."""
+    scheduling_parameters: dict[str, Any] = Field(default_factory=dict)
+    """Initial hyper-parameters of the scheduling model (the agent's config fields)."""
+
+    scaling_agent: ScalingAgent = "dqn"
+    """Kind of each pool's scaling model, created on the pool's first act or experience."""
+    scaling_actions: int = Field(default=3, ge=1)
+    """Discrete(3) = remove one, keep, add one worker."""
+    scaling_parameters: dict[str, Any] = Field(default_factory=dict)
+
+    seed: int = 0
+    checkpoint_period_s: float = Field(default=5.0, gt=0)
+    """A node's models are checkpointed this often when they changed (and on stop)."""
+    weights_period_s: float = Field(default=1.0, gt=0)
+    """At most one weights publication per model per period, after training."""
+    fetch_batch: int = Field(default=256, ge=1)
+    ack_wait_s: float = Field(default=30.0, gt=0)
+    max_pending_samples: int = Field(default=1000, ge=2)
+    """Scheduling samples kept waiting for their successor EID; the oldest are dropped beyond."""
+
+    @field_validator("node_ids")
+    @classmethod
+    def _valid_nodes(cls, value: list[str]) -> list[str]:
+        for node in value:
+            check_node(node)
+        if len(set(value)) != len(value):
+            raise ValueError(f"node ids repeat: {value}")
+        return value
+
+    def learner_dir(self, node: str) -> Path:
+        return self.data_dir / "nodes" / node / "learner"
+
+    @classmethod
+    def for_node(cls, node_settings: Any, **overrides: Any) -> "LearnerSettings":
+        """The learner of one node, sharing its NATS, prefix and data directory."""
+        return cls(node_ids=[node_settings.node_id], nats_url=node_settings.nats_url,
+                   prefix=node_settings.prefix, data_dir=node_settings.data_dir, **overrides)
+
+    @classmethod
+    def from_env(cls, **overrides: Any) -> "LearnerSettings":
+        """Defaults < P2PFAAS_* environment < explicit overrides (None means not given)."""
+        env = {
+            "nats_url": os.environ.get("P2PFAAS_NATS_URL"),
+            "prefix": os.environ.get("P2PFAAS_PREFIX"),
+            "data_dir": os.environ.get("P2PFAAS_DATA_DIR"),
+            "scheduling_agent": os.environ.get("P2PFAAS_LEARNER_SCHEDULING_AGENT"),
+            "scaling_agent": os.environ.get("P2PFAAS_LEARNER_SCALING_AGENT"),
+        }
+        values: dict[str, Any] = {k: v for k, v in env.items() if v}
+        if os.environ.get("P2PFAAS_NODE_ID"):
+            values["node_ids"] = [os.environ["P2PFAAS_NODE_ID"]]
+        values.update({k: v for k, v in overrides.items() if v is not None})
+        return cls(**values)

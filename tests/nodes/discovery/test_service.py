@@ -1,0 +1,109 @@
+"""The discovery service against a real nats-server: join, suspect, remove, no stale resurrection, probes."""
+
+from __future__ import annotations
+
+import contextlib
+import time
+
+import pytest
+
+from broker.codec import decode, encode
+from broker.messages import Heartbeat, NodeLoad, PeerList
+from broker.subjects import Subjects
+from nodes.discovery.membership import PeerStatus
+from nodes.discovery.service import DiscoveryService
+from nodes.settings import NodeSettings
+from support import wait_until
+
+PERIOD = 0.1
+
+
+def idle(node: str):
+    return lambda: NodeLoad(node=node, running=0, queued=0, parallel_running_functions_max=2,
+                            queue_length_max=0, queue_enabled=False)
+
+
+@pytest.fixture
+def discovery(nc, prefix):
+    """``async with discovery("n1") as d`` — a DiscoveryService with a short period on the test's prefix."""
+
+    @contextlib.asynccontextmanager
+    async def make(node: str, **overrides):
+        settings = NodeSettings(node_id=node, prefix=prefix, heartbeat_period_s=PERIOD, suspect_after=2,
+                                remove_after=4, probe_timeout_s=0.2, address=f"http://{node}", **overrides)
+        async with DiscoveryService(settings, nc, idle(node)) as service:
+            yield service
+
+    return make
+
+
+async def test_join_suspect_remove_and_rejoin(discovery):
+    async with discovery("n1") as n1:
+        async with discovery("n2"), discovery("n3") as n3:
+            await wait_until(lambda: n1.peers() == ["n2", "n3"] and n3.peers() == ["n1", "n2"], 5)
+        # n2 and n3 went silent: one missed period is not enough to suspect them ...
+        assert n1.peers() == ["n2", "n3"]
+        # ... more than 2 periods are (suspected: no longer offered), more than 4 remove them
+        await wait_until(lambda: n1.peers() == [], 5)
+        assert n1.view.status("n2", time.time()) in (PeerStatus.SUSPECTED, PeerStatus.REMOVED)
+        await wait_until(lambda: n1.view.status("n2", time.time()) is PeerStatus.REMOVED, 5)
+        async with discovery("n2"):  # a restarted peer is back with its first fresh heartbeat
+            await wait_until(lambda: n1.peers() == ["n2"], 5)
+
+
+async def test_stale_heartbeat_does_not_resurrect(discovery, nc, prefix):
+    s = Subjects(prefix)
+    async with discovery("n1") as n1:
+        async with discovery("n2"):
+            await wait_until(lambda: n1.peers() == ["n2"], 5)
+            last = n1.view.heartbeat("n2")
+        await wait_until(lambda: n1.view.status("n2", time.time()) is PeerStatus.REMOVED, 5)
+        # replayed gossip: the newest heartbeat n2 ever sent, and an older one
+        for stale in (last, last.model_copy(update={"time": last.time - 5})):
+            await nc.publish(s.membership("n2"), encode(stale))
+        # a marker on the same subject: once n1 has it, it has handled the replays (same subscription, in order)
+        await nc.publish(s.membership("marker"), encode(Heartbeat(node="marker", time=time.time())))
+        await wait_until(lambda: "marker" in n1.peers(), 5)
+        assert n1.peers() == ["marker"] and n1.view.status("n2", time.time()) is PeerStatus.REMOVED
+        fresh = Heartbeat(node="n2", time=time.time())
+        await nc.publish(s.membership("n2"), encode(fresh))
+        await wait_until(lambda: "n2" in n1.peers(), 5)
+
+
+async def test_peer_list_in_p2pfaas_format(discovery, nc, prefix):
+    async with discovery("n1", group="edge"), discovery("n2", group="edge") as n2:
+        await wait_until(lambda: n2.peers() == ["n1"], 5)
+        reply = await nc.request(Subjects(prefix).peers("n2"), b"", timeout=5)
+    rows = decode(PeerList, reply.data).root
+    assert [r.name for r in rows] == ["n1"]
+    row = reply.data.decode()
+    assert '"_id"' in row and '"group_name":"edge"' in row and '"ip":"http://n1"' in row
+    assert rows[0].alive and rows[0].dead_polls <= 2
+
+
+async def test_probe_answers_load_and_failures_are_none(discovery, nc, prefix):
+    s = Subjects(prefix)
+
+    async def answer(msg):
+        await nc.publish(msg.reply, encode(NodeLoad(node="n2", running=2, queued=3, parallel_running_functions_max=2,
+                                                    queue_length_max=4, queue_enabled=True)))
+
+    async def hang(msg):  # a peer that is alive but never answers in time
+        return None
+
+    async def garbage(msg):
+        await nc.publish(msg.reply, b"{not json")
+
+    subs = [await nc.subscribe(s.load("n2"), cb=answer), await nc.subscribe(s.load("slow"), cb=hang),
+            await nc.subscribe(s.load("bad"), cb=garbage)]
+    try:
+        async with discovery("n1") as n1:
+            assert await n1.probe("n2") == 5
+            started = time.monotonic()
+            assert await n1.probe("slow") is None
+            assert 0.15 < time.monotonic() - started < 2.0   # bounded by probe_timeout_s
+            assert await n1.probe("bad") is None
+            assert await n1.probe("nobody") is None          # no responders: at once
+    finally:
+        for sub in subs:
+            await sub.unsubscribe()
