@@ -22,6 +22,8 @@ from broker.subjects import Subjects
 from functions.registry import FunctionRegistry, default_registry
 from nodes.config_store import ConfigStore
 from nodes.discovery.service import DiscoveryService
+from nodes.learner.service import LearnerService
+from nodes.learner.settings import LearnerSettings
 from nodes.metrics import NodeMetrics
 from nodes.pool import WorkerPool
 from nodes.scheduler.service import PeerSource, SchedulerService
@@ -47,6 +49,7 @@ class Node:
         self.pool: WorkerPool | None = None
         self.scheduler: SchedulerService | None = None
         self.discovery: DiscoveryService | None = None
+        self.learner: LearnerService | None = None
         self._peers = peers
         self._subs: list = []
         self.started_at = time.time()
@@ -55,6 +58,8 @@ class Node:
         self.nc = await connect(self.settings.nats_servers, f"node-{self.settings.node_id}")  # type: ignore[arg-type]
         js = self.nc.jetstream()
         await _when_jetstream_ready(lambda: ensure_node_streams(js, self.subjects, self.settings.node_id))
+        if self.settings.learner:  # before the scheduler, so a LearningScheduler can use it
+            self.learner = await LearnerService(self.nc, LearnerSettings.for_node(self.settings)).start()
         self.pool = WorkerPool(self.settings, js, self.subjects)
         await self.pool.start(self.store.node.parallel_running_functions_max)
         peers = self._peers
@@ -92,6 +97,8 @@ class Node:
             await self.scheduler.stop()
         if self.pool:
             await self.pool.stop()
+        if self.learner:
+            await self.learner.stop()
         if self.nc and not self.nc.is_closed:
             await close_quietly(self.nc)
 

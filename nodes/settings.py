@@ -29,6 +29,7 @@ class NodeSettings(BaseModel):
     initial: NodeConfiguration = NodeConfiguration()
     initial_scheduler: SchedulerConfiguration = SchedulerConfiguration()
     telemetry_period_s: float = Field(default=1.0, gt=0)
+    learner: bool = True                   # run this node's learner service (nodes/learner/)
     # emulated slowness: every execution is padded to last 1/speed times longer (1.0 = as is)
     speed: float = Field(default=1.0, gt=0, le=1.0)
     # discovery (docs/p2p.md)

@@ -81,7 +81,7 @@ def node_factory(nats_server, prefix, tmp_path) -> NodeFactory:
             initial=NodeConfiguration(parallel_running_functions_max=k, queue_length_max=queue,
                                       queue_enabled=queue_enabled),
             initial_scheduler=SchedulerConfiguration(name=scheduler[0], parameters=scheduler[1]),
-            **overrides,
+            **{"learner": False, **overrides},  # torch's start-up cost only where a test asks for it
         )
         node = Node(settings)
         await node.start()

@@ -153,7 +153,7 @@ class P2PRun:
             for node_id in self.ids:
                 settings = NodeSettings(
                     node_id=node_id, nats_url=self.nats_url, prefix=self.prefix, data_dir=self.data_dir,
-                    runtime="inprocess", heartbeat_period_s=0.2, suspect_after=5, remove_after=20,
+                    runtime="inprocess", heartbeat_period_s=0.2, suspect_after=5, remove_after=20, learner=False,
                     initial=NodeConfiguration(parallel_running_functions_max=self.exp.slots,
                                               queue_length_max=0, queue_enabled=False))
                 self.nodes.append(await self._stack.enter_async_context(Node(settings)))

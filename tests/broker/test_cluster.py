@@ -35,7 +35,7 @@ async def test_discovery_and_forwarding_across_a_nats_cluster(three_servers, tmp
             # n3's first URL is dead: it reaches its server through the seed list
             url, seeds = (server.url, []) if i < 2 else (f"nats://127.0.0.1:{free_port()}", [server.url])
             settings = NodeSettings(node_id=f"n{i + 1}", nats_url=url, seeds=seeds, prefix=prefix,
-                                    data_dir=tmp_path, runtime="inprocess", heartbeat_period_s=0.2,
+                                    data_dir=tmp_path, runtime="inprocess", heartbeat_period_s=0.2, learner=False,
                                     initial=NodeConfiguration(parallel_running_functions_max=2),
                                     initial_scheduler=scheduler)
             nodes.append(await stack.enter_async_context(Node(settings)))

@@ -42,7 +42,7 @@ def alive(pid: int) -> bool:
 
 
 def start_up(data_dir: Path, *extra: str) -> subprocess.Popen:
-    return subprocess.Popen([*P2PFAAS, "up", "--data-dir", str(data_dir), "--k", "2", *extra],
+    return subprocess.Popen([*P2PFAAS, "up", "--data-dir", str(data_dir), "--nodes", "1", "--k", "2", *extra],
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
 
 

@@ -29,7 +29,7 @@ def discovery(nc, prefix):
 
     @contextlib.asynccontextmanager
     async def make(node: str, **overrides):
-        settings = NodeSettings(node_id=node, prefix=prefix, heartbeat_period_s=PERIOD, suspect_after=2,
+        settings = NodeSettings(node_id=node, prefix=prefix, heartbeat_period_s=PERIOD, learner=False, suspect_after=2,
                                 remove_after=4, probe_timeout_s=0.2, address=f"http://{node}", **overrides)
         async with DiscoveryService(settings, nc, idle(node)) as service:
             yield service
