@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from dataclasses import dataclass, field
-from typing import Sequence
+from typing import Callable, Sequence
 
 import numpy as np
 from nats.aio.client import Client
@@ -52,6 +52,7 @@ class LiveController:
     reward: RewardConfig = field(default_factory=RewardConfig)
     deltas: Sequence[int] = ACTION_DELTAS["unit"]
     policy_name: str = ""
+    on_step: Callable[[ControlStep], None] | None = None   # e.g. the CLI's log line
     history: list[ControlStep] = field(default_factory=list)
 
     def __post_init__(self) -> None:
@@ -113,6 +114,8 @@ class LiveController:
         self.target = target
         self.history.append(ControlStep(telemetry, target, reward))
         await self._publish_target("changed" if changed else "kept")
+        if self.on_step is not None:
+            self.on_step(self.history[-1])
         self.stepped.set()
         return target
 

@@ -16,7 +16,7 @@ from prometheus_client import generate_latest
 from broker.codec import decode, encode
 from broker.connection import close_quietly, connect
 from broker.errors import ContractError
-from broker.messages import ErrorBody, NodeConfiguration, NodeLoad, SchedulerConfiguration
+from broker.messages import ErrorBody, NodeConfiguration, NodeLoad, ScaleCommand, SchedulerConfiguration
 from broker.streams import ensure_node_streams
 from broker.subjects import Subjects
 from functions.registry import FunctionRegistry, default_registry
@@ -26,6 +26,7 @@ from nodes.learner.service import LearnerService
 from nodes.learner.settings import LearnerSettings
 from nodes.metrics import NodeMetrics
 from nodes.pool import WorkerPool
+from nodes.worker import DEFAULT_POOL
 from nodes.scheduler.service import PeerSource, SchedulerService
 from nodes.settings import NodeSettings
 
@@ -46,7 +47,9 @@ class Node:
         self.metrics = NodeMetrics(settings.node_id)
         self.store = ConfigStore(settings.node_dir, settings.initial, settings.initial_scheduler)
         self.nc: Client | None = None
-        self.pool: WorkerPool | None = None
+        self.pool: WorkerPool | None = None          # the main pool: K slots, all other functions
+        self.pools: dict[str, WorkerPool] = {}       # every pool by name, the main one as "default"
+        self._telemetry: asyncio.Task | None = None
         self.scheduler: SchedulerService | None = None
         self.discovery: DiscoveryService | None = None
         self.learner: LearnerService | None = None
@@ -60,14 +63,13 @@ class Node:
         await _when_jetstream_ready(lambda: ensure_node_streams(js, self.subjects, self.settings.node_id))
         if self.settings.learner:  # before the scheduler, so a LearningScheduler can use it
             self.learner = await LearnerService(self.nc, LearnerSettings.for_node(self.settings)).start()
-        self.pool = WorkerPool(self.settings, js, self.subjects)
-        await self.pool.start(self.store.node.parallel_running_functions_max)
+        await self._start_pools(js)
         peers = self._peers
         if peers is None:
             self.discovery = peers = DiscoveryService(self.settings, self.nc, self.current_load)
         self.scheduler = SchedulerService(self.settings, self.nc, self.registry, self.store,
                                           self.metrics, peers)
-        await self.scheduler.start()
+        await self.scheduler.start({name: await pool.backlog() for name, pool in self.pools.items()})
         if self.discovery:
             await self.discovery.start()
         node = self.settings.node_id
@@ -82,12 +84,18 @@ class Node:
             (s.info(node), self._on_info),
         ):
             self._subs.append(await self.nc.subscribe(subject, cb=handler))
+        for name in self.pools:
+            self._subs.append(await self.nc.subscribe(s.scale(node, name), cb=self._on_scale))
+        self._telemetry = asyncio.create_task(self._publish_telemetry(), name=f"{node}-telemetry")
         log.info("node %s up: K=%d queue=%d scheduler=%s", node,
                  self.store.node.parallel_running_functions_max, self.store.node.queue_length_max,
                  self.scheduler.algorithm.describe())
         return self
 
     async def stop(self) -> None:
+        if self._telemetry:
+            self._telemetry.cancel()
+            await asyncio.gather(self._telemetry, return_exceptions=True)
         if self.discovery:  # silence first: peers stop choosing us within suspect_after periods
             await self.discovery.stop()
         for sub in self._subs:
@@ -95,8 +103,7 @@ class Node:
         self._subs.clear()
         if self.scheduler:
             await self.scheduler.stop()
-        if self.pool:
-            await self.pool.stop()
+        await asyncio.gather(*(pool.stop() for pool in self.pools.values()))
         if self.learner:
             await self.learner.stop()
         if self.nc and not self.nc.is_closed:
@@ -107,6 +114,78 @@ class Node:
 
     async def __aexit__(self, *exc: object) -> None:
         await self.stop()
+
+    # -- worker pools ---------------------------------------------------------
+    async def _start_pools(self, js) -> None:
+        """The main pool first (its consumer may have to shrink its filter before a
+        dedicated pool's consumer can take those subjects), then the dedicated ones."""
+        dedicated = self.settings.pools
+        taken = {fn for spec in dedicated.values() for fn in spec.functions}
+        main_filter = None
+        if taken:
+            main_filter = [self.subjects.task(self.settings.node_id, fn)
+                           for fn in self.registry.names() if fn not in taken]
+        self.pool = WorkerPool(self.settings, js, self.subjects, DEFAULT_POOL, main_filter)
+        self.pools = {DEFAULT_POOL: self.pool}
+        await self.pool.start(self.store.node.parallel_running_functions_max)
+        for name, spec in dedicated.items():
+            pool = WorkerPool(self.settings, js, self.subjects, name,
+                              [self.subjects.task(self.settings.node_id, fn) for fn in spec.functions])
+            self.pools[name] = pool
+            await pool.start(spec.initial)
+
+    async def _publish_telemetry(self) -> None:
+        """One ``PoolTelemetry`` per pool per period on ``faas.<node>.telemetry.<pool>``; a dedicated
+        pool's period is its control period (``PoolSpec.period_s``)."""
+        await asyncio.gather(*(self._pool_telemetry(name, pool) for name, pool in self.pools.items()))
+
+    async def _pool_telemetry(self, name: str, pool: WorkerPool) -> None:
+        spec = self.settings.pools.get(name)
+        period = (spec.period_s if spec else None) or self.settings.telemetry_period_s
+        assert self.scheduler is not None and self.nc is not None
+        account = self.scheduler.accounts.get(name)
+        subject = self.subjects.telemetry(self.settings.node_id, name)
+        last = time.monotonic()
+        next_at = last + period
+        while True:
+            await asyncio.sleep(max(0.0, next_at - time.monotonic()))
+            next_at += period
+            try:
+                backlog = await pool.backlog()
+            except Exception as exc:  # broker blip: this period's counts carry over to the next sample
+                log.debug("telemetry of %s skipped: %s", name, exc)
+                continue
+            now = time.monotonic()
+            elapsed, last = now - last, now
+            running = account.load.n_running
+            sample = account.stats.sample(time.time(), elapsed, queue_length=backlog - running,
+                                          in_service=running, ready=pool.ready, starting=pool.starting,
+                                          stopping=pool.stopping)
+            await self.nc.publish(subject, encode(sample))
+
+    async def _on_scale(self, msg: Msg) -> None:
+        """A scale command: the main pool's K (persisted, like /configuration), or a dedicated pool's size."""
+        try:
+            command = decode(ScaleCommand, msg.data)
+        except ContractError as exc:
+            log.warning("bad scale command on %s: %s", msg.subject, exc)
+            self.metrics.error("bad_scale_command")
+            return
+        pool = self.pools.get(command.pool)
+        if pool is None or command.node != self.settings.node_id:
+            log.warning("scale command for %s/%s ignored on %s", command.node, command.pool, msg.subject)
+            self.metrics.error("bad_scale_command")
+            return
+        if command.pool == DEFAULT_POOL:
+            target = max(1, command.target_workers)
+            await self.apply_configuration(self.store.node.model_copy(update={"parallel_running_functions_max": target}))
+            return
+        spec = self.settings.pools[command.pool]
+        target = min(spec.max, max(spec.min, command.target_workers))
+        if target != pool.target:
+            log.info("pool %s: %d -> %d workers (%s, %s)", command.pool, pool.target, target,
+                     command.policy, command.reason)
+        await pool.set_size(target)
 
     # -- control plane ------------------------------------------------------
     def current_load(self) -> NodeLoad:

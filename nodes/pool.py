@@ -24,7 +24,7 @@ from broker.streams import tasks_stream
 from broker.subjects import Subjects
 from functions.registry import default_registry
 from nodes.settings import NodeSettings
-from nodes.worker import EXIT_RECYCLE, WORKERS_DURABLE, Worker
+from nodes.worker import DEFAULT_POOL, EXIT_RECYCLE, Worker, pool_durable
 
 log = logging.getLogger(__name__)
 
@@ -47,10 +47,17 @@ class WorkerHandle:
 
 
 class WorkerPool:
-    def __init__(self, settings: NodeSettings, js: JetStreamContext, subjects: Subjects) -> None:
+    """``filter_subjects``: the task subjects this pool serves (None: every task of the node).
+    Pools of one node must not overlap: the task stream is a work queue."""
+
+    def __init__(self, settings: NodeSettings, js: JetStreamContext, subjects: Subjects,
+                 name: str = DEFAULT_POOL, filter_subjects: list[str] | None = None) -> None:
         self.settings = settings
         self.js = js
         self.subjects = subjects
+        self.name = name
+        self.durable = pool_durable(name)
+        self.filter_subjects = filter_subjects or [subjects.tasks_of(settings.node_id)]
         self.target = 0
         self.workers: list[WorkerHandle] = []
         self._names = itertools.count(1)
@@ -76,21 +83,28 @@ class WorkerPool:
 
     async def _ensure_consumer(self) -> None:
         config = ConsumerConfig(
-            durable_name=WORKERS_DURABLE,
+            durable_name=self.durable,
             ack_policy=AckPolicy.EXPLICIT,
             ack_wait=self.settings.ack_wait_s,
             max_deliver=self.settings.max_deliver,
             max_ack_pending=-1,
             max_waiting=4096,
+            filter_subjects=self.filter_subjects,
         )
         stream = tasks_stream(self.subjects, self.settings.node_id)
         try:
             await self.js.add_consumer(stream, config)
-        except BadRequestError as exc:  # exists with other settings (e.g. ack_wait changed)
+        except BadRequestError as exc:  # exists with other settings (ack_wait, the pool's functions)
             if exc.err_code != 10148:
                 raise
-            await self.js.delete_consumer(stream, WORKERS_DURABLE)
+            # a work-queue stream keeps the tasks: recreating the consumer loses none
+            await self.js.delete_consumer(stream, self.durable)
             await self.js.add_consumer(stream, config)
+
+    async def backlog(self) -> int:
+        """Tasks of this pool not yet acknowledged (waiting + being run)."""
+        info = await self.js.consumer_info(tasks_stream(self.subjects, self.settings.node_id), self.durable)
+        return info.num_pending + info.num_ack_pending
 
     async def set_size(self, size: int) -> None:
         """Make ``size`` workers active (starting or ready)."""
@@ -110,7 +124,8 @@ class WorkerPool:
         await asyncio.wait_for(all_ready(), timeout_s)
 
     def _spawn(self) -> None:
-        handle = WorkerHandle(name=f"{self.settings.node_id}-w{next(self._names)}")
+        prefix = "w" if self.name == DEFAULT_POOL else f"{self.name}-w"
+        handle = WorkerHandle(name=f"{self.settings.node_id}-{prefix}{next(self._names)}")
         self.workers.append(handle)
         runner = self._run_process if self.settings.runtime == "process" else self._run_inprocess
         handle.task = asyncio.create_task(runner(handle), name=handle.name)
@@ -118,7 +133,7 @@ class WorkerPool:
     async def _run_process(self, handle: WorkerHandle) -> None:
         env = dict(os.environ,
                    P2PFAAS_NODE_SETTINGS=self.settings.model_dump_json(),
-                   P2PFAAS_WORKER_NAME=handle.name)
+                   P2PFAAS_WORKER_NAME=handle.name, P2PFAAS_WORKER_POOL=self.name)
         code: int | None = None
         try:
             handle.proc = await asyncio.create_subprocess_exec(
@@ -138,7 +153,7 @@ class WorkerPool:
             self._exited(handle, code)
 
     async def _run_inprocess(self, handle: WorkerHandle) -> None:
-        handle.worker = Worker(self.settings, default_registry(self.settings.functions), handle.name)
+        handle.worker = Worker(self.settings, default_registry(self.settings.functions), handle.name, self.name)
         ready: asyncio.Future[None] = asyncio.get_running_loop().create_future()
 
         def on_ready(_: object) -> None:

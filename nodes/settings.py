@@ -3,14 +3,38 @@
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, PositiveFloat, model_validator
 
 from broker.messages import NodeConfiguration, SchedulerConfiguration
 
 ONE_MIB = 1024 * 1024
+TOKEN = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
+
+
+class PoolSpec(BaseModel):
+    """A dedicated, autoscaled worker pool for some functions (the farm of DESIGN.md §6).
+
+    Its tasks are always queued (no admission control): the controller keeps its
+    QoS by scaling between ``min`` and ``max`` workers.
+    """
+
+    model_config = ConfigDict(extra="forbid")
+
+    functions: list[str] = Field(min_length=1)
+    initial: int = Field(default=1, ge=0)
+    min: int = Field(default=1, ge=0)
+    max: int = Field(default=32, ge=1, le=256)
+    period_s: float | None = Field(default=None, gt=0)  # telemetry/control period (None: the node's)
+
+    @model_validator(mode="after")
+    def _ordered(self) -> "PoolSpec":
+        if not self.min <= self.initial <= self.max:
+            raise ValueError(f"pool sizes must satisfy min <= initial <= max, got {self.min}, {self.initial}, {self.max}")
+        return self
 
 
 class NodeSettings(BaseModel):
@@ -30,6 +54,7 @@ class NodeSettings(BaseModel):
     initial_scheduler: SchedulerConfiguration = SchedulerConfiguration()
     telemetry_period_s: float = Field(default=1.0, gt=0)
     learner: bool = True                   # run this node's learner service (nodes/learner/)
+    pools: dict[str, PoolSpec] = Field(default_factory=dict)  # dedicated autoscaled pools by name
     # emulated slowness: every execution is padded to last 1/speed times longer (1.0 = as is)
     speed: float = Field(default=1.0, gt=0, le=1.0)
     # discovery (docs/p2p.md)
@@ -39,11 +64,27 @@ class NodeSettings(BaseModel):
     suspect_after: int = Field(default=3, ge=1)       # missed periods before a peer is no longer offered
     remove_after: int = Field(default=10, ge=2)       # missed periods before a peer is forgotten
     probe_timeout_s: float = Field(default=0.25, gt=0)  # a slower load probe counts as a fully loaded peer
+    # LearningScheduler rewards (docs/learning.md): the QoS deadline of each task type, seconds;
+    # a request met it when answered 200 within that total time; unlisted types get task_deadline_s
+    task_type_deadlines: dict[int, PositiveFloat] = Field(default_factory=dict)
+    task_deadline_s: float = Field(default=1.0, gt=0)
 
     @model_validator(mode="after")
     def _periods_in_order(self) -> "NodeSettings":
         if self.remove_after <= self.suspect_after:
             raise ValueError(f"remove_after ({self.remove_after}) must exceed suspect_after ({self.suspect_after})")
+        return self
+
+    @model_validator(mode="after")
+    def _pools_disjoint(self) -> "NodeSettings":
+        owner: dict[str, str] = {}
+        for pool, spec in self.pools.items():
+            if pool == "default" or not TOKEN.match(pool):
+                raise ValueError(f"pool name {pool!r} must match [A-Za-z0-9_-]{{1,64}} and not be 'default'")
+            for fn in spec.functions:
+                if fn in owner:
+                    raise ValueError(f"function {fn!r} is in two pools ({owner[fn]}, {pool})")
+                owner[fn] = pool
         return self
 
     @property

@@ -37,7 +37,13 @@ from nodes.settings import NodeSettings
 
 log = logging.getLogger(__name__)
 
-WORKERS_DURABLE = "workers"
+WORKERS_DURABLE = "workers"          # the node's main pool (all functions not in a dedicated pool)
+DEFAULT_POOL = "default"
+
+
+def pool_durable(pool: str) -> str:
+    """Durable consumer of a worker pool on the node's task stream."""
+    return WORKERS_DURABLE if pool == DEFAULT_POOL else f"pool-{pool}"
 EXIT_RECYCLE = 3  # a function overran its timeout: the process exits so its thread dies with it
 
 
@@ -66,10 +72,12 @@ def output_fields(output: bytes) -> dict[str, str]:
 
 
 class Worker:
-    def __init__(self, settings: NodeSettings, registry: FunctionRegistry, name: str) -> None:
+    def __init__(self, settings: NodeSettings, registry: FunctionRegistry, name: str,
+                 pool: str = DEFAULT_POOL) -> None:
         self.settings = settings
         self.registry = registry
         self.name = name
+        self.pool = pool
         self.subjects = Subjects(settings.prefix)
         self.stopping = asyncio.Event()
         self.recycle = False
@@ -88,7 +96,7 @@ class Worker:
         self.nc = await connect(self.settings.nats_servers, f"{self.settings.node_id}-{self.name}")  # type: ignore[arg-type]
         js = self.nc.jetstream()
         sub = await js.pull_subscribe_bind(
-            durable=WORKERS_DURABLE, stream=tasks_stream(self.subjects, self.settings.node_id)
+            durable=pool_durable(self.pool), stream=tasks_stream(self.subjects, self.settings.node_id)
         )
         if ready is not None and not ready.done():
             ready.set_result(None)
@@ -117,7 +125,7 @@ class Worker:
 
         if delivered > 1 and await self._result_exists(js, result_subject):
             log.info("task %s redelivered but already answered; acknowledging", key)
-            await self._done(key, fn, 0, 0.0, 0.0)
+            await self._done(key, fn, 0, 0.0, 0.0, h)
             await msg.ack()
             return
 
@@ -137,11 +145,11 @@ class Worker:
                              stream=deadletter_stream(self.subjects))
             hops = hop_timings(h, node, arrival, scheduling_s, time.time())
             await self._publish(js, Result(status=500, error=reason, hop_timings=hops, **common), key)
-            await self._done(key, fn, 500, 0.0, time.time() - arrival)
+            await self._done(key, fn, 500, 0.0, time.time() - arrival, h)
             await msg.ack()
             return
 
-        await self.nc.publish(self.subjects.task_event(node, "started"), key.encode())
+        await self.nc.publish(self.subjects.task_event(node, "started"), orjson.dumps({"k": key, "p": self.pool}))
         started = time.time()
         spec = self.registry.get(fn)
         timeout = float(h.get(H.TIMEOUT, 0) or 0) or (spec.timeout_s if spec else 30.0)
@@ -178,7 +186,7 @@ class Worker:
             log.warning("%s %s -> %d: %s", fn, key, status, fields.get("error"))
         hops = hop_timings(h, node, arrival, scheduling_s, finished)
         await self._publish(js, Result(status=status, timings=timings, hop_timings=hops, **common, **fields), key)
-        await self._done(key, fn, status, timings.execution_s, timings.total_s)
+        await self._done(key, fn, status, timings.execution_s, timings.total_s, h)
         await msg.ack()
 
     async def _call(self, body, payload: bytes):
@@ -196,9 +204,11 @@ class Worker:
             headers={H.MSG_ID: f"result.{key}"}, stream=results_stream(self.subjects),
         )
 
-    async def _done(self, key: str, fn: str, status: int, execution_s: float, total_s: float) -> None:
+    async def _done(self, key: str, fn: str, status: int, execution_s: float, total_s: float, h: dict) -> None:
+        """Tell the node (load accounting, metrics, pool telemetry); ``d`` is the task's QoS deadline."""
         assert self.nc is not None
-        event = {"k": key, "fn": fn, "s": status, "e": execution_s, "t": total_s}
+        event = {"k": key, "fn": fn, "p": self.pool, "s": status, "e": execution_s, "t": total_s,
+                 "d": _float_or_none(h.get(H.DEADLINE))}
         await self.nc.publish(self.subjects.task_event(self.settings.node_id, "done"), orjson.dumps(event))
 
     async def _result_exists(self, js, subject: str) -> bool:
@@ -218,10 +228,18 @@ class Worker:
                 log.debug("in_progress failed: %s", exc)
 
 
+def _float_or_none(value: str | None) -> float | None:
+    try:
+        return float(value) if value else None
+    except ValueError:
+        return None
+
+
 async def _main() -> int:
     settings = NodeSettings.model_validate_json(os.environ["P2PFAAS_NODE_SETTINGS"])
     name = os.environ.get("P2PFAAS_WORKER_NAME", f"w{os.getpid()}")
-    worker = Worker(settings, default_registry(settings.functions), name)
+    pool = os.environ.get("P2PFAAS_WORKER_POOL", DEFAULT_POOL)
+    worker = Worker(settings, default_registry(settings.functions), name, pool)
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, worker.stopping.set)

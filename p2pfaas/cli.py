@@ -6,6 +6,7 @@ import asyncio
 import logging
 import signal
 import sys
+import time
 from enum import Enum
 from pathlib import Path
 from typing import Optional
@@ -72,9 +73,12 @@ def up(
     queue: int = typer.Option(4, help="Queue length max per node."),
     runtime: Runtime = typer.Option(Runtime.process, help="Workers as OS processes (real parallelism) or inside the node."),
     function: list[str] = typer.Option([], "--function", "-f", help="Add a function: name=package.module:callable (repeatable)."),
+    controller: str = typer.Option("auto", help="Policy of the autoscaled farm pool on n1 (function sleep): auto (a trained DQN if there is one, else reactive-max), dqn, pg, sarsa, reactive, keda, kpa, hpa, fixed-<n>, or off."),
+    scenario: str = typer.Option("bursty", help="Scenario whose worker bounds and normalisation the controller uses."),
+    models_dir: Path = typer.Option(Path("data/models"), help="Where trained scaling models are looked up."),
     verbose: bool = typer.Option(False, "--verbose", "-v", help="Log at INFO."),
 ) -> None:
-    """Start the whole stack: nats-server (JetStream), nodes with worker pools, HTTP and MQTT access. Ctrl-C stops it."""
+    """Start the whole stack: nats-server (JetStream), nodes with worker pools and learners, the autoscaling controller, HTTP and MQTT access. Ctrl-C stops it."""
     from p2pfaas.stack import Stack, StackConfig, StackSettings
 
     _logging(verbose)
@@ -87,13 +91,18 @@ def up(
         mqtt_url=mqtt_url, mqtt_port=mqtt_port, data_dir=data_dir, runtime=runtime.value,
         configuration=NodeConfiguration(parallel_running_functions_max=parallel, queue_length_max=queue),
         functions=_functions(function), config=stack_config,
+        controller_policy=None if controller == "off" else controller, farm_scenario=scenario, models_dir=models_dir,
     )
 
     async def main() -> None:
         stop = asyncio.Event()
         with console.status("starting p2pfaas ..."):
             stack = Stack(settings)
-            endpoints = await stack.start()
+            try:
+                endpoints = await stack.start()
+            except ValueError as exc:  # e.g. a policy with no trained model
+                console.print(f"[red]error:[/] {exc}")
+                raise typer.Exit(2)
         try:
             for note in endpoints.notes:
                 console.print(f"[yellow]note:[/] {note}")
@@ -324,6 +333,136 @@ def learner(
     except Exception as exc:  # broker unreachable, unusable data dir ... : one clear line
         console.print(f"[red]error:[/] {type(exc).__name__}: {exc}")
         raise typer.Exit(2)
+
+
+# -- autoscaling ------------------------------------------------------------------
+train_app = typer.Typer(help="Train models (saved under data/models by default).", no_args_is_help=True)
+app.add_typer(train_app, name="train")
+farm_app = typer.Typer(help="The farm: emit a scenario's tasks into a node.", no_args_is_help=True)
+app.add_typer(farm_app, name="farm")
+
+
+def _mount_scaling_commands() -> None:
+    from controller.commands import eval_scaling, train_scaling
+
+    eval_app.command("scaling")(eval_scaling)
+    train_app.command("scaling")(train_scaling)
+
+
+_mount_scaling_commands()
+
+
+@app.command("controller")
+def controller_cmd(
+    node_id: str = typer.Option("n1", "--node", help="Node of the pool."),
+    pool: str = typer.Option("farm", help="Pool to scale (the `up` stack's farm pool is 'farm'; 'default' scales K)."),
+    policy: str = typer.Option("auto", help="auto, dqn, pg, sarsa, reactive, reactive-max, keda, kpa, hpa or fixed-<n>."),
+    scenario: str = typer.Option("bursty", help="Scenario giving worker bounds and observation normalisation."),
+    models_dir: Path = typer.Option(Path("data/models"), help="Where trained scaling models are looked up."),
+    nats_url: Optional[str] = typer.Option(None, help="NATS URL (default: from a running `p2pfaas up`)."),
+    data_dir: Path = typer.Option(Path("data"), help="Where `p2pfaas up` wrote endpoints.json."),
+    prefix: str = typer.Option("faas", help="Subject prefix."),
+) -> None:
+    """Scale a pool live: telemetry in, scale commands and learning experiences out (Ctrl-C stops)."""
+    from broker.connection import close_quietly, connect
+    from controller.live import LiveController
+    from controller.policies import resolve_policy
+    from controller.scenario import load_scenario
+    from p2pfaas.stack import read_endpoints
+
+    sc = load_scenario(scenario)
+    try:
+        chosen, name, note = resolve_policy(policy, sc, models_dir)
+    except ValueError as exc:
+        raise typer.BadParameter(str(exc), param_hint="--policy") from None
+    url = nats_url or read_endpoints(data_dir).get("nats_url") or "nats://127.0.0.1:4222"
+
+    async def main() -> None:
+        nc = await connect(url, f"controller-{node_id}-{pool}")
+        try:
+            def show(step) -> None:
+                t = step.telemetry
+                console.print(f"{time.strftime('%H:%M:%S')} arrivals {t.arrival_rate:6.2f}/s  queue {t.queue_length:4d}  "
+                              f"workers {t.workers_ready:3d}+{t.workers_starting:<2d} -> target {step.target:3d}  QoS {t.qos:6.1%}")
+
+            async with LiveController(nc, node_id, pool, chosen, sc, prefix=prefix, policy_name=name, on_step=show):
+                if note:
+                    console.print(f"[yellow]note:[/] {note}")
+                console.print(f"controlling {node_id}/{pool} with {name}; Ctrl-C to stop")
+                await _until_signal(asyncio.Event())
+        finally:
+            await close_quietly(nc)
+
+    asyncio.run(main())
+
+
+@farm_app.command("run")
+def farm_run(
+    scenario: str = typer.Option("bursty", help="Shipped scenario name or a scenario file."),
+    node_id: str = typer.Option("n1", "--node", help="Node to send the tasks to."),
+    seed: int = typer.Option(0, help="Seed of the arrivals and service times."),
+    speed: float = typer.Option(1.0, min=0.1, max=100.0, help="Time compression: >1 runs faster (rates x speed, service / speed)."),
+    fn: str = typer.Option("sleep", help="Function that plays a task (its payload is the service time)."),
+    nats_url: Optional[str] = typer.Option(None, help="NATS URL (default: from a running `p2pfaas up`)."),
+    data_dir: Path = typer.Option(Path("data"), help="Where `p2pfaas up` wrote endpoints.json."),
+    prefix: str = typer.Option("faas", help="Subject prefix."),
+) -> None:
+    """Emit a scenario's tasks (Poisson arrivals, sampled service times, deadlines) and report QoS."""
+    from rich.progress import Progress
+
+    from broker.connection import close_quietly, connect
+    from controller.emitter import FarmEmitter
+    from controller.scenario import load_scenario
+    from p2pfaas.stack import read_endpoints
+
+    sc = load_scenario(scenario)
+    url = nats_url or read_endpoints(data_dir).get("nats_url") or "nats://127.0.0.1:4222"
+
+    async def main():
+        nc = await connect(url, "farm-emitter")
+        try:
+            emitter = FarmEmitter(nc, node_id, sc, seed=seed, prefix=prefix, fn=fn, speed=speed)
+            with Progress(console=console) as progress:
+                bar = progress.add_task(f"{sc.name} -> {node_id}", total=1.0)
+
+                def update(fraction, report):
+                    progress.update(bar, completed=fraction,
+                                    description=f"{sc.name} -> {node_id}: {report.submitted} sent, {report.completed} done")
+                report = await emitter.run(update)
+                progress.update(bar, completed=1.0)
+            return report
+        finally:
+            await close_quietly(nc)
+
+    report = asyncio.run(main())
+    console.print(f"tasks {report.submitted}, completed {report.completed}, errors {report.errors}, "
+                  f"lost {report.lost}, QoS {report.qos:.2%}, p95 latency {report.p95_s:.2f} s")
+    if report.lost or report.errors:
+        raise typer.Exit(1)
+
+
+@app.command()
+def top(
+    nats_url: Optional[str] = typer.Option(None, help="NATS URL (default: from a running `p2pfaas up`)."),
+    data_dir: Path = typer.Option(Path("data"), help="Where `p2pfaas up` wrote endpoints.json."),
+    prefix: str = typer.Option("faas", help="Subject prefix."),
+    once: Optional[float] = typer.Option(None, help="Watch this many seconds, print one snapshot and exit."),
+) -> None:
+    """Live view of nodes (load, K, queue) and pools (workers, queue, latency, QoS)."""
+    from rich.console import Console
+
+    from p2pfaas.stack import read_endpoints
+    from p2pfaas.top import watch
+
+    url = nats_url or read_endpoints(data_dir).get("nats_url") or "nats://127.0.0.1:4222"
+    if once is not None:
+        view = asyncio.run(watch(url, prefix, duration_s=once, live=False))
+        Console(width=160).print(view.render())
+        return
+    try:
+        asyncio.run(watch(url, prefix))
+    except KeyboardInterrupt:
+        pass
 
 
 if __name__ == "__main__":

@@ -21,12 +21,17 @@ from broker.embedded import Mosquitto, NatsServer, choose_port
 from broker.http_bridge import HttpBridge
 from broker.messages import NodeConfiguration, SchedulerConfiguration
 from broker.mqtt_bridge import MqttBridge
+from controller.live import LiveController
+from controller.policies import resolve_policy
+from controller.scenario import load_scenario
 from nodes.node import Node
-from nodes.settings import NodeSettings
+from nodes.settings import NodeSettings, PoolSpec
 
 log = logging.getLogger(__name__)
 
 MqttMode = Literal["nats", "mosquitto", "off"]
+FARM_POOL = "farm"
+FARM_FUNCTION = "sleep"
 
 
 class NodeSpec(BaseModel):
@@ -103,6 +108,11 @@ class StackSettings:
     functions: list[tuple[str, str]] = field(default_factory=list)
     max_payload_bytes: int = 1024 * 1024
     config: StackConfig = field(default_factory=StackConfig)   # heterogeneous nodes, scheduler, discovery
+    # autoscaled farm pool on the first node ("farm": the `sleep` function), run by a live
+    # controller; None switches both off (docs/autoscaling.md)
+    controller_policy: str | None = "auto"
+    farm_scenario: str = "bursty"
+    models_dir: Path = Path("data/models")
 
     def node_settings(self, nats_url: str, addresses: list[str]) -> list[NodeSettings]:
         """One NodeSettings per node: CLI flags, overridden by the config file's defaults and node entries."""
@@ -122,11 +132,20 @@ class StackSettings:
                 extra["initial_scheduler"] = scheduler
             if spec.group:
                 extra["group"] = spec.group
+            if i == 0 and self.controller_policy is not None:
+                extra["pools"] = {FARM_POOL: self.farm_pool_spec()}
             out.append(NodeSettings(node_id=spec.id or f"n{i + 1}", nats_url=nats_url, prefix=self.prefix,
                                     data_dir=self.data_dir, runtime=self.runtime, initial=initial,
                                     functions=self.functions, max_payload_bytes=self.max_payload_bytes,
                                     address=addresses[i], speed=spec.speed, **extra))
         return out
+
+    def farm_pool_spec(self) -> PoolSpec:
+        """The farm pool spans the scenario's worker bounds and starts at its minimum."""
+        scenario = load_scenario(self.farm_scenario)
+        bounds = scenario.workers
+        return PoolSpec(functions=[FARM_FUNCTION], initial=bounds.min, min=bounds.min, max=bounds.max,
+                        period_s=scenario.step_seconds)
 
     @property
     def node_count(self) -> int:
@@ -139,6 +158,7 @@ class Endpoints:
     mqtt_url: str | None = None
     mqtt_via: str = "off"
     http: dict[str, str] = field(default_factory=dict)
+    controller: str | None = None
     notes: list[str] = field(default_factory=list)
 
     def lines(self) -> list[str]:
@@ -147,6 +167,8 @@ class Endpoints:
             out.append(f"MQTT        {self.mqtt_url}  ({self.mqtt_via})")
         for node, url in self.http.items():
             out.append(f"HTTP {node:<6} {url}  (docs {url}/docs, metrics {url}/metrics)")
+        if self.controller:
+            out.append(f"autoscaling {self.controller}")
         return out
 
 
@@ -215,12 +237,26 @@ class Stack:
             await asyncio.wait_for(started.wait(), 10)
             self._bridges.append(bridge)
             ep.http[node.settings.node_id] = f"http://{s.host}:{port}"
+        if s.controller_policy is not None:
+            await self._start_controller(nc)
         for node in self.nodes:
             assert node.pool is not None
             await node.pool.wait_ready(60)
         (s.data_dir / "endpoints.json").write_bytes(orjson.dumps({
             "nats_url": ep.nats_url, "mqtt_url": ep.mqtt_url, "http": ep.http, "prefix": s.prefix,
         }, option=orjson.OPT_INDENT_2))
+
+    async def _start_controller(self, nc) -> None:
+        s = self.settings
+        scenario = load_scenario(s.farm_scenario)
+        policy, name, note = resolve_policy(s.controller_policy or "auto", scenario, s.models_dir)
+        node = self.nodes[0].settings.node_id
+        controller = LiveController(nc, node, FARM_POOL, policy, scenario, prefix=s.prefix, policy_name=name)
+        await self._stack.enter_async_context(controller)
+        if note:
+            self.endpoints.notes.append(f"controller: {note}")
+        self.endpoints.controller = (f"{node}/{FARM_POOL} (function {FARM_FUNCTION}) scaled by {name}, "
+                                     f"scenario {scenario.name}, {scenario.workers.min}-{scenario.workers.max} workers")
 
     async def stop(self) -> None:
         for bridge in self._bridges:

@@ -30,6 +30,7 @@ from broker.messages import HopTiming, HopTrail, Rejection
 from broker.streams import requests_stream, results_stream, tasks_stream
 from broker.subjects import Invocation, Subjects
 from functions.registry import FunctionRegistry
+from nodes.accounting import Accounts
 from nodes.config_store import ConfigStore
 from nodes.metrics import NodeMetrics
 from nodes.scheduler.algorithms import build_algorithm, decide
@@ -49,47 +50,6 @@ SCHEDULER_DURABLE = "scheduler"
 BATCH = 64
 
 
-class LoadTracker:
-    """Running and queued tasks of this node, from the scheduler's own bookkeeping
-    and the workers' started/done events (keyed by request, so redeliveries do not double count)."""
-
-    RECENT = 65536  # finished requests remembered for duplicate detection
-
-    def __init__(self, unknown_outstanding: int = 0) -> None:
-        self.outstanding: set[str] = set()
-        self.running: set[str] = set()
-        self.unknown = unknown_outstanding  # tasks left in the stream by a previous run
-        self.recent: dict[str, None] = {}   # insertion-ordered, bounded
-
-    def seen(self, key: str) -> bool:
-        return key in self.outstanding or key in self.recent
-
-    def enqueued(self, key: str) -> None:
-        self.outstanding.add(key)
-
-    def started(self, key: str) -> None:
-        if key in self.outstanding or self.unknown:
-            self.running.add(key)
-
-    def done(self, key: str) -> None:
-        self.running.discard(key)
-        self.recent[key] = None
-        if len(self.recent) > self.RECENT:
-            del self.recent[next(iter(self.recent))]
-        if key in self.outstanding:
-            self.outstanding.discard(key)
-        elif self.unknown:
-            self.unknown -= 1
-
-    @property
-    def n_running(self) -> int:
-        return len(self.running)
-
-    @property
-    def n_queued(self) -> int:
-        return max(0, len(self.outstanding) + self.unknown - len(self.running))
-
-
 class SchedulerService:
     def __init__(self, settings: NodeSettings, nc: Client, registry: FunctionRegistry,
                  store: ConfigStore, metrics: NodeMetrics, peers: "PeerSource | None" = None) -> None:
@@ -101,13 +61,18 @@ class SchedulerService:
         self.registry = registry
         self.store = store
         self.metrics = metrics
-        self.load = LoadTracker()
+        self.accounts = Accounts(self.node_id, {p: spec.functions for p, spec in settings.pools.items()})
         self.algorithm: SchedulingAlgorithm = build_algorithm(store.scheduler.name, store.scheduler.parameters)
         self._peers = peers
         self._tasks: list[asyncio.Task] = []
         self._subs: list = []
         self._stopping = asyncio.Event()
         self.rng = random.Random()
+
+    @property
+    def load(self):
+        """Load of the node's main pool: the K slots that the algorithms reason about."""
+        return self.accounts.default.load
 
     # -- SchedulingView ---------------------------------------------------
     def local_load(self) -> LocalLoad:
@@ -122,9 +87,10 @@ class SchedulerService:
         return await self._peers.probe(peer) if self._peers else None
 
     # -- lifecycle ----------------------------------------------------------
-    async def start(self) -> None:
-        info = await self.js.stream_info(tasks_stream(self.subjects, self.node_id))
-        self.load = LoadTracker(unknown_outstanding=info.state.messages)
+    async def start(self, backlogs: dict[str, int] | None = None) -> None:
+        """``backlogs``: tasks each pool still has in the stream from a previous run."""
+        for pool, count in (backlogs or {}).items():
+            self.accounts.get(pool).load.unknown = count
         self._subs.append(await self.nc.subscribe(self.subjects.task_event(self.node_id, "started"), cb=self._on_started))
         self._subs.append(await self.nc.subscribe(self.subjects.task_event(self.node_id, "done"), cb=self._on_done))
         stream = requests_stream(self.subjects, self.node_id)
@@ -156,7 +122,11 @@ class SchedulerService:
 
     # -- events -------------------------------------------------------------
     async def _on_started(self, msg: Msg) -> None:
-        self.load.started(msg.data.decode())
+        try:
+            event = orjson.loads(msg.data)
+        except orjson.JSONDecodeError:
+            return
+        self.accounts.get(event.get("p")).load.started(event["k"])
         self._update_gauges()
 
     async def _on_done(self, msg: Msg) -> None:
@@ -164,9 +134,11 @@ class SchedulerService:
             event = orjson.loads(msg.data)
         except orjson.JSONDecodeError:
             return
-        self.load.done(event["k"])
+        account = self.accounts.get(event.get("p"))
+        account.load.done(event["k"])
         fn, status = event.get("fn", "?"), int(event.get("s", 0))
         if status:
+            account.stats.completed(event.get("t", 0.0), event.get("d"), status == 200)
             self.metrics.results.labels(node=self.node_id, fn=fn, status=str(status)).inc()
             if status == 200:
                 self.metrics.execution.labels(node=self.node_id, fn=fn).observe(event.get("e", 0.0))
@@ -212,7 +184,7 @@ class SchedulerService:
             return self._refuse(msg, inv, 413, 413, f"payload of {len(msg.data)} bytes exceeds the limit of {self.settings.max_payload_bytes}", "too_large")
         if not msg.data and spec.requires_input:
             return self._refuse(msg, inv, 400, 400, f"{inv.fn} needs an input payload; it was empty", "empty_payload")
-        if self.load.seen(inv.call_key):
+        if self.accounts.seen(inv.call_key):
             log.info("duplicate request %s ignored (already scheduled or answered)", inv.call_key)
             return msg.ack()
         if msg.metadata.num_delivered > 1 and await self._answered(inv):
@@ -227,16 +199,21 @@ class SchedulerService:
             task_type=_float_or_none(h.get(H.TASK_TYPE)),
         )
         algorithm = self.algorithm
-        decision = await decide(algorithm, request, self)
+        account = self.accounts.for_fn(inv.fn)
+        if account is self.accounts.default or request.force_reject:
+            decision = await decide(algorithm, request, self)
+        else:
+            decision = Execute()  # a dedicated (autoscaled) pool queues every task: scaling, not admission, keeps its QoS
         scheduled_at = time.time()
         here = HopTiming(node=self.node_id, arrival=hop_arrival,
                          scheduling_s=max(0.0, scheduled_at - hop_arrival), probing_s=decision.probing_s)
         trail = self._trail(h if request.external else {}, here)
         if isinstance(decision, Execute):
-            self.load.enqueued(inv.call_key)
+            account.load.enqueued(inv.call_key)
+            account.stats.arrived()
             self._update_gauges()
             self.metrics.requests.labels(node=self.node_id, fn=inv.fn, outcome="scheduled").inc()
-            return self._enqueue(msg, inv, request, algorithm, arrival, scheduled_at, trail)
+            return self._enqueue(msg, inv, request, algorithm, arrival, scheduled_at, trail, account)
         if isinstance(decision, Forward):
             self.metrics.requests.labels(node=self.node_id, fn=inv.fn, outcome="forwarded").inc()
             return self._forward(msg, inv, request, decision, algorithm, arrival, trail)
@@ -262,8 +239,8 @@ class SchedulerService:
                 log.warning("ignoring malformed %s header: %s", H.HOP_TIMINGS, exc)
         return encode(HopTrail(hops=[*hops, here])).decode()
 
-    async def _enqueue(self, msg: Msg, inv: Invocation, request: SchedulingRequest,
-                       algorithm: SchedulingAlgorithm, arrival: float, scheduled_at: float, trail: str) -> None:
+    async def _enqueue(self, msg: Msg, inv: Invocation, request: SchedulingRequest, algorithm: SchedulingAlgorithm,
+                       arrival: float, scheduled_at: float, trail: str, account) -> None:
         h = msg.headers or {}
         task_headers = {
             H.MSG_ID: f"task.{inv.call_key}",
@@ -280,7 +257,7 @@ class SchedulerService:
             if passthrough in h:
                 task_headers[passthrough] = h[passthrough]
         await self._publish_then_ack(msg, self.subjects.task(self.node_id, inv.fn), msg.data, task_headers,
-                                     tasks_stream(self.subjects, self.node_id), undo=inv.call_key)
+                                     tasks_stream(self.subjects, self.node_id), undo=(account, inv.call_key))
 
     async def _forward(self, msg: Msg, inv: Invocation, request: SchedulingRequest, decision: Forward,
                        algorithm: SchedulingAlgorithm, arrival: float, trail: str) -> None:
@@ -302,14 +279,15 @@ class SchedulerService:
         await self._publish_then_ack(msg, subject, msg.data, headers, None)
 
     async def _publish_then_ack(self, msg: Msg, subject: str, data: bytes, headers: dict,
-                                stream: str | None, undo: str | None = None) -> None:
+                                stream: str | None, undo: tuple | None = None) -> None:
         try:
             await self.js.publish(subject, data, headers=headers, stream=stream, timeout=5.0)
         except Exception as exc:
             # not acknowledged -> JetStream redelivers the request later
             log.warning("could not publish to %s (%s); request will be retried", subject, exc)
             if undo:
-                self.load.done(undo)
+                account, key = undo
+                account.load.cancel(key)
             await msg.nak(delay=1.0)
             return
         await msg.ack()
