@@ -1,0 +1,67 @@
+"""The Gymnasium env on the live system (LiveFarm backend), the emitter, and `top`'s view."""
+
+from __future__ import annotations
+
+import asyncio
+
+import numpy as np
+from gymnasium.utils.passive_env_checker import (
+    check_action_space,
+    check_observation_space,
+    env_reset_passive_checker,
+    env_step_passive_checker,
+)
+
+from controller.emitter import FarmEmitter
+from controller.env import FarmScalingEnv
+from controller.live_env import LiveFarm
+from nodes.settings import PoolSpec
+from p2pfaas.top import watch
+
+from .conftest import make_scenario
+
+SCENARIO = make_scenario(step_seconds=0.3, max_steps=6, workers={"min": 1, "max": 3, "initial": 1},
+                         service_time={"dist": "constant", "value": 0.05},
+                         phases=[{"duration_s": 4.0, "rate_per_s": 8.0}])
+POOLS = {"farm": PoolSpec(functions=["sleep"], initial=1, min=1, max=3, period_s=0.3)}
+
+
+async def test_env_api_checks_pass_on_the_live_pool(node_factory, nats_server, prefix):
+    """Gymnasium's API checks (spaces, reset/step types and bounds). ``check_env``'s same-seed
+    determinism check cannot hold for a live system, so it runs on the simulator only."""
+    async with node_factory(pools=POOLS, runtime="inprocess") as node:
+        def run() -> tuple:
+            env = FarmScalingEnv(SCENARIO, backend=LiveFarm(nats_server.url, "n1", "farm", SCENARIO, prefix=prefix))
+            try:
+                check_action_space(env.action_space)
+                check_observation_space(env.observation_space)
+                env_reset_passive_checker(env, seed=0)
+                for action in (0, 1, 2):
+                    env_step_passive_checker(env, action)
+                obs, info = env.reset(seed=1)
+                steps = [env.step(2) for _ in range(3)]  # add workers
+                return obs, steps, env.unwrapped.backend.totals()
+            finally:
+                env.unwrapped.backend.close()
+
+        obs, steps, totals = await asyncio.to_thread(run)
+        assert obs.shape == (9,) and obs.dtype == np.float32
+        assert steps[-1][4]["target"] == 3
+        assert node.pools["farm"].target == 3          # the env's actions reached the real pool
+        assert totals.duration_s > 0
+
+
+async def test_emitter_runs_a_scenario_and_measures_qos(node_factory, nc, prefix):
+    async with node_factory(pools=POOLS, runtime="inprocess"):
+        progress: list[float] = []
+        report = await FarmEmitter(nc, "n1", SCENARIO, seed=3, prefix=prefix, grace_s=10).run(
+            lambda fraction, _: progress.append(fraction))
+    assert report.submitted >= 5 and report.completed == report.submitted and report.lost == 0
+    assert report.qos > 0.5 and progress and progress[-1] <= 1.0
+
+
+async def test_top_sees_nodes_and_pools(node_factory, nats_server, prefix):
+    async with node_factory(pools=POOLS, runtime="inprocess", heartbeat_period_s=0.2, telemetry_period_s=0.2):
+        view = await watch(nats_server.url, prefix, duration_s=1.0, live=False)
+    assert "n1" in view.nodes and {("n1", "default"), ("n1", "farm")} <= set(view.pools)
+    assert view.render() is not None
