@@ -3,7 +3,12 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from typing import Callable
+
+import httpx
+
+from broker.embedded import free_port
 
 
 async def wait_until(predicate: Callable[[], bool], timeout_s: float = 10.0, interval_s: float = 0.02) -> None:
@@ -35,3 +40,20 @@ class Collector:
 
     async def __aexit__(self, *exc: object) -> None:
         await self._sub.unsubscribe()
+
+
+@contextlib.asynccontextmanager
+async def serving(bridge, timeout_s: float = 30.0):
+    """Serve an ``HttpBridge`` on a free port; yields an httpx client bound to it."""
+    port = free_port()
+    await bridge.start()
+    started = asyncio.Event()
+    task = asyncio.create_task(bridge.serve("127.0.0.1", port, started))
+    await asyncio.wait_for(started.wait(), 10)
+    try:
+        async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}", timeout=timeout_s) as http:
+            yield http
+    finally:
+        bridge.shutdown()
+        await task
+        await bridge.stop()

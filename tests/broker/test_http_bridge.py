@@ -3,9 +3,7 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
 
-import httpx
 import orjson
 import pytest
 import uvicorn
@@ -14,23 +12,7 @@ from fastapi import FastAPI, Request
 from broker import headers as H
 from broker.embedded import free_port
 from broker.http_bridge import HttpBridge
-from support import wait_until
-
-
-@contextlib.asynccontextmanager
-async def serving(bridge: HttpBridge):
-    port = free_port()
-    await bridge.start()
-    started = asyncio.Event()
-    task = asyncio.create_task(bridge.serve("127.0.0.1", port, started))
-    await asyncio.wait_for(started.wait(), 10)
-    try:
-        async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}", timeout=30) as http:
-            yield http
-    finally:
-        bridge.shutdown()
-        await task
-        await bridge.stop()
+from support import serving, wait_until
 
 
 @pytest.fixture

@@ -3,35 +3,19 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import time
 
 import httpx
 import orjson
 import pytest
 
-from broker.embedded import free_port
 from broker.http_bridge import HttpBridge
 from nodes.learner.service import LearnerService
 from nodes.learner.settings import LearnerSettings
 
+from support import serving
+
 STATE = "X-P2pfaas-Learning-State"
-
-
-@contextlib.asynccontextmanager
-async def serving(bridge: HttpBridge):
-    port = free_port()
-    await bridge.start()
-    started = asyncio.Event()
-    task = asyncio.create_task(bridge.serve("127.0.0.1", port, started))
-    await asyncio.wait_for(started.wait(), 10)
-    try:
-        async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}", timeout=10) as http:
-            yield http
-    finally:
-        bridge.shutdown()
-        await task
-        await bridge.stop()
 
 
 @pytest.fixture
