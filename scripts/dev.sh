@@ -24,7 +24,7 @@ setup() {
     "$VENV/bin/pip" install -q --upgrade pip
     # the CPU build of torch; a bare 'torch' could pull a multi-GB CUDA build
     "$VENV/bin/pip" install -q "torch==2.13.0"
-    "$VENV/bin/pip" install -q -e ".[dev]"
+    "$VENV/bin/pip" install -q -e ".[dev,sb3]"
     echo "$want" > "$STAMP"
   fi
   if ! command -v mosquitto >/dev/null 2>&1 && [ ! -x /usr/sbin/mosquitto ]; then

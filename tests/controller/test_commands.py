@@ -42,10 +42,7 @@ def test_bad_input_is_a_clear_usage_error(tmp_path):
 
 
 def test_eval_trains_missing_models_then_reuses_them(tmp_path):
-    if "sarsa" not in rl_agents():
-        import pytest
-
-        pytest.skip("SARSA not available")
+    assert "sarsa" in rl_agents()
     args = ["eval", "--scenario", "steady", "--episodes", "1", "--policies", "sarsa", "--models-dir", str(tmp_path), "--train-steps", "200"]
     result = runner.invoke(app, args)
     assert result.exit_code == 0, result.output

@@ -65,7 +65,10 @@ def test_outputs(report, tmp_path):
 RL = sorted(rl_agents())
 
 
-@pytest.mark.skipif(not RL, reason="nodes.learner.algorithms not available")
+def test_every_rl_kind_is_available():
+    assert RL == ["dqn", "pg", "sarsa"]
+
+
 @pytest.mark.parametrize("kind", RL)
 def test_train_save_load_evaluate(kind, tmp_path):
     sc = load_scenario("steady")
@@ -78,7 +81,6 @@ def test_train_save_load_evaluate(kind, tmp_path):
     assert result.policies[0].name == kind and len(result.policies[0].episodes[0].steps) == sc.steps + 1
 
 
-@pytest.mark.skipif("sarsa" not in RL, reason="SARSA not available")
 def test_short_training_beats_a_pool_that_never_scales(tmp_path):
     sc = load_scenario("bursty")
     trained = train_agent("sarsa", sc, 3000, seed=0, out=tmp_path / "sarsa.pt")
