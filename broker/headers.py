@@ -7,6 +7,12 @@ FORWARD = "X-P2pfaas-Scheduler-Forward"
 REJECT = "X-P2pfaas-Scheduler-Reject"
 TRACING_ID = "X-P2pfaas-Scheduler-Task-Tracing-Id"
 TASK_TYPE = "X-P2pfaas-Scheduler-Learning-Task-Type"
+# a LearningScheduler's decision, carried with the task/forward and answered to the caller
+LEARNING_EID = "X-P2pfaas-Scheduler-Learning-Eid"
+LEARNING_STATE = "X-P2pfaas-Scheduler-Learning-State"
+LEARNING_ACTION = "X-P2pfaas-Scheduler-Learning-Action"
+LEARNING_EPS = "X-P2pfaas-Scheduler-Learning-Eps"
+LEARNING = (LEARNING_EID, LEARNING_STATE, LEARNING_ACTION, LEARNING_EPS)
 TIMING_TOTAL = "X-P2pfaas-Timing-Total-Seconds-List"
 TIMING_SCHEDULING = "X-P2pfaas-Timing-Scheduling-Seconds-List"
 TIMING_PROBING = "X-P2pfaas-Timing-Probing-Seconds-List"

@@ -55,6 +55,8 @@ def answer_response(answer: Answer, call_id: str) -> Response:
         hdrs[H.SCHEDULER] = rej.scheduler
         if rej.retry_after_s is not None:
             hdrs["Retry-After"] = str(max(1, round(rej.retry_after_s)))
+        if rej.learning is not None:
+            hdrs.update(rej.learning.headers())
         return JSONResponse({"code": rej.code, "message": rej.reason}, status_code=rej.http_status, headers=hdrs)
     res = answer.result
     assert res is not None
@@ -70,6 +72,8 @@ def answer_response(answer: Answer, call_id: str) -> Response:
     })
     if res.hops > 0:
         hdrs.update({H.EXTERNALLY_EXECUTED: "True", H.HOPS: str(res.hops), H.PEERS_LIST_ID: ",".join(res.peers)})
+    if res.learning is not None:
+        hdrs.update(res.learning.headers())
     if res.status != 200:
         return JSONResponse({"code": res.status, "message": res.error or "function failed"},
                             status_code=res.status, headers=hdrs)
@@ -174,15 +178,7 @@ class HttpBridge:
                       description="P2PFaaS-compatible REST entrypoint of a p2pfaas node, bridged to NATS.")
         bridge = self
 
-        @app.middleware("http")
-        async def count(request: Request, call_next):
-            start = time.perf_counter()
-            response = await call_next(request)
-            route = request.scope.get("route")
-            path = getattr(route, "path", "unmatched")
-            bridge.http_requests.labels(route=path, status=str(response.status_code)).inc()
-            bridge.http_latency.labels(route=path).observe(time.perf_counter() - start)
-            return response
+        app.add_middleware(RequestMetrics, bridge=bridge)
 
         @app.get("/", summary="Name and version")
         async def root() -> dict[str, str]:
@@ -387,6 +383,33 @@ class HttpBridge:
         @app.get("/learner/reset", summary="Forget what the model learned")
         async def learner_reset(model: str = SCHEDULING_MODEL) -> Response:
             return await control(model, "reset")
+
+
+class RequestMetrics:
+    """Counts and times every request per route template, as a plain ASGI middleware
+    (Starlette's ``@app.middleware("http")`` costs ~4x more per request: bench/README.md)."""
+
+    def __init__(self, app, bridge: HttpBridge) -> None:
+        self.app, self.bridge = app, bridge
+
+    async def __call__(self, scope, receive, send) -> None:
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        start = time.perf_counter()
+        status = 500
+
+        async def send_and_note(message) -> None:
+            nonlocal status
+            if message["type"] == "http.response.start":
+                status = message["status"]
+            await send(message)
+
+        try:
+            await self.app(scope, receive, send_and_note)
+        finally:
+            path = getattr(scope.get("route"), "path", "unmatched")
+            self.bridge.http_requests.labels(route=path, status=str(status)).inc()
+            self.bridge.http_latency.labels(route=path).observe(time.perf_counter() - start)
 
 
 class _EmbeddedServer(uvicorn.Server):

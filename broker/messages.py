@@ -11,6 +11,8 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, RootModel
 
+from broker import headers as H
+
 
 class Contract(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
@@ -46,6 +48,37 @@ class Timings(Contract):
     total_s: float = 0.0
 
 
+class LearningDecision(Contract):
+    """A LearningScheduler's decision for one request (docs/learning.md): the experience id,
+    the state it acted on, the action and the epsilon it used. Travels as the
+    ``X-P2pfaas-Scheduler-Learning-{Eid,State,Action,Eps}`` headers and is answered to the caller."""
+
+    eid: int = Field(ge=0)
+    state: list[float]
+    action: int = Field(ge=0)
+    eps: float = 0.0
+
+    def headers(self) -> dict[str, str]:
+        """The four headers, P2PFaaS style (the state as ``"f1,f2,..."``)."""
+        return {H.LEARNING_EID: str(self.eid), H.LEARNING_STATE: ",".join(f"{v:g}" for v in self.state),
+                H.LEARNING_ACTION: str(self.action), H.LEARNING_EPS: repr(self.eps)}
+
+    @classmethod
+    def from_headers(cls, headers: dict[str, str] | None) -> "LearningDecision | None":
+        """The decision carried by ``headers`` (names in any case); None when absent or garbled."""
+        if not headers:
+            return None
+        if H.LEARNING_EID not in headers:  # e.g. an HTTP client's lower-cased names
+            lower = {name.lower(): value for name, value in headers.items()}
+            headers = {name: lower[name.lower()] for name in H.LEARNING if name.lower() in lower}
+        try:
+            return cls(eid=int(headers[H.LEARNING_EID]), action=int(headers[H.LEARNING_ACTION]),
+                       state=[float(v) for v in headers[H.LEARNING_STATE].split(",") if v.strip()],
+                       eps=float(headers[H.LEARNING_EPS]))
+        except (KeyError, ValueError):
+            return None
+
+
 class Result(Contract):
     """Outcome of an invocation, published on ``faas.result.<client>.<req>``.
 
@@ -69,6 +102,7 @@ class Result(Contract):
     timings: Timings = Timings()
     hop_timings: list[HopTiming] = Field(default_factory=list)
     finished_at: float = Field(default_factory=time.time)
+    learning: LearningDecision | None = None   # set when a LearningScheduler decided it
 
 
 class Rejection(Contract):
@@ -89,6 +123,7 @@ class Rejection(Contract):
     retry_after_s: float | None = None
     scheduler: str = ""
     at: float = Field(default_factory=time.time)
+    learning: LearningDecision | None = None   # set when a LearningScheduler decided it
 
 
 class NodeLoad(Contract):

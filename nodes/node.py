@@ -27,6 +27,7 @@ from nodes.learner.settings import LearnerSettings
 from nodes.metrics import NodeMetrics
 from nodes.pool import WorkerPool
 from nodes.worker import DEFAULT_POOL
+from nodes.scheduler.learning import LearningContext
 from nodes.scheduler.service import PeerSource, SchedulerService
 from nodes.settings import NodeSettings
 
@@ -69,6 +70,9 @@ class Node:
             self.discovery = peers = DiscoveryService(self.settings, self.nc, self.current_load)
         self.scheduler = SchedulerService(self.settings, self.nc, self.registry, self.store,
                                           self.metrics, peers)
+        sched = self.scheduler  # the LearningScheduler's link to the learner, task types and rewards
+        self.scheduler.learning = LearningContext.for_node(self.nc, self.settings,
+                                                           lambda: (sched.load.running, sched.load.outstanding))
         await self.scheduler.start({name: await pool.backlog() for name, pool in self.pools.items()})
         if self.discovery:
             await self.discovery.start()
@@ -104,6 +108,8 @@ class Node:
         if self.scheduler:
             await self.scheduler.stop()
         await asyncio.gather(*(pool.stop() for pool in self.pools.values()))
+        if self.scheduler and self.scheduler.learning:
+            await self.scheduler.learning.stop()
         if self.learner:
             await self.learner.stop()
         if self.nc and not self.nc.is_closed:

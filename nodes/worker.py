@@ -29,7 +29,7 @@ from broker import headers as H
 from broker.codec import decode, encode
 from broker.connection import close_quietly, connect
 from broker.errors import ContractError
-from broker.messages import HopTiming, HopTrail, Result, Timings
+from broker.messages import HopTiming, HopTrail, LearningDecision, Result, Timings
 from broker.streams import deadletter_stream, results_stream, tasks_stream
 from broker.subjects import Subjects
 from functions.registry import FunctionInputError, FunctionRegistry, default_registry
@@ -137,6 +137,7 @@ class Worker:
             request_id=req, client=client, fn=fn, executed_by=node, origin=h.get(H.ORIGIN, node),
             hops=int(h.get(H.HOPS, 0)), peers=[*forwarders, node] if forwarders else [],
             scheduler=h.get(H.SCHEDULER_NAME, ""),
+            learning=LearningDecision.from_headers(h),  # a LearningScheduler's decision, answered to the caller
         )
         if delivered >= self.settings.max_deliver:
             reason = f"task failed {delivered - 1} times (its worker died); dead-lettered"

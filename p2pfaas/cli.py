@@ -292,6 +292,52 @@ def eval_p2p(
         console.print(f"report written to {json_out}")
 
 
+@eval_app.command("learning")
+def eval_learning(
+    duration: float = typer.Option(60.0, "--duration", min=1.0, help="Seconds of arrivals per measured algorithm."),
+    warmup: float = typer.Option(180.0, "--warmup", min=0.0, help="Seconds of arrivals of the LearningScheduler's online warm-up."),
+    seed: int = typer.Option(1, "--seed", help="Seed of the arrivals, task types and service times."),
+    power_of_n: list[str] = typer.Option([], "--power-of-n", help="PowerOfN parameters F,T,loss,maxHops to compare (repeatable; default: three settings)."),
+    greedy: bool = typer.Option(False, "--greedy", help="Measure the learned policy greedy (default: still exploring, as deployed)."),
+    nats_url: Optional[str] = typer.Option(None, help="Run against this NATS (default: a private nats-server)."),
+    json_out: Optional[Path] = typer.Option(None, "--json", help="Also write the full report here."),
+    verbose: bool = typer.Option(False, "--verbose", "-v"),
+) -> None:
+    """LearningScheduler vs NoScheduler and PowerOfN: deadlines met on heterogeneous nodes (docs/learning.md)."""
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+    from rich.table import Table
+
+    from p2pfaas.experiments import learning
+
+    _logging(verbose)
+    exp = learning.LearningExperiment(duration_s=duration, warmup_s=warmup, seed=seed, explore=not greedy)
+    if power_of_n:
+        exp.power_of_n = [[p.strip() for p in spec.split(",")] for spec in power_of_n]
+    progress = Progress(TextColumn("{task.description:<44}"), BarColumn(), MofNCompleteColumn(),
+                        TimeElapsedColumn(), console=console)
+    bars: dict[str, int] = {}
+
+    def advance(name: str, done: int, total: int) -> None:
+        if name not in bars:
+            bars[name] = progress.add_task(name, total=total)
+        progress.update(bars[name], completed=done)
+
+    with progress:
+        report = asyncio.run(learning.run_experiment(exp, nats_url=nats_url, progress=advance))
+    table = Table(title="p2pfaas eval learning", caption=learning.caption(report))
+    for i, header in enumerate(learning.HEADERS):
+        table.add_column(header, no_wrap=True, justify="left" if i == 0 else "right")
+    for row in learning.rows(report):
+        table.add_row(*row)
+    out = Console()
+    if not out.is_terminal:  # piped into a file: do not squeeze the table into 80 columns
+        out = Console(width=160)
+    out.print(table)
+    if json_out:
+        json_out.write_bytes(report.to_json())
+        console.print(f"report written to {json_out}")
+
+
 @app.command()
 def learner(
     node_ids: list[str] = typer.Option(["n1"], "--node", help="Node served (repeatable: one learner shared by several nodes)."),

@@ -32,6 +32,7 @@ from nodes.scheduler.base import (
 # Importing every algorithm module registers it: build_algorithm knows every name.
 # A new algorithm module (e.g. the LearningScheduler) must be imported here too.
 from nodes.scheduler.forward import ForwardScheduler
+from nodes.scheduler.learning import LearningScheduler
 from nodes.scheduler.no_scheduler import NoScheduler
 from nodes.scheduler.power_of_n import PowerOfNScheduler, PowerOfNSchedulerTau
 from nodes.scheduler.rejector import RejectScheduler
@@ -39,6 +40,7 @@ from nodes.scheduler.round_robin import RoundRobinWithMasterScheduler
 
 __all__ = [
     "ForwardScheduler",
+    "LearningScheduler",
     "NoScheduler",
     "PowerOfNScheduler",
     "PowerOfNSchedulerTau",

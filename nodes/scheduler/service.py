@@ -26,7 +26,7 @@ from nats.js.errors import BadRequestError, NotFoundError
 from broker import headers as H
 from broker.codec import decode, encode
 from broker.errors import ContractError, InvalidSubject, InvalidToken
-from broker.messages import HopTiming, HopTrail, Rejection
+from broker.messages import HopTiming, HopTrail, LearningDecision, Rejection
 from broker.streams import requests_stream, results_stream, tasks_stream
 from broker.subjects import Invocation, Subjects
 from functions.registry import FunctionRegistry
@@ -68,6 +68,7 @@ class SchedulerService:
         self._subs: list = []
         self._stopping = asyncio.Event()
         self.rng = random.Random()
+        self.learning = None  # the node's LearningContext (nodes/scheduler/learning.py): view.learning
 
     @property
     def load(self):
@@ -204,6 +205,8 @@ class SchedulerService:
             decision = await decide(algorithm, request, self)
         else:
             decision = Execute()  # a dedicated (autoscaled) pool queues every task: scaling, not admission, keeps its QoS
+        if self.learning is not None:  # X-P2pfaas-Scheduler-Learning-* ride with the task, forward or rejection
+            msg.headers = h = self.learning.annotate(inv.call_key, request, decision, h)
         scheduled_at = time.time()
         here = HopTiming(node=self.node_id, arrival=hop_arrival,
                          scheduling_s=max(0.0, scheduled_at - hop_arrival), probing_s=decision.probing_s)
@@ -224,7 +227,7 @@ class SchedulerService:
         return self._refuse(msg, inv, decision.code, 503 if overloaded else 500, decision.reason, "rejected",
                             retry_after_s=1.0 if overloaded else None,
                             scheduler=(request.external and h.get(H.SCHEDULER_NAME)) or algorithm.describe(),
-                            count_error=False)
+                            count_error=False, learning=LearningDecision.from_headers(h))
 
     def _trail(self, h: dict, here: HopTiming) -> str:
         """The hop-timings header with this node's entry appended (a garbled one restarts here).
@@ -253,7 +256,7 @@ class SchedulerService:
             H.HOPS: str(request.hops), H.PEERS_LIST_ID: ",".join(request.peers),
             H.HOP_TIMINGS: trail,
         }
-        for passthrough in (H.TIMEOUT, H.DEADLINE, H.TRACING_ID, H.TASK_TYPE):
+        for passthrough in (H.TIMEOUT, H.DEADLINE, H.TRACING_ID, H.TASK_TYPE, *H.LEARNING):
             if passthrough in h:
                 task_headers[passthrough] = h[passthrough]
         await self._publish_then_ack(msg, self.subjects.task(self.node_id, inv.fn), msg.data, task_headers,
@@ -293,13 +296,14 @@ class SchedulerService:
         await msg.ack()
 
     def _refuse(self, msg: Msg, inv: Invocation, code: int, http_status: int, reason: str, kind: str,
-                *, retry_after_s: float | None = None, scheduler: str = "", count_error: bool = True):
+                *, retry_after_s: float | None = None, scheduler: str = "", count_error: bool = True,
+                learning: LearningDecision | None = None):
         if count_error:
             self.metrics.error(kind)
             log.warning("refused %s %s: %s", inv.fn, inv.call_key, reason)
         rejection = Rejection(request_id=inv.request_id, client=inv.client, fn=inv.fn, code=code,
                               http_status=http_status, reason=reason, node=self.node_id,
-                              retry_after_s=retry_after_s, scheduler=scheduler)
+                              retry_after_s=retry_after_s, scheduler=scheduler, learning=learning)
         return self._publish_then_ack(msg, self.subjects.reject(inv.client, inv.request_id), encode(rejection),
                                       {H.MSG_ID: f"reject.{inv.call_key}"}, results_stream(self.subjects))
 

@@ -1,0 +1,196 @@
+"""Closed-loop rewards of the LearningScheduler: the node remembers every decision it took and,
+when the request's answer appears (a result or a rejection, from whichever node produced it),
+publishes reward 1 if it was served within its deadline, else 0, on ``faas.<node>.reward``.
+
+No benchmark client is needed (P2PFaaS computed rewards in its client); a client may still post
+rewards itself through the learner API. docs/learning.md describes the rules.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import heapq
+import logging
+import time
+from collections import OrderedDict
+from dataclasses import dataclass
+from typing import Callable
+
+from nats.aio.client import Client
+from nats.aio.msg import Msg
+
+from broker.codec import decode, encode
+from broker.errors import ContractError, InvalidSubject
+from broker.messages import LearningDecision, Rejection, Result, SchedulingExperience
+from broker.subjects import Subjects
+
+__all__ = ["PendingDecision", "RewardStats", "RewardTracker", "reward_of"]
+
+log = logging.getLogger(__name__)
+
+PUBLISH_BATCH = 64
+
+
+def reward_of(answer: Result | Rejection, deadline_s: float) -> float:
+    """1 for a result with status 200 whose total time (arrival to result) met the deadline, else 0."""
+    if isinstance(answer, Result) and answer.status == 200 and answer.timings.total_s <= deadline_s:
+        return 1.0
+    return 0.0
+
+
+@dataclass(slots=True)
+class PendingDecision:
+    decision: LearningDecision
+    deadline_s: float
+    expires_at: float   # tracker clock: past this, the answer cannot meet the deadline any more
+
+
+@dataclass(slots=True)
+class RewardStats:
+    tracked: int = 0
+    published: int = 0
+    met: int = 0            # rewards of 1
+    timed_out: int = 0      # no answer within deadline + grace: reward 0
+    evicted: int = 0        # pushed out by max_pending: reward 0
+    failed: int = 0         # could not be stored on the reward stream (logged)
+
+
+class RewardTracker:
+    """Decisions waiting for their answer, keyed by ``<client>.<req>``.
+
+    * answers are read from ``faas.result.>`` / ``faas.reject.>`` (subscribed on the first
+      decision, so a node that never learns pays nothing);
+    * a decision whose answer does not come within ``deadline + grace_s`` gets reward 0 (it
+      cannot have met its deadline); a later answer is then ignored;
+    * at most ``max_pending`` decisions wait; beyond that the oldest gets reward 0;
+    * rewards are published **in EID order**: one whose answer came early waits for the
+      answers of the decisions before it (bounded by their deadline + grace). The learner pairs
+      EID n with n + 1 in windows; out of order, a slow (often late, so 0) reward would arrive
+      after its successor was trained and be lost — biasing the model towards slow actions;
+    * rewards are published in the background (JetStream acks), never on the scheduling path.
+    """
+
+    def __init__(self, nc: Client, node: str, *, prefix: str = "faas", grace_s: float = 1.0,
+                 max_pending: int = 10_000, sweep_period_s: float = 0.25,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.nc, self.node = nc, node
+        self.subjects = Subjects(prefix)
+        self.reward_subject = self.subjects.reward(node)
+        self.grace_s, self.max_pending, self.sweep_period_s, self.clock = grace_s, max_pending, sweep_period_s, clock
+        self.pending: OrderedDict[str, PendingDecision] = OrderedDict()
+        self.stats = RewardStats()
+        self._ready: list[tuple[int, SchedulingExperience]] = []   # heap by EID: decided, not yet released
+        self._queue: asyncio.Queue[SchedulingExperience] = asyncio.Queue()
+        self._subs: list = []
+        self._tasks: list[asyncio.Task] = []
+        self._started = False
+        self._lock = asyncio.Lock()
+
+    # -- lifecycle ----------------------------------------------------------------
+    async def start(self) -> "RewardTracker":
+        """Subscribe to the answers (idempotent; returns once the server has the subscriptions)."""
+        if self._started:
+            return self
+        async with self._lock:
+            if self._started:
+                return self
+            for subject in (self.subjects.all_results(), self.subjects.all_rejects()):
+                self._subs.append(await self.nc.subscribe(subject, cb=self._on_answer))
+            await self.nc.flush()
+            self._tasks = [asyncio.create_task(self._sweep(), name=f"{self.node}-rewards-sweep"),
+                           asyncio.create_task(self._publish(), name=f"{self.node}-rewards-publish")]
+            self._started = True
+        return self
+
+    async def stop(self) -> None:
+        """Unsubscribe and publish what is decided; decisions still waiting are dropped (logged)."""
+        for sub in self._subs:
+            try:
+                await sub.unsubscribe()
+            except Exception as exc:  # the connection may already be gone
+                log.debug("rewards of %s: unsubscribe: %s", self.node, exc)
+        self._subs.clear()
+        if self.pending:
+            log.info("rewards of %s: %d decisions still waiting for their answer at stop (dropped)",
+                     self.node, len(self.pending))
+            self.pending.clear()
+        self._release()  # what was decided goes out (its predecessors' answers will not come now)
+        if self._tasks:
+            self._tasks[0].cancel()
+            try:
+                await asyncio.wait_for(self._queue.join(), 5.0)
+            except asyncio.TimeoutError:
+                log.warning("rewards of %s: %d rewards not published at stop", self.node, self._queue.qsize())
+            self._tasks[1].cancel()
+            await asyncio.gather(*self._tasks, return_exceptions=True)
+            self._tasks.clear()
+        self._started = False
+
+    # -- decisions ----------------------------------------------------------------
+    def track(self, key: str, decision: LearningDecision, deadline_s: float) -> None:
+        """Remember a decision until the answer of request ``key`` comes (call ``start`` before)."""
+        self.pending.pop(key, None)  # decided again (a redelivery): the new decision counts
+        self.pending[key] = PendingDecision(decision, deadline_s, self.clock() + deadline_s + self.grace_s)
+        self.stats.tracked += 1
+        while len(self.pending) > self.max_pending:
+            _, oldest = self.pending.popitem(last=False)
+            self.stats.evicted += 1
+            self._reward(oldest, 0.0)
+
+    def decision_of(self, key: str) -> LearningDecision | None:
+        entry = self.pending.get(key)
+        return entry.decision if entry else None
+
+    def _reward(self, entry: PendingDecision, reward: float) -> None:
+        """Called once the entry left ``pending``."""
+        d = entry.decision
+        self.stats.met += reward > 0
+        heapq.heappush(self._ready, (d.eid, SchedulingExperience(eid=d.eid, state=d.state, action=d.action,
+                                                                reward=reward, node=self.node)))
+        self._release()
+
+    def _release(self) -> None:
+        """Queue the decided rewards that no earlier decision is still waiting in front of."""
+        floor = next(iter(self.pending.values())).decision.eid if self.pending else None
+        while self._ready and (floor is None or self._ready[0][0] < floor):
+            self._queue.put_nowait(heapq.heappop(self._ready)[1])
+
+    async def _on_answer(self, msg: Msg) -> None:
+        try:
+            kind, client, req = self.subjects.answer_ids(msg.subject)
+        except InvalidSubject:
+            return
+        entry = self.pending.pop(f"{client}.{req}", None)
+        if entry is None:
+            return
+        try:
+            answer: Result | Rejection = decode(Result if kind == "result" else Rejection, msg.data)
+        except ContractError as exc:
+            log.warning("rewards of %s: unreadable answer on %s counts as missed: %s", self.node, msg.subject, exc)
+            return self._reward(entry, 0.0)
+        self._reward(entry, reward_of(answer, entry.deadline_s))
+
+    async def _sweep(self) -> None:
+        while True:
+            await asyncio.sleep(self.sweep_period_s)
+            now = self.clock()
+            expired = [key for key, entry in self.pending.items() if entry.expires_at <= now]
+            for key in expired:
+                self.stats.timed_out += 1
+                self._reward(self.pending.pop(key), 0.0)
+
+    async def _publish(self) -> None:
+        js = self.nc.jetstream()
+        while True:
+            batch = [await self._queue.get()]
+            while len(batch) < PUBLISH_BATCH and not self._queue.empty():
+                batch.append(self._queue.get_nowait())
+            results = await asyncio.gather(*(js.publish(self.reward_subject, encode(e), timeout=5.0) for e in batch),
+                                           return_exceptions=True)
+            for experience, outcome in zip(batch, results):
+                if isinstance(outcome, BaseException):
+                    self.stats.failed += 1
+                    log.warning("rewards of %s: EID %d not stored: %r", self.node, experience.eid, outcome)
+                else:
+                    self.stats.published += 1
+                self._queue.task_done()

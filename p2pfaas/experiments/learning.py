@@ -1,0 +1,318 @@
+"""``p2pfaas eval learning``: the LearningScheduler against NoScheduler and PowerOfN on the real
+system — heterogeneous nodes (K, speed), task types with their own deadlines, unbalanced Poisson load.
+
+Every algorithm sees the same seeded arrivals; the LearningScheduler is measured after an online
+warm-up on other arrivals of the same workload, during which the nodes' learners train from the
+closed-loop rewards (docs/learning.md).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import math
+import random
+import tempfile
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Callable
+
+import orjson
+
+from broker import headers as H
+from broker.client import Answer, FaasClient
+from broker.connection import close_quietly, connect
+from broker.embedded import NatsServer
+from broker.messages import NodeConfiguration, SchedulerConfiguration
+from broker.subjects import Subjects
+from nodes.learner.client import RemotePolicy
+from nodes.node import Node
+from nodes.settings import NodeSettings
+from p2pfaas.experiments.p2p import _until, percentile
+
+Algorithm = tuple[str, list[str]]
+Progress = Callable[[str, int, int], None]   # (phase, answered, total)
+
+
+@dataclass
+class NodeSpec:
+    node_id: str
+    slots: int          # K
+    speed: float        # 1 = as is; 0.5 = every execution takes twice as long
+    rate: float         # requests per second offered to this node by its clients
+
+
+@dataclass
+class TaskType:
+    mean_service_s: float   # at speed 1 (gamma distributed, see LearningExperiment.service_shape)
+    deadline_s: float       # met when answered 200 within this total time
+    share: float            # fraction of the arrivals
+
+
+@dataclass
+class LearningExperiment:
+    """The workload and the system under test (defaults: about 9 minutes in all)."""
+
+    nodes: list[NodeSpec] = field(default_factory=lambda: [
+        NodeSpec("n1", 4, 1.0, 28.0),    # hot: ~4.6 Erlangs on 4 slots
+        NodeSpec("n2", 6, 0.35, 3.0),    # many slots, but slow (an old edge box): a load count misjudges it
+        NodeSpec("n3", 6, 1.0, 4.0),     # fast, lightly loaded
+    ])
+    task_types: list[TaskType] = field(default_factory=lambda: [
+        TaskType(0.08, 0.2, 0.5),        # short, tight deadline: misses on the slow node more often than not
+        TaskType(0.25, 1.0, 0.5),        # long, loose deadline: the slow node meets it ~4 times in 5
+    ])
+    queue: int = 0                   # queue length per node (0: no queue, P2PFaaS's experimental setting)
+    service_shape: float = 4.0       # gamma shape of service times (coefficient of variation 1/sqrt(shape))
+    duration_s: float = 60.0         # of arrivals, per measured algorithm
+    warmup_s: float = 180.0          # of arrivals for the LearningScheduler's online warm-up
+    seed: int = 1
+    power_of_n: list[list[str]] = field(default_factory=lambda: [
+        ["1", "2", "true", "1"], ["2", "2", "true", "1"], ["2", "4", "true", "1"]])
+    learner_parameters: dict = field(default_factory=lambda: {
+        "alpha": 0.1, "beta": 0.01, "epsilon_min": 0.05, "epsilon_decay": 0.99})
+    explore: bool = True             # measure the LearningScheduler exploring (as deployed) or greedy
+
+    def algorithms(self) -> list[Algorithm]:
+        learning: Algorithm = ("LearningScheduler", [str(len(self.task_types)), str(len(self.nodes) - 1),
+                                                     str(self.explore).lower()])
+        return [("NoScheduler", ["true"]), *(("PowerOfNScheduler", p) for p in self.power_of_n), learning]
+
+
+@dataclass(frozen=True)
+class Arrival:
+    at: float        # seconds after the start
+    node: int
+    task_type: int
+    service_s: float
+
+
+def poisson_arrivals(exp: LearningExperiment, duration_s: float, seed: int) -> list[Arrival]:
+    """Independent Poisson streams per node, types drawn by share, gamma service times."""
+    rng = random.Random(seed)
+    shares = [t.share for t in exp.task_types]
+    out: list[Arrival] = []
+    for i, node in enumerate(exp.nodes):
+        t = rng.expovariate(node.rate) if node.rate > 0 else math.inf
+        while t < duration_s:
+            kind = rng.choices(range(len(shares)), shares)[0]
+            mean = exp.task_types[kind].mean_service_s
+            out.append(Arrival(t, i, kind, rng.gammavariate(exp.service_shape, mean / exp.service_shape)))
+            t += rng.expovariate(node.rate)
+    return sorted(out, key=lambda a: a.at)
+
+
+@dataclass
+class Outcome:
+    algorithm: str
+    requests: int
+    met: int             # answered 200 within the type's deadline
+    rejected: int
+    errors: int          # neither served nor rejected in time
+    forwarded: int
+    latency_p95_s: float  # client-observed, served requests
+    met_by_type: list[float]
+
+    @property
+    def met_rate(self) -> float:
+        return self.met / self.requests if self.requests else 0.0
+
+    @property
+    def rejection_rate(self) -> float:
+        return self.rejected / self.requests if self.requests else 0.0
+
+    @property
+    def ci95(self) -> float:
+        p = self.met_rate
+        return 1.96 * math.sqrt(p * (1 - p) / self.requests) if self.requests else 0.0
+
+
+def outcome_of(exp: LearningExperiment, name: str, arrivals: list[Arrival],
+               answers: list[tuple[Answer | None, float]]) -> Outcome:
+    met_by_type = [[0, 0] for _ in exp.task_types]
+    met = rejected = forwarded = 0
+    latencies = []
+    for a, (answer, latency) in zip(arrivals, answers):
+        met_by_type[a.task_type][1] += 1
+        if answer is None:
+            continue
+        if answer.rejection is not None:
+            rejected += 1
+            continue
+        res = answer.result
+        forwarded += res.hops > 0
+        if res.status == 200:
+            latencies.append(latency)
+            if res.timings.total_s <= exp.task_types[a.task_type].deadline_s:
+                met += 1
+                met_by_type[a.task_type][0] += 1
+    served = len(latencies)
+    return Outcome(name, len(arrivals), met, rejected, len(arrivals) - served - rejected, forwarded,
+                   percentile(latencies, 0.95), [m / n if n else float("nan") for m, n in met_by_type])
+
+
+class LearningRun:
+    """The nodes of one run, each with its learner: ``async with LearningRun(exp, nats_url, prefix, data_dir)``."""
+
+    def __init__(self, exp: LearningExperiment, nats_url: str, prefix: str, data_dir: Path) -> None:
+        self.exp, self.nats_url, self.prefix, self.data_dir = exp, nats_url, prefix, data_dir
+        self.subjects = Subjects(prefix)
+        self.ids = [n.node_id for n in exp.nodes]
+        self.nodes: list[Node] = []
+        self._stack = contextlib.AsyncExitStack()
+
+    async def __aenter__(self) -> "LearningRun":
+        deadlines = {i: t.deadline_s for i, t in enumerate(self.exp.task_types)}
+        try:
+            for spec in self.exp.nodes:
+                settings = NodeSettings(
+                    node_id=spec.node_id, nats_url=self.nats_url, prefix=self.prefix, data_dir=self.data_dir,
+                    runtime="inprocess", speed=spec.speed, heartbeat_period_s=0.2, suspect_after=5, remove_after=20,
+                    task_type_deadlines=deadlines,
+                    initial=NodeConfiguration(parallel_running_functions_max=spec.slots,
+                                              queue_length_max=self.exp.queue, queue_enabled=self.exp.queue > 0))
+                self.nodes.append(await self._stack.enter_async_context(Node(settings)))
+            for node in self.nodes:
+                assert node.pool is not None
+                await node.pool.wait_ready(60)
+            await _until(lambda: all(len(n.discovery.peers()) == len(self.ids) - 1 for n in self.nodes), 30,
+                         "the nodes did not discover each other")
+            self.nc = await connect(self.nats_url, "eval-learning")
+            self._stack.push_async_callback(close_quietly, self.nc)
+            self.faas = await self._stack.enter_async_context(FaasClient(self.nc, client="evallearn", prefix=self.prefix))
+        except BaseException:
+            await self._stack.aclose()
+            raise
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self._stack.aclose()
+
+    async def configure(self, algorithm: Algorithm) -> str:
+        name, params = algorithm
+        for node_id in self.ids:
+            body = orjson.dumps(SchedulerConfiguration(name=name, parameters=params).model_dump())
+            reply = await self.nc.request(self.subjects.scheduler_config(node_id, "set"), body, timeout=5)
+            if reply.headers and reply.headers.get("X-P2pfaas-Status", "200") != "200":
+                raise ValueError(f"{name}{params}: {reply.data.decode()}")
+        return self.nodes[0].scheduler.algorithm.describe()
+
+    async def set_learner_parameters(self, values: dict) -> None:
+        for node_id in self.ids:
+            await RemotePolicy(self.nc, node_id, prefix=self.prefix, timeout_s=5).set_parameters(values)
+
+    async def drive(self, arrivals: list[Arrival], tag: str, label: str,
+                    progress: Progress | None) -> list[tuple[Answer | None, float]]:
+        """Send every arrival at its time; (answer or None, client latency) per arrival."""
+        await _until(lambda: all(n.scheduler.load.n_running + n.scheduler.load.n_queued == 0 for n in self.nodes),
+                     120, "nodes did not become idle")
+        answered = 0
+
+        async def one(i: int, a: Arrival) -> tuple[Answer | None, float]:
+            nonlocal answered
+            started = time.perf_counter()
+            try:
+                answer = await self.faas.invoke(self.ids[a.node], "sleep", f"{a.service_s:.6f}".encode(),
+                                                req=f"{tag}x{i}", headers={H.TASK_TYPE: str(a.task_type)},
+                                                timeout_s=60)
+            except Exception:  # no answer in time, or not accepted by the broker: an error
+                answer = None
+            answered += 1
+            if progress:
+                progress(label, answered, len(arrivals))
+            return answer, time.perf_counter() - started
+
+        loop = asyncio.get_running_loop()
+        t0 = loop.time()
+        tasks = []
+        for i, a in enumerate(arrivals):
+            delay = t0 + a.at - loop.time()
+            if delay > 0:
+                await asyncio.sleep(delay)
+            tasks.append(asyncio.create_task(one(i, a)))
+        return list(await asyncio.gather(*tasks))
+
+
+@dataclass
+class LearningReport:
+    experiment: LearningExperiment
+    outcomes: list[Outcome]
+    warmup_requests: int
+    learner: dict   # per node: experiences trained, states, average reward
+
+    def best_power_of_n(self) -> Outcome | None:
+        candidates = [o for o in self.outcomes if o.algorithm.startswith("PowerOfN")]
+        return max(candidates, key=lambda o: o.met_rate) if candidates else None
+
+    def to_json(self) -> bytes:
+        return orjson.dumps({
+            "experiment": asdict(self.experiment), "warmup_requests": self.warmup_requests, "learner": self.learner,
+            "outcomes": [{**asdict(o), "met_rate": o.met_rate, "rejection_rate": o.rejection_rate, "ci95": o.ci95}
+                         for o in self.outcomes],
+        }, option=orjson.OPT_INDENT_2)
+
+
+async def run_experiment(exp: LearningExperiment, *, nats_url: str | None = None, prefix: str = "evallearn",
+                         data_dir: Path | None = None, progress: Progress | None = None) -> LearningReport:
+    """Every baseline, then the LearningScheduler's warm-up and its measurement."""
+    arrivals = poisson_arrivals(exp, exp.duration_s, exp.seed)
+    warmup = poisson_arrivals(exp, exp.warmup_s, exp.seed + 1000)
+    outcomes: list[Outcome] = []
+    with contextlib.ExitStack() as tmp:
+        if data_dir is None:
+            data_dir = Path(tmp.enter_context(tempfile.TemporaryDirectory(prefix="p2pfaas-eval-")))
+        async with contextlib.AsyncExitStack() as stack:
+            if nats_url is None:
+                server = await stack.enter_async_context(NatsServer(data_dir=data_dir / "nats", port=None))
+                nats_url = server.url
+            run = await stack.enter_async_context(LearningRun(exp, nats_url, prefix, data_dir))
+            *baselines, learning = exp.algorithms()
+            for run_no, algorithm in enumerate(baselines):
+                name = await run.configure(algorithm)
+                outcomes.append(outcome_of(exp, name, arrivals, await run.drive(arrivals, f"r{run_no}", name, progress)))
+            await run.set_learner_parameters(exp.learner_parameters)
+            exploring = (learning[0], [*learning[1][:2], "true"])
+            await run.configure(exploring)
+            await run.drive(warmup, "warm", "warm-up: LearningScheduler exploring", progress)
+            name = await run.configure(learning)
+            outcomes.append(outcome_of(exp, name, arrivals, await run.drive(arrivals, "learn", name, progress)))
+            learner = {}
+            for node_id in run.ids:
+                stats = await RemotePolicy(run.nc, node_id, prefix=prefix, timeout_s=5).stats()
+                learner[node_id] = {"experiences": stats.experiences, "states": stats.agent.get("states"),
+                                    "average_reward": stats.agent.get("average_reward")}
+    return LearningReport(exp, outcomes, len(warmup), learner)
+
+
+HEADERS = ("algorithm", "deadline met %", "met by type %", "rejected %", "p95 latency", "forwarded %", "requests")
+
+
+def rows(report: LearningReport) -> list[tuple[str, ...]]:
+    best = report.best_power_of_n()
+    out = []
+    for o in report.outcomes:
+        mark = " (best PowerOfN)" if best is not None and o is best else ""
+        out.append((o.algorithm + mark, f"{100 * o.met_rate:.1f} ± {100 * o.ci95:.1f}",
+                    " / ".join(f"{100 * m:.0f}" for m in o.met_by_type), f"{100 * o.rejection_rate:.1f}",
+                    f"{1000 * o.latency_p95_s:.0f} ms", f"{100 * o.forwarded / o.requests:.1f}" if o.requests else "-",
+                    f"{o.requests}" + (f" ({o.errors} errors)" if o.errors else "")))
+    return out
+
+
+def caption(report: LearningReport) -> str:
+    e = report.experiment
+    nodes = ", ".join(f"{n.node_id} K={n.slots} speed {n.speed:g} {n.rate:g} req/s" for n in e.nodes)
+    types = ", ".join(f"type {i}: {100 * t.share:.0f} %, mean {1000 * t.mean_service_s:.0f} ms, deadline "
+                      f"{1000 * t.deadline_s:.0f} ms" for i, t in enumerate(e.task_types))
+    return (f"Nodes: {nodes}; queue {e.queue}. Task types: {types}; gamma service times (shape {e.service_shape:g}). "
+            f"{e.duration_s:g} s of Poisson arrivals per algorithm (seed {e.seed}); the LearningScheduler is measured "
+            f"{'still exploring (epsilon at its minimum)' if e.explore else 'greedy'} after a {e.warmup_s:g} s online "
+            f"warm-up ({report.warmup_requests} requests). "
+            f"Deadline met: ± 95 % interval.")
+
+
+def markdown(report: LearningReport) -> str:
+    lines = ["| " + " | ".join(HEADERS) + " |", "|" + "---|" * len(HEADERS)]
+    lines += ["| " + " | ".join(row) + " |" for row in rows(report)]
+    return "\n".join(lines) + "\n\n" + caption(report) + "\n"
