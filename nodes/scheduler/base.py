@@ -7,7 +7,7 @@ An algorithm only decides; the scheduler service carries the decision out
 from __future__ import annotations
 
 import abc
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import ClassVar, Protocol, Sequence
 
 

@@ -8,31 +8,25 @@ closed-loop rewards (docs/learning.md).
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import math
 import random
 import tempfile
-import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Callable
 
 import orjson
 
 from broker import headers as H
-from broker.client import Answer, FaasClient
-from broker.connection import close_quietly, connect
+from broker.client import Answer
 from broker.embedded import NatsServer
-from broker.messages import NodeConfiguration, SchedulerConfiguration
-from broker.subjects import Subjects
+from broker.messages import NodeConfiguration
 from nodes.learner.client import RemotePolicy
-from nodes.node import Node
 from nodes.settings import NodeSettings
-from p2pfaas.experiments.p2p import _until, percentile
+from p2pfaas.experiments.cluster import ExperimentCluster, Progress, Send
+from p2pfaas.experiments.p2p import percentile
 
 Algorithm = tuple[str, list[str]]
-Progress = Callable[[str, int, int], None]   # (phase, answered, total)
 
 
 @dataclass
@@ -152,86 +146,33 @@ def outcome_of(exp: LearningExperiment, name: str, arrivals: list[Arrival],
                    percentile(latencies, 0.95), [m / n if n else float("nan") for m, n in met_by_type])
 
 
-class LearningRun:
+class LearningRun(ExperimentCluster):
     """The nodes of one run, each with its learner: ``async with LearningRun(exp, nats_url, prefix, data_dir)``."""
 
     def __init__(self, exp: LearningExperiment, nats_url: str, prefix: str, data_dir: Path) -> None:
-        self.exp, self.nats_url, self.prefix, self.data_dir = exp, nats_url, prefix, data_dir
-        self.subjects = Subjects(prefix)
-        self.ids = [n.node_id for n in exp.nodes]
-        self.nodes: list[Node] = []
-        self._stack = contextlib.AsyncExitStack()
+        self.exp = exp
+        deadlines = {i: t.deadline_s for i, t in enumerate(exp.task_types)}
+        settings = [NodeSettings(
+            node_id=spec.node_id, nats_url=nats_url, prefix=prefix, data_dir=data_dir,
+            runtime="inprocess", speed=spec.speed, heartbeat_period_s=0.2, suspect_after=5, remove_after=20,
+            task_type_deadlines=deadlines,
+            initial=NodeConfiguration(parallel_running_functions_max=spec.slots, queue_length_max=exp.queue,
+                                      queue_enabled=exp.queue > 0)) for spec in exp.nodes]
+        super().__init__(settings, nats_url, prefix, "evallearn")
 
-    async def __aenter__(self) -> "LearningRun":
-        deadlines = {i: t.deadline_s for i, t in enumerate(self.exp.task_types)}
-        try:
-            for spec in self.exp.nodes:
-                settings = NodeSettings(
-                    node_id=spec.node_id, nats_url=self.nats_url, prefix=self.prefix, data_dir=self.data_dir,
-                    runtime="inprocess", speed=spec.speed, heartbeat_period_s=0.2, suspect_after=5, remove_after=20,
-                    task_type_deadlines=deadlines,
-                    initial=NodeConfiguration(parallel_running_functions_max=spec.slots,
-                                              queue_length_max=self.exp.queue, queue_enabled=self.exp.queue > 0))
-                self.nodes.append(await self._stack.enter_async_context(Node(settings)))
-            for node in self.nodes:
-                assert node.pool is not None
-                await node.pool.wait_ready(60)
-            await _until(lambda: all(len(n.discovery.peers()) == len(self.ids) - 1 for n in self.nodes), 30,
-                         "the nodes did not discover each other")
-            self.nc = await connect(self.nats_url, "eval-learning")
-            self._stack.push_async_callback(close_quietly, self.nc)
-            self.faas = await self._stack.enter_async_context(FaasClient(self.nc, client="evallearn", prefix=self.prefix))
-        except BaseException:
-            await self._stack.aclose()
-            raise
-        return self
-
-    async def __aexit__(self, *exc: object) -> None:
-        await self._stack.aclose()
-
-    async def configure(self, algorithm: Algorithm) -> str:
-        name, params = algorithm
-        for node_id in self.ids:
-            body = orjson.dumps(SchedulerConfiguration(name=name, parameters=params).model_dump())
-            reply = await self.nc.request(self.subjects.scheduler_config(node_id, "set"), body, timeout=5)
-            if reply.headers and reply.headers.get("X-P2pfaas-Status", "200") != "200":
-                raise ValueError(f"{name}{params}: {reply.data.decode()}")
-        return self.nodes[0].scheduler.algorithm.describe()
+    async def configure_all(self, algorithm: Algorithm) -> str:
+        return await self.configure({node_id: algorithm for node_id in self.ids})
 
     async def set_learner_parameters(self, values: dict) -> None:
         for node_id in self.ids:
             await RemotePolicy(self.nc, node_id, prefix=self.prefix, timeout_s=5).set_parameters(values)
 
-    async def drive(self, arrivals: list[Arrival], tag: str, label: str,
-                    progress: Progress | None) -> list[tuple[Answer | None, float]]:
-        """Send every arrival at its time; (answer or None, client latency) per arrival."""
-        await _until(lambda: all(n.scheduler.load.n_running + n.scheduler.load.n_queued == 0 for n in self.nodes),
-                     120, "nodes did not become idle")
-        answered = 0
-
-        async def one(i: int, a: Arrival) -> tuple[Answer | None, float]:
-            nonlocal answered
-            started = time.perf_counter()
-            try:
-                answer = await self.faas.invoke(self.ids[a.node], "sleep", f"{a.service_s:.6f}".encode(),
-                                                req=f"{tag}x{i}", headers={H.TASK_TYPE: str(a.task_type)},
-                                                timeout_s=60)
-            except Exception:  # no answer in time, or not accepted by the broker: an error
-                answer = None
-            answered += 1
-            if progress:
-                progress(label, answered, len(arrivals))
-            return answer, time.perf_counter() - started
-
-        loop = asyncio.get_running_loop()
-        t0 = loop.time()
-        tasks = []
-        for i, a in enumerate(arrivals):
-            delay = t0 + a.at - loop.time()
-            if delay > 0:
-                await asyncio.sleep(delay)
-            tasks.append(asyncio.create_task(one(i, a)))
-        return list(await asyncio.gather(*tasks))
+    async def drive_arrivals(self, arrivals: list[Arrival], tag: str, label: str,
+                             progress: Progress | None) -> list[tuple[Answer | None, float]]:
+        """Send every arrival at its time, with its task type; (answer or None, client latency) each."""
+        sends = [Send(a.at, self.ids[a.node], f"{a.service_s:.6f}".encode(), {H.TASK_TYPE: str(a.task_type)})
+                 for a in arrivals]
+        return await self.drive(sends, tag, label, progress)
 
 
 @dataclass
@@ -269,14 +210,14 @@ async def run_experiment(exp: LearningExperiment, *, nats_url: str | None = None
             run = await stack.enter_async_context(LearningRun(exp, nats_url, prefix, data_dir))
             *baselines, learning = exp.algorithms()
             for run_no, algorithm in enumerate(baselines):
-                name = await run.configure(algorithm)
-                outcomes.append(outcome_of(exp, name, arrivals, await run.drive(arrivals, f"r{run_no}", name, progress)))
+                name = await run.configure_all(algorithm)
+                outcomes.append(outcome_of(exp, name, arrivals, await run.drive_arrivals(arrivals, f"r{run_no}", name, progress)))
             await run.set_learner_parameters(exp.learner_parameters)
             exploring = (learning[0], [*learning[1][:2], "true"])
-            await run.configure(exploring)
-            await run.drive(warmup, "warm", "warm-up: LearningScheduler exploring", progress)
-            name = await run.configure(learning)
-            outcomes.append(outcome_of(exp, name, arrivals, await run.drive(arrivals, "learn", name, progress)))
+            await run.configure_all(exploring)
+            await run.drive_arrivals(warmup, "warm", "warm-up: LearningScheduler exploring", progress)
+            name = await run.configure_all(learning)
+            outcomes.append(outcome_of(exp, name, arrivals, await run.drive_arrivals(arrivals, "learn", name, progress)))
             learner = {}
             for node_id in run.ids:
                 stats = await RemotePolicy(run.nc, node_id, prefix=prefix, timeout_s=5).stats()

@@ -8,27 +8,21 @@ alone, NoScheduler's expected value) and Erlang-B(nK, sum A_i) (the pooled bound
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import math
 import random
 import statistics
 import tempfile
-import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Callable
 
 import orjson
 
-from broker.client import FaasClient
-from broker.connection import close_quietly, connect
 from broker.embedded import NatsServer
-from broker.messages import NodeConfiguration, SchedulerConfiguration
-from broker.subjects import Subjects
-from nodes.node import Node
+from broker.messages import NodeConfiguration
 from nodes.scheduler.queueing import erlang_b
 from nodes.settings import NodeSettings
+from p2pfaas.experiments.cluster import ExperimentCluster, Progress, Send
 
 Algorithm = tuple[str, list[str]]
 ROUND_ROBIN = "RoundRobinWithMasterScheduler"
@@ -135,92 +129,37 @@ def percentile(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, max(0, math.ceil(q * len(ordered)) - 1))]
 
 
-Progress = Callable[[str, int, int], None]   # (algorithm, answered, total)
 
 
-class P2PRun:
-    """Owns the nodes of one experiment run: ``async with P2PRun(exp, nats_url, prefix, data_dir)``."""
+class P2PRun(ExperimentCluster):
+    """The nodes of one experiment run: ``async with P2PRun(exp, nats_url, prefix, data_dir)``."""
 
     def __init__(self, exp: P2PExperiment, nats_url: str, prefix: str, data_dir: Path) -> None:
-        self.exp, self.nats_url, self.prefix, self.data_dir = exp, nats_url, prefix, data_dir
-        self.subjects = Subjects(prefix)
-        self.ids = [f"n{i + 1}" for i in range(exp.nodes)]
-        self.nodes: list[Node] = []
-        self._stack = contextlib.AsyncExitStack()
-
-    async def __aenter__(self) -> "P2PRun":
-        try:
-            for node_id in self.ids:
-                settings = NodeSettings(
-                    node_id=node_id, nats_url=self.nats_url, prefix=self.prefix, data_dir=self.data_dir,
-                    runtime="inprocess", heartbeat_period_s=0.2, suspect_after=5, remove_after=20, learner=False,
-                    initial=NodeConfiguration(parallel_running_functions_max=self.exp.slots,
-                                              queue_length_max=0, queue_enabled=False))
-                self.nodes.append(await self._stack.enter_async_context(Node(settings)))
-            for node in self.nodes:
-                assert node.pool is not None
-                await node.pool.wait_ready(60)
-            await _until(lambda: all(len(n.discovery.peers()) == len(self.ids) - 1 for n in self.nodes), 30,
-                         "the nodes did not discover each other")
-            self.nc = await connect(self.nats_url, "eval-p2p")
-            self._stack.push_async_callback(close_quietly, self.nc)
-            self.faas = await self._stack.enter_async_context(FaasClient(self.nc, client="evalp2p", prefix=self.prefix))
-        except BaseException:
-            await self._stack.aclose()
-            raise
-        return self
-
-    async def __aexit__(self, *exc: object) -> None:
-        await self._stack.aclose()
-
-    async def configure(self, algorithm: Algorithm) -> str:
-        """Set the algorithm on every node over the configuration subject; returns its printed name."""
-        name, params = algorithm
-        for node_id in self.ids:
-            if name == ROUND_ROBIN and not params:  # the last node is the master
-                master = self.ids[-1]
-                node_params = ["true", "", "true"] if node_id == master else ["false", master, "true"]
-            else:
-                node_params = params
-            body = orjson.dumps(SchedulerConfiguration(name=name, parameters=node_params).model_dump())
-            reply = await self.nc.request(self.subjects.scheduler_config(node_id, "set"), body, timeout=5)
-            if reply.headers and reply.headers.get("X-P2pfaas-Status", "200") != "200":
-                raise ValueError(f"{name}{node_params}: {reply.data.decode()}")
-        return self.nodes[0].scheduler.algorithm.describe()
+        self.exp = exp
+        settings = [NodeSettings(
+            node_id=f"n{i + 1}", nats_url=nats_url, prefix=prefix, data_dir=data_dir,
+            runtime="inprocess", heartbeat_period_s=0.2, suspect_after=5, remove_after=20, learner=False,
+            initial=NodeConfiguration(parallel_running_functions_max=exp.slots, queue_length_max=0,
+                                      queue_enabled=False)) for i in range(exp.nodes)]
+        super().__init__(settings, nats_url, prefix, "evalp2p")
 
     async def run(self, algorithm: Algorithm, arrivals: list[Arrival], run_no: int,
                   progress: Progress | None = None) -> Outcome:
-        printed = await self.configure(algorithm)
-        await _until(lambda: all(n.scheduler.load.n_running + n.scheduler.load.n_queued == 0 for n in self.nodes),
-                     120, "nodes did not become idle")
+        name, params = algorithm
+        per_node = {}
+        for node_id in self.ids:
+            if name == ROUND_ROBIN and not params:  # the last node is the master
+                master = self.ids[-1]
+                per_node[node_id] = (name, ["true", "", "true"] if node_id == master else ["false", master, "true"])
+            else:
+                per_node[node_id] = (name, params)
+        printed = await self.configure(per_node)
         targets = list(range(self.exp.nodes))
-        if algorithm[0] == ROUND_ROBIN:  # the master only dispatches: its clients submit through a slave
+        if name == ROUND_ROBIN:  # the master only dispatches: its clients submit through a slave
             targets[-1] = self.exp.nodes - 2 if self.exp.nodes > 1 else 0
-        answered = 0
-        timeout_s = 60.0 + 20 * self.exp.mean_service_s
-
-        async def one(i: int, a: Arrival):
-            nonlocal answered
-            started = time.perf_counter()
-            try:
-                answer = await self.faas.invoke(self.ids[targets[a.node]], "sleep", f"{a.service_s:.6f}".encode(),
-                                                req=f"r{run_no}x{i}", timeout_s=timeout_s)
-            except Exception:  # no answer in time, or not accepted by the broker: counted as an error
-                answer = None
-            answered += 1
-            if progress:
-                progress(printed, answered, len(arrivals))
-            return answer, time.perf_counter() - started
-
-        loop = asyncio.get_running_loop()
-        t0 = loop.time()
-        tasks = []
-        for i, a in enumerate(arrivals):
-            delay = t0 + a.at - loop.time()
-            if delay > 0:
-                await asyncio.sleep(delay)
-            tasks.append(asyncio.create_task(one(i, a)))
-        results = await asyncio.gather(*tasks)
+        sends = [Send(a.at, self.ids[targets[a.node]], f"{a.service_s:.6f}".encode()) for a in arrivals]
+        results = await self.drive(sends, f"r{run_no}", printed, progress,
+                                   timeout_s=60.0 + 20 * self.exp.mean_service_s)
         served = [(ans, dt) for ans, dt in results if ans is not None and ans.result is not None and ans.status == 200]
         rejected = sum(1 for ans, _ in results if ans is not None and ans.rejection is not None)
         latencies = [dt for _, dt in served]
@@ -304,11 +243,3 @@ def parse_algorithm(text: str) -> Algorithm:
     """``Name`` or ``Name:p1,p2,...`` (as in ``/configuration/scheduler``)."""
     name, _, params = text.partition(":")
     return name.strip(), [p.strip() for p in params.split(",")] if params else []
-
-
-async def _until(predicate: Callable[[], bool], timeout_s: float, what: str) -> None:
-    deadline = asyncio.get_running_loop().time() + timeout_s
-    while not predicate():
-        if asyncio.get_running_loop().time() > deadline:
-            raise TimeoutError(f"{what} within {timeout_s:g} s")
-        await asyncio.sleep(0.05)
