@@ -82,6 +82,7 @@ class Worker:
         self.stopping = asyncio.Event()
         self.recycle = False
         self.nc: Client | None = None
+        self.js = None  # one JetStream context per worker, made when it connects
         # one thread per worker (a worker runs one task at a time): in-process
         # workers do not queue behind the loop's small default executor
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix=name)
@@ -94,7 +95,7 @@ class Worker:
 
     async def _run(self, ready: "asyncio.Future[None] | None") -> int:
         self.nc = await connect(self.settings.nats_servers, f"{self.settings.node_id}-{self.name}")  # type: ignore[arg-type]
-        js = self.nc.jetstream()
+        self.js = js = self.nc.jetstream()
         sub = await js.pull_subscribe_bind(
             durable=pool_durable(self.pool), stream=tasks_stream(self.subjects, self.settings.node_id)
         )
@@ -114,7 +115,7 @@ class Worker:
 
     async def handle(self, msg: Msg) -> None:
         assert self.nc is not None
-        js = self.nc.jetstream()
+        js = self.js
         h = msg.headers or {}
         fn = msg.subject.rsplit(".", 1)[-1]
         client, req = h.get(H.CLIENT, ""), h.get(H.REQUEST_ID, "")
@@ -158,7 +159,7 @@ class Worker:
         if spec is None:
             status, fields = 404, {"error": f"unknown function {fn!r} on worker"}
         else:
-            keepalive = asyncio.create_task(self._keep_alive(msg))
+            keepalive = KeepAlive(msg, self.settings.ack_wait_s / 3)
             try:
                 output = await asyncio.wait_for(self._call(spec.body, msg.data), timeout)
                 if not isinstance(output, (bytes, bytearray)):
@@ -175,7 +176,7 @@ class Worker:
             except Exception as exc:  # the function's own failure: report it, keep serving
                 status, fields = 500, {"error": f"{fn} raised {type(exc).__name__}: {exc}"}
             finally:
-                keepalive.cancel()
+                keepalive.stop()
         finished = time.time()
         timings = Timings(
             scheduling_s=scheduling_s,
@@ -219,14 +220,32 @@ class Worker:
         except NotFoundError:
             return False
 
-    async def _keep_alive(self, msg: Msg) -> None:
-        """Tell JetStream a long task is still running, so it is not redelivered meanwhile."""
-        while True:
-            await asyncio.sleep(self.settings.ack_wait_s / 3)
-            try:
-                await msg.in_progress()
-            except Exception as exc:  # connection blip: the next beat retries
-                log.debug("in_progress failed: %s", exc)
+
+
+class KeepAlive:
+    """Tells JetStream a long task is still running, so it is not redelivered meanwhile.
+    A timer, not a task per task: most functions finish before the first beat."""
+
+    def __init__(self, msg: Msg, period_s: float) -> None:
+        self.msg, self.period_s = msg, period_s
+        self._loop = asyncio.get_running_loop()
+        self._beat: asyncio.Task | None = None
+        self._timer = self._loop.call_later(period_s, self._fire)
+
+    def _fire(self) -> None:
+        self._beat = self._loop.create_task(self._send())
+        self._timer = self._loop.call_later(self.period_s, self._fire)
+
+    async def _send(self) -> None:
+        try:
+            await self.msg.in_progress()
+        except Exception as exc:  # connection blip: the next beat retries
+            log.debug("in_progress failed: %s", exc)
+
+    def stop(self) -> None:
+        self._timer.cancel()
+        if self._beat is not None:
+            self._beat.cancel()
 
 
 def _float_or_none(value: str | None) -> float | None:

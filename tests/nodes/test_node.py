@@ -187,3 +187,12 @@ async def test_load_probe_reports_running_and_queued(node_factory, nc, faas, pre
         assert (load["running"], load["queued"], load["parallel_running_functions_max"]) == (1, 2, 1)
         await asyncio.gather(*calls)
         await wait_until(lambda: node.scheduler.load.n_running == 0 and node.scheduler.load.n_queued == 0)
+
+
+async def test_long_task_outlives_ack_wait_without_redelivery(node_factory, nc, faas, prefix):
+    s = Subjects(prefix)
+    async with Collector(nc, s.task_event("n1", "started")) as started, \
+            node_factory(k=2, ack_wait_s=0.5, runtime="inprocess"):
+        answer = await faas.invoke("n1", "sleep", b"1.6", timeout_s=20)  # > 3 ack_wait periods
+    assert answer.status == 200
+    assert len(started.messages) == 1  # the keep-alive held the task: it never ran twice
