@@ -13,8 +13,10 @@ from broker.errors import BrokerUnavailable
 log = logging.getLogger(__name__)
 
 
-async def connect(url: str, name: str, *, connect_timeout_s: float = 5.0) -> Client:
-    """Connect (reconnecting forever afterwards); BrokerUnavailable if the first attempt fails."""
+async def connect(url: str | list[str], name: str, *, connect_timeout_s: float = 5.0) -> Client:
+    """Connect (reconnecting forever afterwards); BrokerUnavailable if the first attempt fails.
+
+    ``url`` may be a list: more servers of the same cluster, tried in turn."""
 
     async def on_error(exc: Exception) -> None:
         log.warning("nats %s: %s", name, exc)

@@ -59,7 +59,7 @@ class Node:
         self.started_at = time.time()
 
     async def start(self) -> "Node":
-        self.nc = await connect(self.settings.nats_servers, f"node-{self.settings.node_id}")  # type: ignore[arg-type]
+        self.nc = await connect(self.settings.nats_servers, f"node-{self.settings.node_id}")
         js = self.nc.jetstream()
         await _when_jetstream_ready(lambda: ensure_node_streams(js, self.subjects, self.settings.node_id))
         if self.settings.learner:  # before the scheduler, so a LearningScheduler can use it

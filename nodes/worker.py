@@ -94,7 +94,7 @@ class Worker:
             self._executor.shutdown(wait=False)
 
     async def _run(self, ready: "asyncio.Future[None] | None") -> int:
-        self.nc = await connect(self.settings.nats_servers, f"{self.settings.node_id}-{self.name}")  # type: ignore[arg-type]
+        self.nc = await connect(self.settings.nats_servers, f"{self.settings.node_id}-{self.name}")
         self.js = js = self.nc.jetstream()
         sub = await js.pull_subscribe_bind(
             durable=pool_durable(self.pool), stream=tasks_stream(self.subjects, self.settings.node_id)

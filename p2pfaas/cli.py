@@ -123,20 +123,30 @@ def up(
 
 @app.command()
 def node(
-    node_id: str = typer.Option("n1", "--id", help="Node id."),
-    nats_url: str = typer.Option("nats://127.0.0.1:4222", help="NATS to attach to."),
-    data_dir: Path = typer.Option(Path("data"), help="Configuration directory."),
+    node_id: Optional[str] = typer.Option(None, "--id", help="Node id (env P2PFAAS_NODE_ID; default n1)."),
+    nats_url: Optional[str] = typer.Option(None, help="NATS to attach to (env P2PFAAS_NATS_URL; default nats://127.0.0.1:4222)."),
+    seed: list[str] = typer.Option([], "--seed", help="More NATS URLs of the same cluster (repeatable) (env P2PFAAS_SEEDS)."),
+    data_dir: Optional[Path] = typer.Option(None, help="Configuration directory (env P2PFAAS_DATA_DIR; default ./data)."),
+    prefix: Optional[str] = typer.Option(None, help="Subject prefix (env P2PFAAS_PREFIX; default faas)."),
+    heartbeat_period: Optional[float] = typer.Option(None, help="Discovery heartbeat period, s (env P2PFAAS_HEARTBEAT_PERIOD_S; default 1)."),
+    address: Optional[str] = typer.Option(None, help="Address advertised to peers (e.g. its HTTP bridge URL)."),
     runtime: Runtime = typer.Option(Runtime.process),
     function: list[str] = typer.Option([], "--function", "-f", help="name=package.module:callable (repeatable)."),
     verbose: bool = typer.Option(False, "--verbose", "-v"),
 ) -> None:
-    """Run one node (scheduler + worker pool) against an existing NATS."""
+    """Run one node (scheduler, discovery, learner, worker pool) against an existing NATS."""
     from nodes.node import Node
     from nodes.settings import NodeSettings
 
     _logging(verbose)
-    settings = NodeSettings(node_id=node_id, nats_url=nats_url, data_dir=data_dir, runtime=runtime.value,
-                            functions=_functions(function))
+    try:
+        settings = NodeSettings.from_env(
+            node_id=node_id, nats_url=nats_url, seeds=seed or None, data_dir=data_dir, prefix=prefix,
+            heartbeat_period_s=heartbeat_period, address=address, runtime=runtime.value,
+            functions=_functions(function) or None)
+    except ValueError as exc:
+        raise typer.BadParameter(str(exc)) from None
+    node_id, nats_url = settings.node_id, settings.nats_url
 
     async def main() -> None:
         async with Node(settings):
