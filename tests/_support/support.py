@@ -57,3 +57,34 @@ async def serving(bridge, timeout_s: float = 30.0):
         bridge.shutdown()
         await task
         await bridge.stop()
+
+
+# discovery fast enough for tests, and nobody is suspected in the middle of one
+FAST = dict(heartbeat_period_s=0.1, suspect_after=50, remove_after=100, runtime="inprocess")
+
+
+@contextlib.asynccontextmanager
+async def cluster(node_factory, *specs, **common):
+    """Nodes ``(id, scheduler)`` or ``(id, scheduler, overrides)``, once every node sees all the others."""
+    async with contextlib.AsyncExitStack() as stack:
+        nodes = []
+        for nid, sched, *rest in specs:
+            overrides = {**FAST, **common, **(rest[0] if rest else {})}
+            nodes.append(await stack.enter_async_context(node_factory(node_id=nid, scheduler=sched, **overrides)))
+        ids = {n.settings.node_id for n in nodes}
+        await wait_until(lambda: all(set(n.discovery.peers()) == ids - {n.settings.node_id} for n in nodes), 10)
+        yield nodes
+
+
+@contextlib.asynccontextmanager
+async def http_for(nc, node: str, prefix: str):
+    """An httpx client on a node's HTTP bridge app, in process (no port)."""
+    from broker.http_bridge import HttpBridge
+
+    bridge = await HttpBridge(nc, node, prefix=prefix, invoke_timeout_s=20).start()
+    try:
+        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=bridge.app), base_url="http://bridge",
+                                     timeout=30) as client:
+            yield client
+    finally:
+        await bridge.stop()

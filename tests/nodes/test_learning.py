@@ -5,47 +5,19 @@ short online run where the learned policy beats a random one."""
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import random
 import time
 
-import httpx
 import orjson
 
 from broker import headers as H
 from broker.client import FaasClient
 from broker.codec import decode, encode
-from broker.http_bridge import HttpBridge
 from broker.messages import LearnerAction, LearningDecision, Rejection, Result, SchedulingExperience, Timings
 from broker.subjects import Subjects
 from nodes.learner.client import RemotePolicy
 from nodes.scheduler.rewards import RewardTracker
-from support import Collector, wait_until
-
-FAST = dict(heartbeat_period_s=0.1, suspect_after=50, remove_after=100, runtime="inprocess")
-
-
-@contextlib.asynccontextmanager
-async def cluster(node_factory, *specs, **common):
-    """Nodes ``(id, scheduler, overrides)``, once every node sees all the others."""
-    async with contextlib.AsyncExitStack() as stack:
-        nodes = [await stack.enter_async_context(node_factory(node_id=nid, scheduler=sched, **{**FAST, **common, **kw}))
-                 for nid, sched, kw in specs]
-        ids = {n.settings.node_id for n in nodes}
-        await wait_until(lambda: all(set(n.discovery.peers()) == ids - {n.settings.node_id} for n in nodes), 10)
-        yield nodes
-
-
-@contextlib.asynccontextmanager
-async def http_for(nc, node: str, prefix: str):
-    bridge = await HttpBridge(nc, node, prefix=prefix, invoke_timeout_s=20).start()
-    try:
-        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=bridge.app), base_url="http://bridge",
-                                     timeout=30) as client:
-            yield client
-    finally:
-        await bridge.stop()
-
+from support import Collector, cluster, http_for, wait_until
 
 def script(node, actions) -> None:
     """The node's learner answers from ``actions`` (a list, or a callable returning the next action)."""

@@ -4,47 +4,19 @@ maxHops, failed probes, a peer that dies holding forwarded work, round robin."""
 from __future__ import annotations
 
 import asyncio
-import contextlib
 
-import httpx
 import orjson
 import pytest
 
 from broker import headers as H
 from broker.codec import decode
-from broker.http_bridge import HttpBridge
 from broker.messages import PeerList
 from broker.streams import requests_stream
 from broker.subjects import Subjects
-from support import wait_until
+from support import cluster, FAST, http_for, wait_until
 
 # heartbeats every 0.1 s; a silent peer stays "alive" for 5 s, long enough to
 # send it work after it stopped (the cases below are about exactly that)
-FAST = dict(heartbeat_period_s=0.1, suspect_after=50, remove_after=100, runtime="inprocess")
-
-
-@contextlib.asynccontextmanager
-async def cluster(node_factory, *specs: tuple[str, tuple[str, list[str]]], **common):
-    """Start nodes ``(id, scheduler)`` and wait until every node sees all the others."""
-    async with contextlib.AsyncExitStack() as stack:
-        nodes = [await stack.enter_async_context(node_factory(node_id=nid, scheduler=sched, **{**FAST, **common}))
-                 for nid, sched in specs]
-        ids = {n.settings.node_id for n in nodes}
-        await wait_until(lambda: all(set(n.discovery.peers()) == ids - {n.settings.node_id} for n in nodes), 10)
-        yield nodes
-
-
-@contextlib.asynccontextmanager
-async def http_for(nc, node: str, prefix: str):
-    bridge = await HttpBridge(nc, node, prefix=prefix, invoke_timeout_s=20).start()
-    try:
-        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=bridge.app), base_url="http://bridge",
-                                     timeout=30) as client:
-            yield client
-    finally:
-        await bridge.stop()
-
-
 async def test_forwarded_result_reaches_caller_with_path_and_hop_timings(node_factory, faas, nc, prefix):
     async with cluster(node_factory, ("n1", ("ForwardScheduler", ["1"])), ("n2", ("NoScheduler", ["true"]))):
         answer = await faas.invoke("n1", "sleep", b"0.05", timeout_s=20)
