@@ -3,7 +3,6 @@ per test session, on free ports; every test gets its own subject prefix."""
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import shutil
 import uuid

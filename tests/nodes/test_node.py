@@ -5,15 +5,13 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
-import sys
 import textwrap
 
 import orjson
 import pytest
 
 from broker import headers as H
-from broker.client import FaasClient
-from broker.codec import decode, encode
+from broker.codec import decode
 from broker.messages import NodeConfiguration, Rejection, Result
 from broker.subjects import Subjects
 from support import Collector, wait_until
