@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Literal
 
 import orjson
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, PositiveFloat, ValidationError, model_validator
 
 from broker.connection import close_quietly, connect
 from broker.embedded import Mosquitto, NatsServer, choose_port
@@ -69,6 +69,9 @@ class StackConfig(BaseModel):
     nodes: list[NodeSpec] = Field(default_factory=list)
     scheduler: SchedulerConfiguration | None = None
     discovery: DiscoveryOptions = DiscoveryOptions()
+    # LearningScheduler rewards: deadline (s) per task type, and for unlisted types (docs/learning.md)
+    task_type_deadlines: dict[int, PositiveFloat] = Field(default_factory=dict)
+    task_deadline_s: PositiveFloat | None = None
 
     @model_validator(mode="after")
     def _unique_ids(self) -> "StackConfig":
@@ -127,6 +130,10 @@ class StackSettings:
                 queue_enabled=spec.queue_enabled if spec.queue_enabled is not None else base.queue_enabled,
             )
             extra: dict[str, object] = dict(discovery)
+            if self.config.task_type_deadlines:
+                extra["task_type_deadlines"] = self.config.task_type_deadlines
+            if self.config.task_deadline_s is not None:
+                extra["task_deadline_s"] = self.config.task_deadline_s
             scheduler = spec.scheduler or self.config.scheduler
             if scheduler is not None:
                 extra["initial_scheduler"] = scheduler

@@ -47,3 +47,13 @@ def test_config_file_errors_name_the_problem(tmp_path):
         StackConfig.load(bad)
     with pytest.raises(ValueError, match="cannot read"):
         StackConfig.load(tmp_path / "missing.json")
+
+
+def test_config_file_sets_task_type_deadlines_on_every_node(tmp_path):
+    config_file = tmp_path / "stack.json"
+    config_file.write_bytes(orjson.dumps({"task_type_deadlines": {"0": 0.2, "1": 1.5}, "task_deadline_s": 3,
+                                          "nodes": [{"id": "a"}, {"id": "b"}]}))
+    settings = StackSettings(config=StackConfig.load(config_file), controller_policy=None)
+    nodes = settings.node_settings("nats://127.0.0.1:1", ["", ""])
+    assert [n.task_type_deadlines for n in nodes] == [{0: 0.2, 1: 1.5}] * 2
+    assert all(n.task_deadline_s == 3 for n in nodes) and all(not n.pools for n in nodes)
