@@ -457,7 +457,7 @@ def farm_run(
     scenario: str = typer.Option("bursty", help="Shipped scenario name or a scenario file."),
     node_id: str = typer.Option("n1", "--node", help="Node to send the tasks to."),
     seed: int = typer.Option(0, help="Seed of the arrivals and service times."),
-    speed: float = typer.Option(1.0, min=0.1, max=100.0, help="Time compression: >1 runs faster (rates x speed, service / speed)."),
+    speed: float = typer.Option(1.0, min=0.1, max=100.0, help="Time compression: >1 runs faster (rates x speed, service and deadlines / speed). The pool's control period and cold starts are not compressed, so QoS is comparable with the simulator only at 1."),
     fn: str = typer.Option("sleep", help="Function that plays a task (its payload is the service time)."),
     nats_url: Optional[str] = typer.Option(None, help="NATS URL (default: from a running `p2pfaas up`)."),
     data_dir: Path = typer.Option(Path("data"), help="Where `p2pfaas up` wrote endpoints.json."),

@@ -148,10 +148,10 @@ class StackSettings:
         return out
 
     def farm_pool_spec(self) -> PoolSpec:
-        """The farm pool spans the scenario's worker bounds and starts at its minimum."""
+        """The farm pool spans the scenario's worker bounds and starts where its episodes start."""
         scenario = load_scenario(self.farm_scenario)
         bounds = scenario.workers
-        return PoolSpec(functions=[FARM_FUNCTION], initial=bounds.min, min=bounds.min, max=bounds.max,
+        return PoolSpec(functions=[FARM_FUNCTION], initial=bounds.initial, min=bounds.min, max=bounds.max,
                         period_s=scenario.step_seconds)
 
     @property
