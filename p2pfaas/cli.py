@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import signal
 import sys
 import time
@@ -22,6 +23,7 @@ eval_app = typer.Typer(help="Experiments: run the real system on seeded workload
                        no_args_is_help=True, add_completion=False)
 app.add_typer(eval_app, name="eval")
 console = Console(stderr=True)
+STOP_TIMEOUT_S = 60.0
 
 
 class Via(str, Enum):
@@ -115,7 +117,14 @@ def up(
             await _until_signal(stop)
             console.print("stopping ...")
         finally:
-            await stack.stop()
+            stopping = asyncio.create_task(stack.stop())
+            # bounded: a part that does not stop must not keep the stack (and its children) alive
+            done, _ = await asyncio.wait({stopping}, timeout=STOP_TIMEOUT_S)
+            if not done:
+                console.print(f"[red]shutdown did not finish within {STOP_TIMEOUT_S:g} s; exiting "
+                              "(children are stopped with us: they die with their parent)[/]")
+                os._exit(1)
+            stopping.result()
         console.print("stopped")
 
     asyncio.run(main())
