@@ -259,6 +259,41 @@ def invoke(
         raise typer.Exit(1)
 
 
+def _with_progress_bars(run, width: int, total: int | None = None):
+    """Run an experiment coroutine ``run(advance)`` with one progress bar per phase."""
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    progress = Progress(TextColumn(f"{{task.description:<{width}}}"), BarColumn(), MofNCompleteColumn(),
+                        TimeElapsedColumn(), console=console)
+    bars: dict[str, int] = {}
+
+    def advance(name: str, done: int, phase_total: int) -> None:
+        if name not in bars:
+            bars[name] = progress.add_task(name, total=total or phase_total)
+        progress.update(bars[name], completed=done)
+
+    with progress:
+        return asyncio.run(run(advance))
+
+
+def _print_report(title: str, experiment, report, json_out: Optional[Path], width: int) -> None:
+    """The experiment's table (its HEADERS, rows() and caption()) and, if asked, its JSON."""
+    from rich.table import Table
+
+    table = Table(title=title, caption=experiment.caption(report))
+    for i, header in enumerate(experiment.HEADERS):
+        table.add_column(header, no_wrap=True, justify="left" if i == 0 else "right")
+    for row in experiment.rows(report):
+        table.add_row(*row)
+    out = Console()
+    if not out.is_terminal:  # piped into a file: do not squeeze the table into 80 columns
+        out = Console(width=width)
+    out.print(table)
+    if json_out:
+        json_out.write_bytes(report.to_json())
+        console.print(f"report written to {json_out}")
+
+
 @eval_app.command("p2p")
 def eval_p2p(
     nodes: int = typer.Option(4, "--nodes", min=2, max=16, help="n: number of nodes."),
@@ -275,9 +310,6 @@ def eval_p2p(
     verbose: bool = typer.Option(False, "--verbose", "-v"),
 ) -> None:
     """P2P scheduling vs the Erlang-B bounds: rejection rate and latency per algorithm, one hot node."""
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-    from rich.table import Table
-
     from p2pfaas.experiments import p2p
 
     _logging(verbose)
@@ -286,29 +318,9 @@ def eval_p2p(
     if algorithm:
         exp.algorithms = [p2p.parse_algorithm(a) for a in algorithm]
     total = len(p2p.poisson_arrivals(exp))
-    progress = Progress(TextColumn("{task.description:<40}"), BarColumn(), MofNCompleteColumn(),
-                        TimeElapsedColumn(), console=console)
-    bars: dict[str, int] = {}
-
-    def advance(name: str, done: int, _total: int) -> None:
-        if name not in bars:
-            bars[name] = progress.add_task(name, total=total)
-        progress.update(bars[name], completed=done)
-
-    with progress:
-        report = asyncio.run(p2p.run_experiment(exp, nats_url=nats_url, progress=advance))
-    table = Table(title="p2pfaas eval p2p", caption=p2p.caption(report))
-    for i, header in enumerate(p2p.HEADERS):
-        table.add_column(header, no_wrap=True, justify="left" if i == 0 else "right")
-    for row in p2p.rows(report):
-        table.add_row(*row)
-    out = Console()
-    if not out.is_terminal:  # piped into a file: do not squeeze the table into 80 columns
-        out = Console(width=140)
-    out.print(table)
-    if json_out:
-        json_out.write_bytes(report.to_json())
-        console.print(f"report written to {json_out}")
+    report = _with_progress_bars(lambda advance: p2p.run_experiment(exp, nats_url=nats_url, progress=advance),
+                                 width=40, total=total)
+    _print_report("p2pfaas eval p2p", p2p, report, json_out, width=140)
 
 
 @eval_app.command("learning")
@@ -323,38 +335,15 @@ def eval_learning(
     verbose: bool = typer.Option(False, "--verbose", "-v"),
 ) -> None:
     """LearningScheduler vs NoScheduler and PowerOfN: deadlines met on heterogeneous nodes (docs/learning.md)."""
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-    from rich.table import Table
-
     from p2pfaas.experiments import learning
 
     _logging(verbose)
     exp = learning.LearningExperiment(duration_s=duration, warmup_s=warmup, seed=seed, explore=not greedy)
     if power_of_n:
         exp.power_of_n = [[p.strip() for p in spec.split(",")] for spec in power_of_n]
-    progress = Progress(TextColumn("{task.description:<44}"), BarColumn(), MofNCompleteColumn(),
-                        TimeElapsedColumn(), console=console)
-    bars: dict[str, int] = {}
-
-    def advance(name: str, done: int, total: int) -> None:
-        if name not in bars:
-            bars[name] = progress.add_task(name, total=total)
-        progress.update(bars[name], completed=done)
-
-    with progress:
-        report = asyncio.run(learning.run_experiment(exp, nats_url=nats_url, progress=advance))
-    table = Table(title="p2pfaas eval learning", caption=learning.caption(report))
-    for i, header in enumerate(learning.HEADERS):
-        table.add_column(header, no_wrap=True, justify="left" if i == 0 else "right")
-    for row in learning.rows(report):
-        table.add_row(*row)
-    out = Console()
-    if not out.is_terminal:  # piped into a file: do not squeeze the table into 80 columns
-        out = Console(width=160)
-    out.print(table)
-    if json_out:
-        json_out.write_bytes(report.to_json())
-        console.print(f"report written to {json_out}")
+    report = _with_progress_bars(lambda advance: learning.run_experiment(exp, nats_url=nats_url, progress=advance),
+                                 width=44)
+    _print_report("p2pfaas eval learning", learning, report, json_out, width=160)
 
 
 @app.command()

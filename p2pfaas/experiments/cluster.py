@@ -5,14 +5,17 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import tempfile
 import time
 from dataclasses import dataclass, field
-from typing import Callable
+from pathlib import Path
+from typing import AsyncIterator, Callable
 
 import orjson
 
 from broker.client import Answer, FaasClient
 from broker.connection import close_quietly, connect
+from broker.embedded import NatsServer
 from broker.messages import SchedulerConfiguration
 from broker.subjects import Subjects
 from nodes.node import Node
@@ -29,6 +32,20 @@ class Send:
     node: str
     payload: bytes
     headers: dict[str, str] = field(default_factory=dict)
+
+
+@contextlib.asynccontextmanager
+async def experiment_broker(nats_url: str | None, data_dir: Path | None) -> AsyncIterator[tuple[str, Path]]:
+    """(NATS URL, data directory) of a run: a private nats-server and a temporary
+    directory unless they are given."""
+    with contextlib.ExitStack() as tmp:
+        if data_dir is None:
+            data_dir = Path(tmp.enter_context(tempfile.TemporaryDirectory(prefix="p2pfaas-eval-")))
+        if nats_url is not None:
+            yield nats_url, data_dir
+            return
+        async with NatsServer(data_dir=data_dir / "nats", port=None) as server:
+            yield server.url, data_dir
 
 
 async def until(predicate: Callable[[], bool], timeout_s: float, what: str) -> None:

@@ -8,10 +8,8 @@ closed-loop rewards (docs/learning.md).
 
 from __future__ import annotations
 
-import contextlib
 import math
 import random
-import tempfile
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -19,11 +17,10 @@ import orjson
 
 from broker import headers as H
 from broker.client import Answer
-from broker.embedded import NatsServer
 from broker.messages import NodeConfiguration
 from nodes.learner.client import RemotePolicy
 from nodes.settings import NodeSettings
-from p2pfaas.experiments.cluster import ExperimentCluster, Progress, Send
+from p2pfaas.experiments.cluster import ExperimentCluster, Progress, Send, experiment_broker
 from p2pfaas.experiments.p2p import percentile
 
 Algorithm = tuple[str, list[str]]
@@ -200,14 +197,8 @@ async def run_experiment(exp: LearningExperiment, *, nats_url: str | None = None
     arrivals = poisson_arrivals(exp, exp.duration_s, exp.seed)
     warmup = poisson_arrivals(exp, exp.warmup_s, exp.seed + 1000)
     outcomes: list[Outcome] = []
-    with contextlib.ExitStack() as tmp:
-        if data_dir is None:
-            data_dir = Path(tmp.enter_context(tempfile.TemporaryDirectory(prefix="p2pfaas-eval-")))
-        async with contextlib.AsyncExitStack() as stack:
-            if nats_url is None:
-                server = await stack.enter_async_context(NatsServer(data_dir=data_dir / "nats", port=None))
-                nats_url = server.url
-            run = await stack.enter_async_context(LearningRun(exp, nats_url, prefix, data_dir))
+    async with experiment_broker(nats_url, data_dir) as (url, directory):
+        async with LearningRun(exp, url, prefix, directory) as run:
             *baselines, learning = exp.algorithms()
             for run_no, algorithm in enumerate(baselines):
                 name = await run.configure_all(algorithm)

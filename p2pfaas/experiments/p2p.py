@@ -8,21 +8,18 @@ alone, NoScheduler's expected value) and Erlang-B(nK, sum A_i) (the pooled bound
 
 from __future__ import annotations
 
-import contextlib
 import math
 import random
 import statistics
-import tempfile
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import orjson
 
-from broker.embedded import NatsServer
 from broker.messages import NodeConfiguration
 from nodes.scheduler.queueing import erlang_b
 from nodes.settings import NodeSettings
-from p2pfaas.experiments.cluster import ExperimentCluster, Progress, Send
+from p2pfaas.experiments.cluster import ExperimentCluster, Progress, Send, experiment_broker
 
 Algorithm = tuple[str, list[str]]
 ROUND_ROBIN = "RoundRobinWithMasterScheduler"
@@ -192,14 +189,8 @@ async def run_experiment(exp: P2PExperiment, *, nats_url: str | None = None, pre
     """Run every algorithm of ``exp``; starts a private nats-server unless ``nats_url`` is given."""
     arrivals = poisson_arrivals(exp)
     outcomes: list[Outcome] = []
-    with contextlib.ExitStack() as tmp:
-        if data_dir is None:
-            data_dir = Path(tmp.enter_context(tempfile.TemporaryDirectory(prefix="p2pfaas-eval-")))
-        async with contextlib.AsyncExitStack() as stack:
-            if nats_url is None:
-                server = await stack.enter_async_context(NatsServer(data_dir=data_dir / "nats", port=None))
-                nats_url = server.url
-            run = await stack.enter_async_context(P2PRun(exp, nats_url, prefix, data_dir))
+    async with experiment_broker(nats_url, data_dir) as (url, directory):
+        async with P2PRun(exp, url, prefix, directory) as run:
             for run_no, algorithm in enumerate(exp.algorithms):
                 outcomes.append(await run.run(algorithm, arrivals, run_no, progress))
     return P2PReport(exp, References.of(exp.slots, exp.loads()),
