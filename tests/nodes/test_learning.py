@@ -49,8 +49,11 @@ async def test_rewards_and_headers_for_local_forwarded_and_rejected_requests(nod
         script(n1, [1, 1, 3, 0])
         cases = [("0.01", "0"), ("0.3", "1"), ("0.01", "0"), ("0.01", "0")]   # local, local (late), n2, reject
         async with Collector(nc, Subjects(prefix).reward("n1")) as rewards, http_for(nc, "n1", prefix) as http:
-            responses = [await http.post("/function/sleep", content=payload, headers={H.TASK_TYPE: task_type})
-                         for payload, task_type in cases]
+            responses = []
+            for payload, task_type in cases:
+                responses.append(await http.post("/function/sleep", content=payload, headers={H.TASK_TYPE: task_type}))
+                # the answer can overtake the worker's done event: decide the next one on an idle node
+                await wait_until(lambda: n1.scheduler.load.n_running + n1.scheduler.load.n_queued == 0, 10)
             await wait_until(lambda: len(rewards.messages) == 4, 10)
         stats = n1.scheduler.learning.rewards.stats
     assert [r.status_code for r in responses] == [200, 200, 200, 503]
