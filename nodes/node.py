@@ -17,6 +17,7 @@ from prometheus_client import generate_latest
 from broker.codec import decode, encode
 from broker.connection import close_quietly, connect
 from broker.control import ControlError, ControlServer
+from broker.lifecycle import end_strays
 from broker.errors import ContractError
 from broker.messages import NodeConfiguration, NodeGone, NodeLoad, ScaleCommand, SchedulerConfiguration
 from broker.streams import ensure_node_streams
@@ -69,6 +70,9 @@ class Node:
         self.started_at = time.time()
 
     async def start(self) -> "Node":
+        strays = end_strays(self.settings.run_dir)
+        if strays:
+            log.warning("node %s: ended %d worker process(es) left by a previous run", self.settings.node_id, len(strays))
         self.nc = await connect(self.settings.nats_servers, f"node-{self.settings.node_id}")
         js = self.nc.jetstream()
         await _when_jetstream_ready(lambda: ensure_node_streams(js, self.subjects, self.settings.node_id))

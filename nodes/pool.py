@@ -11,12 +11,12 @@ from __future__ import annotations
 import asyncio
 import itertools
 import logging
-import os
 import signal
 import sys
 from dataclasses import dataclass, field
 
 from broker.embedded import die_with_parent_preexec
+from broker.lifecycle import child_env, remove_pid_file, write_pid_file
 from functions.registry import default_registry
 from nodes.dispatch import Dispatcher
 from nodes.settings import NodeSettings
@@ -120,9 +120,8 @@ class WorkerPool:
         await self.dispatcher.add_worker(handle.name)
 
     async def _run_process(self, handle: WorkerHandle) -> None:
-        env = dict(os.environ,
-                   P2PFAAS_NODE_SETTINGS=self.settings.model_dump_json(),
-                   P2PFAAS_WORKER_NAME=handle.name, P2PFAAS_WORKER_POOL=self.name, P2PFAAS_WORKER_PARENT_PIPE="1")
+        env = child_env(P2PFAAS_NODE_SETTINGS=self.settings.model_dump_json(),
+                        P2PFAAS_WORKER_NAME=handle.name, P2PFAAS_WORKER_POOL=self.name)
         code: int | None = None
         try:
             handle.proc = await asyncio.create_subprocess_exec(
@@ -131,6 +130,7 @@ class WorkerPool:
                 stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
                 preexec_fn=die_with_parent_preexec, start_new_session=True,
             )
+            write_pid_file(self._pid_file(handle), handle.proc.pid)
             if handle.state == "stopping":
                 handle.signal(signal.SIGTERM)
             assert handle.proc.stdout is not None
@@ -139,7 +139,12 @@ class WorkerPool:
                 await self._became_ready(handle)
             code = await handle.proc.wait()
         finally:
+            remove_pid_file(self._pid_file(handle))
             await self._exited(handle, code)
+
+    def _pid_file(self, handle: WorkerHandle):
+        """Under the node's run directory: a later start of the node ends a worker it left behind."""
+        return self.settings.run_dir / "workers" / f"{handle.name}.pid"
 
     async def _run_inprocess(self, handle: WorkerHandle) -> None:
         handle.worker = Worker(self.settings, default_registry(self.settings.functions), handle.name, self.name)

@@ -96,6 +96,11 @@ class NodeSettings(BaseModel):
     def node_dir(self) -> Path:
         return self.data_dir / "nodes" / self.node_id
 
+    @property
+    def run_dir(self) -> Path:
+        """Pid files of the node's worker processes (strays of a previous run are ended at start)."""
+        return self.node_dir / "run"
+
     @classmethod
     def from_env(cls, **overrides: object) -> "NodeSettings":
         """Defaults < P2PFAAS_* environment < explicit overrides."""

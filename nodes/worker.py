@@ -20,7 +20,6 @@ import logging
 import os
 import signal
 import sys
-import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 
@@ -30,6 +29,7 @@ from nats.aio.msg import Msg
 from broker.codec import encode, frame, unframe
 from broker.connection import close_quietly, connect
 from broker.errors import ContractError
+from broker.lifecycle import hard_exit_after, on_parent_gone, parent_gone, parent_pipe_watched, run_loop
 from broker.messages import NodeGone, WorkerCall, WorkerOutcome
 from broker.subjects import Subjects
 from functions.registry import FunctionInputError, FunctionRegistry, FunctionSpec, default_registry
@@ -180,52 +180,15 @@ def _as_bytes(output: object) -> bytes:
     return str(output).encode()
 
 
-def run_loop(main):
-    """``asyncio.run`` on uvloop when it is installed (the faster loop), else the stdlib one."""
-    try:
-        import uvloop
-    except ImportError:
-        return asyncio.run(main)
-    return uvloop.run(main)
-
-
-def hard_exit_after(seconds: float, code: int = 0) -> threading.Timer:
-    """End the process after ``seconds`` whatever the event loop is doing (a stop with a deadline)."""
-    def end() -> None:
-        logging.shutdown()
-        sys.stdout.flush()
-        os._exit(code)
-
-    timer = threading.Timer(seconds, end)
-    timer.daemon = True
-    timer.start()
-    return timer
-
-
-def parent_gone() -> bool:
-    """Our node holds the other end of our stdin (a pipe it never writes): end of file means
-    the node process ended, whatever the order in which the kernel tells us."""
-    try:
-        return os.read(0, 1) == b""
-    except BlockingIOError:
-        return False
-    except OSError:
-        return False
-
-
 async def _main() -> int:
     settings = NodeSettings.model_validate_json(os.environ["P2PFAAS_NODE_SETTINGS"])
     name = os.environ.get("P2PFAAS_WORKER_NAME", f"w{os.getpid()}")
     pool = os.environ.get("P2PFAAS_WORKER_POOL", DEFAULT_POOL)
     worker = Worker(settings, default_registry(settings.functions), name, pool, process=True)
     loop = asyncio.get_running_loop()
-    watch_parent = os.environ.get("P2PFAAS_WORKER_PARENT_PIPE") == "1"
-    if watch_parent:
-        os.set_blocking(0, False)
+    orphaned = stop_requested = False
 
-    stop_requested = orphaned = False
-
-    def on_parent_gone() -> None:
+    def node_gone() -> None:
         """Nobody is left to answer to: say so (callers fail now) and go."""
         nonlocal orphaned
         if orphaned:
@@ -239,8 +202,8 @@ async def _main() -> int:
         """SIGTERM: from our node (scale down, stop) or the parent-death signal, which comes when
         the thread that started us ends -- possibly before the rest of the node has."""
         nonlocal stop_requested
-        if watch_parent and parent_gone():
-            return on_parent_gone()
+        if parent_pipe_watched() and parent_gone():
+            return node_gone()
         if not stop_requested:
             stop_requested = True
             hard_exit_after(STOP_GRACE_S + 2.0)
@@ -248,8 +211,7 @@ async def _main() -> int:
 
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, on_stop)
-    if watch_parent:  # end of file on stdin: the node process is gone, whatever signal we got or not
-        loop.add_reader(0, lambda: parent_gone() and on_parent_gone())
+    on_parent_gone(node_gone)   # end of file on stdin: the node process is gone, signal or not
     ready: asyncio.Future[None] = loop.create_future()
     ready.add_done_callback(lambda _: print("READY", flush=True))
     return await worker.run(ready)

@@ -78,9 +78,11 @@ def up(
     controller: str = typer.Option("auto", help="Policy of the autoscaled farm pool on n1 (function sleep): auto (a trained DQN if there is one, else reactive-max), dqn, pg, sarsa, reactive, keda, kpa, hpa, fixed-<n>, or off."),
     scenario: str = typer.Option("bursty", help="Scenario whose worker bounds and normalisation the controller uses."),
     models_dir: Path = typer.Option(Path("data/models"), help="Where trained scaling models are looked up."),
+    http_processes: int = typer.Option(1, min=1, max=32, help="HTTP bridge processes per node, sharing its port (more use more cores)."),
     verbose: bool = typer.Option(False, "--verbose", "-v", help="Log at INFO."),
 ) -> None:
-    """Start the whole stack: nats-server (JetStream), nodes with worker pools and learners, the autoscaling controller, HTTP and MQTT access. Ctrl-C stops it."""
+    """Start the whole stack: nats-server (JetStream), nodes with worker pools and learners, the autoscaling controller, HTTP and MQTT access. Every part is a supervised process (restarted when it dies; logs in DATA_DIR/logs). Ctrl-C stops it."""
+    from broker.errors import BrokerUnavailable
     from p2pfaas.stack import Stack, StackConfig, StackSettings
 
     _logging(verbose)
@@ -94,6 +96,7 @@ def up(
         configuration=NodeConfiguration(parallel_running_functions_max=parallel, queue_length_max=queue),
         functions=_functions(function), config=stack_config,
         controller_policy=None if controller == "off" else controller, farm_scenario=scenario, models_dir=models_dir,
+        http_processes=http_processes,
     )
 
     async def main() -> None:
@@ -102,7 +105,7 @@ def up(
             stack = Stack(settings)
             try:
                 endpoints = await stack.start()
-            except ValueError as exc:  # e.g. a policy with no trained model
+            except (ValueError, BrokerUnavailable) as exc:  # e.g. a policy with no trained model, a part that fails
                 console.print(f"[red]error:[/] {exc}")
                 raise typer.Exit(2)
         try:
@@ -113,7 +116,7 @@ def up(
                 console.print("  " + line)
             first = next(iter(endpoints.http.values()))
             console.print(f"  try: curl -X POST {first}/function/fib -d 25")
-            console.print("  Ctrl-C to stop")
+            console.print(f"  logs in {settings.data_dir / 'logs'}; Ctrl-C to stop")
             await _until_signal(stop)
             console.print("stopping ...")
         finally:
@@ -122,7 +125,7 @@ def up(
             done, _ = await asyncio.wait({stopping}, timeout=STOP_TIMEOUT_S)
             if not done:
                 console.print(f"[red]shutdown did not finish within {STOP_TIMEOUT_S:g} s; exiting "
-                              "(children are stopped with us: they die with their parent)[/]")
+                              "(the parts end by themselves when we are gone)[/]")
                 os._exit(1)
             stopping.result()
         console.print("stopped")
@@ -141,28 +144,38 @@ def node(
     address: Optional[str] = typer.Option(None, help="Address advertised to peers (e.g. its HTTP bridge URL)."),
     runtime: Runtime = typer.Option(Runtime.process),
     function: list[str] = typer.Option([], "--function", "-f", help="name=package.module:callable (repeatable)."),
+    settings_file: Optional[Path] = typer.Option(None, "--settings", help="All node settings as one JSON document (what `up` passes); the other options are then ignored."),
     verbose: bool = typer.Option(False, "--verbose", "-v"),
 ) -> None:
-    """Run one node (scheduler, discovery, learner, worker pool) against an existing NATS."""
+    """Run one node (scheduler, discovery, learner, worker pool) against an existing NATS.
+
+    Prints READY on stdout once its workers are ready; stops on SIGINT/SIGTERM (or when the
+    process that started it ends), within a deadline."""
     from nodes.node import Node
     from nodes.settings import NodeSettings
+    from p2pfaas.parts import run_part
 
     _logging(verbose)
     try:
-        settings = NodeSettings.from_env(
-            node_id=node_id, nats_url=nats_url, seeds=seed or None, data_dir=data_dir, prefix=prefix,
-            heartbeat_period_s=heartbeat_period, address=address, runtime=runtime.value,
-            functions=_functions(function) or None)
-    except ValueError as exc:
+        if settings_file is not None:
+            settings = NodeSettings.model_validate_json(settings_file.read_bytes())
+        else:
+            settings = NodeSettings.from_env(
+                node_id=node_id, nats_url=nats_url, seeds=seed or None, data_dir=data_dir, prefix=prefix,
+                heartbeat_period_s=heartbeat_period, address=address, runtime=runtime.value,
+                functions=_functions(function) or None)
+    except (ValueError, OSError) as exc:
         raise typer.BadParameter(str(exc)) from None
-    node_id, nats_url = settings.node_id, settings.nats_url
 
-    async def main() -> None:
-        async with Node(settings):
-            console.print(f"node {node_id} attached to {nats_url}; Ctrl-C to stop")
-            await _until_signal(asyncio.Event())
+    async def start() -> Node:
+        started = await Node(settings).start()
+        await asyncio.gather(*(pool.wait_ready(120) for pool in started.pools.values()))
+        return started
 
-    asyncio.run(main())
+    async def stop(started: Node) -> None:
+        await started.stop()
+
+    run_part(start, stop, lambda _: console.print(f"node {settings.node_id} attached to {settings.nats_url}; Ctrl-C to stop"))
 
 
 class BridgeKind(str, Enum):
@@ -177,36 +190,41 @@ def bridge(
     nats_url: str = typer.Option("nats://127.0.0.1:4222"),
     port: int = typer.Option(18080, help="HTTP port."),
     host: str = typer.Option("127.0.0.1"),
+    prefix: str = typer.Option("faas", help="Subject prefix."),
+    max_payload_bytes: int = typer.Option(1024 * 1024, help="Largest request body accepted (413 beyond)."),
+    processes: int = typer.Option(1, min=1, max=32, help="HTTP bridge processes sharing the port (SO_REUSEPORT); more use more cores."),
     mqtt_url: str = typer.Option("mqtt://127.0.0.1:1883", help="Mosquitto to bridge (mqtt bridge)."),
+    client_id: str = typer.Option("p2pfaas-bridge", help="MQTT client id of the bridge (unique per bridge)."),
     verbose: bool = typer.Option(False, "--verbose", "-v"),
 ) -> None:
-    """Run one bridge against an existing NATS (and Mosquitto)."""
-    from broker.connection import close_quietly, connect
-    from broker.http_bridge import HttpBridge
-    from broker.mqtt_bridge import MqttBridge
+    """Run one bridge against an existing NATS (and Mosquitto). Prints READY when serving."""
+    from p2pfaas.parts import HttpBridgeOptions, one_process_argv, run_part, start_http_bridge, stop_http_bridge
 
     _logging(verbose)
+    if kind is BridgeKind.http:
+        options = HttpBridgeOptions(node=node_id, nats_url=nats_url, host=host, port=port, prefix=prefix,
+                                    max_payload_bytes=max_payload_bytes, processes=processes)
+        run_part(lambda: start_http_bridge(options, one_process_argv(sys.argv)), stop_http_bridge,
+                 lambda _: console.print(f"HTTP bridge for {node_id} on http://{host}:{port} ({processes} process(es))"))
+        return
 
-    async def main() -> None:
-        nc = await connect(nats_url, f"p2pfaas-{kind.value}-bridge")
-        stop = asyncio.Event()
-        try:
-            if kind is BridgeKind.http:
-                b = await HttpBridge(nc, node_id).start()
-                serving = asyncio.create_task(b.serve(host, port))
-                console.print(f"HTTP bridge for {node_id} on http://{host}:{port}")
-                await _until_signal(stop)
-                b.shutdown()
-                await serving
-                await b.stop()
-            else:
-                async with MqttBridge(nc, mqtt_url):
-                    console.print(f"MQTT bridge {mqtt_url} <-> {nats_url}")
-                    await _until_signal(stop)
-        finally:
-            await close_quietly(nc)
+    async def start_mqtt():
+        from broker.connection import connect
+        from broker.mqtt_bridge import MqttBridge
 
-    asyncio.run(main())
+        nc = await connect(nats_url, "p2pfaas-mqtt-bridge")
+        mqtt_bridge = MqttBridge(nc, mqtt_url, prefix=prefix, client_id=client_id, max_payload_bytes=max_payload_bytes)
+        await mqtt_bridge.start()
+        return nc, mqtt_bridge
+
+    async def stop_mqtt(part) -> None:
+        from broker.connection import close_quietly
+
+        nc, mqtt_bridge = part
+        await mqtt_bridge.stop()
+        await close_quietly(nc)
+
+    run_part(start_mqtt, stop_mqtt, lambda _: console.print(f"MQTT bridge {mqtt_url} <-> {nats_url}"))
 
 
 @app.command()
@@ -422,6 +440,7 @@ def controller_cmd(
     from controller.live import LiveController
     from controller.policies import resolve_policy
     from controller.scenario import load_scenario
+    from p2pfaas.parts import run_part
     from p2pfaas.stack import read_endpoints
 
     sc = load_scenario(scenario)
@@ -431,23 +450,28 @@ def controller_cmd(
         raise typer.BadParameter(str(exc), param_hint="--policy") from None
     url = nats_url or read_endpoints(data_dir).get("nats_url") or "nats://127.0.0.1:4222"
 
-    async def main() -> None:
+    def show(step) -> None:
+        t = step.telemetry
+        console.print(f"{time.strftime('%H:%M:%S')} arrivals {t.arrival_rate:6.2f}/s  queue {t.queue_length:4d}  "
+                      f"workers {t.workers_ready:3d}+{t.workers_starting:<2d} -> target {step.target:3d}  QoS {t.qos:6.1%}")
+
+    async def start():
         nc = await connect(url, f"controller-{node_id}-{pool}")
-        try:
-            def show(step) -> None:
-                t = step.telemetry
-                console.print(f"{time.strftime('%H:%M:%S')} arrivals {t.arrival_rate:6.2f}/s  queue {t.queue_length:4d}  "
-                              f"workers {t.workers_ready:3d}+{t.workers_starting:<2d} -> target {step.target:3d}  QoS {t.qos:6.1%}")
+        controller = LiveController(nc, node_id, pool, chosen, sc, prefix=prefix, policy_name=name, on_step=show)
+        await controller.start()
+        return nc, controller
 
-            async with LiveController(nc, node_id, pool, chosen, sc, prefix=prefix, policy_name=name, on_step=show):
-                if note:
-                    console.print(f"[yellow]note:[/] {note}")
-                console.print(f"controlling {node_id}/{pool} with {name}; Ctrl-C to stop")
-                await _until_signal(asyncio.Event())
-        finally:
-            await close_quietly(nc)
+    async def stop(part) -> None:
+        nc, controller = part
+        await controller.stop()
+        await close_quietly(nc)
 
-    asyncio.run(main())
+    def announce(_) -> None:
+        if note:
+            console.print(f"[yellow]note:[/] {note}")
+        console.print(f"controlling {node_id}/{pool} with {name}; Ctrl-C to stop")
+
+    run_part(start, stop, announce)
 
 
 @farm_app.command("run")

@@ -1,14 +1,12 @@
-"""The stack launcher behind ``p2pfaas up``: brokers, nodes and bridges in one process tree.
-
-Ports: each default port is used when free, otherwise a free one is picked and
-reported. Everything started here is stopped here (children also die with us).
-"""
+"""The stack launcher behind ``p2pfaas up``: brokers, nodes, bridges and the controller, each a
+supervised process. Ports: each default port is used when free, otherwise a free one is picked
+and reported. Everything started here is stopped here (children also end with us)."""
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
@@ -16,16 +14,12 @@ from typing import Literal
 import orjson
 from pydantic import BaseModel, ConfigDict, Field, PositiveFloat, ValidationError, model_validator
 
-from broker.connection import close_quietly, connect
 from broker.embedded import Mosquitto, NatsServer, choose_port
-from broker.http_bridge import HttpBridge
 from broker.messages import NodeConfiguration, SchedulerConfiguration
-from broker.mqtt_bridge import MqttBridge
-from controller.live import LiveController
 from controller.policies import resolve_policy
 from controller.scenario import load_scenario
-from nodes.node import Node
 from nodes.settings import NodeSettings, PoolSpec
+from p2pfaas.supervisor import ChildSpec, Supervisor
 
 log = logging.getLogger(__name__)
 
@@ -116,6 +110,7 @@ class StackSettings:
     controller_policy: str | None = "auto"
     farm_scenario: str = "bursty"
     models_dir: Path = Path("data/models")
+    http_processes: int = 1             # HTTP bridge processes per node (SO_REUSEPORT)
 
     def node_settings(self, nats_url: str, addresses: list[str]) -> list[NodeSettings]:
         """One NodeSettings per node: CLI flags, overridden by the config file's defaults and node entries."""
@@ -180,13 +175,20 @@ class Endpoints:
 
 
 class Stack:
+    """``p2pfaas up``: every part a supervised process of its own (docs/architecture.md).
+
+    nats-server (and Mosquitto) first, then the nodes (in parallel), the bridges and the
+    controller; each is restarted when it dies, and stopped in the reverse order. Pid files
+    under ``<data-dir>/run`` let the next ``up`` end what a killed one left behind.
+    """
+
     def __init__(self, settings: StackSettings) -> None:
         self.settings = settings
         self.endpoints = Endpoints()
-        self.nodes: list[Node] = []
-        self._stack = contextlib.AsyncExitStack()
-        self._bridges: list[HttpBridge] = []
-        self._serving: list[asyncio.Task] = []
+        self.supervisor = Supervisor(settings.data_dir / "run", settings.data_dir / "logs")
+        self.node_ids: list[str] = []
+        self.nats_server: NatsServer | None = None
+        self.mosquitto: Mosquitto | None = None
 
     async def start(self) -> Endpoints:
         try:
@@ -196,15 +198,25 @@ class Stack:
             raise
         return self.endpoints
 
+    def _cli(self, *args: str) -> list[str]:
+        argv = [sys.executable, "-m", "p2pfaas.cli", *args]
+        return [*argv, "--verbose"] if log.isEnabledFor(logging.INFO) else argv
+
     async def _start(self) -> None:
         s = self.settings
         s.data_dir.mkdir(parents=True, exist_ok=True)
-        ep = self.endpoints
+        ep, sup = self.endpoints, self.supervisor
+        strays = await asyncio.to_thread(sup.end_strays)
+        if strays:
+            ep.notes.append(f"ended {len(strays)} process(es) left in {s.data_dir} by a previous run")
         nats_url = s.nats_url
         if nats_url is None:
-            server = NatsServer(data_dir=s.data_dir / "nats", port=s.nats_port, host=s.host,
-                                mqtt_port=s.mqtt_port if s.mqtt == "nats" and not s.mqtt_url else None)
-            await self._stack.enter_async_context(server)
+            self.nats_server = server = NatsServer(
+                data_dir=s.data_dir / "nats", port=s.nats_port, host=s.host,
+                mqtt_port=s.mqtt_port if s.mqtt == "nats" and not s.mqtt_url else None)
+            argv = server.configure()
+            await sup.start(ChildSpec("nats-server", argv, ready="port", ports=server.ports, ready_timeout_s=30,
+                                      stop_timeout_s=10))
             ep.notes += server.notes
             nats_url = server.url
             if server.mqtt_port is not None:
@@ -212,8 +224,10 @@ class Stack:
         ep.nats_url = nats_url
         mqtt_url = s.mqtt_url
         if mqtt_url is None and s.mqtt == "mosquitto":
-            mosquitto = Mosquitto(data_dir=s.data_dir / "mosquitto", port=s.mqtt_port, host=s.host)
-            await self._stack.enter_async_context(mosquitto)
+            self.mosquitto = mosquitto = Mosquitto(data_dir=s.data_dir / "mosquitto", port=s.mqtt_port, host=s.host)
+            argv = mosquitto.configure()
+            await sup.start(ChildSpec("mosquitto", argv, ready="port", ports=mosquitto.ports, ready_timeout_s=20,
+                                      stop_timeout_s=10))
             ep.notes += mosquitto.notes
             mqtt_url = mosquitto.url
 
@@ -224,52 +238,56 @@ class Stack:
             ports.append(port)
             if note:
                 ep.notes.append(f"HTTP node {i + 1}: {note}")
-        for settings in s.node_settings(nats_url, [f"http://{s.host}:{p}" for p in ports]):
-            node = await self._stack.enter_async_context(Node(settings))
-            self.nodes.append(node)
+        settings = s.node_settings(nats_url, [f"http://{s.host}:{p}" for p in ports])
+        run_dir = s.data_dir / "run"
+        run_dir.mkdir(parents=True, exist_ok=True)
+        specs = []
+        for node in settings:
+            path = run_dir / f"node-{node.node_id}.json"
+            path.write_text(node.model_dump_json())
+            specs.append(ChildSpec(f"node-{node.node_id}", self._cli("node", "--settings", str(path)),
+                                   stop_timeout_s=30))
+            self.node_ids.append(node.node_id)
+        await asyncio.gather(*(sup.start(spec) for spec in specs))
 
-        nc = await connect(nats_url, "p2pfaas-bridges")
-        self._stack.push_async_callback(close_quietly, nc)
         if mqtt_url is not None:
-            bridge = MqttBridge(nc, mqtt_url, prefix=s.prefix, max_payload_bytes=s.max_payload_bytes)
-            await self._stack.enter_async_context(bridge)
+            await sup.start(ChildSpec("mqtt-bridge", self._cli(
+                "bridge", "mqtt", "--nats-url", nats_url, "--mqtt-url", mqtt_url, "--prefix", s.prefix,
+                "--client-id", f"p2pfaas-bridge-{s.prefix}", "--max-payload-bytes", str(s.max_payload_bytes))))
             ep.mqtt_url, ep.mqtt_via = mqtt_url, "Mosquitto + p2pfaas MQTT bridge"
-
-        for node, port in zip(self.nodes, ports):
-            bridge = HttpBridge(nc, node.settings.node_id, prefix=s.prefix, max_payload_bytes=s.max_payload_bytes)
-            await bridge.start()
-            self._stack.push_async_callback(bridge.stop)
-            started = asyncio.Event()
-            self._serving.append(asyncio.create_task(bridge.serve(s.host, port, started)))
-            await asyncio.wait_for(started.wait(), 10)
-            self._bridges.append(bridge)
-            ep.http[node.settings.node_id] = f"http://{s.host}:{port}"
+        bridges = [ChildSpec(f"http-{node_id}", self._cli(
+            "bridge", "http", "--node", node_id, "--nats-url", nats_url, "--host", s.host, "--port", str(port),
+            "--prefix", s.prefix, "--max-payload-bytes", str(s.max_payload_bytes),
+            "--processes", str(s.http_processes))) for node_id, port in zip(self.node_ids, ports)]
+        await asyncio.gather(*(sup.start(spec) for spec in bridges))
+        for node_id, port in zip(self.node_ids, ports):
+            ep.http[node_id] = f"http://{s.host}:{port}"
         if s.controller_policy is not None:
-            await self._start_controller(nc)
-        for node in self.nodes:
-            assert node.pool is not None
-            await node.pool.wait_ready(60)
+            await self._start_controller(nats_url)
         (s.data_dir / "endpoints.json").write_bytes(orjson.dumps({
             "nats_url": ep.nats_url, "mqtt_url": ep.mqtt_url, "http": ep.http, "prefix": s.prefix,
         }, option=orjson.OPT_INDENT_2))
 
-    async def _start_controller(self, nc) -> None:
+    async def _start_controller(self, nats_url: str) -> None:
         s = self.settings
         scenario = load_scenario(s.farm_scenario)
-        policy, name, note = resolve_policy(s.controller_policy or "auto", scenario, s.models_dir)
-        node = self.nodes[0].settings.node_id
-        controller = LiveController(nc, node, FARM_POOL, policy, scenario, prefix=s.prefix, policy_name=name)
-        await self._stack.enter_async_context(controller)
+        _, name, note = await asyncio.to_thread(resolve_policy, s.controller_policy or "auto", scenario, s.models_dir)
+        node = self.node_ids[0]
+        await self.supervisor.start(ChildSpec("controller", self._cli(
+            "controller", "--node", node, "--pool", FARM_POOL, "--policy", s.controller_policy or "auto",
+            "--scenario", s.farm_scenario, "--models-dir", str(s.models_dir), "--nats-url", nats_url,
+            "--prefix", s.prefix)))
         if note:
             self.endpoints.notes.append(f"controller: {note}")
         self.endpoints.controller = (f"{node}/{FARM_POOL} (function {FARM_FUNCTION}) scaled by {name}, "
                                      f"scenario {scenario.name}, {scenario.workers.min}-{scenario.workers.max} workers")
 
     async def stop(self) -> None:
-        for bridge in self._bridges:
-            bridge.shutdown()
-        await asyncio.gather(*self._serving, return_exceptions=True)
-        await self._stack.aclose()
+        """Controller and bridges first (no new work), then the nodes (they finish theirs), then
+        the brokers; every step bounded."""
+        order = ["controller", *[f"http-{n}" for n in self.node_ids], "mqtt-bridge",
+                 *[f"node-{n}" for n in self.node_ids], "mosquitto", "nats-server"]
+        await self.supervisor.stop_all(order)
         endpoints_file = self.settings.data_dir / "endpoints.json"
         endpoints_file.unlink(missing_ok=True)
 

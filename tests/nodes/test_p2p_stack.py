@@ -7,7 +7,7 @@ import orjson
 import pytest
 
 from p2pfaas.stack import Stack, StackConfig, StackSettings
-from support import wait_until
+from support import eventually
 
 
 async def test_stack_from_config_file_runs_heterogeneous_nodes(nats_server, prefix, tmp_path):
@@ -21,20 +21,21 @@ async def test_stack_from_config_file_runs_heterogeneous_nodes(nats_server, pref
         ],
     }))
     settings = StackSettings(nats_url=nats_server.url, mqtt="off", prefix=prefix, data_dir=tmp_path / "data",
-                             runtime="inprocess", http_port=28080, config=StackConfig.load(config_file))
-    async with Stack(settings) as stack:
-        edge, slow = stack.nodes
-        assert (edge.pool.target, slow.pool.target) == (3, 1)
-        assert edge.scheduler.algorithm.describe() == "PowerOfNScheduler(1, 2, true, 1)"
-        assert slow.scheduler.algorithm.describe() == "NoScheduler(true)"
+                             runtime="inprocess", http_port=28080, config=StackConfig.load(config_file),
+                             controller_policy=None)
+    async with Stack(settings) as stack, httpx.AsyncClient(timeout=30) as http:
         urls = stack.endpoints.http
-        await wait_until(lambda: list(edge.discovery.peers()) == ["slow2"], 10)
-        async with httpx.AsyncClient(timeout=30) as http:
-            peers = (await http.get(f"{urls['edge1']}/list")).json()
-            assert [(p["name"], p["ip"]) for p in peers] == [("slow2", urls["slow2"])]
-            r = await http.post(f"{urls['slow2']}/function/sleep", content=b"0.1")
-            assert r.status_code == 200
-            assert float(r.headers["X-P2pfaas-Timing-Execution-Time-Seconds"]) >= 0.19   # speed 0.5: twice as long
+        assert (await http.get(f"{urls['edge1']}/configuration")).json()["parallel_running_functions_max"] == 3
+        assert (await http.get(f"{urls['slow2']}/configuration")).json()["parallel_running_functions_max"] == 1
+        assert (await http.get(f"{urls['edge1']}/configuration/scheduler")).json() == {
+            "name": "PowerOfNScheduler", "parameters": ["1", "2", "true", "1"]}
+        assert (await http.get(f"{urls['slow2']}/configuration/scheduler")).json()["name"] == "NoScheduler"
+        peers = await eventually(lambda: http.get(f"{urls['edge1']}/list"), lambda r: len(r.json()) == 1)
+        assert [(p["name"], p["ip"]) for p in peers.json()] == [("slow2", urls["slow2"])]
+        r = await http.post(f"{urls['slow2']}/function/sleep", content=b"0.1")
+        assert r.status_code == 200
+        assert float(r.headers["X-P2pfaas-Timing-Execution-Time-Seconds"]) >= 0.19   # speed 0.5: twice as long
+        assert set(stack.supervisor.pids()) == {"node-edge1", "node-slow2", "http-edge1", "http-slow2"}
 
 
 def test_config_file_errors_name_the_problem(tmp_path):

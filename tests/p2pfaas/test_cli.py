@@ -41,9 +41,25 @@ def alive(pid: int) -> bool:
     return Path(f"/proc/{pid}/stat").exists() and Path(f"/proc/{pid}/stat").read_text().split()[2] != "Z"
 
 
-def start_up(data_dir: Path, *extra: str) -> subprocess.Popen:
-    return subprocess.Popen([*P2PFAAS, "up", "--data-dir", str(data_dir), "--nodes", "1", "--k", "2", *extra],
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+@pytest.fixture
+def start_up():
+    """Start ``p2pfaas up`` as a user does; whatever the test's outcome, it is ended afterwards."""
+    started: list[subprocess.Popen] = []
+
+    def start(data_dir: Path, *extra: str) -> subprocess.Popen:
+        proc = subprocess.Popen([*P2PFAAS, "up", "--data-dir", str(data_dir), "--nodes", "1", "--k", "2", *extra],
+                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        started.append(proc)
+        return proc
+
+    yield start
+    for proc in started:
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGINT)
+            try:
+                proc.wait(60)
+            except subprocess.TimeoutExpired:
+                proc.kill()
 
 
 def wait_endpoints(proc: subprocess.Popen, data_dir: Path, timeout_s: float = 60) -> dict:
@@ -78,7 +94,7 @@ def stop_and_check_no_orphans(proc: subprocess.Popen) -> str:
 
 
 @pytest.mark.parametrize("mqtt", ["nats", "mosquitto"])
-def test_up_serves_http_nats_mqtt_and_stops_cleanly(tmp_path, mqtt):
+def test_up_serves_http_nats_mqtt_and_stops_cleanly(tmp_path, mqtt, start_up):
     if mqtt == "mosquitto" and not (Path("/usr/sbin/mosquitto").exists()):
         pytest.fail("mosquitto not installed (.ci/run installs it)")
     busy = socket.socket()

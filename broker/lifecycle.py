@@ -1,0 +1,138 @@
+"""How every p2pfaas process starts and ends: on the fastest event loop, with a stop that has a
+deadline, and tied to the process that started it.
+
+A child started by ``p2pfaas up`` or by a node gets a pipe as its stdin that the parent never
+writes (``P2PFAAS_PARENT_PIPE=1``): end of file there means the parent is gone, however it
+ended (kill -9 included) -- a sure sign, unlike the parent-death signal, which Linux sends when
+the *thread* that started the child ends.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import sys
+import threading
+from typing import Callable
+
+PARENT_PIPE_ENV = "P2PFAAS_PARENT_PIPE"
+
+
+def run_loop(main):
+    """``asyncio.run`` on uvloop when it is installed (the faster loop), else the stdlib one."""
+    try:
+        import uvloop
+    except ImportError:
+        return asyncio.run(main)
+    return uvloop.run(main)
+
+
+def hard_exit_after(seconds: float, code: int = 0) -> threading.Timer:
+    """End the process after ``seconds`` whatever the event loop is doing (a stop with a deadline)."""
+    def end() -> None:
+        logging.shutdown()
+        sys.stdout.flush()
+        os._exit(code)
+
+    timer = threading.Timer(seconds, end)
+    timer.daemon = True
+    timer.start()
+    return timer
+
+
+def parent_pipe_watched() -> bool:
+    return os.environ.get(PARENT_PIPE_ENV) == "1"
+
+
+def parent_gone() -> bool:
+    """True once the parent's end of our stdin pipe is closed (it never writes to it)."""
+    try:
+        return os.read(0, 1) == b""
+    except (BlockingIOError, OSError):
+        return False
+
+
+def on_parent_gone(callback: Callable[[], None]) -> bool:
+    """Call ``callback`` (once) in the running loop when our parent ends; False when this process
+    was not started with a parent pipe (run by hand: nothing to watch)."""
+    if not parent_pipe_watched():
+        return False
+    loop = asyncio.get_running_loop()
+    os.set_blocking(0, False)
+    called = False
+
+    def check() -> None:
+        nonlocal called
+        if not called and parent_gone():
+            called = True
+            loop.remove_reader(0)
+            callback()
+
+    loop.add_reader(0, check)
+    return True
+
+
+def child_env(**extra: str) -> dict[str, str]:
+    """The environment of a child we start: ours, a parent pipe, and ``extra``."""
+    return {**os.environ, PARENT_PIPE_ENV: "1", **extra}
+
+
+# -- pid files: strays of a previous run are found and ended --------------------------------
+def _start_time(pid: int) -> str | None:
+    """The process's start time in clock ticks (field 22 of /proc/<pid>/stat), None if it is gone."""
+    try:
+        stat = open(f"/proc/{pid}/stat", "rb").read()
+    except OSError:
+        return None
+    return stat.rsplit(b")", 1)[1].split()[19].decode()
+
+
+def write_pid_file(path: "os.PathLike[str] | str", pid: int) -> None:
+    """Remember a child: its pid and start time (a later, unrelated process with the same pid is
+    never mistaken for it)."""
+    from pathlib import Path
+
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(f"{pid} {_start_time(pid) or 0}\n")
+
+
+def remove_pid_file(path: "os.PathLike[str] | str") -> None:
+    from pathlib import Path
+
+    Path(path).unlink(missing_ok=True)
+
+
+def end_strays(directory: "os.PathLike[str] | str", grace_s: float = 3.0) -> list[int]:
+    """End every process a pid file under ``directory`` names that is still the same process:
+    SIGTERM, then SIGKILL after ``grace_s``. Returns the pids that were still running."""
+    import signal
+    import time
+    from pathlib import Path
+
+    alive: list[int] = []
+    for path in sorted(Path(directory).rglob("*.pid")):
+        try:
+            pid_text, started = path.read_text().split()[:2]
+            pid = int(pid_text)
+        except (OSError, ValueError):
+            path.unlink(missing_ok=True)
+            continue
+        if pid != os.getpid() and _start_time(pid) == started:
+            alive.append(pid)
+            try:
+                os.kill(pid, signal.SIGTERM)
+            except ProcessLookupError:
+                pass
+        path.unlink(missing_ok=True)
+    deadline = time.monotonic() + grace_s
+    while alive and time.monotonic() < deadline and any(_start_time(p) for p in alive):
+        time.sleep(0.05)
+    for pid in alive:
+        if _start_time(pid):
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+    return alive

@@ -1,0 +1,196 @@
+"""Supervised child processes: started, waited for, logged, restarted when they die, stopped in
+order with a deadline, and remembered in pid files so that a later run ends what a killed one
+left behind.
+
+Every child gets a pipe as stdin that we never write (``broker.lifecycle``): our own Python
+children end when they read its end of file, so nothing outlives ``p2pfaas up``, not even after
+a kill -9; the brokers also get the parent-death signal.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from broker.embedded import die_with_parent_preexec
+from broker.errors import BrokerUnavailable
+from broker.lifecycle import child_env, end_strays, remove_pid_file, write_pid_file
+
+log = logging.getLogger(__name__)
+
+READY_LINE = b"READY"
+RESTART_BACKOFF_S = (0.5, 1.0, 2.0, 5.0, 10.0)   # after the n-th quick death in a row
+STABLE_AFTER_S = 30.0                             # a child that lived this long starts the backoff afresh
+
+
+@dataclass
+class ChildSpec:
+    """How to run one child. ``ready``: "line" (it prints READY on stdout) or "port" (it listens
+    on every one of ``ports``)."""
+
+    name: str
+    argv: list[str]
+    env: dict[str, str] = field(default_factory=dict)
+    ready: str = "line"
+    ports: list[int] = field(default_factory=list)
+    ready_timeout_s: float = 120.0
+    stop_timeout_s: float = 20.0
+    restart: bool = True
+
+
+@dataclass(eq=False)
+class Child:
+    spec: ChildSpec
+    proc: asyncio.subprocess.Process | None = None
+    restarts: int = 0
+    started_at: float = 0.0
+    watcher: asyncio.Task | None = None
+    drain: asyncio.Task | None = None
+
+    @property
+    def pid(self) -> int | None:
+        return self.proc.pid if self.proc is not None and self.proc.returncode is None else None
+
+
+class Supervisor:
+    def __init__(self, run_dir: Path, log_dir: Path) -> None:
+        self.run_dir, self.log_dir = run_dir, log_dir
+        self.children: dict[str, Child] = {}
+        self.notes: list[str] = []             # what happened (restarts), for the operator
+        self._stopping = False
+
+    def end_strays(self) -> list[int]:
+        """End processes of a previous run on this data dir (pid files), before starting ours."""
+        return end_strays(self.run_dir)
+
+    async def start(self, spec: ChildSpec) -> Child:
+        child = Child(spec)
+        self.children[spec.name] = child
+        await self._spawn(child)
+        child.watcher = asyncio.create_task(self._watch(child), name=f"watch-{spec.name}")
+        return child
+
+    async def _spawn(self, child: Child) -> None:
+        spec = child.spec
+        self.log_dir.mkdir(parents=True, exist_ok=True)
+        log_path = self.log_dir / f"{spec.name}.log"
+        with open(log_path, "ab") as out:
+            child.proc = await asyncio.create_subprocess_exec(
+                *spec.argv, env=child_env(**spec.env), stdin=asyncio.subprocess.PIPE,
+                stdout=asyncio.subprocess.PIPE if spec.ready == "line" else out, stderr=out,
+                preexec_fn=die_with_parent_preexec, start_new_session=True)
+        child.started_at = time.monotonic()
+        write_pid_file(self.run_dir / f"{spec.name}.pid", child.proc.pid)
+        try:
+            await asyncio.wait_for(self._ready(child, log_path), spec.ready_timeout_s)
+        except (asyncio.TimeoutError, BrokerUnavailable) as exc:
+            tail = log_path.read_text(errors="replace")[-2000:] if log_path.exists() else ""
+            await self._terminate(child)
+            raise BrokerUnavailable(f"{spec.name} did not start ({exc or 'timeout'}); its log {log_path}:\n{tail}") from None
+
+    async def _ready(self, child: Child, log_path: Path) -> None:
+        proc, spec = child.proc, child.spec
+        assert proc is not None
+        if spec.ready == "port":
+            waiting = list(spec.ports)
+            while waiting and proc.returncode is None:
+                try:
+                    _, writer = await asyncio.open_connection("127.0.0.1", waiting[0])
+                    writer.close()
+                    waiting.pop(0)
+                except OSError:
+                    await asyncio.sleep(0.05)
+            if proc.returncode is not None:
+                raise BrokerUnavailable(f"exited with code {proc.returncode}")
+            return
+        assert proc.stdout is not None
+        while True:
+            line = await proc.stdout.readline()
+            if not line:
+                await proc.wait()
+                raise BrokerUnavailable(f"exited with code {proc.returncode}")
+            if line.strip() == READY_LINE:
+                child.drain = asyncio.create_task(_copy_to(proc.stdout, log_path))
+                return
+
+    async def _watch(self, child: Child) -> None:
+        """Restart a child that dies (unless we are stopping), with a growing backoff when it
+        keeps dying at once."""
+        quick_deaths = 0
+        while True:
+            assert child.proc is not None
+            code = await child.proc.wait()
+            remove_pid_file(self.run_dir / f"{child.spec.name}.pid")
+            if self._stopping or not child.spec.restart:
+                return
+            lived = time.monotonic() - child.started_at
+            quick_deaths = 0 if lived > STABLE_AFTER_S else quick_deaths + 1
+            delay = RESTART_BACKOFF_S[min(quick_deaths, len(RESTART_BACKOFF_S) - 1)]
+            note = f"{child.spec.name} exited (code {code}) after {lived:.0f} s; restarting in {delay:g} s"
+            log.warning(note)
+            self.notes.append(note)
+            await asyncio.sleep(delay)
+            if self._stopping:
+                return
+            try:
+                await self._spawn(child)
+                child.restarts += 1
+                log.warning("%s restarted (restart %d)", child.spec.name, child.restarts)
+            except BrokerUnavailable as exc:
+                log.error("%s", exc)
+
+    async def stop(self, names: list[str]) -> None:
+        """Stop these children in this order (each bounded by its stop timeout)."""
+        self._stopping = True
+        for name in names:
+            child = self.children.get(name)
+            if child is not None:
+                await self._terminate(child)
+
+    async def stop_all(self, order: list[str]) -> None:
+        """``order`` first, then any other child, then their watchers."""
+        self._stopping = True
+        rest = [n for n in self.children if n not in order]
+        await self.stop([n for n in order if n in self.children] + rest)
+        for child in self.children.values():
+            for task in (child.watcher, child.drain):
+                if task is not None:
+                    task.cancel()
+        await asyncio.gather(*(t for c in self.children.values() for t in (c.watcher, c.drain) if t),
+                             return_exceptions=True)
+
+    async def _terminate(self, child: Child) -> None:
+        proc = child.proc
+        if proc is None or proc.returncode is not None:
+            return
+        try:
+            proc.send_signal(signal.SIGTERM)
+            await asyncio.wait_for(proc.wait(), child.spec.stop_timeout_s)
+        except asyncio.TimeoutError:
+            log.warning("%s did not stop within %g s; killing it", child.spec.name, child.spec.stop_timeout_s)
+            proc.kill()
+            await proc.wait()
+        except ProcessLookupError:
+            pass
+        remove_pid_file(self.run_dir / f"{child.spec.name}.pid")
+
+    def kill(self, name: str) -> None:
+        """SIGKILL a child (fault injection): it is restarted like any child that died."""
+        child = self.children[name]
+        if child.proc is not None and child.proc.returncode is None:
+            child.proc.kill()
+
+    def pids(self) -> dict[str, int]:
+        return {name: c.pid for name, c in self.children.items() if c.pid is not None}
+
+
+async def _copy_to(stream: asyncio.StreamReader, path: Path) -> None:
+    """Keep reading a child's stdout (a full pipe would block it) into its log."""
+    with open(path, "ab") as out:
+        while line := await stream.readline():
+            out.write(line)
+            out.flush()
