@@ -55,7 +55,7 @@ function makeChart(el, series, {yRange, plugins = [], height = 140} = {}) {
     legend: {live: false}, cursor: {drag: {x: false, y: false}},
     scales: {x: {time: true, range: () => state.view}, y: yRange ? {range: yRange} : {}},
     axes: [{...axis, values: (u, splits) => splits.map(clock)}, {...axis, size: 48}],
-    series: [{}, ...series.map((s, i) => ({stroke: s.color || COLORS[i % COLORS.length], width: 1.5, spanGaps: true, points: {show: false}, ...s}))],
+    series: [{}, ...series.map((s, i) => ({stroke: s.color || COLORS[i % COLORS.length], width: 1.5, spanGaps: true, ...s}))],
   };
   return new uPlot(opts, [[], ...series.map(() => [])], el);
 }
