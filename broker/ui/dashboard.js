@@ -70,7 +70,7 @@ function decisionMarkers(pool) {   // every scaling decision on the workers char
     ctx.save();
     ctx.beginPath(); ctx.rect(left, top, width, height); ctx.clip();
     ctx.font = `${10 * dpr}px system-ui, sans-serif`; ctx.textBaseline = "top";
-    let row = 0;
+    const rowEnds = [-Infinity, -Infinity, -Infinity];   // where the last label of each text row ends
     for (const d of pool.decisions) {
       if (d.at < u.scales.x.min || d.at > u.scales.x.max) continue;
       const x = Math.round(u.valToPos(d.at, "x", true));
@@ -81,7 +81,10 @@ function decisionMarkers(pool) {   // every scaling decision on the workers char
       const color = d.policy === "manual" ? "#7048e8" : d.delta >= 0 ? "#2f9e44" : "#c92a2a";
       ctx.strokeStyle = ctx.fillStyle = color; ctx.lineWidth = dpr; ctx.setLineDash([4 * dpr, 3 * dpr]);
       ctx.beginPath(); ctx.moveTo(x, top); ctx.lineTo(x, top + height); ctx.stroke();
-      ctx.fillText(decisionLabel(d), x + 3 * dpr, top + (2 + 11 * (row++ % 3)) * dpr);
+      const label = decisionLabel(d), start = x + 3 * dpr, row = rowEnds.findIndex(end => end < start);
+      if (row < 0) continue;   // no room: the line alone (the list below has every decision)
+      ctx.fillText(label, start, top + (2 + 11 * row) * dpr);
+      rowEnds[row] = start + ctx.measureText(label).width + 4 * dpr;
     }
     ctx.restore();
   }]}};
@@ -93,14 +96,18 @@ function decisionLabel(d) {
   return `${d.delta == null ? "" : sign + d.delta + " "}→${d.target} ${d.policy}${version}`;
 }
 
+function card(kind, key) {   // a new node or pool card from its <template>, labelled data-node / data-pool
+  const el = $(`#${kind}-template`).content.firstElementChild.cloneNode(true);
+  el.dataset[kind] = key;
+  field(el, "name").textContent = key;
+  return el;
+}
+
 // -- nodes ------------------------------------------------------------------------------------
 function nodeEntry(name) {
   let node = state.nodes.get(name);
   if (node) return node;
-  const el = $("#node-template").content.firstElementChild.cloneNode(true);
-  el.dataset.node = name;
-  field(el, "name").textContent = name;
-  node = {name, hb: null, status: "alive", scheduler: "", el, chart: null,
+  node = {name, hb: null, status: "alive", scheduler: "", el: card("node", name), chart: null,
           series: {t: [], running: [], queued: [], k: [], qmax: []}};
   wireNodeControls(node);
   state.nodes.set(name, node);
@@ -146,10 +153,7 @@ function renderNode(node, now) {
 function poolEntry(key) {
   let pool = state.pools.get(key);
   if (pool) return pool;
-  const el = $("#pool-template").content.firstElementChild.cloneNode(true);
-  el.dataset.pool = key;
-  field(el, "name").textContent = key;
-  pool = {key, last: null, target: null, policy: "", decisions: [], el, charts: null,
+  pool = {key, last: null, target: null, policy: "", decisions: [], el: card("pool", key), charts: null,
           series: {t: [], ready: [], starting: [], stopping: [], queue: [], target: [],
                    arrivals: [], throughput: [], p95: [], qos: []}};
   wirePoolControls(pool);
