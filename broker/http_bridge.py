@@ -28,6 +28,7 @@ from broker.errors import FaasError, PayloadTooLarge
 from broker.http.control import control_router
 from broker.http.invoke import FastInvoke, answer_response, invoke_router
 from broker.http.learner import learner_router
+from broker.http_ui import dashboard_router
 from broker.subjects import Subjects, check_token
 
 log = logging.getLogger(__name__)
@@ -159,6 +160,7 @@ class HttpBridge:
         api.include_router(invoke_router(self))
         api.include_router(control_router(self))
         api.include_router(learner_router(self))
+        api.include_router(dashboard_router(self.nc, self.subjects, self.node))
         return api
 
 

@@ -178,6 +178,10 @@ class SchedulerConfiguration(Contract):
     name: str = "NoScheduler"
     parameters: list[str] = Field(default_factory=lambda: ["true"])
 
+    def describe(self) -> str:
+        """As P2PFaaS prints it in ``X-P2pfaas-Scheduler``, e.g. ``PowerOfNScheduler(1, 2, true, 1)``."""
+        return f"{self.name}({', '.join(self.parameters)})"
+
 
 class Heartbeat(Contract):
     """Membership heartbeat on ``faas.membership.<node>``."""
@@ -253,6 +257,29 @@ class ScaleCommand(Contract):
     reason: str = ""
     policy: str = ""
     at: float = Field(default_factory=time.time)
+    model_version: int | None = None   # LearnerWeights.version of the model that decided; None for baselines
+
+
+class PolicySwitch(Contract):
+    """Request on ``faas.<node>.policy.<pool>``: let the pool's controller decide with another
+    policy (a name ``p2pfaas controller --policy`` takes: dqn, kpa, fixed-8, ...). The controller
+    answers :class:`PolicySwitched`, or an ``ErrorBody`` with ``X-P2pfaas-Status: 400`` for a
+    policy it cannot run (unknown name, no trained model); nobody answering means no controller."""
+
+    node: str
+    pool: str
+    policy: str = Field(pattern=r"^[A-Za-z0-9_-]{1,64}$")
+    requested_by: str = ""
+
+
+class PolicySwitched(Contract):
+    """Answer of a :class:`PolicySwitch`: the policy now deciding and the one it replaced."""
+
+    node: str
+    pool: str
+    policy: str
+    previous: str = ""
+    note: str = ""          # e.g. where an RL policy was loaded from
 
 
 class SchedulingExperience(Contract):

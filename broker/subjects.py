@@ -224,11 +224,24 @@ class Subjects:
     def scale(self, node: str, pool: str) -> str:
         return self._join(node, "scale", check_token(pool, "pool"))
 
+    def all_scale(self) -> str:
+        return f"{self.prefix}.*.scale.*"
+
+    def pool_policy(self, node: str, pool: str) -> str:
+        """Request/reply: switch the scaling policy of a pool's controller (PolicySwitch -> PolicySwitched)."""
+        return self._join(node, "policy", check_token(pool, "pool"))
+
     def reward(self, node: str) -> str:
         return self._join(node, "reward")
 
     def experience(self, node: str, pool: str) -> str:
         return self._join(node, "experience", check_token(pool, "pool"))
+
+    def all_rewards(self) -> str:
+        return f"{self.prefix}.*.reward"
+
+    def all_scaling_experiences(self) -> str:
+        return f"{self.prefix}.*.experience.*"
 
     # -- learner (docs/learner.md) ---------------------------------------------
     def experiences_of(self, node: str) -> str:
@@ -254,6 +267,10 @@ class Subjects:
         if verb not in LEARNER_VERBS:
             raise InvalidSubject(f"unknown learner verb {verb!r}")
         return self._join(node, "learner", "*", verb)
+
+    def all_learner_weights(self) -> str:
+        """Weights every learner of the deployment publishes (``<prefix>.<node>.learner.<model>.weights``)."""
+        return f"{self.prefix}.*.learner.*.weights"
 
     def parse_learner(self, subject: str) -> tuple[str, str, str]:
         """(node, model, verb) of a learner subject."""

@@ -168,7 +168,7 @@ class Endpoints:
         if self.mqtt_url:
             out.append(f"MQTT        {self.mqtt_url}  ({self.mqtt_via})")
         for node, url in self.http.items():
-            out.append(f"HTTP {node:<6} {url}  (docs {url}/docs, metrics {url}/metrics)")
+            out.append(f"HTTP {node:<6} {url}  (ui {url}/ui, docs {url}/docs, metrics {url}/metrics)")
         if self.controller:
             out.append(f"autoscaling {self.controller}")
         return out
