@@ -1,7 +1,8 @@
 """The function registry: what a node can run. A function is bytes in, bytes out.
 
 Add your own with a ``module:function`` reference (see docs/functions.md), e.g.
-``P2PFAAS_FUNCTIONS="resize=myapp.images:resize"`` or ``p2pfaas up --function``.
+``P2PFAAS_FUNCTIONS="resize=myapp.images:resize"`` or ``p2pfaas up --function``, or with a
+container image, ``--function wc=image:p2pfaas-fn-wordcount`` (docs/containers.md).
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from typing import Callable
 
 FunctionBody = Callable[[bytes], bytes]
 NAME_RE = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
+IMAGE_TIMEOUT_S = 60.0
 
 
 class FunctionInputError(ValueError):
@@ -38,8 +40,17 @@ class FunctionRegistry:
         self._specs[spec.name] = spec
 
     def add_reference(self, name: str, reference: str, *, timeout_s: float = 30.0, requires_input: bool = False) -> FunctionSpec:
-        """Register ``module:function`` under ``name``; ValueError if it cannot be imported."""
-        spec = FunctionSpec(name, load_reference(reference), timeout_s, requires_input, f"user function {reference}")
+        """Register ``module:function`` (ValueError if it cannot be imported) or ``image:<ref>``
+        (a container image following the OpenFaaS watchdog convention) under ``name``."""
+        from functions.image import ImageFunction, parse_image_reference
+
+        image = parse_image_reference(reference)
+        if image is not None:  # the first call starts the container: allow for its cold start
+            timeout_s = max(timeout_s, IMAGE_TIMEOUT_S)
+            body: FunctionBody = ImageFunction(name, image, timeout_s=timeout_s)
+        else:
+            body = load_reference(reference)
+        spec = FunctionSpec(name, body, timeout_s, requires_input, f"user function {reference}")
         self.add(spec)
         return spec
 

@@ -63,6 +63,7 @@ class WorkerPool:
         self._names = itertools.count(1)
         self._closing = False
         self._lock = asyncio.Lock()
+        self._docker: asyncio.Future | None = None   # runtime "docker": the pool's DockerWorkerRuntime
 
     # -- counts for load and telemetry ------------------------------------
     @property
@@ -127,7 +128,8 @@ class WorkerPool:
         prefix = "w" if self.name == DEFAULT_POOL else f"{self.name}-w"
         handle = WorkerHandle(name=f"{self.settings.node_id}-{prefix}{next(self._names)}")
         self.workers.append(handle)
-        runner = self._run_process if self.settings.runtime == "process" else self._run_inprocess
+        runner = {"process": self._run_process, "docker": self._run_docker}.get(self.settings.runtime,
+                                                                              self._run_inprocess)
         handle.task = asyncio.create_task(runner(handle), name=handle.name)
 
     async def _run_process(self, handle: WorkerHandle) -> None:
@@ -149,6 +151,29 @@ class WorkerPool:
                 handle.state = "ready"
                 handle.ready.set()
             code = await handle.proc.wait()
+        finally:
+            self._exited(handle, code)
+
+    async def _run_docker(self, handle: WorkerHandle) -> None:
+        """A worker as a container (nodes/runtimes/docker.py); it stands in for the process."""
+        from nodes.runtimes.docker import pool_runtime
+
+        code: int | None = None
+        try:
+            self._docker = self._docker or asyncio.ensure_future(pool_runtime(self.settings, self.name))
+            env = {"P2PFAAS_NODE_SETTINGS": self.settings.model_dump_json(),
+                   "P2PFAAS_WORKER_NAME": handle.name, "P2PFAAS_WORKER_POOL": self.name}
+            handle.proc = await (await self._docker).start(handle.name, env)  # type: ignore[assignment]
+            if handle.state == "stopping":
+                handle.proc.send_signal(signal.SIGTERM)
+            if await handle.proc.ready_or_exit() and handle.state == "starting":  # type: ignore[attr-defined]
+                handle.state = "ready"
+                handle.ready.set()
+            code = await handle.proc.wait()
+        except Exception:
+            log.exception("docker worker %s failed to start", handle.name)
+            code = 1
+            await asyncio.sleep(1.0)  # back off: a missing image or engine must not spin the replacing loop
         finally:
             self._exited(handle, code)
 
