@@ -57,11 +57,15 @@ async def test_docker_pool_serves_scales_and_loses_nothing_when_containers_are_k
                              interval_s=0.1)
             await asyncio.sleep(2.5)  # one ack_wait: the window in which a duplicate would show up
         answers = [decode(Result, m.data) for m in results.messages]
-        assert sorted(a.request_id for a in answers) == sorted(ids)      # every task answered, once
+        assert {a.request_id for a in answers} == set(ids)               # every task answered
         assert all(a.status == 200 for a in answers)
+        # at least once: a container killed between publishing a result and acking its task
+        # runs that task again (the stream stores one result; live subscribers may see two)
+        assert len(answers) <= len(ids) + 2
         await node.pool.wait_ready(60)                                  # the killed ones were replaced
         assert len(containers(docker_client, prefix, status="running")) == 2
-    assert containers(docker_client, prefix) == []                     # the node stops what it started
+    # the node stops what it started (each container is removed as its exit is seen)
+    await wait_until(lambda: containers(docker_client, prefix) == [], timeout_s=30, interval_s=0.2)
 
 
 @pytest.mark.parametrize("runtime", ["process", "docker"])
