@@ -7,6 +7,15 @@
 # BASE must have python3 (3.11+) with venv; tests use a local Debian bookworm image instead.
 ARG BASE=python:3.11-slim
 
+# the sources, once, for both images
+FROM scratch AS sources
+COPY pyproject.toml README.md mosquitto.conf nats.conf /app/
+COPY broker /app/broker
+COPY nodes /app/nodes
+COPY controller /app/controller
+COPY functions /app/functions
+COPY p2pfaas /app/p2pfaas
+
 FROM ${BASE} AS runtime
 ENV PYTHONUNBUFFERED=1 PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1 \
     VIRTUAL_ENV=/opt/venv PATH=/opt/venv/bin:$PATH
@@ -18,12 +27,7 @@ WORKDIR /app
 
 FROM runtime AS worker
 RUN . /opt/p2pfaas-build/env.sh && pip install -r /opt/p2pfaas-build/worker-requirements.txt
-COPY pyproject.toml README.md mosquitto.conf nats.conf ./
-COPY broker broker
-COPY nodes nodes
-COPY controller controller
-COPY functions functions
-COPY p2pfaas p2pfaas
+COPY --from=sources /app /app
 RUN . /opt/p2pfaas-build/env.sh && pip install --no-deps . && rm -rf build *.egg-info
 USER p2pfaas
 CMD ["python", "-m", "nodes.worker"]
@@ -42,12 +46,7 @@ COPY pyproject.toml ./
 RUN . /opt/p2pfaas-build/env.sh \
  && python -c "import tomllib; print('\n'.join(tomllib.load(open('pyproject.toml', 'rb'))['project']['dependencies']))" > /tmp/requirements.txt \
  && pip install -r /tmp/requirements.txt && rm /tmp/requirements.txt
-COPY README.md mosquitto.conf nats.conf ./
-COPY broker broker
-COPY nodes nodes
-COPY controller controller
-COPY functions functions
-COPY p2pfaas p2pfaas
+COPY --from=sources /app /app
 RUN . /opt/p2pfaas-build/env.sh && pip install --no-deps . && rm -rf build *.egg-info
 USER p2pfaas
 ENV P2PFAAS_DATA_DIR=/data
