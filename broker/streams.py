@@ -8,6 +8,7 @@ touch JetStream. Idempotent: whoever needs a stream ensures it; the first create
 from __future__ import annotations
 
 import logging
+import os
 
 from nats.js import JetStreamContext
 from nats.js.api import DiscardPolicy, RetentionPolicy, StorageType, StreamConfig
@@ -57,7 +58,16 @@ def experiences_stream(subjects: Subjects, node: str) -> str:
     return _name(subjects, "EXP", node)
 
 
+def stream_replicas() -> int:
+    """Replicas of every stream: ``P2PFAAS_STREAM_REPLICAS`` (default 1; 3 in compose.yaml's cluster)."""
+    value = os.environ.get("P2PFAAS_STREAM_REPLICAS", "1")
+    if not value.isdigit() or not 1 <= int(value) <= 5:
+        raise ValueError(f"P2PFAAS_STREAM_REPLICAS must be 1..5 (JetStream's limit), got {value!r}")
+    return int(value)
+
+
 async def _ensure(js: JetStreamContext, config: StreamConfig) -> None:
+    config.num_replicas = config.num_replicas or stream_replicas()
     try:
         await js.add_stream(config)
     except BadRequestError as exc:

@@ -1,7 +1,8 @@
 """The function registry: what a node can run. A function is bytes in, bytes out.
 
 Add your own with a ``module:function`` reference (see docs/functions.md), e.g.
-``P2PFAAS_FUNCTIONS="resize=myapp.images:resize"`` or ``p2pfaas up --function``.
+``P2PFAAS_FUNCTIONS="resize=myapp.images:resize"`` or ``p2pfaas up --function``, or with a
+container image, ``--function wc=image:p2pfaas-fn-wordcount`` (docs/containers.md).
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from typing import Awaitable, Callable
 FunctionBody = Callable[[bytes], bytes] | Callable[[bytes], Awaitable[bytes]]
 CONCURRENT = 64   # calls one worker process runs at once for an I/O-bound or async function
 NAME_RE = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
+IMAGE_TIMEOUT_S = 60.0
 
 
 class FunctionInputError(ValueError):
@@ -56,13 +58,24 @@ class FunctionRegistry:
         self._specs[spec.name] = spec
 
     def add_reference(self, name: str, reference: str, *, timeout_s: float = 30.0, requires_input: bool = False) -> FunctionSpec:
-        """Register ``module:function`` under ``name``; ValueError if it cannot be imported.
+        """Register ``module:function`` (ValueError if it cannot be imported) or ``image:<ref>``
+        (a container image following the OpenFaaS watchdog convention) under ``name``.
 
-        An ``async def`` function runs up to :data:`CONCURRENT` calls per worker; any other is
-        taken as CPU-bound (one call per worker) unless it sets ``p2pfaas_concurrency``."""
-        body = load_reference(reference)
-        concurrency = getattr(body, "p2pfaas_concurrency", CONCURRENT if inspect.iscoroutinefunction(body) else 1)
-        spec = FunctionSpec(name, body, timeout_s, requires_input, f"user function {reference}", concurrency=int(concurrency))
+        An ``async def`` function runs up to :data:`CONCURRENT` calls per worker, and so does an
+        image function (its container does the work); any other is taken as CPU-bound (one call
+        per worker) unless it sets ``p2pfaas_concurrency``."""
+        from functions.image import ImageFunction, parse_image_reference
+
+        image = parse_image_reference(reference)
+        if image is not None:  # the first call starts the container: allow for its cold start
+            timeout_s = max(timeout_s, IMAGE_TIMEOUT_S)
+            body: FunctionBody = ImageFunction(name, image, timeout_s=timeout_s)
+            concurrency = CONCURRENT
+        else:
+            body = load_reference(reference)
+            concurrency = getattr(body, "p2pfaas_concurrency", CONCURRENT if inspect.iscoroutinefunction(body) else 1)
+        spec = FunctionSpec(name, body, timeout_s, requires_input, f"user function {reference}",
+                            concurrency=int(concurrency))
         self.add(spec)
         return spec
 

@@ -55,6 +55,7 @@ class WorkerPool:
         self._closing = False
         self._lock = asyncio.Lock()
         self._background: set[asyncio.Task] = set()
+        self._docker: asyncio.Future | None = None   # runtime "docker": the pool's DockerWorkerRuntime
 
     # -- counts for load and telemetry ------------------------------------------------
     @property
@@ -109,7 +110,8 @@ class WorkerPool:
         prefix = "w" if self.name == DEFAULT_POOL else f"{self.name}-w"
         handle = WorkerHandle(name=f"{self.settings.node_id}-{prefix}{next(self._names)}")
         self.workers.append(handle)
-        runner = self._run_process if self.settings.runtime == "process" else self._run_inprocess
+        runner = {"process": self._run_process, "docker": self._run_docker}.get(self.settings.runtime,
+                                                                              self._run_inprocess)
         handle.task = asyncio.create_task(runner(handle), name=handle.name)
 
     async def _became_ready(self, handle: WorkerHandle) -> None:
@@ -145,6 +147,31 @@ class WorkerPool:
     def _pid_file(self, handle: WorkerHandle):
         """Under the node's run directory: a later start of the node ends a worker it left behind."""
         return self.settings.run_dir / "workers" / f"{handle.name}.pid"
+
+    async def _run_docker(self, handle: WorkerHandle) -> None:
+        """A worker as a container (nodes/runtimes/docker.py); it stands in for the process."""
+        from nodes.runtimes.docker import pool_runtime
+
+        code: int | None = None
+        try:
+            self._docker = self._docker or asyncio.ensure_future(pool_runtime(self.settings, self.name))
+            # a container cannot hold our pipe: it watches our heartbeats instead, and ends when
+            # they stop or we say we are gone (nodes/worker.py)
+            env = {"P2PFAAS_NODE_SETTINGS": self.settings.model_dump_json(),
+                   "P2PFAAS_WORKER_NAME": handle.name, "P2PFAAS_WORKER_POOL": self.name,
+                   "P2PFAAS_WORKER_WATCH_NODE": "1"}
+            handle.proc = await (await self._docker).start(handle.name, env)  # type: ignore[assignment]
+            if handle.state == "stopping":
+                handle.proc.send_signal(signal.SIGTERM)
+            if await handle.proc.ready_or_exit():  # type: ignore[attr-defined]
+                await self._became_ready(handle)
+            code = await handle.proc.wait()
+        except Exception:
+            log.exception("docker worker %s failed to start", handle.name)
+            code = 1
+            await asyncio.sleep(1.0)  # back off: a missing image or engine must not spin the replacing loop
+        finally:
+            await self._exited(handle, code)
 
     async def _run_inprocess(self, handle: WorkerHandle) -> None:
         handle.worker = Worker(self.settings, default_registry(self.settings.functions), handle.name, self.name)

@@ -46,7 +46,8 @@ class NodeSettings(BaseModel):
     data_dir: Path = Path("data")
     address: str = ""                      # advertised (e.g. its HTTP bridge URL)
     max_payload_bytes: int = Field(default=ONE_MIB, ge=1)
-    runtime: Literal["process", "inprocess"] = "process"
+    runtime: Literal["process", "inprocess", "docker"] = "process"
+    docker_image: str = "p2pfaas-worker:latest"    # runtime "docker": the workers' image (docs/containers.md)
     ack_wait_s: float = Field(default=10.0, gt=0)   # a silent worker's task is redelivered after this
     max_deliver: int = Field(default=4, ge=2)       # last delivery is not run: it dead-letters
     functions: list[tuple[str, str]] = Field(default_factory=list)  # user (name, module:function)

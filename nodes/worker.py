@@ -44,12 +44,15 @@ STOP_GRACE_S = 10.0     # a stopping worker finishes its calls this long, then e
 
 class Worker:
     def __init__(self, settings: NodeSettings, registry: FunctionRegistry, name: str,
-                 pool: str = DEFAULT_POOL, *, process: bool = False) -> None:
+                 pool: str = DEFAULT_POOL, *, process: bool = False, watch_node: bool = False) -> None:
+        """``watch_node``: end when the node's heartbeats stop or it says it is gone (a worker
+        that cannot hold its node's pipe, e.g. in a container)."""
         self.settings = settings
         self.registry = registry
         self.name = name
         self.pool = pool
         self.process = process          # its own OS process: a runaway thread is ended by recycling
+        self.watch_node = watch_node
         self.subjects = Subjects(settings.prefix)
         self.stopping = asyncio.Event()
         self.recycle = False
@@ -70,17 +73,48 @@ class Worker:
     async def _run(self, ready: "asyncio.Future[None] | None") -> int:
         self.nc = await connect(self.settings.nats_servers, f"{self.settings.node_id}-{self.name}")
         sub = await self.nc.subscribe(self.subjects.worker(self.settings.node_id, self.name), cb=self._on_call)
+        watch = await self._watch_node() if self.watch_node else None
         await self.nc.flush()
         if ready is not None and not ready.done():
             ready.set_result(None)
         try:
             await self.stopping.wait()
+            if watch is not None:
+                watch.cancel()
             await sub.unsubscribe()
             if self._running:  # finish what was dispatched (bounded by the caller's stop deadline)
                 await asyncio.wait(list(self._running), timeout=STOP_GRACE_S)
         finally:
             await close_quietly(self.nc)
         return EXIT_RECYCLE if self.recycle else 0
+
+    async def _watch_node(self) -> asyncio.Task:
+        """Stop when the node says it is gone, or when it has been silent for several heartbeat
+        periods (it died without a word)."""
+        node = self.settings.node_id
+        silent_after = max(10.0, 5 * self.settings.heartbeat_period_s)
+        last = time.monotonic()
+
+        async def on_heartbeat(msg: Msg) -> None:
+            nonlocal last
+            last = time.monotonic()
+
+        async def on_gone(msg: Msg) -> None:
+            log.warning("%s: node %s is gone; stopping", self.name, node)
+            self.stopping.set()
+
+        await self.nc.subscribe(self.subjects.membership(node), cb=on_heartbeat)
+        await self.nc.subscribe(self.subjects.gone(node), cb=on_gone)
+
+        async def watchdog() -> None:
+            while True:
+                await asyncio.sleep(1.0)
+                if time.monotonic() - last > silent_after:
+                    log.warning("%s: no heartbeat of node %s for %.0f s; stopping", self.name, node, silent_after)
+                    self.stopping.set()
+                    return
+
+        return asyncio.create_task(watchdog())
 
     async def _on_call(self, msg: Msg) -> None:
         try:
@@ -184,7 +218,8 @@ async def _main() -> int:
     settings = NodeSettings.model_validate_json(os.environ["P2PFAAS_NODE_SETTINGS"])
     name = os.environ.get("P2PFAAS_WORKER_NAME", f"w{os.getpid()}")
     pool = os.environ.get("P2PFAAS_WORKER_POOL", DEFAULT_POOL)
-    worker = Worker(settings, default_registry(settings.functions), name, pool, process=True)
+    worker = Worker(settings, default_registry(settings.functions), name, pool, process=True,
+                    watch_node=os.environ.get("P2PFAAS_WORKER_WATCH_NODE") == "1")
     loop = asyncio.get_running_loop()
     orphaned = stop_requested = False
 

@@ -1,0 +1,47 @@
+"""Container health checks (compose.yaml): ``python -m p2pfaas.healthcheck node ID`` asks the node
+over NATS (P2PFAAS_* environment); ``... http URL`` GETs a bridge's /healthz. Exit 0 healthy, 1 not."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import sys
+import urllib.request
+
+TIMEOUT_S = 3.0
+
+
+async def node_answers(node: str) -> bool:
+    import nats
+
+    from broker.subjects import Subjects
+
+    servers = [os.environ.get("P2PFAAS_NATS_URL", "nats://127.0.0.1:4222"),
+               *filter(None, os.environ.get("P2PFAAS_SEEDS", "").split(","))]
+    nc = await nats.connect(servers, connect_timeout=TIMEOUT_S, allow_reconnect=False, name=f"healthcheck-{node}")
+    try:
+        await nc.request(Subjects(os.environ.get("P2PFAAS_PREFIX", "faas")).info(node), b"", timeout=TIMEOUT_S)
+        return True
+    finally:
+        await nc.close()
+
+
+def http_healthy(url: str) -> bool:
+    with urllib.request.urlopen(url, timeout=TIMEOUT_S) as answer:
+        return answer.status == 200
+
+
+def main(argv: list[str]) -> int:
+    if len(argv) != 2 or argv[0] not in ("node", "http"):
+        print("usage: python -m p2pfaas.healthcheck node ID | http URL", file=sys.stderr)
+        return 2
+    try:
+        healthy = asyncio.run(node_answers(argv[1])) if argv[0] == "node" else http_healthy(argv[1])
+    except Exception as exc:  # unreachable, timed out, refused: unhealthy, said in one line
+        print(f"unhealthy: {type(exc).__name__}: {exc}", file=sys.stderr)
+        return 1
+    return 0 if healthy else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,49 @@
+"""Images built from this checkout: the worker image is small and unprivileged, its requirements
+match pyproject.toml, and `p2pfaas image build` works (and fails clearly without an engine)."""
+
+from __future__ import annotations
+
+import re
+import tomllib
+from pathlib import Path
+
+from typer.testing import CliRunner
+
+from p2pfaas.cli import app
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def requirement_name(line: str) -> str:
+    return re.split(r"[<>=!~ \[]", line.strip(), maxsplit=1)[0].lower()
+
+
+def test_worker_requirements_are_pyproject_dependencies_with_the_same_bounds():
+    declared = {requirement_name(d): d for d in tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["dependencies"]}
+    lines = [l for l in (ROOT / "docker/worker-requirements.txt").read_text().splitlines() if l and not l.startswith("#")]
+    assert lines
+    for line in lines:
+        assert declared.get(requirement_name(line)) == line, f"{line!r} differs from pyproject.toml"
+
+
+def test_worker_image_has_no_torch_and_runs_unprivileged(docker_client, worker_image):
+    out = docker_client.containers.run(worker_image, entrypoint=["python", "-c",
+                                       "import os, importlib.util as u, nodes.worker; print(os.getuid(), u.find_spec('torch'))"],
+                                       remove=True)
+    uid, torch = out.decode().split()
+    assert uid != "0" and torch == "None"
+
+
+def test_image_build_cli_builds_the_example_function(docker_client, base_image):
+    result = CliRunner().invoke(app, ["image", "build", "--target", "function", "--base", base_image])
+    assert result.exit_code == 0, result.output
+    ref = result.stdout.strip().splitlines()[-1]
+    assert ref.startswith("p2pfaas-fn-wordcount:")
+    assert "p2pfaas-fn-wordcount:latest" in docker_client.images.get(ref).tags
+
+
+def test_image_build_cli_without_an_engine_says_so(monkeypatch):
+    monkeypatch.setenv("DOCKER_HOST", "unix:///nonexistent/docker.sock")
+    result = CliRunner().invoke(app, ["image", "build"])
+    assert result.exit_code == 2
+    assert "no Docker engine at unix:///nonexistent/docker.sock" in result.output

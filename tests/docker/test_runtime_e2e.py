@@ -1,0 +1,85 @@
+"""Worker pools of containers end to end: a node with ``runtime="docker"`` serves, scales up and
+down, loses nothing when its containers are killed mid-task, and runs image functions."""
+
+from __future__ import annotations
+
+import asyncio
+
+import orjson
+import pytest
+
+from broker.codec import decode
+from broker.messages import Result
+from broker.subjects import Subjects
+from nodes.runtimes.docker import LABEL_NODE, LABEL_PREFIX, LABEL_ROLE, LABEL_WORKER
+from support import Collector, wait_until
+
+
+def containers(client, prefix: str, role: str = "worker", status: str | None = None):
+    found = client.containers.list(all=True, filters={"label": [f"{LABEL_PREFIX}={prefix}", f"{LABEL_NODE}=n1",
+                                                                 f"{LABEL_ROLE}={role}"]})
+    return [c for c in found if status is None or c.status == status]
+
+
+async def set_k(nc, prefix: str, k: int) -> None:
+    body = orjson.dumps({"parallel_running_functions_max": k, "queue_length_max": 50})
+    reply = await nc.request(Subjects(prefix).config("n1", "set"), body, timeout=10)
+    assert reply.headers["X-P2pfaas-Status"] == "200", reply.data
+
+
+async def test_docker_pool_serves_scales_and_loses_nothing_when_containers_are_killed(
+        node_factory, docker_client, worker_image, nc, faas, prefix):
+    s = Subjects(prefix)
+    async with node_factory(k=2, queue=50, ack_wait_s=2.0, runtime="docker", docker_image=worker_image) as node:
+        answer = await faas.invoke("n1", "echo", b"from a container", timeout_s=30)
+        assert answer.status == 200 and answer.output == b"from a container"
+        assert len(containers(docker_client, prefix, status="running")) == 2
+
+        await set_k(nc, prefix, 6)                                      # scale up: 4 more containers
+        await node.pool.wait_ready(90)
+        running = containers(docker_client, prefix, status="running")
+        assert len(running) == 6
+        assert {c.labels[LABEL_WORKER] for c in running} == {w.name for w in node.pool.workers}
+
+        await set_k(nc, prefix, 2)                                      # scale down: 4 stop and go
+        await wait_until(lambda: len(containers(docker_client, prefix)) == 2, timeout_s=60, interval_s=0.2)
+        assert node.pool.ready == 2
+
+        ids = [f"kill{i}" for i in range(6)]
+        async with Collector(nc, s.results_of("dev1")) as results, \
+                Collector(nc, s.task_event("n1", "started")) as started:
+            for req in ids:
+                await faas.submit("n1", "sleep", b"0.5", req)
+            await wait_until(lambda: len(started.messages) >= 2, timeout_s=30)
+            for victim in containers(docker_client, prefix, status="running"):   # both, mid-task
+                victim.kill()
+            await wait_until(lambda: len({m.subject for m in results.messages}) == len(ids), timeout_s=90,
+                             interval_s=0.1)
+            await asyncio.sleep(2.5)  # one ack_wait: the window in which a duplicate would show up
+        answers = [decode(Result, m.data) for m in results.messages]
+        assert {a.request_id for a in answers} == set(ids)               # every task answered
+        assert all(a.status == 200 for a in answers)
+        # at least once: a container killed between publishing a result and acking its task
+        # runs that task again (the stream stores one result; live subscribers may see two)
+        assert len(answers) <= len(ids) + 2
+        await node.pool.wait_ready(60)                                  # the killed ones were replaced
+        assert len(containers(docker_client, prefix, status="running")) == 2
+    # the node stops what it started (each container is removed as its exit is seen)
+    await wait_until(lambda: containers(docker_client, prefix) == [], timeout_s=30, interval_s=0.2)
+
+
+@pytest.mark.parametrize("runtime", ["process", "docker"])
+async def test_image_function_runs_in_the_workers_own_container(
+        node_factory, docker_client, worker_image, function_image, faas, prefix, runtime):
+    fns = [("wc", f"image:{function_image}")]
+    async with node_factory(k=1, runtime=runtime, docker_image=worker_image, functions=fns) as node:
+        answer = await faas.invoke("n1", "wc", "hello p2pfaas\nbye".encode(), timeout_s=90)
+        assert answer.status == 200, answer.result.error
+        assert orjson.loads(answer.output) == {"lines": 1, "words": 3, "bytes": 17}
+        assert answer.result.timings.execution_s > 0
+        bad = await faas.invoke("n1", "wc", b"\xff\xfe", timeout_s=30)      # the handler's ValueError
+        assert bad.status == 400 and "UTF-8" in bad.result.error
+        [fn_container] = containers(docker_client, prefix, role="function", status="running")
+        assert fn_container.labels[LABEL_WORKER] == node.pool.workers[0].name
+        assert fn_container.image.tags[0] == function_image
+    await wait_until(lambda: containers(docker_client, prefix, role="function") == [], timeout_s=30, interval_s=0.2)
