@@ -16,6 +16,7 @@ signal), it says so on ``<prefix>.<node>.gone`` so that callers fail at once, an
 from __future__ import annotations
 
 import asyncio
+import atexit
 import logging
 import os
 import signal
@@ -256,7 +257,9 @@ if __name__ == "__main__":
     logging.basicConfig(level=os.environ.get("P2PFAAS_LOG_LEVEL", "WARNING"),
                         format="%(asctime)s %(levelname)s worker %(name)s: %(message)s")
     code = run_loop(_main())
-    # an abandoned (overrunning) thread would hold a normal interpreter exit
+    # cleanups (e.g. an image function's container) run, but an abandoned (overrunning) thread
+    # must not hold the exit: no interpreter shutdown, which would join it
+    atexit._run_exitfuncs()
     logging.shutdown()
     sys.stdout.flush()
     os._exit(code)

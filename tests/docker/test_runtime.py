@@ -6,24 +6,15 @@ import signal
 
 import docker
 import pytest
-from nats.js.api import AckPolicy, ConsumerConfig
 
-from broker.streams import ensure_node_streams, tasks_stream
-from broker.subjects import Subjects
 from nodes.runtimes.docker import (LABEL_NODE, LABEL_POOL, LABEL_PREFIX, LABEL_ROLE, LABEL_WORKER,
                                    DockerWorkerRuntime, WorkerExited)
 from nodes.settings import NodeSettings
-from nodes.worker import WORKERS_DURABLE
 
 
 @pytest.fixture
-async def runtime(docker_client, worker_image, nats_server, nc, prefix) -> DockerWorkerRuntime:
-    """A runtime for node n1's default pool, its streams and consumer in place."""
-    subjects = Subjects(prefix)
-    js = nc.jetstream()
-    await ensure_node_streams(js, subjects, "n1")
-    await js.add_consumer(tasks_stream(subjects, "n1"), ConsumerConfig(
-        durable_name=WORKERS_DURABLE, ack_policy=AckPolicy.EXPLICIT, filter_subjects=[subjects.tasks_of("n1")]))
+async def runtime(docker_client, worker_image, nats_server, prefix) -> DockerWorkerRuntime:
+    """A runtime for node n1's default pool (a worker only needs NATS: the node calls it)."""
     return DockerWorkerRuntime(docker_client, worker_image, "n1", "default", prefix=prefix)
 
 
