@@ -23,8 +23,8 @@ from broker.errors import ContractError, NodeUnavailable
 
 log = logging.getLogger(__name__)
 
-SERVICE_ERROR = "Nats-Service-Error"
-SERVICE_ERROR_CODE = "Nats-Service-Error-Code"
+SERVICE_ERROR = H.SERVICE_ERROR
+SERVICE_ERROR_CODE = H.SERVICE_ERROR_CODE
 
 Handler = Callable[[bytes], Awaitable[bytes]]
 

@@ -35,6 +35,9 @@ MAXLOAD = "X-P2pfaas-Maxload"
 QUEUE_LENGTH = "X-P2pfaas-Queue-Length"
 CALL_ID = "X-Call-Id"
 CALLBACK_URL = "X-Callback-Url"
+# P2PFaaS's learner API (port 19020 / /learner): the sample in headers, the epsilon it acted with
+LEARNER_PREFIX = "X-P2pfaas-Learning-"     # + Eid, State, Action, Reward
+LEARNER_EPS = "X-P2pfaas-Eps"
 
 # p2pfaas's own (NATS message headers)
 MSG_ID = "Nats-Msg-Id"
@@ -42,6 +45,9 @@ STATUS = "X-P2pfaas-Status"                # HTTP-like status of an answer or co
 RETRY_AFTER = "Retry-After"
 NATS_STATUS = "Status"                     # nats-server's own status line (503: no responders)
 SENT_AT = "X-P2pfaas-Sent-At"              # unix time the caller sent the request (transit)
+SERVICE_ERROR = "Nats-Service-Error"       # the NATS services' standard error headers (control plane)
+SERVICE_ERROR_CODE = "Nats-Service-Error-Code"
+DEAD_LETTER_REASON = "X-P2pfaas-Dead-Letter-Reason"
 TIMEOUT = "X-P2pfaas-Timeout-Seconds"      # function timeout asked by the caller
 DEADLINE = "X-P2pfaas-Deadline-Seconds"    # QoS deadline of the task (latency budget)
 ARRIVAL = "X-P2pfaas-Arrival"              # unix time a forwarded request reached its origin

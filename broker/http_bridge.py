@@ -22,6 +22,7 @@ from fastapi.responses import JSONResponse
 from nats.aio.client import Client
 from prometheus_client import CollectorRegistry, Counter, Histogram
 
+from broker import headers as H
 from broker.answers import VERSION, Answer
 from broker.client import FaasClient
 from broker.errors import FaasError, PayloadTooLarge
@@ -152,7 +153,7 @@ class HttpBridge:
 
         @api.exception_handler(FaasError)
         async def faas_error(request: Request, exc: FaasError) -> JSONResponse:
-            headers = {"Retry-After": "1"} if exc.http_status == 503 else None
+            headers = {H.RETRY_AFTER: "1"} if exc.http_status == 503 else None
             return JSONResponse({"code": exc.http_status, "message": str(exc)}, status_code=exc.http_status,
                                 headers=headers)
 

@@ -21,6 +21,7 @@ from nats.errors import NoRespondersError
 from nats.errors import TimeoutError as NatsTimeout
 from pydantic import BaseModel, ConfigDict, Field
 
+from broker import headers as H
 from broker.codec import decode, encode
 from broker.errors import ContractError, InvalidToken
 from broker.messages import NodeConfiguration, PolicySwitch, ScaleCommand, SchedulerConfiguration
@@ -34,7 +35,7 @@ STATIC_TYPES = {
     "dashboard.js": "text/javascript", "dashboard.css": "text/css",
     "vendor/uPlot.iife.min.js": "text/javascript", "vendor/uPlot.min.css": "text/css",
 }
-STATUS_HEADER = "X-P2pfaas-Status"   # the status of a node's control answer (as the bridge reads it)
+STATUS_HEADER = H.STATUS   # the status of a node's control answer (as the bridge reads it)
 MANUAL_POLICY = "manual"             # ScaleCommand.policy of a hand-made scaling decision
 WS_TRY_AGAIN_LATER = 1013
 

@@ -131,7 +131,7 @@ class Answerer:
         self.metrics.error("dead_letter")
         try:
             await self.js.publish(self.subjects.deadletter(self.node, call.fn), call.payload,
-                                  headers={H.MSG_ID: f"dead.{call.key}", "X-P2pfaas-Dead-Letter-Reason": reason[:300]},
+                                  headers={H.MSG_ID: f"dead.{call.key}", H.DEAD_LETTER_REASON: reason[:300]},
                                   stream=deadletter_stream(self.subjects), timeout=STORE_TIMEOUT_S)
         except Exception as exc:
             log.error("%s: dead letter of %s not stored: %s", self.node, call.key, exc)

@@ -11,6 +11,7 @@ import orjson
 from fastapi import APIRouter, Request
 from fastapi.responses import Response
 
+from broker import headers as H
 from broker.codec import decode, encode
 from broker.control import control_request
 from broker.errors import ContractError
@@ -21,8 +22,8 @@ from broker.subjects import SCHEDULING_MODEL, LearnerVerb
 if TYPE_CHECKING:
     from broker.http_bridge import HttpBridge
 
-LEARNING_HEADER = "X-P2pfaas-Learning-"     # + Eid, State, Action, Reward (P2PFaaS learner API)
-LEARNING_EPS = "X-P2pfaas-Eps"
+LEARNING_HEADER = H.LEARNER_PREFIX
+LEARNING_EPS = H.LEARNER_EPS
 
 
 def learner_router(bridge: "HttpBridge") -> APIRouter:
@@ -42,7 +43,7 @@ def learner_router(bridge: "HttpBridge") -> APIRouter:
                     eid=s.eid, state=s.state, action=s.action, reward=s.reward, node=bridge.node)))
                     for s in samples[i:i + 256]))
         except Exception as exc:  # not stored: the client must send them again
-            return error(503, f"experiences of {bridge.node} not stored: {exc!r}", **{"Retry-After": "1"})
+            return error(503, f"experiences of {bridge.node} not stored: {exc!r}", **{H.RETRY_AFTER: "1"})
         return Response("ok", media_type="text/plain")
 
     @router.get("/act", summary="P2PFaaS learner: action for X-P2pfaas-Learning-State (+ X-P2pfaas-Eps)")

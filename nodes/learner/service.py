@@ -16,6 +16,7 @@ from nats.errors import TimeoutError as NatsTimeout
 from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
 from nats.js.errors import NotFoundError
 
+from broker import headers as H
 from broker.codec import decode, encode
 from broker.messages import (
     ErrorBody,
@@ -36,7 +37,7 @@ __all__ = ["LearnerService", "LearnerSettings", "NodeLearner", "run_learner"]
 
 log = logging.getLogger(__name__)
 
-STATUS_HEADER = "X-P2pfaas-Status"   # the HTTP bridge answers with this status
+STATUS_HEADER = H.STATUS   # the HTTP bridge answers with this status
 DURABLE = "learner"
 FETCH_TIMEOUT_S = 0.5
 

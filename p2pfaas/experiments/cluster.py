@@ -13,6 +13,7 @@ from typing import AsyncIterator, Callable
 
 import orjson
 
+from broker import headers as H
 from broker.client import Answer, FaasClient
 from broker.connection import close_quietly, connect
 from broker.embedded import NatsServer
@@ -92,7 +93,7 @@ class ExperimentCluster:
         for node_id, (name, params) in per_node.items():
             body = orjson.dumps(SchedulerConfiguration(name=name, parameters=params).model_dump())
             reply = await self.nc.request(self.subjects.scheduler_config(node_id, "set"), body, timeout=5)
-            if reply.headers and reply.headers.get("X-P2pfaas-Status", "200") != "200":
+            if reply.headers and reply.headers.get(H.STATUS, "200") != "200":
                 raise ValueError(f"{name}{params}: {reply.data.decode()}")
         return self.nodes[0].scheduler.algorithm.describe()
 
