@@ -10,6 +10,7 @@ at QoS 1. paho's network thread hands messages to asyncio in one place.
 from __future__ import annotations
 
 import asyncio
+import itertools
 import logging
 import time
 from urllib.parse import urlparse
@@ -30,6 +31,8 @@ from broker.streams import results_stream
 from broker.subjects import Subjects, from_mqtt, to_mqtt
 
 log = logging.getLogger(__name__)
+
+RETRY_S = (0.2, 0.5, 1.0, 2.0, 5.0)   # between attempts to store a device's request
 
 
 def parse_mqtt_url(url: str) -> tuple[str, int]:
@@ -134,13 +137,17 @@ class MqttBridge:
             return self._ack(message, "invalid")
         headers = {H.MSG_ID: inv.call_key, H.SENT_AT: repr(time.time())}
         subject = self.subjects.async_request(inv.node, inv.fn, inv.client, inv.request_id)
-        try:
-            await self.js.publish(subject, message.payload, headers=headers, timeout=5.0)
-        except (NatsTimeout, asyncio.TimeoutError, NoRespondersError, JetStreamError) as exc:
-            # not acked: Mosquitto redelivers it to our persistent session after reconnect
-            log.warning("MQTT bridge: JetStream did not store %s (%s); leaving it unacknowledged", subject, exc)
-            self.messages.labels("to_nats", "unstored").inc()
-            return
+        for attempt in itertools.count():
+            try:
+                await self.js.publish(subject, message.payload, headers=headers, timeout=5.0)
+                break
+            except (NatsTimeout, asyncio.TimeoutError, NoRespondersError, JetStreamError) as exc:
+                # JetStream is electing a leader or down: keep the device's message unacknowledged and
+                # try again (the message id makes a retry of a store that did happen harmless)
+                delay = RETRY_S[min(attempt, len(RETRY_S) - 1)]
+                log.warning("MQTT bridge: JetStream did not store %s (%s); retrying in %g s", subject, exc, delay)
+                self.messages.labels("to_nats", "retried").inc()
+                await asyncio.sleep(delay)
         self._ack(message, "ok")
 
     def _ack(self, message: mqtt.MQTTMessage, outcome: str) -> None:
