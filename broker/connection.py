@@ -46,12 +46,18 @@ async def connect(url: str | list[str], name: str, *, connect_timeout_s: float =
         raise BrokerUnavailable(f"cannot connect to NATS at {url}: {exc}") from exc
 
 
-async def close_quietly(nc: Client, *subs) -> None:
-    """Unsubscribe and drain; a broker that is already gone is not an error at shutdown."""
+async def close_quietly(nc: Client, *subs, timeout_s: float = 5.0) -> None:
+    """Unsubscribe and drain, within ``timeout_s``; a broker that is already gone is not an error
+    at shutdown (and is not waited for: a closed or reconnecting connection is just closed)."""
+    if nc.is_closed:
+        return
+    if not nc.is_connected:
+        await nc.close()
+        return
     try:
         for sub in subs:
             await sub.unsubscribe()
-        await nc.drain()
+        await asyncio.wait_for(nc.drain(), timeout_s)
     except Exception as exc:
         log.debug("closing %s: %s", nc, exc)
         await nc.close()

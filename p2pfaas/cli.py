@@ -23,7 +23,7 @@ eval_app = typer.Typer(help="Experiments: run the real system on seeded workload
                        no_args_is_help=True, add_completion=False)
 app.add_typer(eval_app, name="eval")
 console = Console(stderr=True)
-STOP_TIMEOUT_S = 60.0
+STOP_TIMEOUT_S = float(os.environ.get("P2PFAAS_STOP_TIMEOUT_S", 60.0))  # up's whole shutdown
 
 
 class Via(str, Enum):
@@ -124,8 +124,8 @@ def up(
             # bounded: a part that does not stop must not keep the stack (and its children) alive
             done, _ = await asyncio.wait({stopping}, timeout=STOP_TIMEOUT_S)
             if not done:
-                console.print(f"[red]shutdown did not finish within {STOP_TIMEOUT_S:g} s; exiting "
-                              "(the parts end by themselves when we are gone)[/]")
+                console.print(f"[red]shutdown did not finish within {STOP_TIMEOUT_S:g} s; killing what is left[/]")
+                stack.supervisor.kill_all()   # and the workers of a killed node end with it (their pipe)
                 os._exit(1)
             stopping.result()
         console.print("stopped")

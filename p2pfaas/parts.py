@@ -11,9 +11,10 @@ from dataclasses import dataclass
 from typing import Any, Awaitable, Callable
 
 from broker.embedded import die_with_parent_preexec
-from broker.lifecycle import child_env, hard_exit_after, on_parent_gone, run_loop
+from broker.lifecycle import child_env, hard_exit_after, on_parent_gone, parent_gone, parent_pipe_watched, run_loop
 
 STOP_TIMEOUT_S = 60.0
+ORPHAN_STOP_S = 5.0   # our parent is gone (killed): nobody waits for a graceful stop
 
 
 def run_part(start: Callable[[], Awaitable[Any]], stop: Callable[[Any], Awaitable[None]],
@@ -26,9 +27,19 @@ def run_part(start: Callable[[], Awaitable[Any]], stop: Callable[[Any], Awaitabl
         announce(part)
         done = asyncio.Event()
         loop = asyncio.get_running_loop()
+
+        def parent_ended() -> None:
+            hard_exit_after(ORPHAN_STOP_S, code=1)   # nobody waits for us: the short deadline, whatever came first
+            done.set()
+
+        def on_signal() -> None:   # the parent-death signal may come before our pipe's end of file
+            if parent_pipe_watched() and parent_gone():
+                return parent_ended()
+            done.set()
+
         for sig in (signal.SIGINT, signal.SIGTERM):
-            loop.add_signal_handler(sig, done.set)
-        on_parent_gone(done.set)
+            loop.add_signal_handler(sig, on_signal)
+        on_parent_gone(parent_ended)
         await done.wait()
         hard_exit_after(stop_timeout_s, code=1)   # a stop that hangs must not keep the process
         await stop(part)

@@ -178,6 +178,16 @@ class Supervisor:
             pass
         remove_pid_file(self.run_dir / f"{child.spec.name}.pid")
 
+    def kill_all(self) -> None:
+        """SIGKILL every child still running (the last resort of a stop past its deadline)."""
+        self._stopping = True
+        for child in self.children.values():
+            if child.proc is not None and child.proc.returncode is None:
+                try:
+                    child.proc.kill()
+                except ProcessLookupError:
+                    pass
+
     def kill(self, name: str) -> None:
         """SIGKILL a child (fault injection): it is restarted like any child that died."""
         child = self.children[name]

@@ -31,7 +31,7 @@ from broker.embedded import find_binary, free_port
 from p2pfaas import images
 from support import wait_until
 
-pytestmark = pytest.mark.compose
+pytestmark = [pytest.mark.compose, pytest.mark.timeout(900)]   # bring-up, load, a NATS server killed, tear-down
 ROOT = Path(__file__).resolve().parents[2]
 LOAD_RATE = 20.0          # async requests per second, spread over the three bridges
 LOAD_SECONDS = 12.0

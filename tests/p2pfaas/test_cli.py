@@ -2,12 +2,9 @@
 
 from __future__ import annotations
 
-import json
-import os
 import signal
 import socket
 import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -16,63 +13,7 @@ import pytest
 
 from broker.embedded import free_port
 
-P2PFAAS = [sys.executable, "-m", "p2pfaas.cli"]
-
-
-def descendants(pid: int) -> set[int]:
-    out = subprocess.run(["ps", "-e", "-o", "pid=,ppid="], capture_output=True, text=True).stdout
-    children: dict[int, list[int]] = {}
-    for line in out.splitlines():
-        p, pp = map(int, line.split())
-        children.setdefault(pp, []).append(p)
-    found, todo = set(), [pid]
-    while todo:
-        for c in children.get(todo.pop(), []):
-            found.add(c)
-            todo.append(c)
-    return found
-
-
-def alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    return Path(f"/proc/{pid}/stat").exists() and Path(f"/proc/{pid}/stat").read_text().split()[2] != "Z"
-
-
-@pytest.fixture
-def start_up():
-    """Start ``p2pfaas up`` as a user does; whatever the test's outcome, it is ended afterwards."""
-    started: list[subprocess.Popen] = []
-
-    def start(data_dir: Path, *extra: str) -> subprocess.Popen:
-        proc = subprocess.Popen([*P2PFAAS, "up", "--data-dir", str(data_dir), "--nodes", "1", "--k", "2", *extra],
-                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-        started.append(proc)
-        return proc
-
-    yield start
-    for proc in started:
-        if proc.poll() is None:
-            proc.send_signal(signal.SIGINT)
-            try:
-                proc.wait(60)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-
-
-def wait_endpoints(proc: subprocess.Popen, data_dir: Path, timeout_s: float = 60) -> dict:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            pytest.fail(f"p2pfaas up exited with {proc.returncode}:\n{proc.stdout.read()}")
-        try:
-            return json.loads((data_dir / "endpoints.json").read_text())
-        except (OSError, ValueError):
-            time.sleep(0.1)
-    proc.kill()
-    pytest.fail("p2pfaas up did not come up")
+from stack_processes import P2PFAAS, alive, descendants, wait_endpoints
 
 
 def invoke(data_dir: Path, via: str, *extra: str) -> subprocess.CompletedProcess:
