@@ -12,8 +12,11 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import signal
 import sys
 import threading
+import time
+from pathlib import Path
 from typing import Callable
 
 PARENT_PIPE_ENV = "P2PFAAS_PARENT_PIPE"
@@ -91,26 +94,18 @@ def _start_time(pid: int) -> str | None:
 def write_pid_file(path: "os.PathLike[str] | str", pid: int) -> None:
     """Remember a child: its pid and start time (a later, unrelated process with the same pid is
     never mistaken for it)."""
-    from pathlib import Path
-
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(f"{pid} {_start_time(pid) or 0}\n")
 
 
 def remove_pid_file(path: "os.PathLike[str] | str") -> None:
-    from pathlib import Path
-
     Path(path).unlink(missing_ok=True)
 
 
 def end_strays(directory: "os.PathLike[str] | str", grace_s: float = 3.0) -> list[int]:
     """End every process a pid file under ``directory`` names that is still the same process:
     SIGTERM, then SIGKILL after ``grace_s``. Returns the pids that were still running."""
-    import signal
-    import time
-    from pathlib import Path
-
     alive: list[int] = []
     for path in sorted(Path(directory).rglob("*.pid")):
         try:

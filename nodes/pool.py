@@ -87,11 +87,12 @@ class WorkerPool:
             for handle in reversed(active[self.target:]):
                 self._retire(handle)
 
-    async def wait_ready(self, timeout_s: float = 30.0) -> None:
-        async def all_ready() -> None:
-            while self.ready < self.target:
+    async def wait_ready(self, timeout_s: float = 30.0, at_least: int | None = None) -> None:
+        """Until every worker (or ``at_least`` of them) is ready; asyncio.TimeoutError after ``timeout_s``."""
+        async def ready() -> None:
+            while self.ready < (self.target if at_least is None else min(at_least, self.target)):
                 await asyncio.sleep(0.02)
-        await asyncio.wait_for(all_ready(), timeout_s)
+        await asyncio.wait_for(ready(), timeout_s)
 
     def kill(self, name: str) -> None:
         """End a worker now (it is stuck): the pool replaces it."""

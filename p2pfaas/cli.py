@@ -149,8 +149,8 @@ def node(
 ) -> None:
     """Run one node (scheduler, discovery, learner, worker pool) against an existing NATS.
 
-    Prints READY on stdout once its workers are ready; stops on SIGINT/SIGTERM (or when the
-    process that started it ends), within a deadline."""
+    Prints READY on stdout once each pool has a ready worker; stops on SIGINT/SIGTERM (or when
+    the process that started it ends), within a deadline."""
     from nodes.node import Node
     from nodes.settings import NodeSettings
     from p2pfaas.parts import run_part
@@ -169,7 +169,9 @@ def node(
 
     async def start() -> Node:
         started = await Node(settings).start()
-        await asyncio.gather(*(pool.wait_ready(120) for pool in started.pools.values()))
+        # serving once every pool has a worker: with a large K the others keep starting meanwhile
+        # (calls wait in the queue for them), so a node never takes minutes to come up
+        await asyncio.gather(*(pool.wait_ready(120, at_least=1) for pool in started.pools.values()))
         return started
 
     async def stop(started: Node) -> None:
