@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
+import ssl
 
 import nats
 from nats.aio.client import Client
@@ -13,10 +15,27 @@ from broker.errors import BrokerUnavailable
 log = logging.getLogger(__name__)
 
 
-async def connect(url: str | list[str], name: str, *, connect_timeout_s: float = 5.0) -> Client:
+def credentials_from_env(prefix: str = "P2PFAAS_NATS") -> tuple[str, str] | None:
+    """(user, password) from ``P2PFAAS_NATS_USER`` / ``P2PFAAS_NATS_PASSWORD`` (how ``up`` hands
+    every part its identity), or None."""
+    user, password = os.environ.get(f"{prefix}_USER"), os.environ.get(f"{prefix}_PASSWORD")
+    return (user, password) if user and password else None
+
+
+async def connect(url: str | list[str], name: str, *, connect_timeout_s: float = 5.0,
+                  credentials: tuple[str, str] | None = None, tls_ca: str | None = None) -> Client:
     """Connect (reconnecting forever afterwards); BrokerUnavailable if the first attempt fails.
 
-    ``url`` may be a list: more servers of the same cluster, tried in turn."""
+    ``url`` may be a list: more servers of the same cluster, tried in turn. ``credentials``
+    (user, password) default to the environment's (:func:`credentials_from_env`); ``tls_ca``
+    (default ``P2PFAAS_TLS_CA``) is the CA file that signed the server's certificate."""
+    credentials = credentials or credentials_from_env()
+    tls_ca = tls_ca or os.environ.get("P2PFAAS_TLS_CA")
+    options: dict = {}
+    if credentials:  # options, not the URL: nats-py uses them for the servers it discovers too
+        options.update(user=credentials[0], password=credentials[1])
+    if tls_ca:
+        options["tls"] = ssl.create_default_context(cafile=tls_ca)
 
     async def on_error(exc: Exception) -> None:
         log.warning("nats %s: %s", name, exc)
@@ -41,6 +60,7 @@ async def connect(url: str | list[str], name: str, *, connect_timeout_s: float =
             disconnected_cb=on_disconnect,
             reconnected_cb=on_reconnect,
             pending_size=64 * 1024 * 1024,
+            **options,
         ), timeout=connect_timeout_s * 2)
     except Exception as exc:  # nats raises several unrelated types here
         raise BrokerUnavailable(f"cannot connect to NATS at {url}: {exc}") from exc

@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import asyncio
 import ctypes
+import getpass
 import logging
+import os
 
 import shutil
 import signal
@@ -17,6 +19,7 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from broker.auth import nats_accounts
 from broker.errors import BrokerUnavailable
 
 log = logging.getLogger(__name__)
@@ -102,31 +105,6 @@ class ManagedProcess:
             await proc.wait()
 
 
-# Two accounts (docs/architecture.md): services and NATS clients live in FAAS, MQTT devices of
-# the server's own listener in DEVICES. A device's request topic <p>/<node>/request/<fn>/<c>/<r>
-# is mapped to the durable subject <p>.async.<node>.<fn>.<c>.<r>, which FAAS imports and its
-# async stream captures: a device's QoS 1 request is stored, while a NATS request/reply on the
-# same request subject (a direct call) is not. Answers flow back by import. The prefix is a
-# wildcard, so one server serves every prefix.
-ACCOUNTS = """accounts {
-  FAAS: {
-    jetstream: enabled
-    users: [ { user: "faas", password: "faas-local" } ]
-    exports: [ { stream: "*.result.>" }, { stream: "*.reject.>" } ]
-    imports: [ { stream: { account: DEVICES, subject: "*.async.>" } } ]
-  }
-  DEVICES: {
-    jetstream: enabled
-    users: [ { user: "device", password: "device-local", allowed_connection_types: ["MQTT"] } ]
-    mappings: { "*.*.request.*.*.*": "{{wildcard(1)}}.async.{{wildcard(2)}}.{{wildcard(3)}}.{{wildcard(4)}}.{{wildcard(5)}}" }
-    exports: [ { stream: "*.async.>" } ]
-    imports: [ { stream: { account: FAAS, subject: "*.result.>" } }, { stream: { account: FAAS, subject: "*.reject.>" } } ]
-  }
-}
-no_auth_user: "faas"
-"""
-
-
 @dataclass
 class NatsServer(ManagedProcess):
     """nats-server with JetStream (file store under ``data_dir``) and optional MQTT."""
@@ -144,6 +122,10 @@ class NatsServer(ManagedProcess):
     cluster_port: int | None = None
     routes: list[str] = field(default_factory=list)   # nats-route://host:port of the others (self is ignored)
     cluster_name: str = "p2pfaas"
+    # the accounts block (broker.auth.nats_accounts): None is the open deployment of the tests,
+    # two accounts with MQTT devices mapped onto the durable subjects (docs/architecture.md)
+    accounts: str | None = None
+    tls: tuple[str, str] | None = None   # (certificate, key) files: clients and MQTT over TLS
 
     @property
     def url(self) -> str:
@@ -169,13 +151,19 @@ class NatsServer(ManagedProcess):
             f'listen: "{self.host}:{self.port}"',
             f"max_payload: {self.max_payload}",
             f'jetstream {{ store_dir: "{(self.data_dir / "jetstream").resolve()}" }}',
-            ACCOUNTS,
+            "include ./accounts.conf",   # identities (broker.auth); rewritten and reloaded when they change
         ]
+        open_deployment = self.accounts is None
+        self.reconfigure(self.accounts or nats_accounts(None, []))
+        tls = f'tls {{ cert_file: "{self.tls[0]}", key_file: "{self.tls[1]}" }}' if self.tls else ""
+        if tls:
+            lines.append(tls)
         if self.mqtt_port is not None:
             self.mqtt_port, note = choose_port(self.mqtt_port or None, self.host, {self.port})  # 0: any free port
             if note:
                 self.notes.append(f"MQTT: {note}")
-            lines.append(f'mqtt {{ listen: "{self.host}:{self.mqtt_port}", no_auth_user: "device" }}')
+            open_devices = ', no_auth_user: "device"' if open_deployment else ""
+            lines.append(f'mqtt {{ listen: "{self.host}:{self.mqtt_port}"{open_devices} {tls} }}')
         if self.cluster_port is not None:
             self.cluster_port, note = choose_port(self.cluster_port or None, self.host, {self.port, self.mqtt_port or 0})
             if note:
@@ -190,6 +178,17 @@ class NatsServer(ManagedProcess):
     @property
     def log_path(self) -> Path:
         return self.data_dir / "nats-server.log"
+
+    @property
+    def conf_path(self) -> Path:
+        return self.data_dir / "nats-server.conf"
+
+    def reconfigure(self, accounts: str) -> None:
+        """Rewrite the accounts (new identities); the caller then makes the server reload (SIGHUP)."""
+        self.accounts = accounts
+        path = self.data_dir / "accounts.conf"
+        path.write_text(accounts)
+        os.chmod(path, 0o600)
 
     @property
     def ports(self) -> list[int]:
@@ -222,6 +221,7 @@ class Mosquitto(ManagedProcess):
     host: str = "127.0.0.1"
     notes: list[str] = field(default_factory=list)
     name: str = "mosquitto"
+    auth: tuple[Path, Path] | None = None   # (password file, ACL file): None lets anyone in (tests)
 
     @property
     def url(self) -> str:
@@ -241,9 +241,14 @@ class Mosquitto(ManagedProcess):
         conf = self.data_dir / "mosquitto.conf"
         store = (self.data_dir / "mosquitto").resolve()
         store.mkdir(exist_ok=True)
+        access = ("allow_anonymous true\n" if self.auth is None else
+                  f"allow_anonymous false\npassword_file {self.auth[0]}\nacl_file {self.auth[1]}\n")
         conf.write_text(
             settings
-            + f"\nlistener {self.port} {self.host}\nallow_anonymous true\n"
+            # run as whoever started us (as root, Mosquitto would switch to its own user, which
+            # can read neither our 0600 password file nor write our store)
+            + f"\nuser {getpass.getuser()}\n"
+            + f"\nlistener {self.port} {self.host}\n" + access
             + f"persistence true\npersistence_location {store}/\n"
             # save after every change: a kill -9 must not lose what was PUBACKed to a device
             + "autosave_on_changes true\nautosave_interval 1\n"

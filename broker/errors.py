@@ -6,7 +6,9 @@
     ├── ContractError         a payload that does not match its message contract
     ├── BrokerUnavailable     nats-server / mosquitto cannot be reached or started
     ├── NodeUnavailable       no node answers a direct call (not running, gone mid-call)
-    └── PayloadTooLarge       a body over the configured limit
+    ├── PayloadTooLarge       a body over the configured limit
+    ├── Unauthorized          a missing or wrong bearer token on a route that needs one
+    └── Forbidden             a request the configuration does not allow (e.g. a callback host)
 
 Each error carries the HTTP status the bridges answer with.
 """
@@ -40,3 +42,11 @@ class NodeUnavailable(FaasError, RuntimeError):
 
 class PayloadTooLarge(FaasError, ValueError):
     http_status = 413
+
+
+class Unauthorized(FaasError, PermissionError):
+    http_status = 401
+
+
+class Forbidden(FaasError, PermissionError):
+    http_status = 403

@@ -13,11 +13,14 @@ import contextlib
 import itertools
 import logging
 import time
+import hmac
 import uuid
 from collections import OrderedDict
+from typing import Collection
+from urllib.parse import urlsplit
 
 import httpx
-from fastapi import FastAPI, Request
+from fastapi import Depends, FastAPI, Request
 from fastapi.responses import JSONResponse
 from nats.aio.client import Client
 from prometheus_client import CollectorRegistry, Counter, Histogram
@@ -25,7 +28,7 @@ from prometheus_client import CollectorRegistry, Counter, Histogram
 from broker import headers as H
 from broker.answers import VERSION, Answer
 from broker.client import FaasClient
-from broker.errors import FaasError, PayloadTooLarge
+from broker.errors import FaasError, Forbidden, PayloadTooLarge, Unauthorized
 from broker.http.control import control_router
 from broker.http.invoke import FastInvoke, answer_response, invoke_router
 from broker.http.learner import learner_router
@@ -41,7 +44,11 @@ class HttpBridge:
     """The app for one node; ``serve()`` runs it under uvicorn inside the caller's loop."""
 
     def __init__(self, nc: Client, node: str, *, prefix: str = "faas", max_payload_bytes: int = 1024 * 1024,
-                 invoke_timeout_s: float = 60.0, control_timeout_s: float = 3.0) -> None:
+                 invoke_timeout_s: float = 60.0, control_timeout_s: float = 3.0, operator_token: str | None = None,
+                 invoke_token: str | None = None, callback_hosts: Collection[str] = ()) -> None:
+        """``operator_token``: routes that change state need it (None: an open bridge, for tests
+        and trusted networks); ``invoke_token``: invocation needs it too (None: open, as OpenFaaS
+        by default); ``callback_hosts``: the hosts ``X-Callback-Url`` may name (none by default)."""
         self.nc = nc
         self.node = check_token(node, "node")
         self.subjects = Subjects(prefix)
@@ -50,6 +57,8 @@ class HttpBridge:
         self.max_payload_bytes = max_payload_bytes
         self.invoke_timeout_s = invoke_timeout_s
         self.control_timeout_s = control_timeout_s
+        self.operator_token, self.invoke_token = operator_token, invoke_token
+        self.callback_hosts = frozenset(h.lower() for h in callback_hosts)
         self.calls: OrderedDict[str, None] = OrderedDict()   # async call ids issued here
         self._background: set[asyncio.Task] = set()
         self._ids = itertools.count()
@@ -101,6 +110,27 @@ class HttpBridge:
             if len(body) > self.max_payload_bytes:
                 raise PayloadTooLarge(f"payload exceeds the limit of {self.max_payload_bytes} bytes")
         return bytes(body)
+
+    # -- who may do what (docs/security.md) --------------------------------------------------
+    async def require_operator(self, request: Request) -> None:
+        """Dependency of every route that changes state: the operator's bearer token."""
+        if self.operator_token is not None and not _bearer_matches(request.headers.get("authorization"), self.operator_token):
+            raise Unauthorized("this route changes state: it needs the operator token (Authorization: Bearer ...; "
+                               "`p2pfaas auth operator` prints it)")
+
+    def may_invoke(self, authorization: str | None) -> bool:
+        return self.invoke_token is None or _bearer_matches(authorization, self.invoke_token) or (
+            self.operator_token is not None and _bearer_matches(authorization, self.operator_token))
+
+    def check_callback(self, url: str | None) -> None:
+        """Callbacks go only to the hosts the operator allowed (a bridge must not POST anywhere)."""
+        if not url:
+            return
+        host = (urlsplit(url).hostname or "").lower()
+        if urlsplit(url).scheme not in ("http", "https") or host not in self.callback_hosts:
+            allowed = ", ".join(sorted(self.callback_hosts)) or "none"
+            raise Forbidden(f"callback to {host or url!r} not allowed (allowed hosts: {allowed}; "
+                            "p2pfaas up --callback-host HOST)")
 
     def remember(self, call_id: str) -> None:
         self.calls[call_id] = None
@@ -154,15 +184,23 @@ class HttpBridge:
         @api.exception_handler(FaasError)
         async def faas_error(request: Request, exc: FaasError) -> JSONResponse:
             headers = {H.RETRY_AFTER: "1"} if exc.http_status == 503 else None
+            if exc.http_status == 401:
+                headers = {"WWW-Authenticate": "Bearer"}
             return JSONResponse({"code": exc.http_status, "message": str(exc)}, status_code=exc.http_status,
                                 headers=headers)
 
         api.add_middleware(RequestMetrics, bridge=self)
+        operator = [Depends(self.require_operator)]
         api.include_router(invoke_router(self))
-        api.include_router(control_router(self))
-        api.include_router(learner_router(self))
-        api.include_router(dashboard_router(self.nc, self.subjects, self.node))
+        api.include_router(control_router(self, operator))
+        api.include_router(learner_router(self, operator))
+        api.include_router(dashboard_router(self.nc, self.subjects, self.node, guard=operator))
         return api
+
+
+def _bearer_matches(authorization: str | None, token: str) -> bool:
+    scheme, _, given = (authorization or "").partition(" ")
+    return scheme.lower() == "bearer" and hmac.compare_digest(given.strip().encode(), token.encode())
 
 
 class RequestMetrics:

@@ -67,8 +67,10 @@ class Dashboard:
     """The feed and the router of one bridge; ``node`` is the bridge's own node (shown first)."""
 
     def __init__(self, nc: Client, subjects: Subjects, node: str, *, history_s: float = 600.0,
-                 control_timeout_s: float = 3.0) -> None:
+                 control_timeout_s: float = 3.0, guard: list | None = None) -> None:
+        """``guard``: the dependencies of the operator controls (the bridge's operator token)."""
         self.nc, self.subjects, self.node = nc, subjects, check_node(node)
+        self.guard = guard or []
         self.control_timeout_s = control_timeout_s
         self.feed = DashboardFeed(nc, subjects, history_s=history_s)
         self.router = self._build_router()
@@ -132,7 +134,7 @@ class Dashboard:
         async def get_configuration(node: str) -> Response:
             return await ui._control(lambda: ui.subjects.config(check_node(node), "get"))
 
-        @router.post("/ui/api/nodes/{node}/configuration", summary="Change a node's K and queue (as POST /configuration)")
+        @router.post("/ui/api/nodes/{node}/configuration", summary="Change a node's K and queue (as POST /configuration)", dependencies=ui.guard)
         async def set_configuration(node: str, request: Request) -> Response:
             return await ui._control(lambda: ui.subjects.config(check_node(node), "set"),
                                      NodeConfiguration, await request.body())
@@ -141,7 +143,7 @@ class Dashboard:
         async def get_scheduler(node: str) -> Response:
             return await ui._control(lambda: ui.subjects.scheduler_config(check_node(node), "get"))
 
-        @router.post("/ui/api/nodes/{node}/scheduler", summary="Change a node's scheduler (as POST /configuration/scheduler)")
+        @router.post("/ui/api/nodes/{node}/scheduler", summary="Change a node's scheduler (as POST /configuration/scheduler)", dependencies=ui.guard)
         async def set_scheduler(node: str, request: Request) -> Response:
             response = await ui._control(lambda: ui.subjects.scheduler_config(check_node(node), "set"),
                                          SchedulerConfiguration, await request.body())
@@ -150,11 +152,11 @@ class Dashboard:
             return response
 
         @router.post("/ui/api/pools/{node}/{pool}/scale", status_code=202,
-                     summary="Scale a pool by hand: a ScaleCommand with policy 'manual'")
+                     summary="Scale a pool by hand: a ScaleCommand with policy 'manual'", dependencies=ui.guard)
         async def scale(node: str, pool: str, request: Request) -> Response:
             return await ui._scale(node, pool, await request.body())
 
-        @router.post("/ui/api/pools/{node}/{pool}/policy", summary="Switch the scaling policy of a pool's controller")
+        @router.post("/ui/api/pools/{node}/{pool}/policy", summary="Switch the scaling policy of a pool's controller", dependencies=ui.guard)
         async def policy(node: str, pool: str, request: Request) -> Response:
             try:
                 wanted = decode(PolicyRequest, await request.body())

@@ -44,7 +44,7 @@ def parse_mqtt_url(url: str) -> tuple[str, int]:
 
 class MqttBridge:
     def __init__(self, nc: Client, mqtt_url: str, *, prefix: str = "faas", client_id: str = "p2pfaas-bridge",
-                 max_payload_bytes: int = 1024 * 1024) -> None:
+                 max_payload_bytes: int = 1024 * 1024, credentials: tuple[str, str] | None = None) -> None:
         self.nc = nc
         self.js = nc.jetstream()
         self.subjects = Subjects(prefix)
@@ -61,6 +61,8 @@ class MqttBridge:
         self._mqtt = mqtt.Client(mqtt.CallbackAPIVersion.VERSION2, client_id=client_id, clean_session=False,
                                  protocol=mqtt.MQTTv311)
         self._mqtt.manual_ack_set(True)
+        if credentials:
+            self._mqtt.username_pw_set(*credentials)
         self._mqtt.max_inflight_messages_set(200)
         self._mqtt.on_connect = self._on_connect
         self._mqtt.on_disconnect = self._on_disconnect

@@ -10,13 +10,15 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import random
+import time
 from typing import Awaitable, Callable
 
 from nats.aio.client import Client
 from nats.aio.msg import Msg
 from nats.errors import TimeoutError as NatsTimeout
 from nats.js.api import AckPolicy, ConsumerConfig
-from nats.js.errors import BadRequestError
+from nats.js.errors import BadRequestError, NotFoundError
 
 from broker.streams import async_stream
 from broker.subjects import Subjects
@@ -43,6 +45,13 @@ class AsyncIntake:
         self._sub = None
 
     async def start(self) -> "AsyncIntake":
+        """Starts in the background: direct calls need no JetStream, so a node whose JetStream is
+        slow or down still serves them (``healthy`` says when async calls are being taken)."""
+        self._tasks = [asyncio.create_task(self._pull(), name=f"{self.node}-intake"),
+                       asyncio.create_task(self._keep_alive(), name=f"{self.node}-intake-keepalive")]
+        return self
+
+    async def _bind(self) -> None:
         stream = async_stream(self.subjects)
         config = ConsumerConfig(durable_name=consumer_name(self.node), ack_policy=AckPolicy.EXPLICIT,
                                 ack_wait=self.ack_wait_s, max_deliver=self.max_deliver, max_ack_pending=HOLD_LIMIT,
@@ -55,10 +64,6 @@ class AsyncIntake:
             await self.js.delete_consumer(stream, config.durable_name)
             await self.js.add_consumer(stream, config)
         self._sub = await self.js.pull_subscribe_bind(durable=config.durable_name, stream=stream)
-        self.healthy = True
-        self._tasks = [asyncio.create_task(self._pull(), name=f"{self.node}-intake"),
-                       asyncio.create_task(self._keep_alive(), name=f"{self.node}-intake-keepalive")]
-        return self
 
     async def stop(self) -> None:
         """Stop pulling; what is still held is handed back at once (a restarted node takes it)."""
@@ -81,6 +86,17 @@ class AsyncIntake:
         self._room.set()
 
     async def _pull(self) -> None:
+        delay = 0.2
+        while self._sub is None:   # JetStream may be busy (a loaded machine, a leader election): retry
+            try:
+                await self._bind()
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:
+                log.warning("%s: async intake not ready (%s); retrying in %g s", self.node, exc, delay)
+                await asyncio.sleep(delay)
+                delay = min(5.0, delay * 2)
+        self.healthy = True
         while True:
             room = HOLD_LIMIT - len(self.held)
             if room <= 0:
@@ -118,3 +134,95 @@ class AsyncIntake:
                 except Exception as exc:  # connection blip: the next round tries again
                     log.debug("in_progress: %s", exc)
                     break
+
+
+# -- calls to nodes that do not exist -------------------------------------------------------
+UNKNOWN_AFTER_S = 60.0   # an async call to a node that never existed waits this long, then is refused
+SWEEP_PERIOD_S = 15.0
+SCAN = 256               # stored calls looked at per sweep (the oldest first)
+
+
+class UnknownNodeSweeper:
+    """Every node looks, now and then, at the oldest stored async calls: one addressed to a node
+    that never existed (no durable consumer was ever made for it, unlike a node that is down)
+    and older than ``unknown_after_s`` is refused on its client's reject subject and removed —
+    never kept forever in silence. A device cannot tell a typo from a slow node otherwise."""
+
+    def __init__(self, node: str, nc: Client, subjects: Subjects, refuse: Callable[[Msg | object, str], Awaitable[None]],
+                 *, unknown_after_s: float = UNKNOWN_AFTER_S, period_s: float = SWEEP_PERIOD_S) -> None:
+        self.node, self.js, self.subjects = node, nc.jetstream(), subjects
+        self._refuse = refuse
+        self.unknown_after_s, self.period_s = unknown_after_s, period_s
+        self._task: asyncio.Task | None = None
+
+    def start(self) -> "UnknownNodeSweeper":
+        self._task = asyncio.create_task(self._run(), name=f"{self.node}-sweeper")
+        return self
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            await asyncio.gather(self._task, return_exceptions=True)
+
+    async def _run(self) -> None:
+        await asyncio.sleep(self.period_s * (0.5 + random.random()))   # nodes do not all sweep at once
+        while True:
+            try:
+                for node in await self.unknown_nodes():
+                    await self.drain(node)
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:  # JetStream busy or down: the next sweep tries again
+                log.debug("%s: sweep skipped: %s", self.node, exc)
+            await asyncio.sleep(self.period_s)
+
+    async def unknown_nodes(self) -> set[str]:
+        stream = async_stream(self.subjects)
+        info = await self.js.stream_info(stream)
+        if not info.state.messages:
+            return set()
+        known = {c.name[len("node-"):] for c in await self.js.consumers_info(stream) if c.name.startswith("node-")}
+        unknown: set[str] = set()
+        seq, now = info.state.first_seq, time.time()
+        for _ in range(SCAN):
+            try:
+                msg = await self.js.get_msg(stream, seq=seq, subject=self.subjects.all_async(), next=True)
+            except NotFoundError:
+                break
+            if msg.time is not None and now - msg.time.timestamp() < self.unknown_after_s:
+                break   # the rest are younger
+            node = msg.subject.split(".")[2] if msg.subject else ""
+            if node and node not in known:
+                unknown.add(node)
+            seq = (msg.seq or seq) + 1
+        return unknown
+
+    async def drain(self, node: str) -> None:
+        """Refuse every stored call of ``node`` through a consumer of our own (a work queue gives
+        each message to one consumer: while it exists, nobody else may take these)."""
+        stream = async_stream(self.subjects)
+        name = f"sweep-{node}"[:64]
+        try:
+            await self.js.add_consumer(stream, ConsumerConfig(
+                durable_name=name, ack_policy=AckPolicy.EXPLICIT, filter_subject=self.subjects.async_of(node),
+                inactive_threshold=60.0))
+        except BadRequestError as exc:   # the node appeared meanwhile, or another node sweeps it
+            log.debug("%s: not sweeping %s: %s", self.node, node, exc)
+            return
+        try:
+            sub = await self.js.pull_subscribe_bind(durable=name, stream=stream)
+            while True:
+                try:
+                    msgs = await sub.fetch(BATCH, timeout=1.0)
+                except (NatsTimeout, asyncio.TimeoutError):
+                    break
+                for msg in msgs:
+                    await self._refuse(msg, f"no node {node!r}: it has never been started (calls to it are refused "
+                                            f"after {self.unknown_after_s:g} s)")
+                    await msg.ack()
+            await sub.unsubscribe()
+        finally:
+            try:
+                await self.js.delete_consumer(stream, name)
+            except Exception as exc:
+                log.debug("%s: sweep consumer of %s not deleted: %s", self.node, node, exc)

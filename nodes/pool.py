@@ -16,13 +16,20 @@ import sys
 from dataclasses import dataclass, field
 
 from broker.embedded import die_with_parent_preexec
+from broker.connection import credentials_from_env
 from broker.lifecycle import child_env, remove_pid_file, write_pid_file
 from functions.registry import default_registry
 from nodes.dispatch import Dispatcher
 from nodes.settings import NodeSettings
-from nodes.worker import DEFAULT_POOL, EXIT_RECYCLE, STOP_GRACE_S, Worker
+from nodes.worker import DEFAULT_POOL, EXIT_RECYCLE, STOP_GRACE_S, WORKER_CREDENTIALS, Worker
 
 log = logging.getLogger(__name__)
+
+
+def worker_identity() -> dict[str, str]:
+    """The environment that makes a worker process connect as its node's worker identity."""
+    creds = credentials_from_env(WORKER_CREDENTIALS)
+    return {"P2PFAAS_NATS_USER": creds[0], "P2PFAAS_NATS_PASSWORD": creds[1]} if creds else {}
 
 
 @dataclass(eq=False)
@@ -124,7 +131,7 @@ class WorkerPool:
 
     async def _run_process(self, handle: WorkerHandle) -> None:
         env = child_env(P2PFAAS_NODE_SETTINGS=self.settings.model_dump_json(),
-                        P2PFAAS_WORKER_NAME=handle.name, P2PFAAS_WORKER_POOL=self.name)
+                        P2PFAAS_WORKER_NAME=handle.name, P2PFAAS_WORKER_POOL=self.name, **worker_identity())
         code: int | None = None
         try:
             handle.proc = await asyncio.create_subprocess_exec(
@@ -160,7 +167,7 @@ class WorkerPool:
             # they stop or we say we are gone (nodes/worker.py)
             env = {"P2PFAAS_NODE_SETTINGS": self.settings.model_dump_json(),
                    "P2PFAAS_WORKER_NAME": handle.name, "P2PFAAS_WORKER_POOL": self.name,
-                   "P2PFAAS_WORKER_WATCH_NODE": "1"}
+                   "P2PFAAS_WORKER_WATCH_NODE": "1", **worker_identity()}
             handle.proc = await (await self._docker).start(handle.name, env)  # type: ignore[assignment]
             if handle.state == "stopping":
                 handle.proc.send_signal(signal.SIGTERM)
@@ -207,7 +214,7 @@ class WorkerPool:
         else:
             log.warning("worker %s exited unexpectedly (code %s); replacing it", handle.name, code)
         active = sum(1 for w in self.workers if w.state != "stopping")
-        if active < self.target:
+        if active < self.target and not self._closing:
             self._spawn()
 
     async def stop(self, timeout_s: float = STOP_GRACE_S + 5.0) -> None:

@@ -50,6 +50,7 @@ class NodeSettings(BaseModel):
     docker_image: str = "p2pfaas-worker:latest"    # runtime "docker": the workers' image (docs/containers.md)
     ack_wait_s: float = Field(default=10.0, gt=0)   # a silent worker's task is redelivered after this
     max_deliver: int = Field(default=4, ge=2)       # last delivery is not run: it dead-letters
+    unknown_node_after_s: float = Field(default=60.0, gt=0)   # async calls to a node never seen: refused after
     functions: list[tuple[str, str]] = Field(default_factory=list)  # user (name, module:function)
     initial: NodeConfiguration = NodeConfiguration()
     initial_scheduler: SchedulerConfiguration = SchedulerConfiguration()

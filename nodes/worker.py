@@ -28,7 +28,7 @@ from nats.aio.client import Client
 from nats.aio.msg import Msg
 
 from broker.codec import encode, frame, unframe
-from broker.connection import close_quietly, connect
+from broker.connection import close_quietly, connect, credentials_from_env
 from broker.errors import ContractError
 from broker.lifecycle import hard_exit_after, on_parent_gone, parent_gone, parent_pipe_watched, run_loop
 from broker.messages import NodeGone, WorkerCall, WorkerOutcome
@@ -41,6 +41,7 @@ log = logging.getLogger(__name__)
 DEFAULT_POOL = "default"
 EXIT_RECYCLE = 3        # a function overran its timeout: the process exits so its thread dies with it
 STOP_GRACE_S = 10.0     # a stopping worker finishes its calls this long, then exits regardless
+WORKER_CREDENTIALS = "P2PFAAS_WORKER_NATS"   # _USER / _PASSWORD: the identity of a node's workers
 
 
 class Worker:
@@ -72,7 +73,9 @@ class Worker:
                 self._io.shutdown(wait=False)
 
     async def _run(self, ready: "asyncio.Future[None] | None") -> int:
-        self.nc = await connect(self.settings.nats_servers, f"{self.settings.node_id}-{self.name}")
+        # a worker runs user code: it connects as its node's worker identity, not as the node
+        self.nc = await connect(self.settings.nats_servers, f"{self.settings.node_id}-{self.name}",
+                                credentials=credentials_from_env(WORKER_CREDENTIALS) or credentials_from_env())
         sub = await self.nc.subscribe(self.subjects.worker(self.settings.node_id, self.name), cb=self._on_call)
         watch = await self._watch_node() if self.watch_node else None
         await self.nc.flush()

@@ -79,6 +79,9 @@ def up(
     scenario: str = typer.Option("bursty", help="Scenario whose worker bounds and normalisation the controller uses."),
     models_dir: Path = typer.Option(Path("data/models"), help="Where trained scaling models are looked up."),
     http_processes: int = typer.Option(1, min=1, max=32, help="HTTP bridge processes per node, sharing its port (more use more cores)."),
+    insecure: bool = typer.Option(False, "--insecure", help="No identities: anyone who reaches a port may do anything (a private laptop only; docs/security.md)."),
+    require_invoke_token: bool = typer.Option(False, help="HTTP invocation needs a bearer token too (open by default, as in OpenFaaS)."),
+    callback_host: list[str] = typer.Option([], "--callback-host", help="A host X-Callback-Url may name (repeatable; none by default)."),
     verbose: bool = typer.Option(False, "--verbose", "-v", help="Log at INFO."),
 ) -> None:
     """Start the whole stack: nats-server (JetStream), nodes with worker pools and learners, the autoscaling controller, HTTP and MQTT access. Every part is a supervised process (restarted when it dies; logs in DATA_DIR/logs). Ctrl-C stops it."""
@@ -96,7 +99,8 @@ def up(
         configuration=NodeConfiguration(parallel_running_functions_max=parallel, queue_length_max=queue),
         functions=_functions(function), config=stack_config,
         controller_policy=None if controller == "off" else controller, farm_scenario=scenario, models_dir=models_dir,
-        http_processes=http_processes,
+        http_processes=http_processes, secure=not insecure, require_invoke_token=require_invoke_token,
+        callback_hosts=callback_host,
     )
 
     async def main() -> None:
@@ -168,7 +172,12 @@ def node(
         raise typer.BadParameter(str(exc)) from None
 
     async def start() -> Node:
-        started = await Node(settings).start()
+        started = Node(settings)
+        try:
+            await started.start()
+        except BaseException:   # what did start (workers, the learner) stops again
+            await started.stop()
+            raise
         # serving once every pool has a worker: with a large K the others keep starting meanwhile
         # (calls wait in the queue for them), so a node never takes minutes to come up
         await asyncio.gather(*(pool.wait_ready(120, at_least=1) for pool in started.pools.values()))
@@ -204,18 +213,24 @@ def bridge(
 
     _logging(verbose)
     if kind is BridgeKind.http:
+        # secrets come in the environment (`up` sets them), never on the command line
         options = HttpBridgeOptions(node=node_id, nats_url=nats_url, host=host, port=port, prefix=prefix,
-                                    max_payload_bytes=max_payload_bytes, processes=processes)
+                                    max_payload_bytes=max_payload_bytes, processes=processes,
+                                    operator_token=os.environ.get("P2PFAAS_OPERATOR_TOKEN") or None,
+                                    invoke_token=os.environ.get("P2PFAAS_INVOKE_TOKEN") or None,
+                                    callback_hosts=tuple(h for h in os.environ.get("P2PFAAS_CALLBACK_HOSTS", "").split(",") if h))
         run_part(lambda: start_http_bridge(options, one_process_argv(sys.argv)), stop_http_bridge,
                  lambda _: console.print(f"HTTP bridge for {node_id} on http://{host}:{port} ({processes} process(es))"))
         return
 
     async def start_mqtt():
-        from broker.connection import connect
+        from broker.connection import connect, credentials_from_env
         from broker.mqtt_bridge import MqttBridge
 
         nc = await connect(nats_url, "p2pfaas-mqtt-bridge")
-        mqtt_bridge = MqttBridge(nc, mqtt_url, prefix=prefix, client_id=client_id, max_payload_bytes=max_payload_bytes)
+        mqtt_creds = credentials_from_env("P2PFAAS_MQTT")
+        mqtt_bridge = MqttBridge(nc, mqtt_url, prefix=prefix, client_id=client_id, max_payload_bytes=max_payload_bytes,
+                                 credentials=mqtt_creds)
         await mqtt_bridge.start()
         return nc, mqtt_bridge
 
@@ -249,6 +264,7 @@ def invoke(
     from p2pfaas.stack import read_endpoints
 
     known = read_endpoints(data_dir)
+    store = _stack_identity(data_dir)
     payload = Path(data[1:]).read_bytes() if data.startswith("@") else data.encode()
     headers = {}
     for item in header:
@@ -259,13 +275,17 @@ def invoke(
     try:
         if via is Via.http:
             target = url or known.get("http", {}).get(node_id) or "http://127.0.0.1:18080"
+            if store is not None and not any(k.lower() == "authorization" for k in headers):
+                headers["Authorization"] = f"Bearer {store.operator_token()}"   # passes a required invoke token too
             outcome = inv.via_http(target, fn, payload, headers, timeout)
         elif via is Via.nats:
             outcome = inv.run_nats(nats_url or known.get("nats_url") or "nats://127.0.0.1:4222",
                                    node_id, fn, payload, headers, timeout, client=client)
         else:
+            device = store.device(client) if store is not None else None   # `up` lets it in within a second
             outcome = inv.via_mqtt(mqtt_url or known.get("mqtt_url") or "mqtt://127.0.0.1:1883",
-                                   node_id, fn, payload, timeout, client=client)
+                                   node_id, fn, payload, timeout, client=client,
+                                   password=device.password if device else None)
     except Exception as exc:  # connection refused, timeout ... : one clear line
         console.print(f"[red]error:[/] {type(exc).__name__}: {exc}")
         raise typer.Exit(2)
@@ -277,6 +297,21 @@ def invoke(
     if outcome.status >= 300:
         console.print(f"[red]status {outcome.status}[/]")
         raise typer.Exit(1)
+
+
+def _stack_identity(data_dir: Path):
+    """The identity store of the `up` stack in ``data_dir`` (None when it has none); tools run by
+    hand act as its operator on NATS (parts started by `up` already have their own identity)."""
+    from broker.auth import OPERATOR, AuthStore
+
+    directory = data_dir / "auth"
+    if not (directory / "services.json").exists():
+        return None
+    store = AuthStore(directory)
+    if not os.environ.get("P2PFAAS_NATS_USER"):
+        operator = store.service(OPERATOR)
+        os.environ.update(P2PFAAS_NATS_USER=operator.user, P2PFAAS_NATS_PASSWORD=operator.password)
+    return store
 
 
 def _with_progress_bars(run, width: int, total: int | None = None):
@@ -409,6 +444,35 @@ def learner(
         raise typer.Exit(2)
 
 
+# -- identities (docs/security.md) ---------------------------------------------------
+auth_app = typer.Typer(help="Identities of an `up` stack: devices, the operator token.", no_args_is_help=True)
+app.add_typer(auth_app, name="auth")
+
+
+@auth_app.command("device")
+def auth_device(
+    name: str = typer.Argument(..., help="Device name: its MQTT user and the <client> token of its topics."),
+    data_dir: Path = typer.Option(Path("data"), help="The stack's data dir (its identities are in DATA_DIR/auth)."),
+) -> None:
+    """Create (or show) a device identity; prints {"user": ..., "password": ...}. A running `up` lets it in at once."""
+    from broker.auth import AuthStore
+
+    try:
+        print(AuthStore(data_dir / "auth").device(name).as_json())
+    except ValueError as exc:
+        raise typer.BadParameter(str(exc), param_hint="NAME") from None
+
+
+@auth_app.command("operator")
+def auth_operator(
+    data_dir: Path = typer.Option(Path("data"), help="The stack's data dir (its identities are in DATA_DIR/auth)."),
+) -> None:
+    """Print the operator token: `Authorization: Bearer <token>` on routes that change state."""
+    from broker.auth import AuthStore
+
+    print(AuthStore(data_dir / "auth").operator_token())
+
+
 # -- autoscaling ------------------------------------------------------------------
 train_app = typer.Typer(help="Train models (saved under data/models by default).", no_args_is_help=True)
 app.add_typer(train_app, name="train")
@@ -450,6 +514,7 @@ def controller_cmd(
         chosen, name, note = resolve_policy(policy, sc, models_dir)
     except ValueError as exc:
         raise typer.BadParameter(str(exc), param_hint="--policy") from None
+    _stack_identity(data_dir)
     url = nats_url or read_endpoints(data_dir).get("nats_url") or "nats://127.0.0.1:4222"
 
     def show(step) -> None:
@@ -496,6 +561,7 @@ def farm_run(
     from p2pfaas.stack import read_endpoints
 
     sc = load_scenario(scenario)
+    _stack_identity(data_dir)
     url = nats_url or read_endpoints(data_dir).get("nats_url") or "nats://127.0.0.1:4222"
 
     async def main():
@@ -534,6 +600,7 @@ def top(
     from p2pfaas.stack import read_endpoints
     from p2pfaas.top import watch
 
+    _stack_identity(data_dir)
     url = nats_url or read_endpoints(data_dir).get("nats_url") or "nats://127.0.0.1:4222"
     if once is not None:
         view = asyncio.run(watch(url, prefix, duration_s=once, live=False))

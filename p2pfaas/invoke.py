@@ -52,8 +52,9 @@ async def via_nats(nats_url: str, node: str, fn: str, data: bytes, headers: dict
 
 
 def via_mqtt(mqtt_url: str, node: str, fn: str, data: bytes, timeout_s: float, prefix: str = "faas",
-             client: str = "cli") -> Outcome:
-    """Publish at QoS 1 like a device and wait on faas/result|reject/<client>/<req>."""
+             client: str = "cli", password: str | None = None) -> Outcome:
+    """Publish at QoS 1 like a device named ``client`` and wait on faas/result|reject/<client>/<req>
+    (``password``: the device's, when the broker wants identities)."""
     subjects = Subjects(prefix)
     host, port = parse_mqtt_url(mqtt_url)
     req = uuid.uuid4().hex
@@ -74,6 +75,8 @@ def via_mqtt(mqtt_url: str, node: str, fn: str, data: bytes, timeout_s: float, p
         got.set()
 
     c.on_connect, c.on_subscribe, c.on_message = on_connect, on_subscribe, on_message
+    if password is not None:
+        c.username_pw_set(client, password)
     c.connect(host, port, keepalive=30)
     c.loop_start()
     try:

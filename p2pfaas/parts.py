@@ -57,6 +57,9 @@ class HttpBridgeOptions:
     prefix: str = "faas"
     max_payload_bytes: int = 1024 * 1024
     processes: int = 1
+    operator_token: str | None = None    # docs/security.md
+    invoke_token: str | None = None
+    callback_hosts: tuple[str, ...] = ()
 
 
 async def start_http_bridge(options: HttpBridgeOptions, argv_for_one: list[str] | None = None):
@@ -66,7 +69,9 @@ async def start_http_bridge(options: HttpBridgeOptions, argv_for_one: list[str] 
     from broker.http_bridge import HttpBridge
 
     nc = await connect(options.nats_url, f"http-bridge-{options.node}")
-    bridge = HttpBridge(nc, options.node, prefix=options.prefix, max_payload_bytes=options.max_payload_bytes)
+    bridge = HttpBridge(nc, options.node, prefix=options.prefix, max_payload_bytes=options.max_payload_bytes,
+                        operator_token=options.operator_token, invoke_token=options.invoke_token,
+                        callback_hosts=options.callback_hosts)
     started = asyncio.Event()
     serving = asyncio.create_task(bridge.serve(options.host, options.port, started, reuse_port=True))
     await asyncio.wait({serving, asyncio.create_task(started.wait())}, return_when=asyncio.FIRST_COMPLETED)

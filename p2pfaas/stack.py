@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import signal
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -14,6 +15,7 @@ from typing import Literal
 import orjson
 from pydantic import BaseModel, ConfigDict, Field, PositiveFloat, ValidationError, model_validator
 
+from broker.auth import BRIDGE, CONTROLLER, OPERATOR, AuthStore, mosquitto_files, nats_accounts
 from broker.embedded import Mosquitto, NatsServer, choose_port
 from broker.messages import NodeConfiguration, SchedulerConfiguration
 from controller.policies import resolve_policy
@@ -111,6 +113,10 @@ class StackSettings:
     farm_scenario: str = "bursty"
     models_dir: Path = Path("data/models")
     http_processes: int = 1             # HTTP bridge processes per node (SO_REUSEPORT)
+    # docs/security.md: identities on every transport (off: anyone who reaches a port may do anything)
+    secure: bool = True
+    require_invoke_token: bool = False  # HTTP invocation needs a token too (it is open by default, as in OpenFaaS)
+    callback_hosts: list[str] = field(default_factory=list)   # hosts X-Callback-Url may name
 
     def node_settings(self, nats_url: str, addresses: list[str]) -> list[NodeSettings]:
         """One NodeSettings per node: CLI flags, overridden by the config file's defaults and node entries."""
@@ -153,6 +159,10 @@ class StackSettings:
     def node_count(self) -> int:
         return len(self.config.nodes) or self.nodes
 
+    @property
+    def node_ids(self) -> list[str]:
+        return [spec.id or f"n{i + 1}" for i, spec in enumerate(self.config.nodes or [NodeSpec()] * self.nodes)]
+
 
 @dataclass
 class Endpoints:
@@ -189,6 +199,8 @@ class Stack:
         self.node_ids: list[str] = []
         self.nats_server: NatsServer | None = None
         self.mosquitto: Mosquitto | None = None
+        self.auth: AuthStore | None = None
+        self._watch: asyncio.Task | None = None
 
     async def start(self) -> Endpoints:
         try:
@@ -209,11 +221,16 @@ class Stack:
         strays = await asyncio.to_thread(sup.end_strays)
         if strays:
             ep.notes.append(f"ended {len(strays)} process(es) left in {s.data_dir} by a previous run")
+        self.auth = store = AuthStore(s.data_dir / "auth") if s.secure else None
+        if store is not None:
+            ep.notes.append(f"identities and tokens in {store.directory}: `p2pfaas auth operator`, "
+                            "`p2pfaas auth device NAME` (docs/security.md)")
         nats_url = s.nats_url
         if nats_url is None:
             self.nats_server = server = NatsServer(
                 data_dir=s.data_dir / "nats", port=s.nats_port, host=s.host,
-                mqtt_port=s.mqtt_port if s.mqtt == "nats" and not s.mqtt_url else None)
+                mqtt_port=s.mqtt_port if s.mqtt == "nats" and not s.mqtt_url else None,
+                accounts=nats_accounts(store, s.node_ids) if store is not None else None)
             argv = server.configure()
             await sup.start(ChildSpec("nats-server", argv, ready="port", ports=server.ports, ready_timeout_s=30,
                                       stop_timeout_s=10))
@@ -224,7 +241,9 @@ class Stack:
         ep.nats_url = nats_url
         mqtt_url = s.mqtt_url
         if mqtt_url is None and s.mqtt == "mosquitto":
-            self.mosquitto = mosquitto = Mosquitto(data_dir=s.data_dir / "mosquitto", port=s.mqtt_port, host=s.host)
+            auth = mosquitto_files(store, s.prefix, s.data_dir / "mosquitto" / "auth") if store is not None else None
+            self.mosquitto = mosquitto = Mosquitto(data_dir=s.data_dir / "mosquitto", port=s.mqtt_port, host=s.host,
+                                                   auth=auth)
             argv = mosquitto.configure()
             await sup.start(ChildSpec("mosquitto", argv, ready="port", ports=mosquitto.ports, ready_timeout_s=20,
                                       stop_timeout_s=10))
@@ -246,24 +265,28 @@ class Stack:
             path = run_dir / f"node-{node.node_id}.json"
             path.write_text(node.model_dump_json())
             specs.append(ChildSpec(f"node-{node.node_id}", self._cli("node", "--settings", str(path)),
-                                   stop_timeout_s=30))
+                                   env=self._identity(node=node.node_id), stop_timeout_s=30))
             self.node_ids.append(node.node_id)
         await asyncio.gather(*(sup.start(spec) for spec in specs))
 
         if mqtt_url is not None:
             await sup.start(ChildSpec("mqtt-bridge", self._cli(
                 "bridge", "mqtt", "--nats-url", nats_url, "--mqtt-url", mqtt_url, "--prefix", s.prefix,
-                "--client-id", f"p2pfaas-bridge-{s.prefix}", "--max-payload-bytes", str(s.max_payload_bytes))))
+                "--client-id", f"p2pfaas-bridge-{s.prefix}", "--max-payload-bytes", str(s.max_payload_bytes)),
+                env=self._identity(BRIDGE, mqtt=True)))
             ep.mqtt_url, ep.mqtt_via = mqtt_url, "Mosquitto + p2pfaas MQTT bridge"
         bridges = [ChildSpec(f"http-{node_id}", self._cli(
             "bridge", "http", "--node", node_id, "--nats-url", nats_url, "--host", s.host, "--port", str(port),
             "--prefix", s.prefix, "--max-payload-bytes", str(s.max_payload_bytes),
-            "--processes", str(s.http_processes))) for node_id, port in zip(self.node_ids, ports)]
+            "--processes", str(s.http_processes)), env=self._identity(BRIDGE, http=True))
+            for node_id, port in zip(self.node_ids, ports)]
         await asyncio.gather(*(sup.start(spec) for spec in bridges))
         for node_id, port in zip(self.node_ids, ports):
             ep.http[node_id] = f"http://{s.host}:{port}"
         if s.controller_policy is not None:
             await self._start_controller(nats_url)
+        if store is not None:
+            self._watch = asyncio.create_task(self._reload_on_new_identities(store), name="auth-watch")
         (s.data_dir / "endpoints.json").write_bytes(orjson.dumps({
             "nats_url": ep.nats_url, "mqtt_url": ep.mqtt_url, "http": ep.http, "prefix": s.prefix,
         }, option=orjson.OPT_INDENT_2))
@@ -276,15 +299,57 @@ class Stack:
         await self.supervisor.start(ChildSpec("controller", self._cli(
             "controller", "--node", node, "--pool", FARM_POOL, "--policy", s.controller_policy or "auto",
             "--scenario", s.farm_scenario, "--models-dir", str(s.models_dir), "--nats-url", nats_url,
-            "--prefix", s.prefix)))
+            "--prefix", s.prefix), env=self._identity(CONTROLLER)))
         if note:
             self.endpoints.notes.append(f"controller: {note}")
         self.endpoints.controller = (f"{node}/{FARM_POOL} (function {FARM_FUNCTION}) scaled by {name}, "
                                      f"scenario {scenario.name}, {scenario.workers.min}-{scenario.workers.max} workers")
 
+    def _identity(self, user: str | None = None, *, node: str | None = None, http: bool = False,
+                  mqtt: bool = False) -> dict[str, str]:
+        """The environment that gives a part its identity (nothing in an insecure stack)."""
+        s, store = self.settings, self.auth
+        env: dict[str, str] = {}
+        if http:
+            env["P2PFAAS_CALLBACK_HOSTS"] = ",".join(s.callback_hosts)
+        if store is None:
+            return env
+        if node is not None:
+            creds, workers = store.node(node), store.worker(node)
+            env.update(P2PFAAS_WORKER_NATS_USER=workers.user, P2PFAAS_WORKER_NATS_PASSWORD=workers.password)
+        else:
+            creds = store.service(user or OPERATOR)
+        env.update(P2PFAAS_NATS_USER=creds.user, P2PFAAS_NATS_PASSWORD=creds.password)
+        if http:
+            env["P2PFAAS_OPERATOR_TOKEN"] = store.operator_token()
+            if s.require_invoke_token:
+                env["P2PFAAS_INVOKE_TOKEN"] = store.invoke_token()
+        if mqtt:
+            env.update(P2PFAAS_MQTT_USER=creds.user, P2PFAAS_MQTT_PASSWORD=creds.password)
+        return env
+
+    async def _reload_on_new_identities(self, store: AuthStore, period_s: float = 1.0) -> None:
+        """A device or node added with ``p2pfaas auth`` while we run: the brokers learn it at once
+        (configuration rewritten, then reloaded with SIGHUP; nobody is disconnected)."""
+        seen = store.changed_at()
+        while True:
+            await asyncio.sleep(period_s)
+            if store.changed_at() <= seen:
+                continue
+            seen = store.changed_at()
+            if self.nats_server is not None:
+                self.nats_server.reconfigure(nats_accounts(store, self.settings.node_ids))
+                self.supervisor.signal("nats-server", signal.SIGHUP)
+            if self.mosquitto is not None:
+                mosquitto_files(store, self.settings.prefix, self.settings.data_dir / "mosquitto" / "auth")
+                self.supervisor.signal("mosquitto", signal.SIGHUP)
+            log.info("identities changed: brokers reloaded")
+
     async def stop(self) -> None:
         """Controller and bridges first (no new work), then the nodes (they finish theirs), then
         the brokers; every step bounded."""
+        if self._watch is not None:
+            self._watch.cancel()
         order = ["controller", *[f"http-{n}" for n in self.node_ids], "mqtt-bridge",
                  *[f"node-{n}" for n in self.node_ids], "mosquitto", "nats-server"]
         await self.supervisor.stop_all(order)

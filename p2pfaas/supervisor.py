@@ -188,6 +188,12 @@ class Supervisor:
                 except ProcessLookupError:
                     pass
 
+    def signal(self, name: str, sig: int) -> None:
+        """Send ``sig`` to a child (e.g. SIGHUP: reload its configuration)."""
+        child = self.children.get(name)
+        if child is not None and child.proc is not None and child.proc.returncode is None:
+            child.proc.send_signal(sig)
+
     def kill(self, name: str) -> None:
         """SIGKILL a child (fault injection): it is restarted like any child that died."""
         child = self.children[name]

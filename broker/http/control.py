@@ -20,7 +20,8 @@ if TYPE_CHECKING:
     from broker.http_bridge import HttpBridge
 
 
-def control_router(bridge: "HttpBridge") -> APIRouter:
+def control_router(bridge: "HttpBridge", operator: list) -> APIRouter:
+    """``operator``: the dependencies of the routes that change state (the operator's token)."""
     router = APIRouter(tags=["control"])
     subjects, node = bridge.subjects, bridge.node
 
@@ -46,7 +47,7 @@ def control_router(bridge: "HttpBridge") -> APIRouter:
     async def get_configuration() -> Response:
         return await ask(subjects.config(node, "get"))
 
-    @router.post("/configuration", summary="Change K / queue at run time (persisted)")
+    @router.post("/configuration", summary="Change K / queue at run time (persisted)", dependencies=operator)
     async def set_configuration(request: Request) -> Response:
         return await ask(subjects.config(node, "set"), await bridge.read_body(request))
 
@@ -54,7 +55,7 @@ def control_router(bridge: "HttpBridge") -> APIRouter:
     async def get_scheduler() -> Response:
         return await ask(subjects.scheduler_config(node, "get"))
 
-    @router.post("/configuration/scheduler", summary="Change the scheduling algorithm (persisted)")
+    @router.post("/configuration/scheduler", summary="Change the scheduling algorithm (persisted)", dependencies=operator)
     async def set_scheduler(request: Request) -> Response:
         return await ask(subjects.scheduler_config(node, "set"), await bridge.read_body(request))
 

@@ -12,12 +12,12 @@ import asyncio
 import time
 from typing import TYPE_CHECKING, Iterable
 
-from fastapi import APIRouter, Request
+from fastapi import APIRouter, Depends, Request
 from fastapi.responses import JSONResponse, Response
 
 from broker import headers as H
 from broker.answers import Answer, error_body
-from broker.errors import NodeUnavailable
+from broker.errors import NodeUnavailable, Unauthorized
 from broker.subjects import TOKEN_RE, check_token
 
 if TYPE_CHECKING:
@@ -78,7 +78,10 @@ class FastInvoke:
         fn = scope["path"][len(FUNCTION_PATH):]
         if not TOKEN_RE.match(fn):
             return await _send(send, 400, error_body(400, f"invalid function {fn[:64]!r}: must match [A-Za-z0-9_-]{{1,64}}"), [_JSON])
-        headers, declared = _caller_headers(scope["headers"])
+        headers, declared, authorization = _caller_headers(scope["headers"])
+        if not bridge.may_invoke(authorization):
+            return await _send(send, 401, error_body(401, "invocation needs the invoke token (Authorization: Bearer ...)"),
+                               [_JSON, (b"www-authenticate", b"Bearer")])
         if declared is not None and declared > bridge.max_payload_bytes:
             return await _send(send, 413, error_body(413, f"payload of {declared} bytes exceeds the limit of {bridge.max_payload_bytes}"), [_JSON])
         body = b""
@@ -95,16 +98,18 @@ class FastInvoke:
         return await _send(send, answer.status, answer.body, answer_header_list(answer, call_id))
 
 
-def _caller_headers(raw: Iterable[tuple[bytes, bytes]]) -> tuple[dict[str, str], int | None]:
-    """The P2PFaaS request headers a caller may set, and the declared body length."""
+def _caller_headers(raw: Iterable[tuple[bytes, bytes]]) -> tuple[dict[str, str], int | None, str | None]:
+    """The P2PFaaS request headers a caller may set, the declared body length, the Authorization."""
     headers: dict[str, str] = {}
-    declared = None
+    declared = authorization = None
     for name, value in raw:
         if name == b"content-length":
             declared = int(value) if value.isdigit() else None
         elif name in _CALLER:
             headers[_CALLER[name]] = value.decode("latin-1")
-    return headers, declared
+        elif name == b"authorization":
+            authorization = value.decode("latin-1")
+    return headers, declared, authorization
 
 
 async def _send(send, status: int, body: bytes, headers: list[tuple[bytes, bytes]]) -> int:
@@ -117,6 +122,12 @@ async def _send(send, status: int, body: bytes, headers: list[tuple[bytes, bytes
 def invoke_router(bridge: "HttpBridge") -> APIRouter:
     router = APIRouter(tags=["invoke"])
 
+    async def may_invoke(request: Request) -> None:
+        if not bridge.may_invoke(request.headers.get("authorization")):
+            raise Unauthorized("invocation needs the invoke token (Authorization: Bearer ...)")
+
+    router.dependencies.append(Depends(may_invoke))
+
     @router.get("/function/{fn}", summary="Invoke a function synchronously (direct path)", operation_id="invoke_get")
     @router.post("/function/{fn}", summary="Invoke a function synchronously (direct path)", operation_id="invoke_post")
     async def invoke(fn: str, request: Request) -> Response:
@@ -128,6 +139,8 @@ def invoke_router(bridge: "HttpBridge") -> APIRouter:
     @router.post("/async-function/{fn}", status_code=202, summary="Invoke asynchronously (durable); 202 + X-Call-Id")
     async def invoke_async(fn: str, request: Request) -> Response:
         check_token(fn, "function")
+        callback = request.headers.get(H.CALLBACK_URL)
+        bridge.check_callback(callback)
         body = await bridge.read_body(request)
         call_id = bridge.new_call_id()
         fut = bridge.faas.expect(call_id)
@@ -137,7 +150,7 @@ def invoke_router(bridge: "HttpBridge") -> APIRouter:
             bridge.faas.forget(call_id)
             return error(503, f"call not accepted (not stored): {exc}", **{H.RETRY_AFTER: "1"})
         bridge.remember(call_id)
-        bridge.background(bridge.deliver_callback(fut, call_id, request.headers.get(H.CALLBACK_URL)))
+        bridge.background(bridge.deliver_callback(fut, call_id, callback))
         return JSONResponse({"call_id": call_id, "status": "accepted", "result_url": f"/result/{call_id}",
                              "result_topic": bridge.subjects.result(bridge.client_id, call_id)},
                             status_code=202, headers={H.CALL_ID: call_id})

@@ -26,7 +26,8 @@ LEARNING_HEADER = H.LEARNER_PREFIX
 LEARNING_EPS = H.LEARNER_EPS
 
 
-def learner_router(bridge: "HttpBridge") -> APIRouter:
+def learner_router(bridge: "HttpBridge", operator: list) -> APIRouter:
+    """``operator``: the dependencies of the routes that change the model (the operator's token)."""
     router = APIRouter(prefix="/learner", tags=["learner"])
 
     async def control(model: str, verb: LearnerVerb, body: bytes = b"") -> Response:
@@ -61,7 +62,7 @@ def learner_router(bridge: "HttpBridge") -> APIRouter:
         action = decode(LearnerAction, response.body)
         return Response(str(action.action), media_type="text/plain", headers={LEARNING_EPS: repr(action.eps)})
 
-    @router.get("/train", summary="P2PFaaS learner: one sample from X-P2pfaas-Learning-{Eid,State,Action,Reward}")
+    @router.get("/train", summary="P2PFaaS learner: one sample from X-P2pfaas-Learning-{Eid,State,Action,Reward}", dependencies=operator)
     async def learner_train(request: Request) -> Response:
         names = ("Eid", "State", "Action", "Reward")
         missing = [LEARNING_HEADER + n for n in names if LEARNING_HEADER + n not in request.headers]
@@ -74,7 +75,7 @@ def learner_router(bridge: "HttpBridge") -> APIRouter:
             return error(400, str(exc))
         return await store([sample])
 
-    @router.post("/train_batch", summary="P2PFaaS learner: JSON list of {eid, state, action, reward}")
+    @router.post("/train_batch", summary="P2PFaaS learner: JSON list of {eid, state, action, reward}", dependencies=operator)
     async def learner_train_batch(request: Request) -> Response:
         try:
             batch = decode(LearnerTrainBatch, await bridge.read_body(request))
@@ -86,7 +87,7 @@ def learner_router(bridge: "HttpBridge") -> APIRouter:
     async def learner_parameters(model: str = SCHEDULING_MODEL) -> Response:
         return await control(model, "parameters.get")
 
-    @router.post("/parameters", summary="Change learner hyper-parameters at run time")
+    @router.post("/parameters", summary="Change learner hyper-parameters at run time", dependencies=operator)
     async def learner_set_parameters(request: Request, model: str = SCHEDULING_MODEL) -> Response:
         return await control(model, "parameters.set", await bridge.read_body(request))
 
@@ -98,7 +99,7 @@ def learner_router(bridge: "HttpBridge") -> APIRouter:
     async def learner_weights(model: str = SCHEDULING_MODEL) -> Response:
         return await control(model, "weights.get")
 
-    @router.get("/reset", summary="Forget what the model learned")
+    @router.get("/reset", summary="Forget what the model learned", dependencies=operator)
     async def learner_reset(model: str = SCHEDULING_MODEL) -> Response:
         return await control(model, "reset")
 

@@ -19,9 +19,60 @@ import uvicorn
 if TYPE_CHECKING:
     from broker.http_bridge import HttpBridge
 
-HTTP_IMPLEMENTATION = "httptools" if importlib.util.find_spec("httptools") else "h11"
 CONNECTION_LIMIT = 4096       # concurrent connections per bridge process; beyond: 503
 KEEP_ALIVE_S = 30.0           # an idle keep-alive connection is closed after this
+HEADER_TIMEOUT_S = 10.0       # a request's headers must arrive within this (slowloris)
+BODY_TIMEOUT_S = 60.0         # and its body within this, once the headers are in
+
+
+def _guarded_protocol():
+    """uvicorn's httptools protocol with what it lacks: a deadline for a request's headers (from
+    the first byte or from the connection) and for its body; a client that dawdles is cut off."""
+    if importlib.util.find_spec("httptools") is None:
+        return "h11"
+    from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+
+    class GuardedHttpToolsProtocol(HttpToolsProtocol):
+        _deadline: asyncio.TimerHandle | None = None
+
+        def _arm(self, seconds: float) -> None:
+            self._disarm()
+            self._deadline = self.loop.call_later(seconds, self._too_slow)
+
+        def _disarm(self) -> None:
+            if self._deadline is not None:
+                self._deadline.cancel()
+                self._deadline = None
+
+        def _too_slow(self) -> None:
+            self._deadline = None
+            if self.transport is not None and not self.transport.is_closing():
+                self.transport.close()
+
+        def connection_made(self, transport) -> None:  # type: ignore[override]
+            super().connection_made(transport)
+            self._arm(HEADER_TIMEOUT_S)
+
+        def connection_lost(self, exc) -> None:
+            self._disarm()
+            super().connection_lost(exc)
+
+        def on_message_begin(self) -> None:
+            super().on_message_begin()
+            self._arm(HEADER_TIMEOUT_S)
+
+        def on_headers_complete(self) -> None:
+            super().on_headers_complete()
+            self._arm(BODY_TIMEOUT_S)
+
+        def on_message_complete(self) -> None:
+            self._disarm()   # the app runs as long as it needs; keep-alive has its own timeout
+            super().on_message_complete()
+
+    return GuardedHttpToolsProtocol
+
+
+HTTP_IMPLEMENTATION = _guarded_protocol()
 
 
 class EmbeddedServer(uvicorn.Server):

@@ -364,11 +364,26 @@ function renderLearners(now) {
 }
 
 // -- operator controls ------------------------------------------------------------------------
+// state changes need the operator token (`p2pfaas auth operator`): asked once, kept in this browser
+function operatorHeaders() {
+  const token = localStorage.getItem("p2pfaasOperatorToken");
+  return token ? {"Authorization": `Bearer ${token}`} : {};
+}
+
 async function post(path, body, output) {
   output.className = "";
   output.textContent = "…";
   try {
-    const response = await fetch(path, {method: "POST", headers: {"Content-Type": "application/json"}, body: JSON.stringify(body)});
+    const send = () => fetch(path, {method: "POST", body: JSON.stringify(body),
+                                    headers: {"Content-Type": "application/json", ...operatorHeaders()}});
+    let response = await send();
+    if (response.status === 401) {
+      const token = window.prompt("Operator token (p2pfaas auth operator):");
+      if (token) {
+        localStorage.setItem("p2pfaasOperatorToken", token.trim());
+        response = await send();
+      }
+    }
     const answer = await response.json().catch(() => ({}));
     output.className = response.ok ? "ok" : "error";
     output.textContent = response.ok ? `done: ${JSON.stringify(answer)}` : `${response.status}: ${answer.message || response.statusText}`;

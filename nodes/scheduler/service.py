@@ -35,7 +35,7 @@ from nodes.config_store import ConfigStore
 from nodes.dispatch import Dispatcher
 from nodes.forwarding import Forwarder
 from nodes.inbox import Inbox
-from nodes.intake import AsyncIntake
+from nodes.intake import AsyncIntake, UnknownNodeSweeper
 from nodes.metrics import NodeMetrics
 from nodes.scheduler.algorithms import build_algorithm, decide
 from nodes.scheduler.base import (
@@ -76,6 +76,9 @@ class SchedulerService:
         self.forwarder = Forwarder(self.node_id, nc, self.subjects, inbox, answerer, self.run_here, self._count_forward)
         self.intake = AsyncIntake(self.node_id, nc, self.subjects, ack_wait_s=settings.ack_wait_s,
                                   max_deliver=settings.max_deliver, take=self.take_async)
+        self.sweeper = UnknownNodeSweeper(self.node_id, nc, self.subjects, self._refuse_unknown_node,
+                                          unknown_after_s=settings.unknown_node_after_s,
+                                          period_s=min(15.0, settings.unknown_node_after_s / 2))
         self.forwards: dict[str, int] = {}   # forwards per peer since the last heartbeat
         self.learning = None  # the node's LearningContext (nodes/scheduler/learning.py): view.learning
         self.rng = random.Random()
@@ -102,6 +105,7 @@ class SchedulerService:
         self._subs.append(await self.nc.subscribe(self.subjects.requests_of(self.node_id), cb=self._on_request))
         self._subs.append(await self.nc.subscribe(self.subjects.forwards_of(self.node_id), cb=self._on_forward))
         await self.intake.start()
+        self.sweeper.start()
 
     async def stop_intake(self) -> None:
         """No new calls: unsubscribe and stop pulling (running calls still finish)."""
@@ -111,6 +115,7 @@ class SchedulerService:
             except Exception as exc:  # the connection may already be gone at shutdown
                 log.debug("unsubscribe: %s", exc)
         self._subs.clear()
+        await self.sweeper.stop()
         await self.intake.stop()
         for task in self._deciding:
             task.cancel()
@@ -274,6 +279,9 @@ class SchedulerService:
             await self.nc.jetstream().publish(target, encode(rejection), stream=results_stream(self.subjects), timeout=5.0)
         except Exception as exc:
             log.warning("%s: rejection of %s not stored: %s", self.node_id, subject, exc)
+
+    async def _refuse_unknown_node(self, msg: Msg, reason: str) -> None:
+        await self._refuse_raw("", Refusal(404, 404, reason, "unknown_node"), subject=msg.subject)
 
     async def _answered(self, inv: Invocation) -> bool:
         js = self.nc.jetstream()

@@ -18,7 +18,8 @@ from support import eventually, serving, wait_until
 @pytest.fixture
 async def http(node_factory, nc, prefix):
     async with node_factory(k=2, queue=2):
-        async with serving(HttpBridge(nc, "n1", prefix=prefix, max_payload_bytes=4096, invoke_timeout_s=5)) as client:
+        async with serving(HttpBridge(nc, "n1", prefix=prefix, max_payload_bytes=4096, invoke_timeout_s=5,
+                                      callback_hosts=["127.0.0.1"])) as client:
             yield client
 
 

@@ -115,3 +115,14 @@ async def test_mosquitto_clients_like_the_readme(node_factory, mqtt_port, prefix
         out, _ = await asyncio.wait_for(sub.communicate(), 30)
     payload = next(line for line in out.splitlines() if line.startswith(b"{"))
     assert orjson.loads(payload)["output"] == "75025"
+
+
+async def test_request_to_a_node_that_never_existed_is_refused_not_kept_forever(node_factory, mqtt_port, prefix):
+    async with node_factory(unknown_node_after_s=1.0):
+        with device(mqtt_port, prefix) as dev:
+            dev.publish("nosuchnode/request/echo/dev1/lost1", b"x")
+            rejection = await dev.answer("reject/dev1/lost1", timeout_s=30)
+            dev.publish("n1/request/echo/dev1/fine", b"x")        # and the node itself still serves
+            result = await dev.answer("result/dev1/fine")
+    assert rejection["code"] == 404 and "never been started" in rejection["reason"]
+    assert result["output"] == "x"

@@ -15,6 +15,7 @@ from pathlib import Path
 import httpx
 import pytest
 
+from broker.auth import OPERATOR, AuthStore
 from broker.codec import decode
 from broker.connection import close_quietly, connect
 from broker.embedded import free_port
@@ -78,7 +79,9 @@ async def test_dashboard_shows_live_telemetry_decisions_and_changes_k(tmp_path):
     flags = ("--nodes", "2", "--k", "2", "--http-port", str(free_port()), "--nats-port", str(free_port()),
              "--mqtt", "off", "--scenario", "spike", "--controller", "reactive-max")
     async with p2pfaas_up(tmp_path / "data", *flags) as endpoints:
-        nc = await connect(endpoints["nats_url"], "dashboard-test")
+        store = AuthStore(tmp_path / "data" / "auth")   # the stack is secure: the test is its operator
+        operator = store.service(OPERATOR)
+        nc = await connect(endpoints["nats_url"], "dashboard-test", credentials=(operator.user, operator.password))
         subjects = Subjects(endpoints["prefix"])
         samples: dict[float, PoolTelemetry] = {}
         heartbeats: dict[tuple[str, float], Heartbeat] = {}
@@ -102,6 +105,8 @@ async def test_dashboard_shows_live_telemetry_decisions_and_changes_k(tmp_path):
         try:
             async with Chromium(tmp_path / "chromium") as page:
                 await page.open(f"{endpoints['http']['n1']}/ui")
+                # the operator gave the page their token once (it asks on the first refused change)
+                await page.evaluate(f"localStorage.setItem('p2pfaasOperatorToken', '{store.operator_token()}')")
                 await page.wait_for("document.querySelector('#connection').dataset.state === 'live'", 15)
                 load = asyncio.create_task(keep_busy(endpoints["http"]))
 

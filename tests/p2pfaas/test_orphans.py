@@ -12,6 +12,7 @@ import sys
 import time
 from pathlib import Path
 
+from broker.auth import OPERATOR, AuthStore
 from broker.client import FaasClient
 from broker.connection import close_quietly, connect
 from broker.embedded import free_port
@@ -32,8 +33,10 @@ def start_busy_stack(start_up, tmp_path: Path) -> tuple[subprocess.Popen, Path, 
                     env={"P2PFAAS_STOP_TIMEOUT_S": str(STOP_BOUND_S)})
     endpoints = wait_endpoints(proc, data_dir, timeout_s=120)
 
+    operator = AuthStore(data_dir / "auth").service(OPERATOR)   # the stack is secure: act as its operator
+
     async def keep_farm_busy() -> None:
-        nc = await connect(endpoints["nats_url"], "orphans-test")
+        nc = await connect(endpoints["nats_url"], "orphans-test", credentials=(operator.user, operator.password))
         try:
             async with FaasClient(nc, client="orphans", prefix=endpoints["prefix"]) as faas:
                 for i in range(6):

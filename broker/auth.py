@@ -1,0 +1,225 @@
+"""Identities and what each may do: one model for NATS, MQTT and HTTP (docs/security.md).
+
+Every client has an identity. Services — each node, its workers, the bridges, the controllers —
+and operators get NATS users with per-subject permissions in account FAAS; devices get users
+in account DEVICES that may only connect over MQTT, publish their own requests and read their
+own answers; HTTP state changes need the operator's bearer token. The secrets live in
+``<data-dir>/auth`` (a 0700 directory of 0600 files), made on first use.
+
+Rules (each tested by trying the forbidden thing, tests/broker/test_security.py):
+
+* a device publishes only requests whose ``<client>`` token is its own name, reads only its own
+  results and rejects;
+* only nodes publish results, rejects, forwards, membership, telemetry and rewards (each node
+  only its own membership, telemetry and rewards); workers (user code) only answer their node;
+* only controllers publish scale commands (and the bridges, for an operator's request);
+* only operators change configuration, schedulers, learner parameters and streams (over HTTP
+  with the operator token: the bridge checks it, then acts).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import subprocess
+from dataclasses import dataclass
+from pathlib import Path
+
+from broker.subjects import check_node, check_token
+
+OPERATOR = "operator"
+BRIDGE = "bridge"
+CONTROLLER = "controller"
+FULL_JS = "$JS.API.>"
+JS_DENIED = ["$JS.API.STREAM.DELETE.>", "$JS.API.STREAM.PURGE.>"]   # streams are the operators'
+JS_RUNTIME = ["$JS.ACK.>", "$JS.FC.>", "_INBOX.>"]
+
+
+@dataclass(frozen=True, slots=True)
+class Credentials:
+    user: str
+    password: str
+
+    def as_json(self) -> str:
+        return json.dumps({"user": self.user, "password": self.password})
+
+
+def node_user(node: str) -> str:
+    return f"node-{check_node(node)}"
+
+
+def worker_user(node: str) -> str:
+    return f"worker-{check_node(node)}"
+
+
+class AuthStore:
+    """The deployment's secrets under ``directory`` (made with safe permissions on first use)."""
+
+    def __init__(self, directory: Path) -> None:
+        self.directory = directory
+
+    def _file(self, name: str) -> Path:
+        self.directory.mkdir(parents=True, exist_ok=True, mode=0o700)
+        os.chmod(self.directory, 0o700)
+        return self.directory / name
+
+    def _load(self, name: str) -> dict[str, str]:
+        path = self._file(name)
+        return json.loads(path.read_text()) if path.exists() else {}
+
+    def _save(self, name: str, data: dict[str, str]) -> None:
+        path = self._file(name)
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(data, indent=2, sort_keys=True))
+        os.chmod(tmp, 0o600)
+        tmp.replace(path)
+
+    def _get(self, name: str, key: str) -> str:
+        data = self._load(name)
+        if key not in data:
+            data[key] = secrets.token_urlsafe(24)
+            self._save(name, data)
+        return data[key]
+
+    # -- identities -------------------------------------------------------------------------
+    def service(self, user: str) -> Credentials:
+        """A service or operator identity on NATS (created on first use)."""
+        return Credentials(user, self._get("services.json", user))
+
+    def node(self, node: str) -> Credentials:
+        return self.service(node_user(node))
+
+    def worker(self, node: str) -> Credentials:
+        return self.service(worker_user(node))
+
+    def device(self, name: str) -> Credentials:
+        """A device (MQTT) identity: created, or shown when it exists."""
+        check_token(name, "device name")
+        return Credentials(name, self._get("devices.json", name))
+
+    def devices(self) -> dict[str, str]:
+        return self._load("devices.json")
+
+    def services(self) -> dict[str, str]:
+        return self._load("services.json")
+
+    def operator_token(self) -> str:
+        """The bearer token of HTTP routes that change state."""
+        return self._get("tokens.json", "operator")
+
+    def invoke_token(self) -> str:
+        """The bearer token HTTP invocation requires when it is not open (``--invoke-token``)."""
+        return self._get("tokens.json", "invoke")
+
+    def changed_at(self) -> float:
+        """Newest change of any identity (``up`` reloads the brokers when it grows)."""
+        files = [self.directory / n for n in ("services.json", "devices.json")]
+        return max((f.stat().st_mtime for f in files if f.exists()), default=0.0)
+
+
+# -- NATS ------------------------------------------------------------------------------------
+def _permissions(publish: list[str], subscribe: list[str] | None = None, deny: list[str] | None = None) -> dict:
+    perms: dict = {"publish": {"allow": publish}, "subscribe": {"allow": subscribe or [">"]}}
+    if deny:
+        perms["publish"]["deny"] = deny
+    return perms
+
+
+def node_permissions(node: str) -> dict:
+    """A node: its own subjects (but not the commands meant for it), answers, forwards and probes
+    to peers, its own membership and dead letters, JetStream without deleting streams."""
+    return _permissions(
+        publish=[f"*.{node}.>", f"*.membership.{node}", "*.result.>", "*.reject.>", "*.async.>", "*.*.forward.>",
+                 "*.*.load", f"*.deadletter.{node}.>", FULL_JS, *JS_RUNTIME],
+        deny=[f"*.{node}.scale.*", f"*.{node}.config.set", f"*.{node}.config.scheduler.set", *JS_DENIED])
+
+
+def worker_permissions(node: str) -> dict:
+    """A worker runs user code: it only answers its node's calls (and says when its node died)."""
+    return _permissions(publish=["_INBOX.>", f"*.{node}.gone"],
+                        subscribe=[f"*.{node}.worker.>", f"*.membership.{node}", f"*.{node}.gone", "_INBOX.>"])
+
+
+def bridge_permissions() -> dict:
+    """The HTTP and MQTT bridges: calls, and the control requests of the routes they serve (the
+    state-changing ones only for the operator token's holder, checked by the HTTP bridge)."""
+    return _permissions(
+        publish=["*.*.request.>", "*.async.>", "*.*.config.>", "*.*.load", "*.*.info", "*.*.metrics", "*.*.peers",
+                 "*.*.learner.>", "*.*.reward", "*.*.scale.*", "*.*.policy.*", "*.reject.>", FULL_JS, *JS_RUNTIME],
+        deny=JS_DENIED)
+
+
+def controller_permissions() -> dict:
+    """A controller scales pools and feeds the learner experiences; it reads models, never sets them."""
+    readers = [f"*.*.learner.*.{verb}" for verb in ("act", "weights.get", "stats", "parameters.get")]
+    return _permissions(publish=["*.*.scale.*", "*.*.experience.*", *readers, "*.*.info", FULL_JS, *JS_RUNTIME],
+                        deny=JS_DENIED)
+
+
+def device_permissions(name: str) -> dict:
+    """Checked on the subject after the account's mapping: a request is already the async subject."""
+    return _permissions(publish=[f"*.async.*.*.{name}.*"],
+                        subscribe=[f"*.result.{name}", f"*.result.{name}.>", f"*.reject.{name}", f"*.reject.{name}.>"])
+
+
+def _user(creds: Credentials, permissions: dict | None, **extra) -> dict:
+    import bcrypt
+
+    user = {"user": creds.user, "password": bcrypt.hashpw(creds.password.encode(), bcrypt.gensalt(rounds=10)).decode()}
+    if permissions is not None:
+        user["permissions"] = permissions
+    user.update(extra)
+    return user
+
+
+def nats_accounts(store: AuthStore | None, nodes: list[str]) -> str:
+    """The ``accounts`` block of the embedded nats-server. Without a store: one open deployment
+    (no_auth_user), as the tests' own servers run; with one: every identity with its permissions."""
+    devices_account = {
+        "jetstream": "enabled",
+        # a device's request topic <p>/<node>/request/<fn>/<client>/<req> becomes the durable subject
+        "mappings": {"*.*.request.*.*.*": "{{wildcard(1)}}.async.{{wildcard(2)}}.{{wildcard(3)}}.{{wildcard(4)}}.{{wildcard(5)}}"},
+        "exports": [{"stream": "*.async.>"}],
+        "imports": [{"stream": {"account": "FAAS", "subject": "*.result.>"}},
+                    {"stream": {"account": "FAAS", "subject": "*.reject.>"}}],
+    }
+    faas_account = {
+        "jetstream": "enabled",
+        "exports": [{"stream": "*.result.>"}, {"stream": "*.reject.>"}],
+        "imports": [{"stream": {"account": "DEVICES", "subject": "*.async.>"}}],
+    }
+    if store is None:
+        faas_account["users"] = [{"user": "faas", "password": "faas-local"}]
+        devices_account["users"] = [{"user": "device", "password": "device-local", "allowed_connection_types": ["MQTT"]}]
+        return f"accounts {json.dumps({'FAAS': faas_account, 'DEVICES': devices_account}, indent=1)}\nno_auth_user: \"faas\"\n"
+    users = [_user(store.service(OPERATOR), None),
+             _user(store.service(BRIDGE), bridge_permissions()),
+             _user(store.service(CONTROLLER), controller_permissions())]
+    known = sorted(set(nodes) | {u[len("node-"):] for u in store.services() if u.startswith("node-")})
+    for node in known:
+        users.append(_user(store.node(node), node_permissions(node)))
+        users.append(_user(store.worker(node), worker_permissions(node)))
+    faas_account["users"] = users
+    devices_account["users"] = [_user(Credentials(name, password), device_permissions(name),
+                                      allowed_connection_types=["MQTT"])
+                                for name, password in sorted(store.devices().items())]
+    return f"accounts {json.dumps({'FAAS': faas_account, 'DEVICES': devices_account}, indent=1)}\n"
+
+
+# -- Mosquitto -----------------------------------------------------------------------------------
+def mosquitto_files(store: AuthStore, prefix: str, directory: Path) -> tuple[Path, Path]:
+    """Password file and ACL for Mosquitto: the bridge may do anything; a device only publishes
+    its own requests and reads its own answers (``%u`` is its user name)."""
+    directory.mkdir(parents=True, exist_ok=True)
+    passwords, acl = directory / "passwords", directory / "acl"
+    bridge = store.service(BRIDGE)
+    lines = [f"{bridge.user}:{bridge.password}", *(f"{n}:{p}" for n, p in sorted(store.devices().items()))]
+    passwords.write_text("\n".join(lines) + "\n")
+    os.chmod(passwords, 0o600)
+    subprocess.run(["mosquitto_passwd", "-U", str(passwords)], check=True, capture_output=True)   # hash in place
+    acl.write_text(f"user {bridge.user}\ntopic readwrite #\n\n"
+                   f"pattern write {prefix}/+/request/+/%u/+\n"
+                   f"pattern read {prefix}/result/%u/#\npattern read {prefix}/reject/%u/#\n")
+    os.chmod(acl, 0o600)
+    return passwords, acl

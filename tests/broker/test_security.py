@@ -1,0 +1,275 @@
+"""Every security rule of docs/security.md, tried with the wrong identity (refused) and the right
+one (allowed), on a real nats-server with the generated accounts, a real Mosquitto with the
+generated password file and ACL, and the HTTP bridge with its tokens."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import shutil
+import subprocess
+import threading
+from pathlib import Path
+
+import httpx
+import nats
+import orjson
+import paho.mqtt.client as mqtt
+import pytest
+
+from broker import headers as H
+from broker.auth import BRIDGE, CONTROLLER, OPERATOR, AuthStore, Credentials, mosquitto_files, nats_accounts
+from broker.client import FaasClient
+from broker.connection import close_quietly
+from broker.embedded import Mosquitto, NatsServer
+from broker.http_bridge import HttpBridge
+from broker.messages import NodeConfiguration, SchedulerConfiguration
+from broker.streams import async_stream, results_stream
+from broker.subjects import Subjects
+from nodes.node import Node
+from nodes.settings import NodeSettings
+from support import serving, wait_until
+
+PREFIX = "sec"
+S = Subjects(PREFIX)
+
+
+@pytest.fixture(scope="module")
+async def secure(tmp_path_factory):
+    """A secure nats-server (with its MQTT listener) and node n1 running under its own identity."""
+    base = tmp_path_factory.mktemp("secure")
+    store = AuthStore(base / "auth")
+    for device in ("dev1", "dev2"):
+        store.device(device)
+    server = NatsServer(data_dir=base / "nats", port=None, mqtt_port=0, accounts=nats_accounts(store, ["n1", "n2"]))
+    await server.start()
+    node_creds, worker_creds = store.node("n1"), store.worker("n1")
+    settings = NodeSettings(node_id="n1", nats_url=server.url, prefix=PREFIX, data_dir=base / "node", learner=False,
+                            runtime="process", initial=NodeConfiguration(parallel_running_functions_max=2),
+                            initial_scheduler=SchedulerConfiguration(name="NoScheduler", parameters=["true"]))
+    identity = {"P2PFAAS_NATS_USER": node_creds.user, "P2PFAAS_NATS_PASSWORD": node_creds.password,
+                "P2PFAAS_WORKER_NATS_USER": worker_creds.user, "P2PFAAS_WORKER_NATS_PASSWORD": worker_creds.password}
+    os.environ.update(identity)   # as `up` gives a node its identity (only while it starts: other tests share the process)
+    try:
+        node = await Node(settings).start()
+        await node.pool.wait_ready(60)
+    finally:
+        for key in identity:
+            os.environ.pop(key, None)
+    try:
+        yield server, store
+    finally:
+        await node.stop()
+        await server.stop()
+
+
+class Identity:
+    """A NATS connection as ``creds``, keeping the server's permission errors."""
+
+    def __init__(self, server: NatsServer, creds: Credentials) -> None:
+        self.server, self.creds, self.errors = server, creds, []
+        self.nc = None
+
+    async def __aenter__(self) -> "Identity":
+        async def on_error(exc: Exception) -> None:
+            self.errors.append(str(exc))
+        self.nc = await nats.connect(self.server.url, user=self.creds.user, password=self.creds.password,
+                                     error_cb=on_error, allow_reconnect=False)
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await close_quietly(self.nc)
+
+    async def refused(self, subject: str, body: bytes = b"{}") -> bool:
+        """Publish; True when the server refused it (a permissions violation came back)."""
+        before = len(self.errors)
+        await self.nc.publish(subject, body)
+        await self.nc.flush()
+        try:
+            await wait_until(lambda: len(self.errors) > before, timeout_s=2)
+        except AssertionError:
+            return False
+        return "permissions violation" in self.errors[-1] and subject in self.errors[-1]
+
+
+async def test_anonymous_and_wrong_passwords_are_refused(secure):
+    server, store = secure
+    with pytest.raises(Exception, match="Authorization Violation"):
+        await nats.connect(server.url, allow_reconnect=False, max_reconnect_attempts=0)
+    with pytest.raises(Exception, match="Authorization Violation"):
+        await nats.connect(server.url, user=OPERATOR, password="guess", allow_reconnect=False, max_reconnect_attempts=0)
+
+
+async def test_only_nodes_publish_results_rejects_forwards_membership_telemetry_rewards(secure):
+    server, store = secure
+    node_only = [S.result("dev1", "x"), S.reject("dev1", "x"), S.forward("n2", "echo", "dev1", "x"),
+                 S.membership("n1"), S.telemetry("n1", "default"), S.reward("n1")]
+    async with Identity(server, store.worker("n1")) as worker, Identity(server, store.service(CONTROLLER)) as controller:
+        for subject in node_only:
+            assert await worker.refused(subject), subject        # user code cannot forge answers
+        for subject in node_only[:4]:
+            assert await controller.refused(subject), subject
+    async with Identity(server, store.node("n1")) as n1:
+        for subject in node_only:
+            assert not await n1.refused(subject), subject
+        assert await n1.refused(S.membership("n2"))              # and only its own membership ...
+        assert await n1.refused(S.telemetry("n2", "default"))    # ... telemetry and rewards
+        assert await n1.refused(S.reward("n2"))
+
+
+async def test_only_controllers_publish_scale_commands(secure):
+    server, store = secure
+    async with Identity(server, store.node("n1")) as n1, Identity(server, store.worker("n1")) as worker:
+        assert await n1.refused(S.scale("n1", "default"))
+        assert await worker.refused(S.scale("n1", "default"))
+    async with Identity(server, store.service(CONTROLLER)) as controller:
+        assert not await controller.refused(S.scale("n1", "farm"))
+
+
+async def test_only_operators_change_configuration_and_streams(secure):
+    server, store = secure
+    body = orjson.dumps({"parallel_running_functions_max": 2})
+    async with Identity(server, store.node("n1")) as n1, Identity(server, store.service(CONTROLLER)) as controller:
+        assert await n1.refused(S.config("n1", "set"), body)
+        assert await controller.refused(S.config("n1", "set"), body)
+        assert await controller.refused(S.scheduler_config("n1", "set"), body)
+        assert await controller.refused(S.learner("n1", "scheduling", "parameters.set"), body)
+        with pytest.raises(Exception):                             # a node provisions streams, never deletes them
+            await n1.nc.jetstream().delete_stream(results_stream(S))
+    async with Identity(server, store.service(OPERATOR)) as operator:
+        reply = await operator.nc.request(S.config("n1", "set"), body, timeout=5)
+        assert reply.headers[H.STATUS] == "200"
+        assert (await operator.nc.jetstream().stream_info(async_stream(S))).config.name == async_stream(S)
+
+
+def mqtt_client(port: int, user: str, password: str) -> tuple[mqtt.Client, dict]:
+    state: dict = {"suback": None, "messages": [], "connected": threading.Event(), "subscribed": threading.Event()}
+    client = mqtt.Client(mqtt.CallbackAPIVersion.VERSION2, client_id=f"{user}-{id(state)}")
+    client.username_pw_set(user, password)
+
+    def on_connect(c, userdata, flags, reason, props):
+        state["rc"] = reason
+        state["connected"].set()
+
+    def on_subscribe(c, userdata, mid, reasons, props):
+        state["suback"] = [r.value for r in reasons]
+        state["subscribed"].set()
+
+    client.on_connect, client.on_subscribe = on_connect, on_subscribe
+    client.on_message = lambda c, u, m: state["messages"].append((m.topic, m.payload))
+    client.connect("127.0.0.1", port)
+    client.loop_start()
+    assert state["connected"].wait(10)
+    return client, state
+
+
+async def test_a_device_publishes_only_its_own_requests_and_reads_only_its_own_answers(secure):
+    server, store = secure
+    dev1 = store.device("dev1")
+    client, state = mqtt_client(server.mqtt_port, dev1.user, dev1.password)
+    try:
+        client.subscribe(f"{PREFIX}/result/dev2/#", qos=1)       # another device's answers
+        assert state["subscribed"].wait(10) and state["suback"] == [128]
+        state["subscribed"].clear()
+        client.subscribe(f"{PREFIX}/result/dev1/#", qos=1)
+        assert state["subscribed"].wait(10) and state["suback"] == [1]
+        client.publish(f"{PREFIX}/n1/request/echo/dev2/forged", b"as dev2", qos=1).wait_for_publish(10)
+        client.publish(f"{PREFIX}/n1/request/echo/dev1/own", b"as dev1", qos=1).wait_for_publish(10)
+        await wait_until(lambda: any(t.endswith("/own") for t, _ in state["messages"]), timeout_s=20)
+        assert orjson.loads(dict(state["messages"])[f"{PREFIX}/result/dev1/own"])["output"] == "as dev1"
+    finally:
+        client.disconnect()
+        client.loop_stop()
+    async with Identity(server, store.service(OPERATOR)) as operator:   # the forged one was never stored
+        async with FaasClient(operator.nc, client="dev2", prefix=PREFIX) as faas:
+            assert await faas.stored_answer("dev2", "forged") is None
+    log = server.log_path.read_text()
+    assert "Publish Violation" in log and f"{PREFIX}.async.n1.echo.dev2.forged" in log   # dropped, and said so
+    intruder, refused = mqtt_client(server.mqtt_port, "dev1", "wrong-password")
+    try:
+        assert refused["rc"].is_failure   # CONNACK: not authorised
+    finally:
+        intruder.disconnect()
+        intruder.loop_stop()
+
+
+async def test_mosquitto_acl_gives_devices_their_own_topics_only(tmp_path):
+    if shutil.which("mosquitto_passwd") is None:
+        pytest.fail("mosquitto not installed (.ci/run installs it)")
+    store = AuthStore(tmp_path / "auth")
+    dev1 = store.device("dev1")
+    broker = Mosquitto(data_dir=tmp_path / "mosquitto", port=None,
+                       auth=mosquitto_files(store, PREFIX, tmp_path / "mosquitto" / "auth"))
+    await broker.start()
+    try:
+        anonymous = subprocess.run(["mosquitto_pub", "-p", str(broker.port), "-t", "x", "-m", "y"], capture_output=True, text=True)
+        assert anonymous.returncode != 0 and "not authori" in anonymous.stderr.lower()
+        bridge = store.service(BRIDGE)
+        watcher, seen = mqtt_client(broker.port, bridge.user, bridge.password)   # the bridge reads everything
+        watcher.subscribe(f"{PREFIX}/#", qos=1)
+        assert seen["subscribed"].wait(10)
+        device, state = mqtt_client(broker.port, dev1.user, dev1.password)
+        device.subscribe([(f"{PREFIX}/result/dev2/#", 1), (f"{PREFIX}/result/dev1/#", 1)])
+        assert state["subscribed"].wait(10)
+        device.publish(f"{PREFIX}/n1/request/echo/dev2/forged", b"x", qos=1).wait_for_publish(10)
+        device.publish(f"{PREFIX}/result/dev2/forged", b"{}", qos=1).wait_for_publish(10)
+        device.publish(f"{PREFIX}/n1/request/echo/dev1/own", b"x", qos=1).wait_for_publish(10)
+        await wait_until(lambda: any(t.endswith("/own") for t, _ in seen["messages"]), timeout_s=10)
+        watcher.publish(f"{PREFIX}/result/dev2/r", b"{}", qos=1).wait_for_publish(10)
+        watcher.publish(f"{PREFIX}/result/dev1/r", b"{}", qos=1).wait_for_publish(10)
+        await wait_until(lambda: any(t == f"{PREFIX}/result/dev1/r" for t, _ in state["messages"]), timeout_s=10)
+        assert [t for t, _ in seen["messages"] if "forged" in t] == []          # denied publishes never arrive
+        assert all("dev2" not in t for t, _ in state["messages"])             # nor another device's answers
+        for client in (watcher, device):
+            client.disconnect()
+            client.loop_stop()
+    finally:
+        await broker.stop()
+
+
+async def test_http_state_changes_need_the_operator_token_and_callbacks_an_allowed_host(node_factory, nc, prefix):
+    async with node_factory(k=1), serving(HttpBridge(nc, "n1", prefix=prefix, operator_token="op-token",
+                                                     invoke_token="call-token", callback_hosts=["127.0.0.1"])) as http:
+        body = {"parallel_running_functions_max": 2}
+        assert (await http.post("/configuration", json=body)).status_code == 401
+        r = await http.post("/configuration", json=body, headers={"Authorization": "Bearer wrong"})
+        assert r.status_code == 401 and r.headers["WWW-Authenticate"] == "Bearer"
+        assert (await http.post("/configuration", json=body, headers={"Authorization": "Bearer op-token"})).status_code == 200
+        for path in ("/learner/reset", "/learner/train"):
+            assert (await http.get(path)).status_code == 401, path
+        assert (await http.post("/ui/api/nodes/n1/configuration", json=body)).status_code == 401
+        assert (await http.get("/configuration")).status_code == 200           # reading stays open
+        assert (await http.post("/function/echo", content=b"x")).status_code == 401   # invoke token configured
+        r = await http.post("/function/echo", content=b"x", headers={"Authorization": "Bearer call-token"})
+        assert r.status_code == 200 and r.content == b"x"
+        call = {"Authorization": "Bearer call-token"}
+        r = await http.post("/async-function/echo", content=b"x", headers={**call, H.CALLBACK_URL: "http://10.0.0.1/steal"})
+        assert r.status_code == 403 and "not allowed" in r.json()["message"]
+        r = await http.post("/async-function/echo", content=b"x", headers={**call, H.CALLBACK_URL: "http://127.0.0.1:1/cb"})
+        assert r.status_code == 202
+
+
+async def test_slow_clients_are_cut_off(node_factory, nc, prefix, monkeypatch):
+    from broker.http import serving as http_serving
+
+    monkeypatch.setattr(http_serving, "HEADER_TIMEOUT_S", 0.5)
+    async with node_factory(k=1), serving(HttpBridge(nc, "n1", prefix=prefix)) as http:
+        port = httpx.URL(str(http.base_url)).port
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        writer.write(b"POST /function/echo HTTP/1.1\r\nHost: x\r\n")     # and never the rest of the headers
+        await writer.drain()
+        assert await asyncio.wait_for(reader.read(), 5) == b""              # closed by the server
+        writer.close()
+        assert (await http.post("/function/echo", content=b"still")).content == b"still"
+
+
+async def test_identity_store_files_are_private(tmp_path):
+    store = AuthStore(tmp_path / "auth")
+    store.device("dev1")
+    store.operator_token()
+    assert oct(store.directory.stat().st_mode)[-3:] == "700"
+    for path in Path(store.directory).iterdir():
+        assert oct(path.stat().st_mode)[-3:] == "600", path
+    assert store.device("dev1") == store.device("dev1")   # shown, not replaced
+    with pytest.raises(ValueError):
+        store.device("no/slashes")
