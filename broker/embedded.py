@@ -129,7 +129,7 @@ class NatsServer(ManagedProcess):
 
     @property
     def url(self) -> str:
-        return f"nats://{self.host}:{self.port}"
+        return f"{'tls' if self.tls else 'nats'}://{self.host}:{self.port}"
 
     @property
     def route_url(self) -> str:
@@ -163,7 +163,7 @@ class NatsServer(ManagedProcess):
             if note:
                 self.notes.append(f"MQTT: {note}")
             open_devices = ', no_auth_user: "device"' if open_deployment else ""
-            lines.append(f'mqtt {{ listen: "{self.host}:{self.mqtt_port}"{open_devices} {tls} }}')
+            lines.append(f'mqtt {{ listen: "{self.host}:{self.mqtt_port}"{open_devices}{", " + tls if tls else ""} }}')
         if self.cluster_port is not None:
             self.cluster_port, note = choose_port(self.cluster_port or None, self.host, {self.port, self.mqtt_port or 0})
             if note:
@@ -222,10 +222,11 @@ class Mosquitto(ManagedProcess):
     notes: list[str] = field(default_factory=list)
     name: str = "mosquitto"
     auth: tuple[Path, Path] | None = None   # (password file, ACL file): None lets anyone in (tests)
+    tls: tuple[Path, Path] | None = None    # (certificate, key): the listener speaks TLS only
 
     @property
     def url(self) -> str:
-        return f"mqtt://{self.host}:{self.port}"
+        return f"{'mqtts' if self.tls else 'mqtt'}://{self.host}:{self.port}"
 
     def configure(self) -> list[str]:
         """Choose the port (once), write the configuration, return the command line."""
@@ -248,7 +249,8 @@ class Mosquitto(ManagedProcess):
             # run as whoever started us (as root, Mosquitto would switch to its own user, which
             # can read neither our 0600 password file nor write our store)
             + f"\nuser {getpass.getuser()}\n"
-            + f"\nlistener {self.port} {self.host}\n" + access
+            + f"\nlistener {self.port} {self.host}\n"
+            + (f"certfile {self.tls[0]}\nkeyfile {self.tls[1]}\n" if self.tls else "") + access
             + f"persistence true\npersistence_location {store}/\n"
             # save after every change: a kill -9 must not lose what was PUBACKed to a device
             + "autosave_on_changes true\nautosave_interval 1\n"

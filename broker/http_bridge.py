@@ -88,9 +88,9 @@ class HttpBridge:
 
     # -- serving --------------------------------------------------------------------------
     async def serve(self, host: str, port: int, started: asyncio.Event | None = None, *,
-                    reuse_port: bool = False) -> None:
+                    reuse_port: bool = False, tls: tuple[str, str] | None = None) -> None:
         from broker.http.serving import serve_in_loop
-        await serve_in_loop(self, host, port, started, reuse_port=reuse_port)
+        await serve_in_loop(self, host, port, started, reuse_port=reuse_port, tls=tls)
 
     def shutdown(self) -> None:
         if self._server is not None:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import logging
+import os
 import time
 from urllib.parse import urlparse
 
@@ -37,9 +38,15 @@ RETRY_S = (0.2, 0.5, 1.0, 2.0, 5.0)   # between attempts to store a device's req
 
 def parse_mqtt_url(url: str) -> tuple[str, int]:
     parsed = urlparse(url if "://" in url else f"mqtt://{url}")
-    if parsed.scheme not in ("mqtt", "tcp"):
-        raise ValueError(f"MQTT URL {url!r} must look like mqtt://HOST:PORT")
-    return parsed.hostname or "127.0.0.1", parsed.port or 1883
+    if parsed.scheme not in ("mqtt", "tcp", "mqtts", "ssl"):
+        raise ValueError(f"MQTT URL {url!r} must look like mqtt://HOST:PORT (or mqtts:// for TLS)")
+    return parsed.hostname or "127.0.0.1", parsed.port or (8883 if parsed.scheme in ("mqtts", "ssl") else 1883)
+
+
+def mqtt_tls(client: mqtt.Client, url: str, ca: str | None) -> None:
+    """Speak TLS to an mqtts:// broker, verifying it against ``ca`` (the deployment's CA)."""
+    if urlparse(url).scheme in ("mqtts", "ssl"):
+        client.tls_set(ca_certs=ca)
 
 
 class MqttBridge:
@@ -63,6 +70,7 @@ class MqttBridge:
         self._mqtt.manual_ack_set(True)
         if credentials:
             self._mqtt.username_pw_set(*credentials)
+        mqtt_tls(self._mqtt, mqtt_url, os.environ.get("P2PFAAS_TLS_CA"))
         self._mqtt.max_inflight_messages_set(200)
         self._mqtt.on_connect = self._on_connect
         self._mqtt.on_disconnect = self._on_disconnect

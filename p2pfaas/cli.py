@@ -82,6 +82,7 @@ def up(
     insecure: bool = typer.Option(False, "--insecure", help="No identities: anyone who reaches a port may do anything (a private laptop only; docs/security.md)."),
     require_invoke_token: bool = typer.Option(False, help="HTTP invocation needs a bearer token too (open by default, as in OpenFaaS)."),
     callback_host: list[str] = typer.Option([], "--callback-host", help="A host X-Callback-Url may name (repeatable; none by default)."),
+    tls: bool = typer.Option(False, "--tls", help="NATS, MQTT and HTTP over TLS, with a CA of the deployment's own under DATA_DIR/tls."),
     verbose: bool = typer.Option(False, "--verbose", "-v", help="Log at INFO."),
 ) -> None:
     """Start the whole stack: nats-server (JetStream), nodes with worker pools and learners, the autoscaling controller, HTTP and MQTT access. Every part is a supervised process (restarted when it dies; logs in DATA_DIR/logs). Ctrl-C stops it."""
@@ -100,7 +101,7 @@ def up(
         functions=_functions(function), config=stack_config,
         controller_policy=None if controller == "off" else controller, farm_scenario=scenario, models_dir=models_dir,
         http_processes=http_processes, secure=not insecure, require_invoke_token=require_invoke_token,
-        callback_hosts=callback_host,
+        callback_hosts=callback_host, tls=tls,
     )
 
     async def main() -> None:
@@ -218,7 +219,9 @@ def bridge(
                                     max_payload_bytes=max_payload_bytes, processes=processes,
                                     operator_token=os.environ.get("P2PFAAS_OPERATOR_TOKEN") or None,
                                     invoke_token=os.environ.get("P2PFAAS_INVOKE_TOKEN") or None,
-                                    callback_hosts=tuple(h for h in os.environ.get("P2PFAAS_CALLBACK_HOSTS", "").split(",") if h))
+                                    callback_hosts=tuple(h for h in os.environ.get("P2PFAAS_CALLBACK_HOSTS", "").split(",") if h),
+                                    tls=(os.environ["P2PFAAS_TLS_CERT"], os.environ["P2PFAAS_TLS_KEY"])
+                                    if os.environ.get("P2PFAAS_TLS_CERT") else None)
         run_part(lambda: start_http_bridge(options, one_process_argv(sys.argv)), stop_http_bridge,
                  lambda _: console.print(f"HTTP bridge for {node_id} on http://{host}:{port} ({processes} process(es))"))
         return
@@ -308,6 +311,9 @@ def _stack_identity(data_dir: Path):
     if not (directory / "services.json").exists():
         return None
     store = AuthStore(directory)
+    ca = data_dir / "tls" / "ca.pem"
+    if ca.exists() and not os.environ.get("P2PFAAS_TLS_CA"):
+        os.environ["P2PFAAS_TLS_CA"] = str(ca)
     if not os.environ.get("P2PFAAS_NATS_USER"):
         operator = store.service(OPERATOR)
         os.environ.update(P2PFAAS_NATS_USER=operator.user, P2PFAAS_NATS_PASSWORD=operator.password)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import os
 import threading
 import time
 import uuid
@@ -13,7 +14,7 @@ import paho.mqtt.client as mqtt
 
 from broker.client import Answer, FaasClient
 from broker.connection import connect
-from broker.mqtt_bridge import parse_mqtt_url
+from broker.mqtt_bridge import mqtt_tls, parse_mqtt_url
 from broker.subjects import Subjects, from_mqtt
 
 
@@ -27,7 +28,9 @@ class Outcome:
 
 def via_http(url: str, fn: str, data: bytes, headers: dict[str, str], timeout_s: float) -> Outcome:
     start = time.perf_counter()
-    response = httpx.post(f"{url.rstrip('/')}/function/{fn}", content=data, headers=headers, timeout=timeout_s)
+    verify = os.environ.get("P2PFAAS_TLS_CA") or True   # a deployment's own CA (up --tls)
+    response = httpx.post(f"{url.rstrip('/')}/function/{fn}", content=data, headers=headers, timeout=timeout_s,
+                          verify=verify)
     return Outcome(response.status_code, response.content,
                    {k: v for k, v in response.headers.items() if k.lower().startswith("x-")},
                    time.perf_counter() - start)
@@ -77,6 +80,7 @@ def via_mqtt(mqtt_url: str, node: str, fn: str, data: bytes, timeout_s: float, p
     c.on_connect, c.on_subscribe, c.on_message = on_connect, on_subscribe, on_message
     if password is not None:
         c.username_pw_set(client, password)
+    mqtt_tls(c, mqtt_url, os.environ.get("P2PFAAS_TLS_CA"))
     c.connect(host, port, keepalive=30)
     c.loop_start()
     try:

@@ -60,6 +60,7 @@ class HttpBridgeOptions:
     operator_token: str | None = None    # docs/security.md
     invoke_token: str | None = None
     callback_hosts: tuple[str, ...] = ()
+    tls: tuple[str, str] | None = None   # (certificate, key): HTTPS
 
 
 async def start_http_bridge(options: HttpBridgeOptions, argv_for_one: list[str] | None = None):
@@ -73,7 +74,7 @@ async def start_http_bridge(options: HttpBridgeOptions, argv_for_one: list[str] 
                         operator_token=options.operator_token, invoke_token=options.invoke_token,
                         callback_hosts=options.callback_hosts)
     started = asyncio.Event()
-    serving = asyncio.create_task(bridge.serve(options.host, options.port, started, reuse_port=True))
+    serving = asyncio.create_task(bridge.serve(options.host, options.port, started, reuse_port=True, tls=options.tls))
     await asyncio.wait({serving, asyncio.create_task(started.wait())}, return_when=asyncio.FIRST_COMPLETED)
     if serving.done():
         serving.result()   # it failed to start: raise why

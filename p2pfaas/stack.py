@@ -17,6 +17,7 @@ from pydantic import BaseModel, ConfigDict, Field, PositiveFloat, ValidationErro
 
 from broker.auth import BRIDGE, CONTROLLER, OPERATOR, AuthStore, mosquitto_files, nats_accounts
 from broker.embedded import Mosquitto, NatsServer, choose_port
+from broker.tls import TlsFiles, ensure_certificates
 from broker.messages import NodeConfiguration, SchedulerConfiguration
 from controller.policies import resolve_policy
 from controller.scenario import load_scenario
@@ -117,6 +118,7 @@ class StackSettings:
     secure: bool = True
     require_invoke_token: bool = False  # HTTP invocation needs a token too (it is open by default, as in OpenFaaS)
     callback_hosts: list[str] = field(default_factory=list)   # hosts X-Callback-Url may name
+    tls: bool = False                   # NATS, MQTT and HTTP over TLS (a CA of our own under <data-dir>/tls)
 
     def node_settings(self, nats_url: str, addresses: list[str]) -> list[NodeSettings]:
         """One NodeSettings per node: CLI flags, overridden by the config file's defaults and node entries."""
@@ -200,6 +202,7 @@ class Stack:
         self.nats_server: NatsServer | None = None
         self.mosquitto: Mosquitto | None = None
         self.auth: AuthStore | None = None
+        self.tls: TlsFiles | None = None
         self._watch: asyncio.Task | None = None
 
     async def start(self) -> Endpoints:
@@ -225,9 +228,13 @@ class Stack:
         if store is not None:
             ep.notes.append(f"identities and tokens in {store.directory}: `p2pfaas auth operator`, "
                             "`p2pfaas auth device NAME` (docs/security.md)")
+        if s.tls:
+            self.tls = ensure_certificates(s.data_dir / "tls", [s.host])
+            ep.notes.append(f"TLS: clients verify servers against {self.tls.ca}")
+        tls_pair = (self.tls.cert, self.tls.key) if self.tls else None
         nats_url = s.nats_url
         if nats_url is None:
-            self.nats_server = server = NatsServer(
+            self.nats_server = server = NatsServer(tls=tls_pair,
                 data_dir=s.data_dir / "nats", port=s.nats_port, host=s.host,
                 mqtt_port=s.mqtt_port if s.mqtt == "nats" and not s.mqtt_url else None,
                 accounts=nats_accounts(store, s.node_ids) if store is not None else None)
@@ -237,13 +244,14 @@ class Stack:
             ep.notes += server.notes
             nats_url = server.url
             if server.mqtt_port is not None:
-                ep.mqtt_url, ep.mqtt_via = f"mqtt://{s.host}:{server.mqtt_port}", "nats-server MQTT listener"
+                scheme = "mqtts" if s.tls else "mqtt"
+                ep.mqtt_url, ep.mqtt_via = f"{scheme}://{s.host}:{server.mqtt_port}", "nats-server MQTT listener"
         ep.nats_url = nats_url
         mqtt_url = s.mqtt_url
         if mqtt_url is None and s.mqtt == "mosquitto":
             auth = mosquitto_files(store, s.prefix, s.data_dir / "mosquitto" / "auth") if store is not None else None
             self.mosquitto = mosquitto = Mosquitto(data_dir=s.data_dir / "mosquitto", port=s.mqtt_port, host=s.host,
-                                                   auth=auth)
+                                                   auth=auth, tls=tls_pair)
             argv = mosquitto.configure()
             await sup.start(ChildSpec("mosquitto", argv, ready="port", ports=mosquitto.ports, ready_timeout_s=20,
                                       stop_timeout_s=10))
@@ -257,7 +265,7 @@ class Stack:
             ports.append(port)
             if note:
                 ep.notes.append(f"HTTP node {i + 1}: {note}")
-        settings = s.node_settings(nats_url, [f"http://{s.host}:{p}" for p in ports])
+        settings = s.node_settings(nats_url, [f"{'https' if s.tls else 'http'}://{s.host}:{p}" for p in ports])
         run_dir = s.data_dir / "run"
         run_dir.mkdir(parents=True, exist_ok=True)
         specs = []
@@ -282,7 +290,7 @@ class Stack:
             for node_id, port in zip(self.node_ids, ports)]
         await asyncio.gather(*(sup.start(spec) for spec in bridges))
         for node_id, port in zip(self.node_ids, ports):
-            ep.http[node_id] = f"http://{s.host}:{port}"
+            ep.http[node_id] = f"{'https' if s.tls else 'http'}://{s.host}:{port}"
         if s.controller_policy is not None:
             await self._start_controller(nats_url)
         if store is not None:
@@ -310,6 +318,10 @@ class Stack:
         """The environment that gives a part its identity (nothing in an insecure stack)."""
         s, store = self.settings, self.auth
         env: dict[str, str] = {}
+        if self.tls is not None:
+            env["P2PFAAS_TLS_CA"] = str(self.tls.ca)
+            if http:
+                env.update(P2PFAAS_TLS_CERT=str(self.tls.cert), P2PFAAS_TLS_KEY=str(self.tls.key))
         if http:
             env["P2PFAAS_CALLBACK_HOSTS"] = ",".join(s.callback_hosts)
         if store is None:

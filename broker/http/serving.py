@@ -95,11 +95,13 @@ def listening_socket(host: str, port: int, reuse_port: bool) -> socket.socket:
 
 
 async def serve_in_loop(bridge: "HttpBridge", host: str, port: int, started: asyncio.Event | None = None, *,
-                        reuse_port: bool = False) -> None:
-    """Serve until ``bridge.shutdown()``; the lifespan starts and stops the bridge's NATS client."""
+                        reuse_port: bool = False, tls: tuple[str, str] | None = None) -> None:
+    """Serve until ``bridge.shutdown()``; the lifespan starts and stops the bridge's NATS client.
+    ``tls``: (certificate, key) files: HTTPS only."""
     config = uvicorn.Config(bridge.app, host=host, port=port, log_level="warning", lifespan="on",
                             access_log=False, http=HTTP_IMPLEMENTATION, timeout_graceful_shutdown=5,
-                            limit_concurrency=CONNECTION_LIMIT, timeout_keep_alive=KEEP_ALIVE_S)
+                            limit_concurrency=CONNECTION_LIMIT, timeout_keep_alive=KEEP_ALIVE_S,
+                            ssl_certfile=tls[0] if tls else None, ssl_keyfile=tls[1] if tls else None)
     server = EmbeddedServer(config)
     bridge._server = server
     sock = listening_socket(host, port, reuse_port)

@@ -273,3 +273,46 @@ async def test_identity_store_files_are_private(tmp_path):
     assert store.device("dev1") == store.device("dev1")   # shown, not replaced
     with pytest.raises(ValueError):
         store.device("no/slashes")
+
+
+async def test_tls_on_nats_mqtt_and_http_with_a_ca_of_our_own(tmp_path, node_factory, nc, prefix):
+    from broker.connection import connect
+    from broker.embedded import free_port
+    from broker.errors import BrokerUnavailable
+    from broker.tls import ensure_certificates
+
+    files = ensure_certificates(tmp_path / "tls", ["127.0.0.1"])
+    assert ensure_certificates(tmp_path / "tls", ["127.0.0.1"]) == files          # made once, then reused
+    server = NatsServer(data_dir=tmp_path / "nats", port=None, mqtt_port=0, tls=(files.cert, files.key))
+    await server.start()
+    try:
+        assert server.url.startswith("tls://")
+        secured = await connect(server.url, "tls-test", tls_ca=str(files.ca))
+        await secured.publish("x", b"y")
+        await close_quietly(secured)
+        with pytest.raises(BrokerUnavailable):                                      # an unknown CA is refused
+            await connect(server.url, "no-ca", connect_timeout_s=1)
+        device = mqtt.Client(mqtt.CallbackAPIVersion.VERSION2, client_id="tls-device")
+        device.tls_set(ca_certs=str(files.ca))
+        connected = threading.Event()
+        device.on_connect = lambda *a: connected.set()
+        device.connect("127.0.0.1", server.mqtt_port)
+        device.loop_start()
+        assert connected.wait(10)
+        device.disconnect()
+        device.loop_stop()
+    finally:
+        await server.stop()
+    port = free_port()
+    async with node_factory(k=1):
+        bridge = HttpBridge(nc, "n1", prefix=prefix)
+        started = asyncio.Event()
+        serving_task = asyncio.create_task(bridge.serve("127.0.0.1", port, started, tls=(str(files.cert), str(files.key))))
+        await asyncio.wait_for(started.wait(), 10)
+        try:
+            async with httpx.AsyncClient(verify=str(files.ca)) as https:
+                assert (await https.post(f"https://127.0.0.1:{port}/function/echo", content=b"tls")).content == b"tls"
+        finally:
+            bridge.shutdown()
+            await serving_task
+            await bridge.stop()

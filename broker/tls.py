@@ -1,0 +1,79 @@
+"""TLS for ``up --tls``: a certificate authority of the deployment's own (made once under
+``<data-dir>/tls``, unless the operator brings one) and a server certificate it signed, used by
+nats-server (clients and its MQTT listener), Mosquitto and the HTTP bridges. Clients verify
+servers against the CA (``P2PFAAS_TLS_CA``)."""
+
+from __future__ import annotations
+
+import datetime
+import ipaddress
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+VALID_DAYS = 825
+
+
+@dataclass(frozen=True)
+class TlsFiles:
+    ca: Path
+    cert: Path
+    key: Path
+
+
+def _write_private(path: Path, data: bytes) -> None:
+    path.write_bytes(data)
+    os.chmod(path, 0o600)
+
+
+def ensure_certificates(directory: Path, hosts: list[str], ca: Path | None = None,
+                        ca_key: Path | None = None) -> TlsFiles:
+    """The CA (made here unless ``ca``/``ca_key`` are given) and a server certificate for ``hosts``
+    (names or IP addresses), reused when they exist and still cover those hosts."""
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import NameOID
+
+    directory.mkdir(parents=True, exist_ok=True, mode=0o700)
+    ca_path, ca_key_path = ca or directory / "ca.pem", ca_key or directory / "ca-key.pem"
+    cert_path, key_path = directory / "server.pem", directory / "server-key.pem"
+    now = datetime.datetime.now(datetime.timezone.utc)
+    pem = serialization.Encoding.PEM
+    private = dict(encoding=pem, format=serialization.PrivateFormat.PKCS8,
+                   encryption_algorithm=serialization.NoEncryption())
+
+    if not ca_path.exists():
+        key = ec.generate_private_key(ec.SECP256R1())
+        name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "p2pfaas deployment CA")])
+        cert = (x509.CertificateBuilder().subject_name(name).issuer_name(name).public_key(key.public_key())
+                .serial_number(x509.random_serial_number()).not_valid_before(now - datetime.timedelta(minutes=5))
+                .not_valid_after(now + datetime.timedelta(days=VALID_DAYS))
+                .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
+                .sign(key, hashes.SHA256()))
+        ca_path.write_bytes(cert.public_bytes(pem))
+        _write_private(ca_key_path, key.private_bytes(**private))
+    ca_cert = x509.load_pem_x509_certificate(ca_path.read_bytes())
+    ca_key_obj = serialization.load_pem_private_key(ca_key_path.read_bytes(), password=None)
+
+    names = []
+    for host in dict.fromkeys(["localhost", "127.0.0.1", *hosts]):
+        try:
+            names.append(x509.IPAddress(ipaddress.ip_address(host)))
+        except ValueError:
+            names.append(x509.DNSName(host))
+    if cert_path.exists():
+        existing = x509.load_pem_x509_certificate(cert_path.read_bytes())
+        san = existing.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+        if set(names) <= set(san) and existing.not_valid_after_utc > now + datetime.timedelta(days=7):
+            return TlsFiles(ca_path, cert_path, key_path)
+    key = ec.generate_private_key(ec.SECP256R1())
+    cert = (x509.CertificateBuilder()
+            .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "p2pfaas")]))
+            .issuer_name(ca_cert.subject).public_key(key.public_key()).serial_number(x509.random_serial_number())
+            .not_valid_before(now - datetime.timedelta(minutes=5)).not_valid_after(now + datetime.timedelta(days=VALID_DAYS))
+            .add_extension(x509.SubjectAlternativeName(names), critical=False)
+            .sign(ca_key_obj, hashes.SHA256()))
+    cert_path.write_bytes(cert.public_bytes(pem))
+    _write_private(key_path, key.private_bytes(**private))
+    return TlsFiles(ca_path, cert_path, key_path)
