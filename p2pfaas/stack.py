@@ -328,10 +328,12 @@ class Stack:
             return env
         if node is not None:
             creds, workers = store.node(node), store.worker(node)
-            env.update(P2PFAAS_WORKER_NATS_USER=workers.user, P2PFAAS_WORKER_NATS_PASSWORD=workers.password)
+            nats_env = dict(P2PFAAS_WORKER_NATS_USER=workers.user, P2PFAAS_WORKER_NATS_PASSWORD=workers.password)
         else:
             creds = store.service(user or OPERATOR)
-        env.update(P2PFAAS_NATS_USER=creds.user, P2PFAAS_NATS_PASSWORD=creds.password)
+            nats_env = {}
+        if self.nats_server is not None:   # our server knows these users; a foreign one (--nats-url) its own
+            env.update(nats_env, P2PFAAS_NATS_USER=creds.user, P2PFAAS_NATS_PASSWORD=creds.password)
         if http:
             env["P2PFAAS_OPERATOR_TOKEN"] = store.operator_token()
             if s.require_invoke_token:
