@@ -1,10 +1,19 @@
 """The MQTT bridge: Mosquitto (devices) <-> NATS/JetStream, with the same topics as
-nats-server's own MQTT listener (``faas/n1/request/fib/dev1/r1`` <-> ``faas.n1.request.fib.dev1.r1``).
+nats-server's own MQTT listener (``faas/n1/request/fib/dev1/r1`` -> ``faas.async.n1.fib.dev1.r1``).
 
-A device's QoS-1 request is acknowledged to Mosquitto only after JetStream
-stored it (paho manual ack), so a bridge crash loses nothing: Mosquitto
-redelivers to the bridge's persistent session. Results and rejections flow back
-at QoS 1. paho's network thread hands messages to asyncio in one place.
+Nothing a device was promised is lost:
+
+* a device's QoS 1 request is acknowledged to Mosquitto only after JetStream stored it (paho
+  manual ack; a store that fails is retried), so a bridge crash loses nothing: Mosquitto
+  redelivers to the bridge's persistent session;
+* answers come from a durable JetStream consumer of the results stream, acknowledged only
+  once Mosquitto took them: answers produced while the bridge was down are delivered when it
+  is back. Bridges side by side (each with its own client id) share that consumer, so each
+  answer goes out once; a request seen by two of them is stored once (its message id);
+* a retained request is refused (it would run again for every new session), a malformed
+  topic or an oversized payload is answered on the reject topic, never dropped in silence.
+
+paho's network thread hands messages to asyncio in one place (``_on_message``).
 """
 
 from __future__ import annotations
@@ -13,14 +22,20 @@ import asyncio
 import itertools
 import logging
 import os
+import socket
 import time
 from urllib.parse import urlparse
 
 import paho.mqtt.client as mqtt
+from paho.mqtt.packettypes import PacketTypes
+from paho.mqtt.properties import Properties
+from paho.mqtt.subscribeoptions import SubscribeOptions
 from nats.aio.client import Client
 from nats.aio.msg import Msg
 from nats.errors import NoRespondersError
 from nats.errors import TimeoutError as NatsTimeout
+from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
+from nats.js.errors import BadRequestError
 from nats.js.errors import Error as JetStreamError
 from prometheus_client import CollectorRegistry, Counter
 
@@ -28,12 +43,20 @@ from broker import headers as H
 from broker.codec import encode
 from broker.errors import InvalidSubject, InvalidToken
 from broker.messages import Rejection
-from broker.streams import results_stream
+from broker.streams import ensure_shared_streams, results_stream
 from broker.subjects import Subjects, from_mqtt, to_mqtt
 
 log = logging.getLogger(__name__)
 
 RETRY_S = (0.2, 0.5, 1.0, 2.0, 5.0)   # between attempts to store a device's request
+ANSWERS_CONSUMER = "mqtt-bridge"      # shared by every bridge of a prefix
+ANSWER_BATCH = 64
+SESSION_EXPIRY_S = 7 * 24 * 3600   # how long Mosquitto keeps the bridge's queue while it is away
+
+
+def default_client_id(prefix: str) -> str:
+    """Stable across restarts (Mosquitto keeps the session's queue for it), unique per host."""
+    return f"p2pfaas-bridge-{prefix}-{socket.gethostname()}"[:64]
 
 
 def parse_mqtt_url(url: str) -> tuple[str, int]:
@@ -50,7 +73,7 @@ def mqtt_tls(client: mqtt.Client, url: str, ca: str | None) -> None:
 
 
 class MqttBridge:
-    def __init__(self, nc: Client, mqtt_url: str, *, prefix: str = "faas", client_id: str = "p2pfaas-bridge",
+    def __init__(self, nc: Client, mqtt_url: str, *, prefix: str = "faas", client_id: str | None = None,
                  max_payload_bytes: int = 1024 * 1024, credentials: tuple[str, str] | None = None) -> None:
         self.nc = nc
         self.js = nc.jetstream()
@@ -63,25 +86,31 @@ class MqttBridge:
                                 registry=self.registry)
         self._loop: asyncio.AbstractEventLoop | None = None
         self._inbox: asyncio.Queue[mqtt.MQTTMessage] = asyncio.Queue()
+        self._published: dict[int, asyncio.Future] = {}   # answers handed to Mosquitto, by message id
         self._tasks: list[asyncio.Task] = []
-        self._subs: list = []
-        self._mqtt = mqtt.Client(mqtt.CallbackAPIVersion.VERSION2, client_id=client_id, clean_session=False,
-                                 protocol=mqtt.MQTTv311)
+        # MQTT v5: the subscription sees a request's retain flag as published, and retained
+        # messages are not replayed when the bridge subscribes again (each would run again)
+        self._mqtt = mqtt.Client(mqtt.CallbackAPIVersion.VERSION2, client_id=client_id or default_client_id(prefix),
+                                 protocol=mqtt.MQTTv5)
         self._mqtt.manual_ack_set(True)
         if credentials:
             self._mqtt.username_pw_set(*credentials)
         mqtt_tls(self._mqtt, mqtt_url, os.environ.get("P2PFAAS_TLS_CA"))
         self._mqtt.max_inflight_messages_set(200)
+        self._mqtt.reconnect_delay_set(min_delay=0.1, max_delay=2)   # back at once when Mosquitto returns
         self._mqtt.on_connect = self._on_connect
         self._mqtt.on_disconnect = self._on_disconnect
         self._mqtt.on_message = self._on_message
+        self._mqtt.on_publish = self._on_publish
 
     # -- paho thread -> asyncio ---------------------------------------------------
     def _on_connect(self, client, userdata, flags, reason_code, properties) -> None:
         if reason_code.is_failure:
             log.warning("MQTT bridge: connect refused: %s", reason_code)
             return
-        client.subscribe(f"{self.subjects.prefix}/+/request/#", qos=1)
+        client.subscribe(f"{self.subjects.prefix}/+/request/#",
+                         options=SubscribeOptions(qos=1, retainAsPublished=True,
+                                                  retainHandling=SubscribeOptions.RETAIN_DO_NOT_SEND))
         assert self._loop is not None
         self._loop.call_soon_threadsafe(self.connected.set)
 
@@ -94,23 +123,32 @@ class MqttBridge:
         assert self._loop is not None
         self._loop.call_soon_threadsafe(self._inbox.put_nowait, message)
 
+    def _on_publish(self, client, userdata, mid, reason_code, properties) -> None:
+        assert self._loop is not None
+        self._loop.call_soon_threadsafe(self._published_done, mid)
+
+    def _published_done(self, mid: int) -> None:
+        fut = self._published.pop(mid, None)
+        if fut is not None and not fut.done():
+            fut.set_result(None)
+
     # -- lifecycle ----------------------------------------------------------------
     async def start(self, timeout_s: float = 10.0) -> "MqttBridge":
         self._loop = asyncio.get_running_loop()
-        self._mqtt.connect_async(self.host, self.port, keepalive=30)
+        session = Properties(PacketTypes.CONNECT)
+        session.SessionExpiryInterval = SESSION_EXPIRY_S   # a persistent session: Mosquitto queues for us meanwhile
+        self._mqtt.connect_async(self.host, self.port, keepalive=30, clean_start=False, properties=session)
         self._mqtt.loop_start()
         await asyncio.wait_for(self.connected.wait(), timeout_s)
-        self._subs.append(await self.nc.subscribe(self.subjects.all_results(), cb=self._to_mqtt))
-        self._subs.append(await self.nc.subscribe(self.subjects.all_rejects(), cb=self._to_mqtt))
-        self._tasks.append(asyncio.create_task(self._pump(), name="mqtt-bridge"))
+        answers = await self._answers_consumer()
+        self._tasks += [asyncio.create_task(self._pump(), name="mqtt-bridge"),
+                        asyncio.create_task(self._deliver_answers(answers), name="mqtt-bridge-answers")]
         return self
 
     async def stop(self) -> None:
         for task in self._tasks:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
-        for sub in self._subs:
-            await sub.unsubscribe()
         self._mqtt.disconnect()
         await asyncio.to_thread(self._mqtt.loop_stop)
 
@@ -138,6 +176,12 @@ class MqttBridge:
         except (InvalidSubject, InvalidToken) as exc:
             await self._reject_raw(topic, 400, f"malformed topic {topic!r}: {exc}")
             return self._ack(message, "invalid")
+        if message.retain:
+            # a retained request would run again for every new session: refuse it, and clear it
+            self._mqtt.publish(topic, b"", qos=1, retain=True)
+            await self._reject(inv.client, inv.request_id, inv.fn, 400,
+                               "retained requests are refused (publish requests with retain off)")
+            return self._ack(message, "retained")
         if len(message.payload) > self.max_payload_bytes:
             await self._reject(inv.client, inv.request_id, inv.fn, 413,
                                f"payload of {len(message.payload)} bytes exceeds the limit of {self.max_payload_bytes}")
@@ -170,7 +214,7 @@ class MqttBridge:
         rejection = Rejection(request_id=req, client=client, fn=fn, code=status, http_status=status,
                               reason=reason, node="mqtt-bridge")
         await self.js.publish(self.subjects.reject(client, req), encode(rejection),
-                              headers={H.MSG_ID: f"reject.{client}.{req}"}, stream=results_stream(self.subjects))
+                              headers={H.MSG_ID: f"answer.{client}.{req}"}, stream=results_stream(self.subjects))
 
     async def _reject_raw(self, topic: str, status: int, reason: str) -> None:
         parts = topic.split("/")
@@ -183,6 +227,51 @@ class MqttBridge:
         await self.js.publish(self.subjects.invalid(), encode(rejection), stream=results_stream(self.subjects))
 
     # -- NATS -> devices ------------------------------------------------------------
+    async def _answers_consumer(self):
+        """The durable consumer of answers (results and rejects); made new on the first start, so a
+        first bridge does not replay the last hour."""
+        stream = results_stream(self.subjects)
+        await ensure_shared_streams(self.js, self.subjects)
+        config = ConsumerConfig(durable_name=ANSWERS_CONSUMER, ack_policy=AckPolicy.EXPLICIT, ack_wait=30.0,
+                                deliver_policy=DeliverPolicy.NEW, max_ack_pending=4096,
+                                filter_subjects=[self.subjects.all_results(), self.subjects.all_rejects()])
+        try:
+            await self.js.add_consumer(stream, config)
+        except BadRequestError as exc:
+            if exc.err_code != 10148:   # 10148: it exists already (a restart, another bridge): keep its position
+                raise
+        return await self.js.pull_subscribe_bind(durable=ANSWERS_CONSUMER, stream=stream)
+
+    async def _deliver_answers(self, sub) -> None:
+        while True:
+            try:
+                msgs = await sub.fetch(ANSWER_BATCH, timeout=1.0)
+            except (NatsTimeout, asyncio.TimeoutError):
+                continue
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:  # JetStream blip: try again
+                log.warning("MQTT bridge: answers not fetched (%s); retrying", exc)
+                await asyncio.sleep(0.5)
+                continue
+            await asyncio.gather(*(self._to_mqtt(msg) for msg in msgs))
+
     async def _to_mqtt(self, msg: Msg) -> None:
+        """Hand one answer to Mosquitto; acknowledged once Mosquitto took it (else it comes again)."""
+        await self.connected.wait()
+        fut = asyncio.get_running_loop().create_future()
         info = self._mqtt.publish(to_mqtt(msg.subject), msg.data, qos=1)
-        self.messages.labels("to_mqtt", "ok" if info.rc == mqtt.MQTT_ERR_SUCCESS else "queued").inc()
+        if info.rc != mqtt.MQTT_ERR_SUCCESS:
+            self.messages.labels("to_mqtt", "not_sent").inc()
+            return await msg.nak(delay=1.0)
+        self._published[info.mid] = fut
+        if info.is_published():
+            self._published_done(info.mid)
+        try:
+            await asyncio.wait_for(fut, 20.0)
+        except asyncio.TimeoutError:
+            self._published.pop(info.mid, None)
+            self.messages.labels("to_mqtt", "unconfirmed").inc()
+            return await msg.nak()
+        self.messages.labels("to_mqtt", "ok").inc()
+        await msg.ack()

@@ -206,7 +206,7 @@ def bridge(
     max_payload_bytes: int = typer.Option(1024 * 1024, help="Largest request body accepted (413 beyond)."),
     processes: int = typer.Option(1, min=1, max=32, help="HTTP bridge processes sharing the port (SO_REUSEPORT); more use more cores."),
     mqtt_url: str = typer.Option("mqtt://127.0.0.1:1883", help="Mosquitto to bridge (mqtt bridge)."),
-    client_id: str = typer.Option("p2pfaas-bridge", help="MQTT client id of the bridge (unique per bridge)."),
+    client_id: Optional[str] = typer.Option(None, help="MQTT client id of the bridge: stable across restarts, unique per bridge (default: p2pfaas-bridge-PREFIX-HOSTNAME)."),
     verbose: bool = typer.Option(False, "--verbose", "-v"),
 ) -> None:
     """Run one bridge against an existing NATS (and Mosquitto). Prints READY when serving."""

@@ -126,3 +126,44 @@ async def test_request_to_a_node_that_never_existed_is_refused_not_kept_forever(
             result = await dev.answer("result/dev1/fine")
     assert rejection["code"] == 404 and "never been started" in rejection["reason"]
     assert result["output"] == "x"
+
+
+async def test_answers_produced_while_the_bridge_is_down_reach_the_device(node_factory, mosquitto, nc, prefix):
+    async with node_factory():
+        with device(mosquitto.port, prefix) as dev:
+            bridge = MqttBridge(nc, mosquitto.url, prefix=prefix, client_id=f"bridge-{prefix}")
+            async with bridge:
+                dev.publish("n1/request/echo/dev1/before", b"1")
+                await dev.answer("result/dev1/before")
+            dev.publish("n1/request/fib/dev1/during", b"20")     # the bridge is down: Mosquitto keeps it
+            async with MqttBridge(nc, mosquitto.url, prefix=prefix, client_id=f"bridge-{prefix}"):
+                result = await dev.answer("result/dev1/during", timeout_s=30)
+    assert result["output"] == "6765"
+
+
+async def test_retained_requests_are_refused(node_factory, mosquitto, nc, prefix):
+    async with node_factory(), MqttBridge(nc, mosquitto.url, prefix=prefix, client_id=f"bridge-{prefix}"):
+        with device(mosquitto.port, prefix) as dev:
+            dev.paho.publish(f"{prefix}/n1/request/echo/dev1/kept", b"x", qos=1, retain=True).wait_for_publish(10)
+            rejection = await dev.answer("reject/dev1/kept")
+    assert rejection["code"] == 400 and "retained" in rejection["reason"]
+
+
+async def test_two_bridges_side_by_side_answer_each_request_once(node_factory, mosquitto, nc, prefix):
+    async with node_factory(k=4), \
+            MqttBridge(nc, mosquitto.url, prefix=prefix, client_id=f"a-{prefix}"), \
+            MqttBridge(nc, mosquitto.url, prefix=prefix, client_id=f"b-{prefix}"):
+        with device(mosquitto.port, prefix) as dev:
+            seen: list[str] = []
+            original = dev._on_message
+
+            def count(client, userdata, msg):
+                seen.append(msg.topic)
+                original(client, userdata, msg)
+            dev.paho.on_message = count
+            for i in range(10):
+                dev.publish(f"n1/request/echo/dev1/twice{i}", b"x")
+            for i in range(10):
+                await dev.answer(f"result/dev1/twice{i}")
+            await asyncio.sleep(1.0)   # the window in which a duplicate would arrive
+    assert sorted(t for t in seen if "twice" in t) == sorted(f"{prefix}/result/dev1/twice{i}" for i in range(10))
