@@ -253,9 +253,9 @@ class ScaleCommand(Contract):
 
     node: str
     pool: str
-    target_workers: int = Field(ge=0)
-    reason: str = ""
-    policy: str = ""
+    target_workers: int = Field(ge=0, le=4096)
+    reason: str = Field(default="", max_length=500)
+    policy: str = Field(default="", max_length=64)
     at: float = Field(default_factory=time.time)
     model_version: int | None = None   # LearnerWeights.version of the model that decided; None for baselines
 

@@ -240,8 +240,8 @@ class Node:
         spec = self.settings.pools[command.pool]
         target = min(spec.max, max(spec.min, command.target_workers))
         if target != pool.target:
-            log.info("pool %s: %d -> %d workers (%s, %s)", command.pool, pool.target, target,
-                     command.policy, command.reason)
+            log.info("pool %s: %d -> %d workers (%r, %r)", command.pool, pool.target, target,   # repr: no log injection
+                     command.policy[:64], command.reason[:200])
         await pool.set_size(target)
 
     # -- control plane ------------------------------------------------------

@@ -24,6 +24,7 @@ from nodes.settings import NodeSettings
 log = logging.getLogger(__name__)
 
 VERSION = "0.1.0"
+MAX_CLOCK_AHEAD_S = 60.0   # a peer's clock may be this far ahead of ours (NTP keeps them far closer)
 
 
 class DiscoveryService:
@@ -145,8 +146,14 @@ class DiscoveryService:
             return
         if hb.node == self.node_id:
             return
-        known = hb.node in self._alive or self.view.heartbeat(hb.node) is not None
         now = self._clock()
+        if msg.subject != self.subjects.membership(hb.node) or hb.time > now + MAX_CLOCK_AHEAD_S:
+            # a heartbeat on someone else's subject, or dated in the future (it would outrank every
+            # true heartbeat of that peer, and so remove it for good), is refused
+            log.warning("%s: heartbeat of %r on %s refused (dated %+.0f s from now)", self.node_id, hb.node[:64],
+                        msg.subject, hb.time - now)
+            return
+        known = hb.node in self._alive or self.view.heartbeat(hb.node) is not None
         if self.view.observe(hb, now) and not known:
             log.info("%s: peer %s joined", self.node_id, hb.node)
             self._alive = self.view.alive(now)

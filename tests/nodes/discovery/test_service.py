@@ -107,3 +107,17 @@ async def test_probe_answers_load_and_failures_are_none(discovery, nc, prefix):
     finally:
         for sub in subs:
             await sub.unsubscribe()
+
+
+async def test_heartbeats_from_the_future_or_on_another_nodes_subject_are_refused(discovery, nc, prefix):
+    s = Subjects(prefix)
+    async with discovery("n1") as n1, discovery("n2"):
+        await wait_until(lambda: n1.peers() == ["n2"], 5)
+        year_2100 = Heartbeat(node="n2", time=4102444800.0)            # would outrank every true heartbeat
+        await nc.publish(s.membership("n2"), encode(year_2100))
+        impostor = Heartbeat(node="n2", time=time.time() + 1)         # n9 speaking for n2
+        await nc.publish(s.membership("n9"), encode(impostor))
+        await nc.flush()
+        last = n1.view.heartbeat("n2").time
+        await wait_until(lambda: n1.view.heartbeat("n2").time > last, 5)   # n2's own heartbeats still count
+        assert n1.view.heartbeat("n2").time < time.time() + 60 and n1.peers() == ["n2"]
