@@ -17,7 +17,7 @@ import uuid
 from collections import OrderedDict
 
 import httpx
-from fastapi import FastAPI, Request
+from fastapi import Depends, FastAPI, Request
 from fastapi.responses import JSONResponse
 from nats.aio.client import Client
 from prometheus_client import CollectorRegistry, Counter, Histogram
@@ -27,7 +27,7 @@ from broker.answers import VERSION, Answer
 from broker.client import FaasClient
 from broker.errors import FaasError, PayloadTooLarge
 from broker.http.control import control_router
-from broker.http.invoke import FastInvoke, answer_response, invoke_router
+from broker.http.invoke import FastInvoke, answer_response, error, invoke_router
 from broker.http.learner import learner_router
 from broker.http_ui import dashboard_router
 from broker.subjects import Subjects, check_token
@@ -59,6 +59,8 @@ class HttpBridge:
         self.http_requests = Counter("p2pfaas_http_requests", "HTTP requests", ["route", "status"], registry=self.registry)
         self.http_latency = Histogram("p2pfaas_http_seconds", "HTTP request latency", ["route"], registry=self.registry)
         self._metric_children: dict[tuple[str, int], tuple] = {}
+        # every route that changes state depends on this: the one place an operator check goes
+        self.changes_state = Depends(self.authorize_change)
         self.api = self._build_api()
         self.app = FastInvoke(self.api, self)
         self._server = None
@@ -88,6 +90,11 @@ class HttpBridge:
             self._server.should_exit = True
 
     # -- shared by the routers --------------------------------------------------------------
+    async def authorize_change(self, request: Request) -> None:
+        """Called before every state-changing route (configuration, deploy, scale, learner
+        training and reset, discovery registration). Everyone may, for now: operator tokens
+        (DESIGN.md §7) are checked here when they come."""
+
     def new_call_id(self) -> str:
         return f"{self._id_prefix}{next(self._ids)}"
 
@@ -153,9 +160,7 @@ class HttpBridge:
 
         @api.exception_handler(FaasError)
         async def faas_error(request: Request, exc: FaasError) -> JSONResponse:
-            headers = {H.RETRY_AFTER: "1"} if exc.http_status == 503 else None
-            return JSONResponse({"code": exc.http_status, "message": str(exc)}, status_code=exc.http_status,
-                                headers=headers)
+            return error(exc.http_status, str(exc), **({H.RETRY_AFTER: "1"} if exc.http_status == 503 else {}))
 
         api.add_middleware(RequestMetrics, bridge=self)
         api.include_router(invoke_router(self))

@@ -95,6 +95,7 @@ class Result(Contract):
     origin: str
     hops: int = 0
     peers: list[str] = Field(default_factory=list)
+    peer_ips: list[str] = Field(default_factory=list)   # the IP address of each node in ``peers``
     scheduler: str = ""
     timings: Timings = Timings()
     hop_timings: list[HopTiming] = Field(default_factory=list)
@@ -162,6 +163,7 @@ class NodeLoad(Contract):
     parallel_running_functions_max: int
     queue_length_max: int
     queue_enabled: bool
+    scheduler: str = ""        # the algorithm deciding, as X-P2pfaas-Scheduler names it
 
 
 class NodeConfiguration(Contract):

@@ -14,6 +14,8 @@ import time
 from dataclasses import dataclass
 from typing import Awaitable, Callable
 
+import orjson
+
 from nats.aio.client import Client
 from nats.aio.msg import Msg
 
@@ -63,10 +65,13 @@ class Forwarder:
             self._end(pending)
 
     async def forward(self, call: Call, peer: str) -> None:
-        visited = list(call.request.peers) or [self.node]
-        if visited[-1] != self.node:
+        visited, ips = list(call.request.peers), list(call.peer_ips)
+        ips += [""] * (len(visited) - len(ips))
+        if not visited or visited[-1] != self.node:
             visited.append(self.node)
-        headers = {H.HOPS: str(call.request.hops + 1), H.PEERS_LIST_ID: ",".join(visited),
+            ips.append(self.answerer.ip)
+        headers = {H.HOPS: str(call.request.hops + 1), H.PEERS_LIST_ID: orjson.dumps(visited).decode(),
+                   H.PEERS_LIST_IP: orjson.dumps(ips).decode(),
                    H.SCHEDULER_NAME: call.scheduler, H.TIMEOUT: repr(call.timeout_s), H.SENT_AT: repr(time.time())}
         if call.deadline_s is not None:
             headers[H.DEADLINE] = repr(call.deadline_s)

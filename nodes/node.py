@@ -86,6 +86,7 @@ class Node:
             scheduler.released(call, answered)
 
         answerer = Answerer(self.settings.node_id, self.nc, self.subjects, self.metrics, self.stats.get, released)
+        answerer.ip = self.settings.machine_ip
         dispatchers = self._start_dispatchers(answerer)
         peers = self._peers
         if peers is None:
@@ -251,7 +252,8 @@ class Node:
         main = self.scheduler.main
         return NodeLoad(node=self.settings.node_id, running=main.n_running, queued=main.n_queued,
                         parallel_running_functions_max=c.parallel_running_functions_max,
-                        queue_length_max=c.queue_length_max, queue_enabled=c.queue_enabled)
+                        queue_length_max=c.queue_length_max, queue_enabled=c.queue_enabled,
+                        scheduler=self.scheduler.algorithm.describe())
 
     async def apply_configuration(self, config: NodeConfiguration) -> None:
         """Persist and apply at run time: K resizes the worker pool, no restart."""
@@ -269,7 +271,14 @@ class Node:
         return encode(self.store.node)
 
     async def _on_config_set(self, body: bytes) -> bytes:
-        config = decode(NodeConfiguration, body)
+        """As P2PFaaS: the keys sent replace the current values, the others keep theirs."""
+        try:
+            sent = orjson.loads(body)
+        except orjson.JSONDecodeError as exc:
+            raise ContractError(f"configuration is not valid JSON: {exc}") from None
+        if not isinstance(sent, dict):
+            raise ContractError("configuration must be a JSON object")
+        config = decode(NodeConfiguration, orjson.dumps({**self.store.node.model_dump(), **sent}))
         await self.apply_configuration(config)
         return encode(config)
 

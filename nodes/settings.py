@@ -6,12 +6,20 @@ import os
 import re
 from pathlib import Path
 from typing import Literal
+from urllib.parse import urlsplit
 
 from pydantic import BaseModel, ConfigDict, Field, PositiveFloat, model_validator
 
 from broker.messages import NodeConfiguration, SchedulerConfiguration
 
 ONE_MIB = 1024 * 1024
+
+
+def host_of(address: str) -> str:
+    """``http://10.0.0.5:18080`` -> ``10.0.0.5``; a bare host (or IP) is returned as it is."""
+    if "://" in address:
+        return urlsplit(address).hostname or ""
+    return address
 TOKEN = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
 
 
@@ -52,7 +60,9 @@ class NodeSettings(BaseModel):
     max_deliver: int = Field(default=4, ge=2)       # last delivery is not run: it dead-letters
     functions: list[tuple[str, str]] = Field(default_factory=list)  # user (name, module:function)
     initial: NodeConfiguration = NodeConfiguration()
-    initial_scheduler: SchedulerConfiguration = SchedulerConfiguration()
+    # P2PFaaS's default algorithm
+    initial_scheduler: SchedulerConfiguration = SchedulerConfiguration(name="PowerOfNScheduler",
+                                                                       parameters=["1", "2", "true", "1"])
     telemetry_period_s: float = Field(default=1.0, gt=0)
     learner: bool = True                   # run this node's learner service (nodes/learner/)
     pools: dict[str, PoolSpec] = Field(default_factory=dict)  # dedicated autoscaled pools by name
@@ -92,6 +102,11 @@ class NodeSettings(BaseModel):
     def nats_servers(self) -> str | list[str]:
         """What nats.connect gets: the URL alone, or it and the seeds (the client tries each)."""
         return [self.nats_url, *self.seeds] if self.seeds else self.nats_url
+
+    @property
+    def machine_ip(self) -> str:
+        """This node's address as P2PFaaS names a machine: the host of ``address`` (a URL or a bare host)."""
+        return host_of(self.address)
 
     @property
     def node_dir(self) -> Path:

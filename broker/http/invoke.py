@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Iterable
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 
+from broker import codes
 from broker import headers as H
 from broker.answers import Answer, error_body
 from broker.errors import NodeUnavailable
@@ -44,7 +45,8 @@ def answer_response(answer: Answer, call_id: str) -> Response:
 
 
 def error(status: int, message: str, **headers: str) -> JSONResponse:
-    return JSONResponse({"code": status, "message": message}, status_code=status, headers=headers or None)
+    return JSONResponse({"code": codes.for_status(status), "message": message}, status_code=status,
+                        headers=headers or None)
 
 
 async def direct_call(bridge: "HttpBridge", fn: str, body: bytes, headers: dict[str, str]) -> tuple[Answer, str]:
@@ -54,9 +56,9 @@ async def direct_call(bridge: "HttpBridge", fn: str, body: bytes, headers: dict[
         answer = await bridge.faas.invoke(bridge.node, fn, body, req=call_id, headers=headers,
                                           timeout_s=bridge.invoke_timeout_s)
     except asyncio.TimeoutError:
-        answer = Answer(504, error_body(504, f"no answer from node {bridge.node} within {bridge.invoke_timeout_s:g} s"))
+        answer = Answer(504, error_body(codes.GENERIC, f"no answer from node {bridge.node} within {bridge.invoke_timeout_s:g} s"))
     except NodeUnavailable as exc:
-        answer = Answer(503, error_body(503, str(exc)), {H.RETRY_AFTER: "1"})
+        answer = Answer(503, error_body(codes.GENERIC, str(exc)), {H.RETRY_AFTER: "1"})
     return answer, call_id
 
 
@@ -77,10 +79,10 @@ class FastInvoke:
         bridge = self.bridge
         fn = scope["path"][len(FUNCTION_PATH):]
         if not TOKEN_RE.match(fn):
-            return await _send(send, 400, error_body(400, f"invalid function {fn[:64]!r}: must match [A-Za-z0-9_-]{{1,64}}"), [_JSON])
+            return await _send(send, 400, error_body(codes.INPUT_NOT_VALID, f"invalid function {fn[:64]!r}: must match [A-Za-z0-9_-]{{1,64}}"), [_JSON])
         headers, declared = _caller_headers(scope["headers"])
         if declared is not None and declared > bridge.max_payload_bytes:
-            return await _send(send, 413, error_body(413, f"payload of {declared} bytes exceeds the limit of {bridge.max_payload_bytes}"), [_JSON])
+            return await _send(send, 413, error_body(codes.INPUT_NOT_VALID, f"payload of {declared} bytes exceeds the limit of {bridge.max_payload_bytes}"), [_JSON])
         body = b""
         more = True
         while more:
@@ -90,7 +92,7 @@ class FastInvoke:
             body += message.get("body", b"")
             more = message.get("more_body", False)
             if len(body) > bridge.max_payload_bytes:
-                return await _send(send, 413, error_body(413, f"payload exceeds the limit of {bridge.max_payload_bytes} bytes"), [_JSON])
+                return await _send(send, 413, error_body(codes.INPUT_NOT_VALID, f"payload exceeds the limit of {bridge.max_payload_bytes} bytes"), [_JSON])
         answer, call_id = await direct_call(bridge, fn, body, headers)
         return await _send(send, answer.status, answer.body, answer_header_list(answer, call_id))
 

@@ -22,6 +22,7 @@ from nats.aio.client import Client
 from nats.aio.msg import Msg
 from nats.js.errors import NotFoundError
 
+from broker import codes
 from broker import headers as H
 from broker.answers import error_body
 from broker.codec import encode
@@ -37,7 +38,7 @@ from nodes.forwarding import Forwarder
 from nodes.inbox import Inbox
 from nodes.intake import AsyncIntake
 from nodes.metrics import NodeMetrics
-from nodes.scheduler.algorithms import build_algorithm, decide
+from nodes.scheduler.algorithms import build_algorithm, decide, forced_algorithm
 from nodes.scheduler.base import (
     Decision,
     Execute,
@@ -124,7 +125,7 @@ class SchedulerService:
                 if call.is_async:
                     await self.answerer.lost(call, f"node {self.node_id} stopped before running it")
                 else:
-                    await self.answerer.refused(call, 503, 503, f"node {self.node_id} is stopping", "node_stopping",
+                    await self.answerer.refused(call, codes.GENERIC, 503, f"node {self.node_id} is stopping", "node_stopping",
                                                 retry_after_s=1.0)
         await self.answerer.settle()
 
@@ -199,8 +200,10 @@ class SchedulerService:
             call.scheduler = call.scheduler or f"pool {dedicated}"
             return await self._execute(call, Execute(), self.pools[dedicated])
         algorithm = self.algorithm
-        call.scheduler = call.scheduler or algorithm.describe()
-        if algorithm.instant or request.force_reject or request.bypass or request.force_forward:
+        forced = forced_algorithm(request)
+        # X-P2pfaas-Scheduler names the algorithm that decided: the forced one, as P2PFaaS does
+        call.scheduler = call.scheduler or (forced or algorithm).describe()
+        if algorithm.instant or forced is not None:
             return await self.carry_out(call, complete_now(decide(algorithm, request, self)))
         self._spawn(self._decide_and_carry_out(call, algorithm))   # it probes or asks the learner
 
@@ -218,10 +221,9 @@ class SchedulerService:
             self.metrics.request(call.fn, "forwarded")
             return await self.forwarder.forward(call, decision.peer)
         assert isinstance(decision, Reject)
-        # P2PFaaS: 401 deliberately rejected -> HTTP 503 (try again); 400 cannot schedule -> HTTP 500
-        overloaded = decision.code == 401
-        await self.answerer.refused(call, decision.code, 503 if overloaded else 500, decision.reason, "rejected",
-                                    retry_after_s=1.0 if overloaded else None)
+        # P2PFaaS: 401 deliberately rejected -> HTTP 503; 400 cannot schedule (overload) -> HTTP 500
+        await self.answerer.refused(call, decision.code, codes.STATUS.get(decision.code, 500), decision.reason,
+                                    "rejected", retry_after_s=1.0)
 
     async def run_here(self, call: Call) -> None:
         """A forward found nobody at the peer: run here after all (with loss)."""
@@ -229,8 +231,9 @@ class SchedulerService:
 
     async def _execute(self, call: Call, decision: Execute, pool: Dispatcher) -> None:
         if pool.n_queued >= MAX_WAITING:
-            return await self.answerer.refused(call, 401, 503, f"{MAX_WAITING} calls already wait on {pool.pool}",
-                                               "rejected", retry_after_s=1.0)
+            return await self.answerer.refused(call, codes.CANNOT_SCHEDULE, 500,
+                                               f"{MAX_WAITING} calls already wait on {pool.pool}", "rejected",
+                                               retry_after_s=1.0)
         call.scheduled_at = call.scheduled_at or time.time()
         self.metrics.request(call.fn, "scheduled")
         stats = self.answerer.stats_of(pool.pool)

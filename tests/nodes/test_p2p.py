@@ -35,7 +35,8 @@ async def test_forwarded_result_reaches_caller_with_path_and_hop_timings(node_fa
 
     assert r.status_code == 200 and r.content == b"hi"
     assert r.headers[H.EXTERNALLY_EXECUTED] == "True" and r.headers[H.HOPS] == "1"
-    assert r.headers[H.PEERS_LIST_ID] == "n1,n2" and r.headers[H.SCHEDULER] == "ForwardScheduler(1)"
+    assert r.headers[H.PEERS_LIST_ID] == '["n1","n2"]' and r.headers[H.SCHEDULER] == "ForwardScheduler(1)"
+    assert orjson.loads(r.headers[H.PEERS_LIST_IP]) == ["", ""]   # these test nodes advertise no address
     for name in (H.TIMING_TOTAL, H.TIMING_SCHEDULING, H.TIMING_PROBING):
         values = orjson.loads(r.headers[name])
         assert len(values) == 2 and all(v >= 0 for v in values), name
