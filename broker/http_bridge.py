@@ -1,9 +1,11 @@
-"""The HTTP bridge: P2PFaaS's REST API (default :18080) translated to NATS subjects.
+"""The HTTP bridge: P2PFaaS's REST APIs translated to NATS subjects.
 
 It imports nothing from nodes/: every route is a publish or a request/reply on the node's
-subjects, so a node can run anywhere its NATS reaches. ``HttpBridge.app`` is the ASGI entry
-(the direct-call fast path in front of the FastAPI app ``api``, which holds the routers, one
-exception handler and the lifespan that starts and stops the bridge's NATS client).
+subjects, so a node can run anywhere its NATS reaches. ``HttpBridge.app`` is the ASGI entry of
+the scheduler API (default :18080: the direct-call fast path in front of the FastAPI app ``api``,
+which holds the routers, one exception handler and the lifespan that starts and stops the
+bridge's NATS client). ``discovery_app`` and ``learner_app`` are P2PFaaS's discovery (19000)
+and learner (19020) APIs, served by the same process on their own ports (docs/compat.md).
 """
 
 from __future__ import annotations
@@ -28,7 +30,10 @@ from broker.client import FaasClient
 from broker.errors import FaasError, PayloadTooLarge
 from broker.http.control import control_router
 from broker.http.invoke import FastInvoke, answer_response, error, invoke_router
-from broker.http.learner import learner_router
+from broker.http.discovery import discovery_app
+from broker.http.learner import learner_app, learner_router
+from broker.http.openfaas import openfaas_router
+from broker.http.peer import peer_router
 from broker.http_ui import dashboard_router
 from broker.subjects import Subjects, check_token
 
@@ -63,7 +68,9 @@ class HttpBridge:
         self.changes_state = Depends(self.authorize_change)
         self.api = self._build_api()
         self.app = FastInvoke(self.api, self)
-        self._server = None
+        self.discovery_app = discovery_app(self)
+        self.learner_app = learner_app(self)
+        self._servers: list = []
 
     async def start(self) -> "HttpBridge":
         if not self._started:
@@ -81,13 +88,20 @@ class HttpBridge:
 
     # -- serving --------------------------------------------------------------------------
     async def serve(self, host: str, port: int, started: asyncio.Event | None = None, *,
-                    reuse_port: bool = False) -> None:
+                    reuse_port: bool = False, discovery_port: int | None = None,
+                    learner_port: int | None = None) -> None:
+        """Serve the scheduler API on ``port`` (and the discovery and learner APIs on theirs, when
+        given) until :meth:`shutdown`."""
         from broker.http.serving import serve_in_loop
-        await serve_in_loop(self, host, port, started, reuse_port=reuse_port)
+        apps = [(self.app, port, True)]
+        apps += [(app, p, False) for app, p in ((self.discovery_app, discovery_port), (self.learner_app, learner_port))
+                 if p is not None]
+        await serve_in_loop(self, [(app, host, p, lifespan) for app, p, lifespan in apps], started,
+                            reuse_port=reuse_port)
 
     def shutdown(self) -> None:
-        if self._server is not None:
-            self._server.should_exit = True
+        for server in self._servers:
+            server.should_exit = True
 
     # -- shared by the routers --------------------------------------------------------------
     async def authorize_change(self, request: Request) -> None:
@@ -166,6 +180,8 @@ class HttpBridge:
         api.include_router(invoke_router(self))
         api.include_router(control_router(self))
         api.include_router(learner_router(self))
+        api.include_router(openfaas_router(self))
+        api.include_router(peer_router(self))
         api.include_router(dashboard_router(self.nc, self.subjects, self.node))
         return api
 

@@ -26,6 +26,7 @@ from functions.registry import FunctionRegistry, default_registry
 from nodes.config_store import ConfigStore
 from nodes.discovery.service import DiscoveryService
 from nodes.answering import Answerer
+from nodes.deployments import Deployments
 from nodes.dispatch import Dispatcher
 from nodes.inbox import Inbox
 from nodes.learner.service import LearnerService
@@ -51,9 +52,12 @@ class Node:
         """``peers`` replaces discovery (tests, fixed topologies); by default the node runs its own."""
         self.settings = settings
         self.subjects = Subjects(settings.prefix)
-        self.registry = registry or default_registry(settings.functions)
         self.metrics = NodeMetrics(settings.node_id)
         self.store = ConfigStore(settings.node_dir, settings.initial, settings.initial_scheduler)
+        self.deployments = Deployments(self)
+        if registry is None:   # functions deployed at run time before a restart come back
+            self.deployments.restore()
+        self.registry = registry or default_registry(settings.functions)
         self.nc: Client | None = None
         self.inbox: Inbox | None = None
         self.pool: WorkerPool | None = None          # the main pool: K slots, all other functions
@@ -112,8 +116,18 @@ class Node:
             (s.scheduler_config(node, "set"), self._on_scheduler_set),
             (s.metrics(node), self._on_metrics),
             (s.info(node), self._on_info),
+            (s.functions(node, "list"), self.deployments.on_list),
+            (s.functions(node, "deploy"), self.deployments.on_deploy),
+            (s.functions(node, "delete"), self.deployments.on_delete),
+            (s.functions(node, "scale"), self.deployments.on_scale),
+            (s.functions(node, "scale_delay"), self.deployments.on_scale_delay),
         ):
             await self.control.serve(subject, handler)
+        if self.discovery:   # P2PFaaS's discovery API
+            for verb, handler in (("register", self.discovery.on_register), ("reset", self.discovery.on_reset),
+                                  ("config.get", self.discovery.on_config_get),
+                                  ("config.set", self.discovery.on_config_set)):
+                await self.control.serve(s.discovery(node, verb), handler)
         for name in self.pools:
             self._subs.append(await self.nc.subscribe(s.scale(node, name), cb=self._on_scale))
         self._telemetry = asyncio.create_task(self._publish_telemetry(), name=f"{node}-telemetry")

@@ -75,6 +75,17 @@ class NodeSettings(BaseModel):
     suspect_after: int = Field(default=3, ge=1)       # missed periods before a peer is no longer offered
     remove_after: int = Field(default=10, ge=2)       # missed periods before a peer is forgotten
     probe_timeout_s: float = Field(default=0.25, gt=0)  # a slower load probe counts as a fully loaded peer
+    # original P2PFaaS nodes in the cluster (docs/compat.md): their ports, and discovery's polling
+    peer_scheduler_port: int = Field(default=18080, ge=1, le=65535)   # where they take /peer/function
+    peer_discovery_port: int = Field(default=19000, ge=1, le=65535)   # where their /list is polled
+    machine_poll_period_s: float = Field(default=120.0, gt=0)         # P2PFaaS's poll period
+    machine_poll_timeout_s: float = Field(default=5.0, gt=0)
+    machine_dead_polls: int = Field(default=20, ge=1)                 # failed polls before a machine is dead
+    init_servers: list[str] = Field(default_factory=list)             # IPs of P2PFaaS machines to start from
+    # LearningScheduler: the node publishes a deadline reward for each decision it took. Turn it off
+    # when clients post the rewards (P2PFaaS's benchmark client with -learning); either way an EID
+    # is trained once: the first reward stored for it counts (docs/compat.md)
+    node_rewards: bool = True
     # LearningScheduler rewards (docs/learning.md): the QoS deadline of each task type, seconds;
     # a request met it when answered 200 within that total time; unlisted types get task_deadline_s
     task_type_deadlines: dict[int, PositiveFloat] = Field(default_factory=dict)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import re
 import signal
 import sys
 import time
@@ -79,6 +80,9 @@ def up(
     scenario: str = typer.Option("bursty", help="Scenario whose worker bounds and normalisation the controller uses."),
     models_dir: Path = typer.Option(Path("data/models"), help="Where trained scaling models are looked up."),
     http_processes: int = typer.Option(1, min=1, max=32, help="HTTP bridge processes per node, sharing its port (more use more cores)."),
+    loopback_hosts: bool = typer.Option(False, "--loopback-hosts", help="P2PFaaS's layout: node i on 127.0.0.i with the scheduler API on --http-port (18080), discovery on 19000 and the learner on 19020, as P2PFaaS's clients expect one host per node."),
+    loopback_net: str = typer.Option("127.0.0", help="With --loopback-hosts: node i listens on NET.i (any 127.x.y network works on Linux)."),
+    node_rewards: bool = typer.Option(True, "--node-rewards/--no-node-rewards", help="LearningScheduler: the nodes publish their own deadline rewards; off when clients post them (P2PFaaS's benchmark client with -learning)."),
     verbose: bool = typer.Option(False, "--verbose", "-v", help="Log at INFO."),
 ) -> None:
     """Start the whole stack: nats-server (JetStream), nodes with worker pools and learners, the autoscaling controller, HTTP and MQTT access. Every part is a supervised process (restarted when it dies; logs in DATA_DIR/logs). Ctrl-C stops it."""
@@ -86,6 +90,9 @@ def up(
     from p2pfaas.stack import Stack, StackConfig, StackSettings
 
     _logging(verbose)
+    if not re.fullmatch(r"127\.\d{1,3}\.\d{1,3}", loopback_net):
+        raise typer.BadParameter(f"{loopback_net!r} must be the first three numbers of a 127/8 address, e.g. 127.0.0",
+                                 param_hint="--loopback-net")
     try:
         stack_config = StackConfig.load(config) if config else StackConfig()
     except ValueError as exc:
@@ -96,7 +103,8 @@ def up(
         configuration=NodeConfiguration(parallel_running_functions_max=parallel, queue_length_max=queue),
         functions=_functions(function), config=stack_config,
         controller_policy=None if controller == "off" else controller, farm_scenario=scenario, models_dir=models_dir,
-        http_processes=http_processes,
+        http_processes=http_processes, loopback_hosts=loopback_hosts, loopback_net=loopback_net,
+        node_rewards=node_rewards,
     )
 
     async def main() -> None:
@@ -141,7 +149,11 @@ def node(
     data_dir: Optional[Path] = typer.Option(None, help="Configuration directory (env P2PFAAS_DATA_DIR; default ./data)."),
     prefix: Optional[str] = typer.Option(None, help="Subject prefix (env P2PFAAS_PREFIX; default faas)."),
     heartbeat_period: Optional[float] = typer.Option(None, help="Discovery heartbeat period, s (env P2PFAAS_HEARTBEAT_PERIOD_S; default 1)."),
-    address: Optional[str] = typer.Option(None, help="Address advertised to peers (e.g. its HTTP bridge URL)."),
+    address: Optional[str] = typer.Option(None, help="Address advertised to peers (e.g. its HTTP bridge URL); its host is the node's IP in P2PFaaS's lists."),
+    peer_scheduler_port: Optional[int] = typer.Option(None, help="Scheduler API port of original P2PFaaS peers (default 18080)."),
+    peer_discovery_port: Optional[int] = typer.Option(None, help="Discovery API port of original P2PFaaS peers, polled (default 19000)."),
+    init_server: list[str] = typer.Option([], "--init-server", help="IP of a P2PFaaS machine to poll from the start (repeatable)."),
+    node_rewards: Optional[bool] = typer.Option(None, "--node-rewards/--no-node-rewards", help="LearningScheduler: publish the node's own deadline rewards (off: clients post them to the learner API)."),
     runtime: Runtime = typer.Option(Runtime.process),
     function: list[str] = typer.Option([], "--function", "-f", help="name=package.module:callable (repeatable)."),
     settings_file: Optional[Path] = typer.Option(None, "--settings", help="All node settings as one JSON document (what `up` passes); the other options are then ignored."),
@@ -163,7 +175,8 @@ def node(
             settings = NodeSettings.from_env(
                 node_id=node_id, nats_url=nats_url, seeds=seed or None, data_dir=data_dir, prefix=prefix,
                 heartbeat_period_s=heartbeat_period, address=address, runtime=runtime.value,
-                functions=_functions(function) or None)
+                functions=_functions(function) or None, peer_scheduler_port=peer_scheduler_port,
+                peer_discovery_port=peer_discovery_port, init_servers=init_server or None, node_rewards=node_rewards)
     except (ValueError, OSError) as exc:
         raise typer.BadParameter(str(exc)) from None
 
@@ -193,6 +206,8 @@ def bridge(
     prefix: str = typer.Option("faas", help="Subject prefix."),
     max_payload_bytes: int = typer.Option(1024 * 1024, help="Largest request body accepted (413 beyond)."),
     processes: int = typer.Option(1, min=1, max=32, help="HTTP bridge processes sharing the port (SO_REUSEPORT); more use more cores."),
+    discovery_port: Optional[int] = typer.Option(None, help="Also serve P2PFaaS's discovery API on this port (P2PFaaS: 19000)."),
+    learner_port: Optional[int] = typer.Option(None, help="Also serve P2PFaaS's learner API on this port (P2PFaaS: 19020)."),
     mqtt_url: str = typer.Option("mqtt://127.0.0.1:1883", help="Mosquitto to bridge (mqtt bridge)."),
     client_id: str = typer.Option("p2pfaas-bridge", help="MQTT client id of the bridge (unique per bridge)."),
     verbose: bool = typer.Option(False, "--verbose", "-v"),
@@ -203,9 +218,12 @@ def bridge(
     _logging(verbose)
     if kind is BridgeKind.http:
         options = HttpBridgeOptions(node=node_id, nats_url=nats_url, host=host, port=port, prefix=prefix,
-                                    max_payload_bytes=max_payload_bytes, processes=processes)
+                                    max_payload_bytes=max_payload_bytes, processes=processes,
+                                    discovery_port=discovery_port, learner_port=learner_port)
+        extra = "".join(f", {what} :{p}" for what, p in (("discovery", discovery_port), ("learner", learner_port)) if p)
         run_part(lambda: start_http_bridge(options, one_process_argv(sys.argv)), stop_http_bridge,
-                 lambda _: console.print(f"HTTP bridge for {node_id} on http://{host}:{port} ({processes} process(es))"))
+                 lambda _: console.print(f"HTTP bridge for {node_id} on http://{host}:{port}{extra} "
+                                         f"({processes} process(es))"))
         return
 
     async def start_mqtt():

@@ -46,6 +46,8 @@ class HttpBridgeOptions:
     prefix: str = "faas"
     max_payload_bytes: int = 1024 * 1024
     processes: int = 1
+    discovery_port: int | None = None   # P2PFaaS's discovery API (19000) by this process too
+    learner_port: int | None = None     # P2PFaaS's learner API (19020)
 
 
 async def start_http_bridge(options: HttpBridgeOptions, argv_for_one: list[str] | None = None):
@@ -57,7 +59,9 @@ async def start_http_bridge(options: HttpBridgeOptions, argv_for_one: list[str] 
     nc = await connect(options.nats_url, f"http-bridge-{options.node}")
     bridge = HttpBridge(nc, options.node, prefix=options.prefix, max_payload_bytes=options.max_payload_bytes)
     started = asyncio.Event()
-    serving = asyncio.create_task(bridge.serve(options.host, options.port, started, reuse_port=True))
+    serving = asyncio.create_task(bridge.serve(options.host, options.port, started, reuse_port=True,
+                                               discovery_port=options.discovery_port,
+                                               learner_port=options.learner_port))
     await asyncio.wait({serving, asyncio.create_task(started.wait())}, return_when=asyncio.FIRST_COMPLETED)
     if serving.done():
         serving.result()   # it failed to start: raise why

@@ -16,7 +16,7 @@ import logging
 import random
 import time
 from collections import OrderedDict
-from typing import Sequence
+from typing import TYPE_CHECKING, Sequence
 
 from nats.aio.client import Client
 from nats.aio.msg import Msg
@@ -54,6 +54,9 @@ from nodes.scheduler.inbound import Inbound, Refusal
 from nodes.settings import NodeSettings
 from nodes.worker import DEFAULT_POOL
 
+if TYPE_CHECKING:
+    import httpx
+
 log = logging.getLogger(__name__)
 
 RECENT = 65_536          # answered async calls remembered, to drop duplicates without a message id
@@ -74,7 +77,8 @@ class SchedulerService:
         self.pool_of = {fn: name for name, spec in settings.pools.items() for fn in spec.functions}
         self.algorithm: SchedulingAlgorithm = build_algorithm(store.scheduler.name, store.scheduler.parameters)
         self.inbound = Inbound(self.subjects, self.node_id, registry, settings.max_payload_bytes)
-        self.forwarder = Forwarder(self.node_id, nc, self.subjects, inbox, answerer, self.run_here, self._count_forward)
+        self.forwarder = Forwarder(self.node_id, nc, self.subjects, inbox, answerer, self.run_here, self._count_forward,
+                                   peers)
         self.intake = AsyncIntake(self.node_id, nc, self.subjects, ack_wait_s=settings.ack_wait_s,
                                   max_deliver=settings.max_deliver, take=self.take_async)
         self.forwards: dict[str, int] = {}   # forwards per peer since the last heartbeat
@@ -96,6 +100,9 @@ class SchedulerService:
 
     async def probe(self, peer: str) -> int | None:
         return await self._peers.probe(peer) if self._peers else None
+
+    def resolve(self, name: str) -> str:
+        return self._peers.resolve(name) if self._peers else name
 
     # -- lifecycle ----------------------------------------------------------------------
     async def start(self) -> None:
@@ -308,8 +315,18 @@ class SchedulerService:
 class PeerSource:
     """What the scheduler needs from discovery (filled in by the peer-to-peer layer)."""
 
+    http: "httpx.AsyncClient | None" = None   # reaches the peers that speak P2PFaaS's HTTP API
+
     def peers(self) -> Sequence[str]:
         return ()
 
     async def probe(self, peer: str) -> int | None:
         return None
+
+    def http_base(self, peer: str) -> str | None:
+        """The scheduler API URL of a peer that speaks P2PFaaS's HTTP API (None: a p2pfaas node)."""
+        return None
+
+    def resolve(self, name: str) -> str:
+        """The peer id of a node named by its address (P2PFaaS names its master by IP)."""
+        return name
