@@ -124,6 +124,7 @@ class MachinePoller:
         self.period_s, self.timeout_s = period_s, timeout_s
         self._task: asyncio.Task | None = None
         self._http: httpx.AsyncClient | None = None
+        self._once: set[asyncio.Task] = set()
 
     async def start(self) -> "MachinePoller":
         self._http = httpx.AsyncClient(timeout=self.timeout_s)
@@ -131,11 +132,19 @@ class MachinePoller:
         return self
 
     async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            await asyncio.gather(self._task, return_exceptions=True)
+        for task in [*self._once, *([self._task] if self._task else [])]:
+            task.cancel()
+        await asyncio.gather(*self._once, *([self._task] if self._task else []), return_exceptions=True)
         if self._http is not None:
             await self._http.aclose()
+
+    def soon(self, ip: str) -> None:
+        """Poll one machine now (it just joined), in the background."""
+        if self._http is None:
+            return
+        task = asyncio.get_running_loop().create_task(self.poll(ip))
+        self._once.add(task)
+        task.add_done_callback(self._once.discard)
 
     async def poll_all(self) -> None:
         machines = self.table.alive()

@@ -131,8 +131,10 @@ class DiscoveryService:
         ip = valid_ip(announced.ip)
         if ip is None:
             raise ControlError(400, f"p2pfaas-machine-ip {announced.ip!r} is not an IP address")
-        if self.machines.announce(ip, announced.name, announced.group_name) is not None:
-            log.info("%s: P2PFaaS machine %s announced itself", self.node_id, ip)
+        known = ip in self.machines.machines
+        if self.machines.announce(ip, announced.name, announced.group_name) is not None and not known:
+            log.info("%s: P2PFaaS machine %s joined", self.node_id, ip)
+            self.poller.soon(ip)   # learn its peers now, not a poll period later
         return encode(self.peer_list())
 
     async def on_reset(self, body: bytes) -> bytes:
