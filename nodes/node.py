@@ -14,7 +14,7 @@ from nats.aio.msg import Msg
 from nats.js.errors import APIError, ServiceUnavailableError
 from prometheus_client import generate_latest
 
-from broker.codec import decode, encode
+from broker.codec import decode, decode_update, encode
 from broker.connection import close_quietly, connect
 from broker.control import ControlError, ControlServer
 from broker.lifecycle import end_strays
@@ -286,13 +286,7 @@ class Node:
 
     async def _on_config_set(self, body: bytes) -> bytes:
         """As P2PFaaS: the keys sent replace the current values, the others keep theirs."""
-        try:
-            sent = orjson.loads(body)
-        except orjson.JSONDecodeError as exc:
-            raise ContractError(f"configuration is not valid JSON: {exc}") from None
-        if not isinstance(sent, dict):
-            raise ContractError("configuration must be a JSON object")
-        config = decode(NodeConfiguration, orjson.dumps({**self.store.node.model_dump(), **sent}))
+        config = decode_update(self.store.node, body)
         await self.apply_configuration(config)
         return encode(config)
 

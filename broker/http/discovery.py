@@ -16,28 +16,19 @@ from fastapi.responses import Response
 from broker import headers as H
 from broker.answers import VERSION
 from broker.control import control_request
-from broker.errors import NodeUnavailable
 from broker.http.control import known_keys
-from broker.http.invoke import error
+from broker.http.invoke import port_app
 from broker.messages import DiscoveryConfiguration
 
 if TYPE_CHECKING:
     from broker.http_bridge import HttpBridge
 
 def discovery_app(bridge: "HttpBridge") -> FastAPI:
-    app = FastAPI(title="p2pfaas discovery API (P2PFaaS-compatible)", version=VERSION)
+    app = port_app("p2pfaas discovery API (P2PFaaS-compatible)", f"Welcome to the p2pfaas discovery service v{VERSION}!")
     node, subjects = bridge.node, bridge.subjects
 
     async def ask(subject: str, body: bytes = b"") -> tuple[int, bytes]:
         return await control_request(bridge.nc, subject, body, bridge.control_timeout_s)
-
-    @app.exception_handler(NodeUnavailable)
-    async def unavailable(request: Request, exc: NodeUnavailable) -> Response:
-        return error(503, str(exc), **{H.RETRY_AFTER: "1"})
-
-    @app.get("/", summary="Hello (the same on every node)")
-    async def hello() -> Response:
-        return Response(f"Welcome to the p2pfaas discovery service v{VERSION}!", media_type="text/html")
 
     @app.get("/list", summary="Alive peers; a polling P2PFaaS machine joins them")
     async def peer_list(request: Request) -> Response:

@@ -12,12 +12,12 @@ import asyncio
 import time
 from typing import TYPE_CHECKING, Iterable
 
-from fastapi import APIRouter, Request
+from fastapi import APIRouter, FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 
 from broker import codes
 from broker import headers as H
-from broker.answers import Answer, error_body
+from broker.answers import VERSION, Answer, error_body
 from broker.errors import NodeUnavailable
 from broker.subjects import TOKEN_RE, check_token
 
@@ -47,6 +47,22 @@ def answer_response(answer: Answer, call_id: str) -> Response:
 def error(status: int, message: str, **headers: str) -> JSONResponse:
     return JSONResponse({"code": codes.for_status(status), "message": message}, status_code=status,
                         headers=headers or None)
+
+
+def port_app(title: str, hello: str) -> FastAPI:
+    """The app of one of P2PFaaS's other ports (discovery, learner): ``GET /`` answers ``hello``
+    (the same on every node, as its clients compare it), a node that does not answer is 503."""
+    app = FastAPI(title=title, version=VERSION)
+
+    @app.exception_handler(NodeUnavailable)
+    async def unavailable(request: Request, exc: NodeUnavailable) -> Response:
+        return error(503, str(exc), **{H.RETRY_AFTER: "1"})
+
+    @app.get("/", summary="Name and version (the same on every node)")
+    async def greet() -> Response:
+        return Response(hello, media_type="text/html")
+
+    return app
 
 
 async def direct_call(bridge: "HttpBridge", fn: str, body: bytes, headers: dict[str, str]) -> tuple[Answer, str]:

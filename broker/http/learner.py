@@ -28,8 +28,8 @@ from broker import headers as H
 from broker.answers import VERSION
 from broker.codec import decode, encode
 from broker.control import control_request
-from broker.errors import ContractError, NodeUnavailable
-from broker.http.invoke import error
+from broker.errors import ContractError
+from broker.http.invoke import error, port_app
 from broker.messages import (
     ErrorBody,
     LearnerAction,
@@ -178,17 +178,9 @@ def learner_router(bridge: "HttpBridge") -> APIRouter:
 # -- P2PFaaS's learner service (port 19020) ------------------------------------------------------
 def learner_app(bridge: "HttpBridge") -> FastAPI:
     """The original learner's routes and bodies for the node's scheduling model (docs/compat.md)."""
-    app = FastAPI(title="p2pfaas learner API (P2PFaaS-compatible)", version=VERSION)
+    app = port_app("p2pfaas learner API (P2PFaaS-compatible)", f"This is {LEARNER_NAME} v{VERSION}.")
     gateway = LearnerGateway(bridge)
     model = SCHEDULING_MODEL
-
-    @app.exception_handler(NodeUnavailable)
-    async def unavailable(request: Request, exc: NodeUnavailable) -> Response:
-        return error(503, str(exc), **{H.RETRY_AFTER: "1"})
-
-    @app.get("/", summary="Name and version (the same on every node)")
-    async def hello() -> Response:
-        return Response(f"This is {LEARNER_NAME} v{VERSION}.", media_type="text/html")
 
     @app.get("/act", summary="Action for X-P2pfaas-Learning-State as text, epsilon in X-P2pfaas-Eps")
     async def act(request: Request) -> Response:

@@ -15,12 +15,11 @@ import time
 from typing import Callable, Sequence
 
 import httpx
-import orjson
 from nats.aio.client import Client
 from nats.aio.msg import Msg
 
 from broker import headers as H
-from broker.codec import decode, encode
+from broker.codec import decode, decode_update, encode
 from broker.control import ControlError
 from broker.errors import ContractError
 from broker.messages import DiscoveryConfiguration, Heartbeat, MachineAnnouncement, NodeLoad, PeerInfo, PeerList
@@ -156,14 +155,8 @@ class DiscoveryService:
     async def on_config_set(self, body: bytes) -> bytes:
         """As P2PFaaS: keys sent replace, the others stay; init servers join as machines. The id
         and the address are the node's own (set when it starts): changing them is refused."""
-        try:
-            sent = orjson.loads(body)
-        except orjson.JSONDecodeError as exc:
-            raise ContractError(f"configuration is not valid JSON: {exc}") from None
-        if not isinstance(sent, dict):
-            raise ContractError("configuration must be a JSON object")
         current = self.configuration()
-        new = decode(DiscoveryConfiguration, orjson.dumps({**current.model_dump(), **sent}))
+        new = decode_update(current, body)
         if (new.machine_id, new.machine_ip) != (current.machine_id, current.machine_ip):
             raise ControlError(400, f"machine_id and machine_ip are this node's own ({current.machine_id}, "
                                     f"{current.machine_ip!r}); start the node with another id or address to change them")
