@@ -14,12 +14,14 @@ from typing import Mapping, Sequence
 
 import orjson
 
+from broker import codes
 from broker import headers as H
 from broker.codec import decode
 from broker.errors import ContractError
 from broker.messages import ErrorBody, HopTiming, LearningDecision, Rejection, Result, Timings
 
 VERSION = "0.1.0"
+SCHEDULER_NAME = "p2pfaas-scheduler"   # GET / of the scheduler API, as P2PFaaS names its service
 
 
 def _seconds(value: float) -> str:
@@ -28,22 +30,28 @@ def _seconds(value: float) -> str:
 
 def answer_headers(*, status: int, scheduler: str, executed_by: str, hops: Sequence[HopTiming],
                    execution_s: float, queueing_s: float, transit_s: float = 0.0, forwards: int = 0,
-                   peers: Sequence[str] = (), learning: LearningDecision | None = None,
+                   peers: Sequence[str] = (), peer_ips: Sequence[str] = (), learning: LearningDecision | None = None,
                    retry_after_s: float | None = None) -> dict[str, str]:
-    """The P2PFaaS response headers of one answer; ``hops`` holds one entry per node, origin first."""
+    """The P2PFaaS response headers of one answer; ``hops`` holds one entry per node, origin first.
+
+    As P2PFaaS: the probing list only when some node probed or the call was forwarded; the peers
+    lists (JSON arrays of ids and IPs, origin first) only for a forwarded call."""
     out = {
         H.STATUS: str(status), H.VERSION: VERSION, H.SCHEDULER: scheduler,
         H.TIMING_TOTAL: orjson.dumps([round(h.total_s, 6) for h in hops]).decode(),
         H.TIMING_SCHEDULING: orjson.dumps([round(h.scheduling_s, 6) for h in hops]).decode(),
-        H.TIMING_PROBING: orjson.dumps([round(h.probing_s, 6) for h in hops]).decode(),
         H.TIMING_EXECUTION: _seconds(execution_s), H.TIMING_QUEUEING: _seconds(queueing_s),
     }
+    if forwards or any(h.probing_s > 0 for h in hops):
+        out[H.TIMING_PROBING] = orjson.dumps([round(h.probing_s, 6) for h in hops]).decode()
     if transit_s:
         out[H.TIMING_TRANSIT] = _seconds(transit_s)
     if executed_by:
         out[H.EXECUTED_BY] = executed_by
     if forwards:
-        out.update({H.EXTERNALLY_EXECUTED: "True", H.HOPS: str(forwards), H.PEERS_LIST_ID: ",".join(peers)})
+        ips = [*peer_ips, *[""] * (len(peers) - len(peer_ips))][:len(peers)]
+        out.update({H.EXTERNALLY_EXECUTED: "True", H.HOPS: str(forwards), H.PEERS_LIST_ID: orjson.dumps(list(peers)).decode(),
+                    H.PEERS_LIST_IP: orjson.dumps(ips).decode()})
     if learning is not None:
         out.update(learning.headers())
     if retry_after_s is not None:
@@ -53,6 +61,19 @@ def answer_headers(*, status: int, scheduler: str, executed_by: str, hops: Seque
 
 def error_body(code: int, message: str) -> bytes:
     return orjson.dumps({"code": code, "message": message})
+
+
+def name_list(text: str | None) -> list[str]:
+    """A peers list header: a JSON array (P2PFaaS) or, as older p2pfaas nodes sent it, a comma list."""
+    if not text:
+        return []
+    if text.lstrip().startswith("["):
+        try:
+            values = orjson.loads(text)
+        except orjson.JSONDecodeError:
+            return []
+        return [str(v) for v in values] if isinstance(values, list) else []
+    return [p.strip() for p in text.split(",") if p.strip()]
 
 
 def _float_list(text: str | None) -> list[float]:
@@ -116,7 +137,11 @@ class Answer:
 
     @property
     def peers(self) -> list[str]:
-        return [p for p in self.headers.get(H.PEERS_LIST_ID, "").split(",") if p]
+        return name_list(self.headers.get(H.PEERS_LIST_ID))
+
+    @property
+    def peer_ips(self) -> list[str]:
+        return name_list(self.headers.get(H.PEERS_LIST_IP))
 
     @property
     def rejected(self) -> bool:
@@ -168,9 +193,10 @@ class Answer:
                                                                        scheduling_s=result.timings.scheduling_s)],
                                  execution_s=result.timings.execution_s, queueing_s=result.timings.queueing_s,
                                  transit_s=result.timings.transit_s, forwards=result.hops, peers=result.peers,
+                                 peer_ips=result.peer_ips,
                                  learning=result.learning)
         if result.status != 200:
-            return cls(result.status, error_body(result.status, result.error or "function failed"), headers)
+            return cls(result.status, error_body(codes.for_status(result.status), result.error or "function failed"), headers)
         if result.output_b64 is not None:
             return cls(200, base64.b64decode(result.output_b64), headers)
         return cls(200, (result.output or "").encode(), headers)

@@ -31,6 +31,18 @@ def decode(contract: type[M], data: bytes) -> M:
         raise ContractError(f"{contract.__name__}: {problems}") from None
 
 
+def decode_update(current: M, data: bytes) -> M:
+    """``current`` with the keys of the JSON object ``data`` replaced (P2PFaaS merges configuration
+    bodies: keys not sent keep their value); ContractError when the result is not a valid one."""
+    try:
+        sent = orjson.loads(data)
+    except orjson.JSONDecodeError as exc:
+        raise ContractError(f"{type(current).__name__}: not valid JSON ({exc})") from None
+    if not isinstance(sent, dict):
+        raise ContractError(f"{type(current).__name__}: must be a JSON object")
+    return decode(type(current), orjson.dumps({**current.model_dump(mode="json"), **sent}))
+
+
 def frame(message: BaseModel, payload: bytes) -> bytes:
     """``message`` and raw ``payload`` in one body: length, JSON, payload."""
     meta = encode(message)

@@ -17,6 +17,7 @@ from nats.aio.msg import Msg
 from nats.errors import NoRespondersError
 from nats.errors import TimeoutError as NatsTimeout
 
+from broker import codes
 from broker import headers as H
 from broker.answers import error_body
 from broker.errors import ContractError, NodeUnavailable
@@ -50,12 +51,12 @@ class ControlServer:
                 status = exc.status if isinstance(exc, ControlError) else 400
                 message = exc.message if isinstance(exc, ControlError) else str(exc)
                 self._refused(msg.subject, message)
-                body = error_body(status, message)
+                body = error_body(codes.for_status(status), message)
                 headers = {H.STATUS: str(status), SERVICE_ERROR: message[:200].replace("\n", " "),
                            SERVICE_ERROR_CODE: str(status)}
             except Exception as exc:  # a bug must answer too, never leave the caller waiting
                 log.exception("control request on %s failed", msg.subject)
-                status, body = 500, error_body(500, f"internal error: {type(exc).__name__}")
+                status, body = 500, error_body(codes.GENERIC, f"internal error: {type(exc).__name__}")
                 headers = {H.STATUS: "500", SERVICE_ERROR: "internal error", SERVICE_ERROR_CODE: "500"}
             if msg.reply:
                 await self.nc.publish(msg.reply, body, headers=headers)

@@ -29,12 +29,21 @@ EXECUTED_BY = "X-P2pfaas-Executed-By"
 REJECTED_BY = "X-P2pfaas-Rejected-By"
 EXTERNALLY_EXECUTED = "X-P2pfaas-Externally-Executed"
 HOPS = "X-P2pfaas-Hops"
-PEERS_LIST_ID = "X-P2pfaas-Peers-List-Id"
+PEERS_LIST_ID = "X-P2pfaas-Peers-List-Id"   # JSON array of node ids, origin first
+PEERS_LIST_IP = "X-P2pfaas-Peers-List-Ip"   # JSON array of their IP addresses, origin first
 LOAD = "X-P2pfaas-Load"
 MAXLOAD = "X-P2pfaas-Maxload"
 QUEUE_LENGTH = "X-P2pfaas-Queue-Length"
+P2PFOG_QUEUE_LENGTH = "X-P2pfog-Queue-Length"   # (sic) the name P2PFaaS answers and probes
 CALL_ID = "X-Call-Id"
 CALLBACK_URL = "X-Callback-Url"
+# P2PFaaS's discovery protocol: a node polling another's /list says who it is; the answer says
+# who answered. Node-to-node calls (/peer/function, polls, probes) carry User-Agent: Machine.
+MACHINE_IP = "p2pfaas-machine-ip"
+MACHINE_NAME = "p2pfaas-machine-name"
+MACHINE_GROUP = "p2pfaas-machine-group-name"
+USER_AGENT = "User-Agent"
+USER_AGENT_MACHINE = "Machine"
 # P2PFaaS's learner API (port 19020 / /learner): the sample in headers, the epsilon it acted with
 LEARNER_PREFIX = "X-P2pfaas-Learning-"     # + Eid, State, Action, Reward
 LEARNER_EPS = "X-P2pfaas-Eps"

@@ -1,9 +1,11 @@
-"""The HTTP bridge: P2PFaaS's REST API (default :18080) translated to NATS subjects.
+"""The HTTP bridge: P2PFaaS's REST APIs translated to NATS subjects.
 
 It imports nothing from nodes/: every route is a publish or a request/reply on the node's
-subjects, so a node can run anywhere its NATS reaches. ``HttpBridge.app`` is the ASGI entry
-(the direct-call fast path in front of the FastAPI app ``api``, which holds the routers, one
-exception handler and the lifespan that starts and stops the bridge's NATS client).
+subjects, so a node can run anywhere its NATS reaches. ``HttpBridge.app`` is the ASGI entry of
+the scheduler API (default :18080: the direct-call fast path in front of the FastAPI app ``api``,
+which holds the routers, one exception handler and the lifespan that starts and stops the
+bridge's NATS client). ``discovery_app`` and ``learner_app`` are P2PFaaS's discovery (19000)
+and learner (19020) APIs, served by the same process on their own ports (docs/compat.md).
 """
 
 from __future__ import annotations
@@ -30,8 +32,11 @@ from broker.answers import VERSION, Answer
 from broker.client import FaasClient
 from broker.errors import FaasError, Forbidden, PayloadTooLarge, Unauthorized
 from broker.http.control import control_router
-from broker.http.invoke import FastInvoke, answer_response, invoke_router
-from broker.http.learner import learner_router
+from broker.http.invoke import FastInvoke, answer_response, error, invoke_router
+from broker.http.discovery import discovery_app
+from broker.http.learner import learner_app, learner_router
+from broker.http.openfaas import openfaas_router
+from broker.http.peer import peer_router
 from broker.http_ui import dashboard_router
 from broker.subjects import Subjects, check_token
 
@@ -45,10 +50,11 @@ class HttpBridge:
 
     def __init__(self, nc: Client, node: str, *, prefix: str = "faas", max_payload_bytes: int = 1024 * 1024,
                  invoke_timeout_s: float = 60.0, control_timeout_s: float = 3.0, operator_token: str | None = None,
-                 invoke_token: str | None = None, callback_hosts: Collection[str] = ()) -> None:
+                 invoke_token: str | None = None, callback_hosts: Collection[str] = (), p2pfaas_open: bool = False) -> None:
         """``operator_token``: routes that change state need it (None: an open bridge, for tests
         and trusted networks); ``invoke_token``: invocation needs it too (None: open, as OpenFaaS
-        by default); ``callback_hosts``: the hosts ``X-Callback-Url`` may name (none by default)."""
+        by default); ``callback_hosts``: the hosts ``X-Callback-Url`` may name (none by default);
+        ``p2pfaas_open``: P2PFaaS's discovery and learner ports take changes without a token."""
         self.nc = nc
         self.node = check_token(node, "node")
         self.subjects = Subjects(prefix)
@@ -68,9 +74,15 @@ class HttpBridge:
         self.http_requests = Counter("p2pfaas_http_requests", "HTTP requests", ["route", "status"], registry=self.registry)
         self.http_latency = Histogram("p2pfaas_http_seconds", "HTTP request latency", ["route"], registry=self.registry)
         self._metric_children: dict[tuple[str, int], tuple] = {}
+        # every route that changes state depends on one of these: the one place the operator check is
+        self.changes_state = Depends(self.require_operator)
+        self.p2pfaas_open = p2pfaas_open
+        self.changes_state_p2pfaas = Depends(self.authorize_p2pfaas_change)
         self.api = self._build_api()
         self.app = FastInvoke(self.api, self)
-        self._server = None
+        self.discovery_app = discovery_app(self)
+        self.learner_app = learner_app(self)
+        self._servers: list = []
 
     async def start(self) -> "HttpBridge":
         if not self._started:
@@ -88,15 +100,29 @@ class HttpBridge:
 
     # -- serving --------------------------------------------------------------------------
     async def serve(self, host: str, port: int, started: asyncio.Event | None = None, *,
-                    reuse_port: bool = False, tls: tuple[str, str] | None = None) -> None:
+                    reuse_port: bool = False, discovery_port: int | None = None,
+                    learner_port: int | None = None, tls: tuple[str, str] | None = None) -> None:
+        """Serve the scheduler API on ``port`` (and the discovery and learner APIs on theirs, when
+        given) until :meth:`shutdown`."""
         from broker.http.serving import serve_in_loop
-        await serve_in_loop(self, host, port, started, reuse_port=reuse_port, tls=tls)
+        apps = [(self.app, port, True)]
+        apps += [(app, p, False) for app, p in ((self.discovery_app, discovery_port), (self.learner_app, learner_port))
+                 if p is not None]
+        await serve_in_loop(self, [(app, host, p, lifespan) for app, p, lifespan in apps], started,
+                            reuse_port=reuse_port, tls=tls)
 
     def shutdown(self) -> None:
-        if self._server is not None:
-            self._server.should_exit = True
+        for server in self._servers:
+            server.should_exit = True
 
     # -- shared by the routers --------------------------------------------------------------
+    async def authorize_p2pfaas_change(self, request: Request) -> None:
+        """State changes on P2PFaaS's own discovery and learner ports (a machine registering,
+        rewards, a reset): as open as in P2PFaaS when ``p2pfaas_open`` (its clients carry no token:
+        keep those ports on a trusted network), else the operator token as everywhere else."""
+        if not self.p2pfaas_open:
+            await self.require_operator(request)
+
     def new_call_id(self) -> str:
         return f"{self._id_prefix}{next(self._ids)}"
 
@@ -183,18 +209,18 @@ class HttpBridge:
 
         @api.exception_handler(FaasError)
         async def faas_error(request: Request, exc: FaasError) -> JSONResponse:
-            headers = {H.RETRY_AFTER: "1"} if exc.http_status == 503 else None
+            headers = {H.RETRY_AFTER: "1"} if exc.http_status == 503 else {}
             if exc.http_status == 401:
                 headers = {"WWW-Authenticate": "Bearer"}
-            return JSONResponse({"code": exc.http_status, "message": str(exc)}, status_code=exc.http_status,
-                                headers=headers)
+            return error(exc.http_status, str(exc), **headers)
 
         api.add_middleware(RequestMetrics, bridge=self)
-        operator = [Depends(self.require_operator)]
         api.include_router(invoke_router(self))
-        api.include_router(control_router(self, operator))
-        api.include_router(learner_router(self, operator))
-        api.include_router(dashboard_router(self.nc, self.subjects, self.node, guard=operator))
+        api.include_router(control_router(self))
+        api.include_router(learner_router(self))
+        api.include_router(openfaas_router(self))
+        api.include_router(peer_router(self))
+        api.include_router(dashboard_router(self.nc, self.subjects, self.node, guard=[self.changes_state]))
         return api
 
 

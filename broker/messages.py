@@ -95,6 +95,7 @@ class Result(Contract):
     origin: str
     hops: int = 0
     peers: list[str] = Field(default_factory=list)
+    peer_ips: list[str] = Field(default_factory=list)   # the IP address of each node in ``peers``
     scheduler: str = ""
     timings: Timings = Timings()
     hop_timings: list[HopTiming] = Field(default_factory=list)
@@ -162,6 +163,7 @@ class NodeLoad(Contract):
     parallel_running_functions_max: int
     queue_length_max: int
     queue_enabled: bool
+    scheduler: str = ""        # the algorithm deciding, as X-P2pfaas-Scheduler names it
 
 
 class NodeConfiguration(Contract):
@@ -181,6 +183,48 @@ class SchedulerConfiguration(Contract):
     def describe(self) -> str:
         """As P2PFaaS prints it in ``X-P2pfaas-Scheduler``, e.g. ``PowerOfNScheduler(1, 2, true, 1)``."""
         return f"{self.name}({', '.join(self.parameters)})"
+
+
+class FunctionDeployment(Contract):
+    """Deploy on ``faas.<node>.functions.deploy``: ``reference`` is ``package.module:callable`` or
+    ``image:<ref>`` (an OpenFaaS-style image), as ``p2pfaas up --function name=reference``."""
+
+    service: str = Field(pattern=r"^[A-Za-z0-9_-]{1,64}$")
+    reference: str = Field(min_length=1, max_length=512)
+
+
+class FunctionScale(Contract):
+    """On ``faas.<node>.functions.scale`` (``replicas``) and ``.delete`` / ``.scale_delay`` (``service`` only)."""
+
+    service: str = Field(pattern=r"^[A-Za-z0-9_-]{1,64}$")
+    replicas: int | None = Field(default=None, ge=0, le=1024)
+
+
+class FunctionInfo(Contract):
+    """One function as OpenFaaS's ``GET /system/functions`` lists it. ``replicas`` are the workers
+    that may run it (its pool's size), ``availableReplicas`` those ready; ``image`` is the image of
+    an image function, else ``p2pfaas``; ``envProcess`` its ``module:callable``."""
+
+    name: str
+    image: str
+    envProcess: str = ""
+    invocationCount: int = 0
+    replicas: int
+    availableReplicas: int
+    labels: dict[str, str] = Field(default_factory=dict)
+    annotations: dict[str, str] = Field(default_factory=dict)
+
+
+class FunctionList(RootModel[list[FunctionInfo]]):
+    model_config = ConfigDict(frozen=True)
+
+
+class ScaleDelay(Contract):
+    """P2PFaaS's ``/monitoring/scale-delay/{fn}``: seconds to add one worker to the function's pool."""
+
+    approximate_delay: float
+    error_margin: float
+    attempts: int
 
 
 class Heartbeat(Contract):
@@ -206,13 +250,34 @@ class PeerInfo(Contract):
                               serialize_by_alias=True)
 
     id: int = Field(alias="_id")   # order of first sighting
-    ip: str                        # the advertised address (P2PFaaS: the machine's IP)
+    ip: str                        # the machine's IP address (the host of its advertised address)
     name: str                      # node id
     group_name: str
     ping: float                    # one-way delay of the newest heartbeat, seconds
     last_update: int               # unix seconds of the newest heartbeat
     alive: bool
     dead_polls: int                # heartbeat periods missed since
+    address: str = ""              # what the peer advertises (e.g. its HTTP bridge's URL)
+    protocol: Literal["nats", "http"] = "nats"   # how this node reaches it (http: an original P2PFaaS node)
+
+
+class MachineAnnouncement(Contract):
+    """A P2PFaaS machine announcing itself (``User-Agent: Machine`` and the ``p2pfaas-machine-*``
+    headers of discovery's ``GET /list``), on ``faas.<node>.discovery.register``; the answer is
+    the node's :class:`PeerList`."""
+
+    ip: str = Field(min_length=1, max_length=64)
+    name: str = Field(default="", max_length=256)
+    group_name: str = Field(default="", max_length=256)
+
+
+class DiscoveryConfiguration(Contract):
+    """P2PFaaS discovery's ``/configuration`` body (``faas.<node>.discovery.config.get|set``)."""
+
+    machine_ip: str = ""
+    machine_id: str = ""
+    machine_group_name: str = ""
+    init_servers: list[str] = Field(default_factory=list)
 
 
 class PeerList(RootModel[list[PeerInfo]]):
@@ -290,6 +355,12 @@ class SchedulingExperience(Contract):
     action: int
     reward: float
     node: str = ""
+
+    @property
+    def msg_id(self) -> str:
+        """Its JetStream message id: the reward stream keeps the first sample per EID, whoever
+        sends it (the node's deadline reward or a client's), so none is counted twice."""
+        return f"reward.{self.node}.{self.eid}"
 
 
 class ScalingExperience(Contract):

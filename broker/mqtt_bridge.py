@@ -39,6 +39,7 @@ from nats.js.errors import BadRequestError
 from nats.js.errors import Error as JetStreamError
 from prometheus_client import CollectorRegistry, Counter
 
+from broker import codes
 from broker import headers as H
 from broker.codec import encode
 from broker.errors import InvalidSubject, InvalidToken
@@ -211,7 +212,7 @@ class MqttBridge:
 
     async def _reject(self, client: str, req: str, fn: str, status: int, reason: str) -> None:
         log.warning("MQTT bridge refused %s/%s: %s", client, req, reason)
-        rejection = Rejection(request_id=req, client=client, fn=fn, code=status, http_status=status,
+        rejection = Rejection(request_id=req, client=client, fn=fn, code=codes.for_status(status), http_status=status,
                               reason=reason, node="mqtt-bridge")
         await self.js.publish(self.subjects.reject(client, req), encode(rejection),
                               headers={H.MSG_ID: f"answer.{client}.{req}"}, stream=results_stream(self.subjects))
@@ -222,7 +223,7 @@ class MqttBridge:
         if ids:
             return await self._reject(ids[0], ids[1], parts[3][:64] or "?", status, reason)
         log.warning("MQTT bridge refused %r: %s", topic, reason)
-        rejection = Rejection(request_id="invalid", client="invalid", fn="?", code=status, http_status=status,
+        rejection = Rejection(request_id="invalid", client="invalid", fn="?", code=codes.for_status(status), http_status=status,
                               reason=reason, node="mqtt-bridge")
         await self.js.publish(self.subjects.invalid(), encode(rejection), stream=results_stream(self.subjects))
 

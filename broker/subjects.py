@@ -32,6 +32,12 @@ def check_node(value: str) -> str:
     return value
 
 
+def machine_token(ip: str) -> str:
+    """The token naming a P2PFaaS machine known by its IP address (``http-10-0-0-5``): its id in
+    peers lists and subjects, since an IP is no token."""
+    return "http-" + re.sub(r"[^A-Za-z0-9_-]", "-", ip)[:59]
+
+
 def to_mqtt(subject: str) -> str:
     return subject.replace(".", "/")
 
@@ -61,6 +67,11 @@ def pool_of_model(model: str) -> str | None:
         return model[len(SCALING_MODEL_PREFIX):]
     return None
 
+
+# P2PFaaS's discovery API (docs/compat.md): machines announced over HTTP, reset, configuration
+DiscoveryVerb = Literal["register", "reset", "config.get", "config.set"]
+# OpenFaaS's management API (docs/compat.md): the node's functions and pools
+FunctionsVerb = Literal["list", "deploy", "delete", "scale", "scale_delay"]
 
 Kind = Literal["request", "forward", "async"]
 
@@ -208,6 +219,14 @@ class Subjects:
     def peers(self, node: str) -> str:
         """Request/reply: the node's alive peers (P2PFaaS discovery ``GET /list``)."""
         return self._join(node, "peers")
+
+    def discovery(self, node: str, verb: DiscoveryVerb) -> str:
+        """Request/reply: P2PFaaS's discovery API of a node (machines that speak HTTP, its configuration)."""
+        return self._join(node, "discovery", *verb.split("."))
+
+    def functions(self, node: str, verb: FunctionsVerb) -> str:
+        """Request/reply: the node's function registry and pools (OpenFaaS's ``/system/*`` routes)."""
+        return self._join(node, "functions", verb)
 
     def membership(self, node: str) -> str:
         return f"{self.prefix}.membership.{check_token(node, 'node')}"

@@ -79,6 +79,9 @@ class FunctionRegistry:
         self.add(spec)
         return spec
 
+    def remove(self, name: str) -> None:
+        self._specs.pop(name, None)
+
     def get(self, name: str) -> FunctionSpec | None:
         return self._specs.get(name)
 

@@ -16,6 +16,7 @@ from typing import Callable
 
 from nats.aio.client import Client
 
+from broker import codes
 from broker import headers as H
 from broker.answers import Answer, answer_headers, error_body
 from broker.codec import encode
@@ -35,6 +36,7 @@ class Answerer:
     def __init__(self, node: str, nc: Client, subjects: Subjects, metrics: NodeMetrics,
                  stats_of: Callable[[str], PoolStats | None], released: Callable[[Call, bool], None]) -> None:
         self.node, self.nc, self.js, self.subjects = node, nc, nc.jetstream(), subjects
+        self.ip = ""   # this node's IP address, as P2PFaaS lists it (X-P2pfaas-Peers-List-Ip)
         self.metrics = metrics
         self.stats_of, self.released = stats_of, released
         self.on_answer: Callable[[str, int, float], None] | None = None   # (key, status, total_s): rewards
@@ -52,17 +54,21 @@ class Answerer:
             stats.completed(total_s, call.deadline_s, status == 200)
         forwarded = call.request.external
         peers = [*call.request.peers, self.node] if forwarded else []
+        ips = [*call.peer_ips, *[""] * (len(call.request.peers) - len(call.peer_ips)), self.ip] if forwarded else []
         if call.is_async:
             result = Result(request_id=call.inv.request_id, client=call.inv.client, fn=call.fn, status=status,
                             error=error, executed_by=self.node, origin=peers[0] if peers else self.node,
-                            hops=call.request.hops if forwarded else 0, peers=peers, scheduler=call.scheduler,
+                            hops=call.request.hops if forwarded else 0, peers=peers, peer_ips=ips,
+                            scheduler=call.scheduler,
                             timings=self._timings(call, execution_s, total_s), hop_timings=[hop],
                             learning=call.learning, **_output_fields(output if status == 200 else b""))
             return self._store(call, self.subjects.result(call.inv.client, call.inv.request_id), encode(result))
         headers = answer_headers(status=status, scheduler=call.scheduler, executed_by=self.node, hops=[hop],
                                  execution_s=execution_s, queueing_s=call.queueing_s, transit_s=call.transit_s,
-                                 forwards=call.request.hops if forwarded else 0, peers=peers, learning=call.learning)
-        await self._reply(call, output if status == 200 else error_body(status, error or "function failed"), headers)
+                                 forwards=call.request.hops if forwarded else 0, peers=peers, peer_ips=ips,
+                                 learning=call.learning)
+        body = output if status == 200 else error_body(codes.for_status(status), error or "function failed")
+        await self._reply(call, body, headers)
 
     async def relayed(self, call: Call, answer: Answer) -> None:
         """A peer answered a call this node forwarded: this node's timings go in front of its own."""
@@ -75,7 +81,8 @@ class Answerer:
             error = answer.error
             result = Result(request_id=call.inv.request_id, client=call.inv.client, fn=call.fn, status=answer.status,
                             error=error.message if error else None, executed_by=answer.executed_by or "?",
-                            origin=self.node, hops=answer.hops, peers=answer.peers, scheduler=call.scheduler,
+                            origin=self.node, hops=answer.hops, peers=answer.peers, peer_ips=answer.peer_ips,
+                            scheduler=call.scheduler,
                             timings=self._timings(call, timings.execution_s, total_s, timings.queueing_s),
                             hop_timings=hops, learning=call.learning, **_output_fields(answer.output))
             return self._store(call, self.subjects.result(call.inv.client, call.inv.request_id), encode(result))
@@ -84,7 +91,8 @@ class Answerer:
         if H.TIMING_TOTAL in headers:           # the peer ran it: this node's timings go in front
             headers.update(answer_headers(status=answer.status, scheduler=call.scheduler, executed_by=answer.executed_by,
                                           hops=hops, execution_s=timings.execution_s, queueing_s=timings.queueing_s,
-                                          transit_s=call.transit_s, forwards=answer.hops, peers=answer.peers))
+                                          transit_s=call.transit_s, forwards=answer.hops, peers=answer.peers,
+                                          peer_ips=answer.peer_ips))
         if call.learning is not None:
             headers.update(call.learning.headers())
         await self._reply(call, answer.body, headers)

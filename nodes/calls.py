@@ -39,6 +39,7 @@ class Call:
     worker: str = ""
     learning: LearningDecision | None = None
     tracing_id: str = ""           # X-P2pfaas-Scheduler-Task-Tracing-Id, passed on to peers
+    peer_ips: tuple[str, ...] = ()    # forward: the IP of each node in request.peers
     id: int = field(default_factory=lambda: next(_ids))
 
     @property

@@ -9,10 +9,13 @@ past the call's timeout fails a direct call at once, and sends an async one roun
 from __future__ import annotations
 
 import asyncio
+import itertools
 import logging
 import time
 from dataclasses import dataclass
-from typing import Awaitable, Callable
+from typing import TYPE_CHECKING, Awaitable, Callable
+
+import orjson
 
 from nats.aio.client import Client
 from nats.aio.msg import Msg
@@ -25,7 +28,11 @@ from broker.messages import NodeGone
 from broker.subjects import Subjects
 from nodes.answering import Answerer
 from nodes.calls import Call
+from nodes import peer_http
 from nodes.inbox import Inbox
+
+if TYPE_CHECKING:
+    from nodes.scheduler.service import PeerSource
 
 log = logging.getLogger(__name__)
 
@@ -38,15 +45,19 @@ class Pending:
     call: Call
     peer: str
     token: str
-    timer: asyncio.TimerHandle
+    timer: asyncio.TimerHandle | None
 
 
 class Forwarder:
     def __init__(self, node: str, nc: Client, subjects: Subjects, inbox: Inbox, answerer: Answerer,
-                 run_here: Callable[[Call], Awaitable[None]], on_forward: Callable[[str], None]) -> None:
+                 run_here: Callable[[Call], Awaitable[None]], on_forward: Callable[[str], None],
+                 peers: "PeerSource | None" = None) -> None:
         self.node, self.nc, self.subjects, self.inbox, self.answerer = node, nc, subjects, inbox, answerer
         self._run_here, self._on_forward = run_here, on_forward
+        self.peers = peers
         self.pending: dict[int, Pending] = {}
+        self._over_http: set[asyncio.Task] = set()
+        self._http_requests = itertools.count(1)
         self._sub = None
 
     async def start(self) -> "Forwarder":
@@ -61,12 +72,38 @@ class Forwarder:
                 log.debug("unsubscribe: %s", exc)
         for pending in list(self.pending.values()):
             self._end(pending)
+        for task in list(self._over_http):
+            task.cancel()
+        await asyncio.gather(*self._over_http, return_exceptions=True)
 
     async def forward(self, call: Call, peer: str) -> None:
-        visited = list(call.request.peers) or [self.node]
-        if visited[-1] != self.node:
+        base = self.peers.http_base(peer) if self.peers is not None else None
+        if base is not None:   # an original P2PFaaS node: its /peer/function route
+            self._on_forward(peer)
+            task = asyncio.get_running_loop().create_task(self._forward_over_http(call, peer, base))
+            self._over_http.add(task)
+            task.add_done_callback(self._over_http.discard)
+            return
+        await self._forward_over_nats(call, peer)
+
+    async def _forward_over_http(self, call: Call, peer: str, base: str) -> None:
+        assert self.peers is not None and self.peers.http is not None
+        try:
+            answer = await peer_http.forward(self.peers.http, base, call, next(self._http_requests),
+                                             node=self.node, ip=self.answerer.ip)
+        except Exception as exc:   # refused, reset, timed out: P2PFaaS's "forward failed"
+            await self._failed(Pending(call, peer, "", None), f"could not reach {peer} at {base}: {exc!r}")
+            return
+        await self.answerer.relayed(call, answer)
+
+    async def _forward_over_nats(self, call: Call, peer: str) -> None:
+        visited, ips = list(call.request.peers), list(call.peer_ips)
+        ips += [""] * (len(visited) - len(ips))
+        if not visited or visited[-1] != self.node:
             visited.append(self.node)
-        headers = {H.HOPS: str(call.request.hops + 1), H.PEERS_LIST_ID: ",".join(visited),
+            ips.append(self.answerer.ip)
+        headers = {H.HOPS: str(call.request.hops + 1), H.PEERS_LIST_ID: orjson.dumps(visited).decode(),
+                   H.PEERS_LIST_IP: orjson.dumps(ips).decode(),
                    H.SCHEDULER_NAME: call.scheduler, H.TIMEOUT: repr(call.timeout_s), H.SENT_AT: repr(time.time())}
         if call.deadline_s is not None:
             headers[H.DEADLINE] = repr(call.deadline_s)
@@ -130,4 +167,5 @@ class Forwarder:
     def _end(self, pending: Pending) -> None:
         self.pending.pop(pending.call.id, None)
         self.inbox.forget(pending.token)
-        pending.timer.cancel()
+        if pending.timer is not None:
+            pending.timer.cancel()

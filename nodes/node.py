@@ -14,7 +14,7 @@ from nats.aio.msg import Msg
 from nats.js.errors import APIError, ServiceUnavailableError
 from prometheus_client import generate_latest
 
-from broker.codec import decode, encode
+from broker.codec import decode, decode_update, encode
 from broker.connection import close_quietly, connect
 from broker.control import ControlError, ControlServer
 from broker.lifecycle import end_strays
@@ -26,6 +26,7 @@ from functions.registry import FunctionRegistry, default_registry
 from nodes.config_store import ConfigStore
 from nodes.discovery.service import DiscoveryService
 from nodes.answering import Answerer
+from nodes.deployments import Deployments
 from nodes.dispatch import Dispatcher
 from nodes.inbox import Inbox
 from nodes.learner.service import LearnerService
@@ -51,9 +52,12 @@ class Node:
         """``peers`` replaces discovery (tests, fixed topologies); by default the node runs its own."""
         self.settings = settings
         self.subjects = Subjects(settings.prefix)
-        self.registry = registry or default_registry(settings.functions)
         self.metrics = NodeMetrics(settings.node_id)
         self.store = ConfigStore(settings.node_dir, settings.initial, settings.initial_scheduler)
+        self.deployments = Deployments(self)
+        if registry is None:   # functions deployed at run time before a restart come back
+            self.deployments.restore()
+        self.registry = registry or default_registry(settings.functions)
         self.nc: Client | None = None
         self.inbox: Inbox | None = None
         self.pool: WorkerPool | None = None          # the main pool: K slots, all other functions
@@ -86,6 +90,7 @@ class Node:
             scheduler.released(call, answered)
 
         answerer = Answerer(self.settings.node_id, self.nc, self.subjects, self.metrics, self.stats.get, released)
+        answerer.ip = self.settings.machine_ip
         dispatchers = self._start_dispatchers(answerer)
         peers = self._peers
         if peers is None:
@@ -111,8 +116,18 @@ class Node:
             (s.scheduler_config(node, "set"), self._on_scheduler_set),
             (s.metrics(node), self._on_metrics),
             (s.info(node), self._on_info),
+            (s.functions(node, "list"), self.deployments.on_list),
+            (s.functions(node, "deploy"), self.deployments.on_deploy),
+            (s.functions(node, "delete"), self.deployments.on_delete),
+            (s.functions(node, "scale"), self.deployments.on_scale),
+            (s.functions(node, "scale_delay"), self.deployments.on_scale_delay),
         ):
             await self.control.serve(subject, handler)
+        if self.discovery:   # P2PFaaS's discovery API
+            for verb, handler in (("register", self.discovery.on_register), ("reset", self.discovery.on_reset),
+                                  ("config.get", self.discovery.on_config_get),
+                                  ("config.set", self.discovery.on_config_set)):
+                await self.control.serve(s.discovery(node, verb), handler)
         for name in self.pools:
             self._subs.append(await self.nc.subscribe(s.scale(node, name), cb=self._on_scale))
         self._telemetry = asyncio.create_task(self._publish_telemetry(), name=f"{node}-telemetry")
@@ -251,7 +266,8 @@ class Node:
         main = self.scheduler.main
         return NodeLoad(node=self.settings.node_id, running=main.n_running, queued=main.n_queued,
                         parallel_running_functions_max=c.parallel_running_functions_max,
-                        queue_length_max=c.queue_length_max, queue_enabled=c.queue_enabled)
+                        queue_length_max=c.queue_length_max, queue_enabled=c.queue_enabled,
+                        scheduler=self.scheduler.algorithm.describe())
 
     async def apply_configuration(self, config: NodeConfiguration) -> None:
         """Persist and apply at run time: K resizes the worker pool, no restart."""
@@ -269,7 +285,8 @@ class Node:
         return encode(self.store.node)
 
     async def _on_config_set(self, body: bytes) -> bytes:
-        config = decode(NodeConfiguration, body)
+        """As P2PFaaS: the keys sent replace the current values, the others keep theirs."""
+        config = decode_update(self.store.node, body)
         await self.apply_configuration(config)
         return encode(config)
 

@@ -94,6 +94,26 @@ class WorkerPool:
             for handle in reversed(active[self.target:]):
                 self._retire(handle)
 
+    async def replace_workers(self, ready_timeout_s: float = 60.0) -> int:
+        """New workers for the current ones (they load the settings' functions anew, e.g. after a
+        deploy): the new ones start first, the old ones stop once those are ready (or after
+        ``ready_timeout_s``) and finish what they run. Returns the workers replaced."""
+        async with self._lock:
+            old = [w for w in self.workers if w.state != "stopping"]
+            for _ in old:
+                self._spawn()
+            new = [w for w in self.workers if w not in old]
+        if new:
+            waits = [asyncio.create_task(w.ready.wait()) for w in new]
+            _, late = await asyncio.wait(waits, timeout=ready_timeout_s)
+            for wait in late:
+                wait.cancel()
+        async with self._lock:
+            for handle in old:
+                if handle.state != "stopping":
+                    self._retire(handle)
+        return len(old)
+
     async def wait_ready(self, timeout_s: float = 30.0, at_least: int | None = None) -> None:
         """Until every worker (or ``at_least`` of them) is ready; asyncio.TimeoutError after ``timeout_s``."""
         async def ready() -> None:

@@ -6,12 +6,20 @@ import os
 import re
 from pathlib import Path
 from typing import Literal
+from urllib.parse import urlsplit
 
 from pydantic import BaseModel, ConfigDict, Field, PositiveFloat, model_validator
 
 from broker.messages import NodeConfiguration, SchedulerConfiguration
 
 ONE_MIB = 1024 * 1024
+
+
+def host_of(address: str) -> str:
+    """``http://10.0.0.5:18080`` -> ``10.0.0.5``; a bare host (or IP) is returned as it is."""
+    if "://" in address:
+        return urlsplit(address).hostname or ""
+    return address
 TOKEN = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
 
 
@@ -53,7 +61,9 @@ class NodeSettings(BaseModel):
     unknown_node_after_s: float = Field(default=60.0, gt=0)   # async calls to a node never seen: refused after
     functions: list[tuple[str, str]] = Field(default_factory=list)  # user (name, module:function)
     initial: NodeConfiguration = NodeConfiguration()
-    initial_scheduler: SchedulerConfiguration = SchedulerConfiguration()
+    # P2PFaaS's default algorithm
+    initial_scheduler: SchedulerConfiguration = SchedulerConfiguration(name="PowerOfNScheduler",
+                                                                       parameters=["1", "2", "true", "1"])
     telemetry_period_s: float = Field(default=1.0, gt=0)
     learner: bool = True                   # run this node's learner service (nodes/learner/)
     pools: dict[str, PoolSpec] = Field(default_factory=dict)  # dedicated autoscaled pools by name
@@ -66,6 +76,17 @@ class NodeSettings(BaseModel):
     suspect_after: int = Field(default=3, ge=1)       # missed periods before a peer is no longer offered
     remove_after: int = Field(default=10, ge=2)       # missed periods before a peer is forgotten
     probe_timeout_s: float = Field(default=0.25, gt=0)  # a slower load probe counts as a fully loaded peer
+    # original P2PFaaS nodes in the cluster (docs/compat.md): their ports, and discovery's polling
+    peer_scheduler_port: int = Field(default=18080, ge=1, le=65535)   # where they take /peer/function
+    peer_discovery_port: int = Field(default=19000, ge=1, le=65535)   # where their /list is polled
+    machine_poll_period_s: float = Field(default=120.0, gt=0)         # P2PFaaS's poll period
+    machine_poll_timeout_s: float = Field(default=5.0, gt=0)
+    machine_dead_polls: int = Field(default=20, ge=1)                 # failed polls before a machine is dead
+    init_servers: list[str] = Field(default_factory=list)             # IPs of P2PFaaS machines to start from
+    # LearningScheduler: the node publishes a deadline reward for each decision it took. Turn it off
+    # when clients post the rewards (P2PFaaS's benchmark client with -learning); either way an EID
+    # is trained once: the first reward stored for it counts (docs/compat.md)
+    node_rewards: bool = True
     # LearningScheduler rewards (docs/learning.md): the QoS deadline of each task type, seconds;
     # a request met it when answered 200 within that total time; unlisted types get task_deadline_s
     task_type_deadlines: dict[int, PositiveFloat] = Field(default_factory=dict)
@@ -93,6 +114,11 @@ class NodeSettings(BaseModel):
     def nats_servers(self) -> str | list[str]:
         """What nats.connect gets: the URL alone, or it and the seeds (the client tries each)."""
         return [self.nats_url, *self.seeds] if self.seeds else self.nats_url
+
+    @property
+    def machine_ip(self) -> str:
+        """This node's address as P2PFaaS names a machine: the host of ``address`` (a URL or a bare host)."""
+        return host_of(self.address)
 
     @property
     def node_dir(self) -> Path:

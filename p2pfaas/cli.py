@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import re
 import signal
 import sys
 import time
@@ -83,6 +84,9 @@ def up(
     require_invoke_token: bool = typer.Option(False, help="HTTP invocation needs a bearer token too (open by default, as in OpenFaaS)."),
     callback_host: list[str] = typer.Option([], "--callback-host", help="A host X-Callback-Url may name (repeatable; none by default)."),
     tls: bool = typer.Option(False, "--tls", help="NATS, MQTT and HTTP over TLS, with a CA of the deployment's own under DATA_DIR/tls."),
+    loopback_hosts: bool = typer.Option(False, "--loopback-hosts", help="P2PFaaS's layout: node i on 127.0.0.i with the scheduler API on --http-port (18080), discovery on 19000 and the learner on 19020, as P2PFaaS's clients expect one host per node."),
+    loopback_net: str = typer.Option("127.0.0", help="With --loopback-hosts: node i listens on NET.i (any 127.x.y network works on Linux)."),
+    node_rewards: bool = typer.Option(True, "--node-rewards/--no-node-rewards", help="LearningScheduler: the nodes publish their own deadline rewards; off when clients post them (P2PFaaS's benchmark client with -learning)."),
     verbose: bool = typer.Option(False, "--verbose", "-v", help="Log at INFO."),
 ) -> None:
     """Start the whole stack: nats-server (JetStream), nodes with worker pools and learners, the autoscaling controller, HTTP and MQTT access. Every part is a supervised process (restarted when it dies; logs in DATA_DIR/logs). Ctrl-C stops it."""
@@ -90,6 +94,9 @@ def up(
     from p2pfaas.stack import Stack, StackConfig, StackSettings
 
     _logging(verbose)
+    if not re.fullmatch(r"127\.\d{1,3}\.\d{1,3}", loopback_net):
+        raise typer.BadParameter(f"{loopback_net!r} must be the first three numbers of a 127/8 address, e.g. 127.0.0",
+                                 param_hint="--loopback-net")
     try:
         stack_config = StackConfig.load(config) if config else StackConfig()
     except ValueError as exc:
@@ -101,7 +108,8 @@ def up(
         functions=_functions(function), config=stack_config,
         controller_policy=None if controller == "off" else controller, farm_scenario=scenario, models_dir=models_dir,
         http_processes=http_processes, secure=not insecure, require_invoke_token=require_invoke_token,
-        callback_hosts=callback_host, tls=tls,
+        callback_hosts=callback_host, tls=tls, loopback_hosts=loopback_hosts, loopback_net=loopback_net,
+        node_rewards=node_rewards,
     )
 
     async def main() -> None:
@@ -146,7 +154,11 @@ def node(
     data_dir: Optional[Path] = typer.Option(None, help="Configuration directory (env P2PFAAS_DATA_DIR; default ./data)."),
     prefix: Optional[str] = typer.Option(None, help="Subject prefix (env P2PFAAS_PREFIX; default faas)."),
     heartbeat_period: Optional[float] = typer.Option(None, help="Discovery heartbeat period, s (env P2PFAAS_HEARTBEAT_PERIOD_S; default 1)."),
-    address: Optional[str] = typer.Option(None, help="Address advertised to peers (e.g. its HTTP bridge URL)."),
+    address: Optional[str] = typer.Option(None, help="Address advertised to peers (e.g. its HTTP bridge URL); its host is the node's IP in P2PFaaS's lists."),
+    peer_scheduler_port: Optional[int] = typer.Option(None, help="Scheduler API port of original P2PFaaS peers (default 18080)."),
+    peer_discovery_port: Optional[int] = typer.Option(None, help="Discovery API port of original P2PFaaS peers, polled (default 19000)."),
+    init_server: list[str] = typer.Option([], "--init-server", help="IP of a P2PFaaS machine to poll from the start (repeatable)."),
+    node_rewards: Optional[bool] = typer.Option(None, "--node-rewards/--no-node-rewards", help="LearningScheduler: publish the node's own deadline rewards (off: clients post them to the learner API)."),
     runtime: Runtime = typer.Option(Runtime.process),
     function: list[str] = typer.Option([], "--function", "-f", help="name=package.module:callable (repeatable)."),
     settings_file: Optional[Path] = typer.Option(None, "--settings", help="All node settings as one JSON document (what `up` passes); the other options are then ignored."),
@@ -168,7 +180,8 @@ def node(
             settings = NodeSettings.from_env(
                 node_id=node_id, nats_url=nats_url, seeds=seed or None, data_dir=data_dir, prefix=prefix,
                 heartbeat_period_s=heartbeat_period, address=address, runtime=runtime.value,
-                functions=_functions(function) or None)
+                functions=_functions(function) or None, peer_scheduler_port=peer_scheduler_port,
+                peer_discovery_port=peer_discovery_port, init_servers=init_server or None, node_rewards=node_rewards)
     except (ValueError, OSError) as exc:
         raise typer.BadParameter(str(exc)) from None
 
@@ -205,6 +218,8 @@ def bridge(
     prefix: str = typer.Option("faas", help="Subject prefix."),
     max_payload_bytes: int = typer.Option(1024 * 1024, help="Largest request body accepted (413 beyond)."),
     processes: int = typer.Option(1, min=1, max=32, help="HTTP bridge processes sharing the port (SO_REUSEPORT); more use more cores."),
+    discovery_port: Optional[int] = typer.Option(None, help="Also serve P2PFaaS's discovery API on this port (P2PFaaS: 19000)."),
+    learner_port: Optional[int] = typer.Option(None, help="Also serve P2PFaaS's learner API on this port (P2PFaaS: 19020)."),
     mqtt_url: str = typer.Option("mqtt://127.0.0.1:1883", help="Mosquitto to bridge (mqtt bridge)."),
     client_id: Optional[str] = typer.Option(None, help="MQTT client id of the bridge: stable across restarts, unique per bridge (default: p2pfaas-bridge-PREFIX-HOSTNAME)."),
     verbose: bool = typer.Option(False, "--verbose", "-v"),
@@ -221,9 +236,13 @@ def bridge(
                                     invoke_token=os.environ.get("P2PFAAS_INVOKE_TOKEN") or None,
                                     callback_hosts=tuple(h for h in os.environ.get("P2PFAAS_CALLBACK_HOSTS", "").split(",") if h),
                                     tls=(os.environ["P2PFAAS_TLS_CERT"], os.environ["P2PFAAS_TLS_KEY"])
-                                    if os.environ.get("P2PFAAS_TLS_CERT") else None)
+                                    if os.environ.get("P2PFAAS_TLS_CERT") else None,
+                                    p2pfaas_open=os.environ.get("P2PFAAS_P2PFAAS_OPEN") == "1",
+                                    discovery_port=discovery_port, learner_port=learner_port)
+        extra = "".join(f", {what} :{p}" for what, p in (("discovery", discovery_port), ("learner", learner_port)) if p)
         run_part(lambda: start_http_bridge(options, one_process_argv(sys.argv)), stop_http_bridge,
-                 lambda _: console.print(f"HTTP bridge for {node_id} on http://{host}:{port} ({processes} process(es))"))
+                 lambda _: console.print(f"HTTP bridge for {node_id} on http://{host}:{port}{extra} "
+                                         f"({processes} process(es))"))
         return
 
     async def start_mqtt():

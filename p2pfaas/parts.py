@@ -61,6 +61,9 @@ class HttpBridgeOptions:
     invoke_token: str | None = None
     callback_hosts: tuple[str, ...] = ()
     tls: tuple[str, str] | None = None   # (certificate, key): HTTPS
+    p2pfaas_open: bool = False           # P2PFaaS's discovery/learner ports take changes without a token
+    discovery_port: int | None = None   # P2PFaaS's discovery API (19000) by this process too
+    learner_port: int | None = None     # P2PFaaS's learner API (19020)
 
 
 async def start_http_bridge(options: HttpBridgeOptions, argv_for_one: list[str] | None = None):
@@ -72,9 +75,11 @@ async def start_http_bridge(options: HttpBridgeOptions, argv_for_one: list[str] 
     nc = await connect(options.nats_url, f"http-bridge-{options.node}")
     bridge = HttpBridge(nc, options.node, prefix=options.prefix, max_payload_bytes=options.max_payload_bytes,
                         operator_token=options.operator_token, invoke_token=options.invoke_token,
-                        callback_hosts=options.callback_hosts)
+                        callback_hosts=options.callback_hosts, p2pfaas_open=options.p2pfaas_open)
     started = asyncio.Event()
-    serving = asyncio.create_task(bridge.serve(options.host, options.port, started, reuse_port=True, tls=options.tls))
+    serving = asyncio.create_task(bridge.serve(options.host, options.port, started, reuse_port=True,
+                                               discovery_port=options.discovery_port,
+                                               learner_port=options.learner_port, tls=options.tls))
     await asyncio.wait({serving, asyncio.create_task(started.wait())}, return_when=asyncio.FIRST_COMPLETED)
     if serving.done():
         serving.result()   # it failed to start: raise why

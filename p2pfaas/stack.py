@@ -119,6 +119,17 @@ class StackSettings:
     require_invoke_token: bool = False  # HTTP invocation needs a token too (it is open by default, as in OpenFaaS)
     callback_hosts: list[str] = field(default_factory=list)   # hosts X-Callback-Url may name
     tls: bool = False                   # NATS, MQTT and HTTP over TLS (a CA of our own under <data-dir>/tls)
+    # P2PFaaS's layout (docs/compat.md): node i on its own loopback address <net>.i, with the
+    # scheduler API on http_port, discovery on discovery_port and the learner on learner_port
+    loopback_hosts: bool = False
+    loopback_net: str = "127.0.0"
+    discovery_port: int = 19000
+    learner_port: int = 19020
+    node_rewards: bool = True           # LearningScheduler: the nodes publish their own deadline rewards
+
+    def node_host(self, i: int) -> str:
+        """The address node i (0-based) listens on: its own in the P2PFaaS layout, else ``host``."""
+        return f"{self.loopback_net}.{i + 1}" if self.loopback_hosts else self.host
 
     def node_settings(self, nats_url: str, addresses: list[str]) -> list[NodeSettings]:
         """One NodeSettings per node: CLI flags, overridden by the config file's defaults and node entries."""
@@ -133,6 +144,8 @@ class StackSettings:
                 queue_enabled=spec.queue_enabled if spec.queue_enabled is not None else base.queue_enabled,
             )
             extra: dict[str, object] = dict(discovery)
+            if self.loopback_hosts:   # peers that are original P2PFaaS nodes use the same ports
+                extra.update(peer_scheduler_port=self.http_port, peer_discovery_port=self.discovery_port)
             if self.config.task_type_deadlines:
                 extra["task_type_deadlines"] = self.config.task_type_deadlines
             if self.config.task_deadline_s is not None:
@@ -147,7 +160,7 @@ class StackSettings:
             out.append(NodeSettings(node_id=spec.id or f"n{i + 1}", nats_url=nats_url, prefix=self.prefix,
                                     data_dir=self.data_dir, runtime=self.runtime, initial=initial,
                                     functions=self.functions, max_payload_bytes=self.max_payload_bytes,
-                                    address=addresses[i], speed=spec.speed, **extra))
+                                    address=addresses[i], speed=spec.speed, node_rewards=self.node_rewards, **extra))
         return out
 
     def farm_pool_spec(self) -> PoolSpec:
@@ -172,6 +185,8 @@ class Endpoints:
     mqtt_url: str | None = None
     mqtt_via: str = "off"
     http: dict[str, str] = field(default_factory=dict)
+    discovery: dict[str, str] = field(default_factory=dict)   # P2PFaaS layout: discovery API per node
+    learner: dict[str, str] = field(default_factory=dict)     # P2PFaaS layout: learner API per node
     controller: str | None = None
     notes: list[str] = field(default_factory=list)
 
@@ -181,6 +196,8 @@ class Endpoints:
             out.append(f"MQTT        {self.mqtt_url}  ({self.mqtt_via})")
         for node, url in self.http.items():
             out.append(f"HTTP {node:<6} {url}  (ui {url}/ui, docs {url}/docs, metrics {url}/metrics)")
+            if node in self.discovery:
+                out.append(f"     {'':<6} discovery {self.discovery[node]}  learner {self.learner[node]}")
         if self.controller:
             out.append(f"autoscaling {self.controller}")
         return out
@@ -260,12 +277,22 @@ class Stack:
 
         # HTTP ports first: each node advertises its bridge's URL in its heartbeats (GET /list)
         ports: list[int] = []
+        p2pfaas_ports: list[tuple[int, int]] = []   # P2PFaaS layout: (discovery, learner) per node
         for i in range(s.node_count):
-            port, note = choose_port(s.http_port + i, s.host, set(ports))
+            host = s.node_host(i)
+            wanted = s.http_port if s.loopback_hosts else s.http_port + i
+            port, note = choose_port(wanted, host, set() if s.loopback_hosts else set(ports))
             ports.append(port)
             if note:
-                ep.notes.append(f"HTTP node {i + 1}: {note}")
-        settings = s.node_settings(nats_url, [f"{'https' if s.tls else 'http'}://{s.host}:{p}" for p in ports])
+                ep.notes.append(f"HTTP node {i + 1} ({host}): {note}")
+            if s.loopback_hosts:
+                discovery, d_note = choose_port(s.discovery_port, host, {port})
+                learner, l_note = choose_port(s.learner_port, host, {port, discovery})
+                p2pfaas_ports.append((discovery, learner))
+                ep.notes += [f"node {i + 1} ({host}) {what}: {n}; P2PFaaS clients expect the standard port"
+                             for what, n in (("discovery", d_note), ("learner", l_note)) if n]
+        web = "https" if s.tls else "http"
+        settings = s.node_settings(nats_url, [f"{web}://{s.node_host(i)}:{p}" for i, p in enumerate(ports)])
         run_dir = s.data_dir / "run"
         run_dir.mkdir(parents=True, exist_ok=True)
         specs = []
@@ -283,20 +310,27 @@ class Stack:
                 "--client-id", f"p2pfaas-bridge-{s.prefix}", "--max-payload-bytes", str(s.max_payload_bytes)),
                 env=self._identity(BRIDGE, mqtt=True)))
             ep.mqtt_url, ep.mqtt_via = mqtt_url, "Mosquitto + p2pfaas MQTT bridge"
-        bridges = [ChildSpec(f"http-{node_id}", self._cli(
-            "bridge", "http", "--node", node_id, "--nats-url", nats_url, "--host", s.host, "--port", str(port),
-            "--prefix", s.prefix, "--max-payload-bytes", str(s.max_payload_bytes),
-            "--processes", str(s.http_processes)), env=self._identity(BRIDGE, http=True))
-            for node_id, port in zip(self.node_ids, ports)]
+        bridges = []
+        for i, (node_id, port) in enumerate(zip(self.node_ids, ports)):
+            argv = ["bridge", "http", "--node", node_id, "--nats-url", nats_url, "--host", s.node_host(i),
+                    "--port", str(port), "--prefix", s.prefix, "--max-payload-bytes", str(s.max_payload_bytes),
+                    "--processes", str(s.http_processes)]
+            if s.loopback_hosts:
+                argv += ["--discovery-port", str(p2pfaas_ports[i][0]), "--learner-port", str(p2pfaas_ports[i][1])]
+            bridges.append(ChildSpec(f"http-{node_id}", self._cli(*argv), env=self._identity(BRIDGE, http=True)))
         await asyncio.gather(*(sup.start(spec) for spec in bridges))
-        for node_id, port in zip(self.node_ids, ports):
-            ep.http[node_id] = f"{'https' if s.tls else 'http'}://{s.host}:{port}"
+        for i, (node_id, port) in enumerate(zip(self.node_ids, ports)):
+            ep.http[node_id] = f"{web}://{s.node_host(i)}:{port}"
+            if s.loopback_hosts:
+                ep.discovery[node_id] = f"{web}://{s.node_host(i)}:{p2pfaas_ports[i][0]}"
+                ep.learner[node_id] = f"{web}://{s.node_host(i)}:{p2pfaas_ports[i][1]}"
         if s.controller_policy is not None:
             await self._start_controller(nats_url)
         if store is not None:
             self._watch = asyncio.create_task(self._reload_on_new_identities(store), name="auth-watch")
         (s.data_dir / "endpoints.json").write_bytes(orjson.dumps({
             "nats_url": ep.nats_url, "mqtt_url": ep.mqtt_url, "http": ep.http, "prefix": s.prefix,
+            "discovery": ep.discovery, "learner": ep.learner,
         }, option=orjson.OPT_INDENT_2))
 
     async def _start_controller(self, nats_url: str) -> None:
@@ -324,6 +358,8 @@ class Stack:
                 env.update(P2PFAAS_TLS_CERT=str(self.tls.cert), P2PFAAS_TLS_KEY=str(self.tls.key))
         if http:
             env["P2PFAAS_CALLBACK_HOSTS"] = ",".join(s.callback_hosts)
+            if s.loopback_hosts:   # P2PFaaS's layout: its discovery and learner ports as open as in P2PFaaS
+                env["P2PFAAS_P2PFAAS_OPEN"] = "1"
         if store is None:
             return env
         if node is not None:

@@ -7,21 +7,35 @@ from typing import TYPE_CHECKING, Any
 
 import orjson
 from fastapi import APIRouter, Request
+from pydantic import BaseModel
 from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from broker import headers as H
-from broker.answers import VERSION
+from broker.answers import SCHEDULER_NAME, VERSION
 from broker.control import control_request
 from broker.errors import NodeUnavailable
 from broker.http.invoke import error
+from broker.messages import NodeConfiguration, SchedulerConfiguration
 
 if TYPE_CHECKING:
     from broker.http_bridge import HttpBridge
 
 
-def control_router(bridge: "HttpBridge", operator: list) -> APIRouter:
-    """``operator``: the dependencies of the routes that change state (the operator's token)."""
+def known_keys(body: bytes, contract: type[BaseModel]) -> bytes:
+    """A JSON object without the keys ``contract`` does not have: P2PFaaS ignores unknown keys in
+    configuration bodies, and this is where its clients meet p2pfaas's strict contracts. Anything
+    else passes unchanged (the node says what is wrong with it)."""
+    try:
+        data = orjson.loads(body)
+    except orjson.JSONDecodeError:
+        return body
+    if not isinstance(data, dict):
+        return body
+    return orjson.dumps({k: v for k, v in data.items() if k in contract.model_fields})
+
+
+def control_router(bridge: "HttpBridge") -> APIRouter:
     router = APIRouter(tags=["control"])
     subjects, node = bridge.subjects, bridge.node
 
@@ -29,35 +43,42 @@ def control_router(bridge: "HttpBridge", operator: list) -> APIRouter:
         status, data = await control_request(bridge.nc, subject, body, bridge.control_timeout_s)
         return Response(data, status_code=status, media_type="application/json")
 
-    @router.get("/", summary="Name and version")
+    @router.get("/", summary="Name and version (the same on every node, as P2PFaaS's clients compare it)")
     async def root() -> dict[str, str]:
-        return {"name": "p2pfaas", "version": VERSION, "version_commit": "", "node": node}
+        return {"name": SCHEDULER_NAME, "version": VERSION, "version_commit": ""}
 
     @router.get("/monitoring/load", summary="Running and queued functions (P2PFaaS headers + JSON)")
     async def load() -> Response:
         response = await ask(subjects.load(node))
         if response.status_code == 200:
             data: dict[str, Any] = orjson.loads(response.body)
-            response.headers[H.LOAD] = str(data["running"])
-            response.headers[H.MAXLOAD] = str(data["parallel_running_functions_max"])
-            response.headers[H.QUEUE_LENGTH] = str(data["queued"])
+            # the fields of P2PFaaS's (older) JSON load answer too, which its Python scripts read
+            data.update(scheduler_name=data.get("scheduler", ""), functions_running=data["running"],
+                        functions_running_max=data["parallel_running_functions_max"],
+                        queue_max_length=data["queue_length_max"], queue_fill=data["queued"])
+            response = Response(orjson.dumps(data), media_type="application/json", headers={
+                H.LOAD: str(data["running"]), H.MAXLOAD: str(data["parallel_running_functions_max"]),
+                H.P2PFOG_QUEUE_LENGTH: str(data["queued"]), H.QUEUE_LENGTH: str(data["queued"])})
         return response
 
     @router.get("/configuration", summary="Node configuration")
     async def get_configuration() -> Response:
         return await ask(subjects.config(node, "get"))
 
-    @router.post("/configuration", summary="Change K / queue at run time (persisted)", dependencies=operator)
+    @router.post("/configuration", summary="Change K / queue at run time (persisted; keys not sent keep their value)",
+                 dependencies=[bridge.changes_state])
     async def set_configuration(request: Request) -> Response:
-        return await ask(subjects.config(node, "set"), await bridge.read_body(request))
+        return await ask(subjects.config(node, "set"), known_keys(await bridge.read_body(request), NodeConfiguration))
 
     @router.get("/configuration/scheduler", summary="Scheduling algorithm")
     async def get_scheduler() -> Response:
         return await ask(subjects.scheduler_config(node, "get"))
 
-    @router.post("/configuration/scheduler", summary="Change the scheduling algorithm (persisted)", dependencies=operator)
+    @router.post("/configuration/scheduler", summary="Change the scheduling algorithm (persisted)",
+                 dependencies=[bridge.changes_state])
     async def set_scheduler(request: Request) -> Response:
-        return await ask(subjects.scheduler_config(node, "set"), await bridge.read_body(request))
+        return await ask(subjects.scheduler_config(node, "set"),
+                         known_keys(await bridge.read_body(request), SchedulerConfiguration))
 
     @router.get("/list", summary="Alive peers (P2PFaaS discovery format)")
     async def peer_list() -> Response:

@@ -12,11 +12,12 @@ import asyncio
 import time
 from typing import TYPE_CHECKING, Iterable
 
-from fastapi import APIRouter, Depends, Request
+from fastapi import APIRouter, Depends, FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 
+from broker import codes
 from broker import headers as H
-from broker.answers import Answer, error_body
+from broker.answers import VERSION, Answer, error_body
 from broker.errors import NodeUnavailable, Unauthorized
 from broker.subjects import TOKEN_RE, check_token
 
@@ -44,7 +45,24 @@ def answer_response(answer: Answer, call_id: str) -> Response:
 
 
 def error(status: int, message: str, **headers: str) -> JSONResponse:
-    return JSONResponse({"code": status, "message": message}, status_code=status, headers=headers or None)
+    return JSONResponse({"code": codes.for_status(status), "message": message}, status_code=status,
+                        headers=headers or None)
+
+
+def port_app(title: str, hello: str) -> FastAPI:
+    """The app of one of P2PFaaS's other ports (discovery, learner): ``GET /`` answers ``hello``
+    (the same on every node, as its clients compare it), a node that does not answer is 503."""
+    app = FastAPI(title=title, version=VERSION)
+
+    @app.exception_handler(NodeUnavailable)
+    async def unavailable(request: Request, exc: NodeUnavailable) -> Response:
+        return error(503, str(exc), **{H.RETRY_AFTER: "1"})
+
+    @app.get("/", summary="Name and version (the same on every node)")
+    async def greet() -> Response:
+        return Response(hello, media_type="text/html")
+
+    return app
 
 
 async def direct_call(bridge: "HttpBridge", fn: str, body: bytes, headers: dict[str, str]) -> tuple[Answer, str]:
@@ -54,9 +72,9 @@ async def direct_call(bridge: "HttpBridge", fn: str, body: bytes, headers: dict[
         answer = await bridge.faas.invoke(bridge.node, fn, body, req=call_id, headers=headers,
                                           timeout_s=bridge.invoke_timeout_s)
     except asyncio.TimeoutError:
-        answer = Answer(504, error_body(504, f"no answer from node {bridge.node} within {bridge.invoke_timeout_s:g} s"))
+        answer = Answer(504, error_body(codes.GENERIC, f"no answer from node {bridge.node} within {bridge.invoke_timeout_s:g} s"))
     except NodeUnavailable as exc:
-        answer = Answer(503, error_body(503, str(exc)), {H.RETRY_AFTER: "1"})
+        answer = Answer(503, error_body(codes.GENERIC, str(exc)), {H.RETRY_AFTER: "1"})
     return answer, call_id
 
 
@@ -77,13 +95,13 @@ class FastInvoke:
         bridge = self.bridge
         fn = scope["path"][len(FUNCTION_PATH):]
         if not TOKEN_RE.match(fn):
-            return await _send(send, 400, error_body(400, f"invalid function {fn[:64]!r}: must match [A-Za-z0-9_-]{{1,64}}"), [_JSON])
+            return await _send(send, 400, error_body(codes.INPUT_NOT_VALID, f"invalid function {fn[:64]!r}: must match [A-Za-z0-9_-]{{1,64}}"), [_JSON])
         headers, declared, authorization = _caller_headers(scope["headers"])
         if not bridge.may_invoke(authorization):
             return await _send(send, 401, error_body(401, "invocation needs the invoke token (Authorization: Bearer ...)"),
                                [_JSON, (b"www-authenticate", b"Bearer")])
         if declared is not None and declared > bridge.max_payload_bytes:
-            return await _send(send, 413, error_body(413, f"payload of {declared} bytes exceeds the limit of {bridge.max_payload_bytes}"), [_JSON])
+            return await _send(send, 413, error_body(codes.INPUT_NOT_VALID, f"payload of {declared} bytes exceeds the limit of {bridge.max_payload_bytes}"), [_JSON])
         body = b""
         more = True
         while more:
@@ -93,7 +111,7 @@ class FastInvoke:
             body += message.get("body", b"")
             more = message.get("more_body", False)
             if len(body) > bridge.max_payload_bytes:
-                return await _send(send, 413, error_body(413, f"payload exceeds the limit of {bridge.max_payload_bytes} bytes"), [_JSON])
+                return await _send(send, 413, error_body(codes.INPUT_NOT_VALID, f"payload exceeds the limit of {bridge.max_payload_bytes} bytes"), [_JSON])
         answer, call_id = await direct_call(bridge, fn, body, headers)
         return await _send(send, answer.status, answer.body, answer_header_list(answer, call_id))
 

@@ -94,23 +94,30 @@ def listening_socket(host: str, port: int, reuse_port: bool) -> socket.socket:
     return sock
 
 
-async def serve_in_loop(bridge: "HttpBridge", host: str, port: int, started: asyncio.Event | None = None, *,
-                        reuse_port: bool = False, tls: tuple[str, str] | None = None) -> None:
-    """Serve until ``bridge.shutdown()``; the lifespan starts and stops the bridge's NATS client.
-    ``tls``: (certificate, key) files: HTTPS only."""
-    config = uvicorn.Config(bridge.app, host=host, port=port, log_level="warning", lifespan="on",
-                            access_log=False, http=HTTP_IMPLEMENTATION, timeout_graceful_shutdown=5,
-                            limit_concurrency=CONNECTION_LIMIT, timeout_keep_alive=KEEP_ALIVE_S,
-                            ssl_certfile=tls[0] if tls else None, ssl_keyfile=tls[1] if tls else None)
-    server = EmbeddedServer(config)
-    bridge._server = server
-    sock = listening_socket(host, port, reuse_port)
-    task = asyncio.create_task(server.serve(sockets=[sock]))
+async def serve_in_loop(bridge: "HttpBridge", apps: list[tuple[object, str, int, bool]],
+                        started: asyncio.Event | None = None, *, reuse_port: bool = False,
+                        tls: tuple[str, str] | None = None) -> None:
+    """Serve each ``(app, host, port, lifespan)`` until ``bridge.shutdown()``; the app with the
+    lifespan (the scheduler API) starts and stops the bridge's NATS client. ``tls``: (certificate,
+    key) files: HTTPS only."""
+    servers, socks = [], []
+    for app, host, port, lifespan in apps:
+        config = uvicorn.Config(app, host=host, port=port, log_level="warning", lifespan="on" if lifespan else "off",
+                                access_log=False, http=HTTP_IMPLEMENTATION, timeout_graceful_shutdown=5,
+                                limit_concurrency=CONNECTION_LIMIT, timeout_keep_alive=KEEP_ALIVE_S,
+                                ssl_certfile=tls[0] if tls else None, ssl_keyfile=tls[1] if tls else None)
+        servers.append(EmbeddedServer(config))
+        socks.append(listening_socket(host, port, reuse_port))
+    bridge._servers = servers
+    tasks = [asyncio.create_task(server.serve(sockets=[sock])) for server, sock in zip(servers, socks)]
     try:
-        while not server.started and not task.done():
+        while not all(server.started for server in servers) and not any(task.done() for task in tasks):
             await asyncio.sleep(0.01)
         if started is not None:
             started.set()
-        await task
+        for task in asyncio.as_completed(tasks):
+            await task
+            bridge.shutdown()   # one server ended (or failed): end the others too
     finally:
-        sock.close()
+        for sock in socks:
+            sock.close()

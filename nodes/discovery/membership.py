@@ -11,6 +11,7 @@ import math
 from dataclasses import dataclass
 
 from broker.messages import Heartbeat
+from nodes.settings import host_of
 
 
 class PeerStatus(enum.Enum):
@@ -132,12 +133,13 @@ class MembershipView:
             hb = peer.heartbeat
             rows.append({
                 "_id": peer.first_seen,
-                "ip": hb.address,
+                "ip": host_of(hb.address),
                 "name": hb.node,
                 "group_name": hb.group,
                 "ping": max(0.0, peer.seen_at - hb.time),
                 "last_update": int(peer.seen_at),
                 "alive": True,
                 "dead_polls": self.missed_periods(node, now),
+                "address": hb.address,
             })
         return rows

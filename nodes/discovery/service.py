@@ -1,25 +1,33 @@
 """The discovery service: heartbeats out, heartbeats in, the alive-peer list and load probes.
 
 It is the scheduler's :class:`~nodes.scheduler.service.PeerSource`: ``peers()``
-comes from the :class:`MembershipView`, ``probe(peer)`` asks ``faas.<peer>.load``.
+comes from the :class:`MembershipView` (and the P2PFaaS machines that speak HTTP,
+:mod:`nodes.discovery.machines`), ``probe(peer)`` asks ``faas.<peer>.load`` (or the
+machine's ``/monitoring/load``).
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import time
 from typing import Callable, Sequence
 
+import httpx
 from nats.aio.client import Client
 from nats.aio.msg import Msg
 
-from broker.codec import decode, encode
+from broker import headers as H
+from broker.codec import decode, decode_update, encode
+from broker.control import ControlError
 from broker.errors import ContractError
-from broker.messages import Heartbeat, NodeLoad, PeerInfo, PeerList
+from broker.messages import DiscoveryConfiguration, Heartbeat, MachineAnnouncement, NodeLoad, PeerInfo, PeerList
 from broker.subjects import Subjects
+from nodes import peer_http
+from nodes.discovery.machines import MachinePoller, MachineTable, valid_ip
 from nodes.discovery.membership import MembershipView
-from nodes.settings import NodeSettings
+from nodes.settings import NodeSettings, host_of
 
 log = logging.getLogger(__name__)
 
@@ -58,12 +66,48 @@ class DiscoveryService:
         self._subs: list = []
         self._task: asyncio.Task | None = None
         self._alive: list[str] = []   # last logged alive list (to log changes once)
+        self.machines = MachineTable(lambda: settings.machine_ip, self._is_nats_peer, settings.machine_dead_polls)
+        self.poller = MachinePoller(self.machines, self.identity, port=settings.peer_discovery_port,
+                                    period_s=settings.machine_poll_period_s, timeout_s=settings.machine_poll_timeout_s)
+        self.http: httpx.AsyncClient | None = None   # probes and forwards to P2PFaaS machines
+        self._load_configuration()
 
     # -- PeerSource ---------------------------------------------------------
     def peers(self) -> Sequence[str]:
-        return self.view.alive(self._clock())
+        return [*self.view.alive(self._clock()), *(m.id for m in self.machines.alive())]
+
+    def http_base(self, peer: str) -> str | None:
+        """The scheduler API of ``peer`` when it is a P2PFaaS machine (it speaks HTTP), else None."""
+        machine = self.machines.by_id(peer)
+        if machine is None:
+            return None
+        host = f"[{machine.ip}]" if ":" in machine.ip else machine.ip
+        return f"http://{host}:{self.settings.peer_scheduler_port}"
+
+    def resolve(self, name: str) -> str:
+        """The peer id of a node named by its address (P2PFaaS names machines by IP); ``name`` unchanged
+        when it is no known address."""
+        ip = valid_ip(name)
+        if ip is None:
+            return name
+        if ip == self.settings.machine_ip:
+            return self.node_id
+        for node in self.view.alive(self._clock()):
+            hb = self.view.heartbeat(node)
+            if hb is not None and host_of(hb.address) == ip:
+                return node
+        machine = self.machines.machines.get(ip)
+        return machine.id if machine is not None else name
+
+    def _is_nats_peer(self, ip: str) -> bool:
+        now = self._clock()
+        return any((hb := self.view.heartbeat(n)) is not None and host_of(hb.address) == ip for n in self.view.alive(now))
 
     async def probe(self, peer: str) -> int | None:
+        base = self.http_base(peer)
+        if base is not None:
+            assert self.http is not None
+            return await peer_http.probe(self.http, base, self.settings.probe_timeout_s)
         try:
             msg = await self.nc.request(self.subjects.load(peer), b"", timeout=self.settings.probe_timeout_s)
             load = decode(NodeLoad, msg.data)
@@ -73,17 +117,96 @@ class DiscoveryService:
         return load.running + load.queued
 
     def peer_list(self) -> PeerList:
-        return PeerList([PeerInfo.model_validate(row) for row in self.view.as_p2pfaas_list(self._clock())])
+        rows = [PeerInfo.model_validate(row) for row in self.view.as_p2pfaas_list(self._clock())]
+        return PeerList([*rows, *(m.row() for m in self.machines.alive())])
+
+    # -- P2PFaaS's discovery API (faas.<node>.discovery.*) ------------------------
+    def identity(self) -> dict[str, str]:
+        """The p2pfaas-machine-* headers this node announces itself with."""
+        return {H.MACHINE_IP: self.settings.machine_ip, H.MACHINE_NAME: self.node_id, H.MACHINE_GROUP: self.settings.group}
+
+    async def on_register(self, body: bytes) -> bytes:
+        """A machine polled our list: it joins (or stays), and gets the list."""
+        announced = decode(MachineAnnouncement, body)
+        ip = valid_ip(announced.ip)
+        if ip is None:
+            raise ControlError(400, f"p2pfaas-machine-ip {announced.ip!r} is not an IP address")
+        known = ip in self.machines.machines
+        if self.machines.announce(ip, announced.name, announced.group_name) is not None and not known:
+            log.info("%s: P2PFaaS machine %s joined", self.node_id, ip)
+            self.poller.soon(ip)   # learn its peers now, not a poll period later
+        return encode(self.peer_list())
+
+    async def on_reset(self, body: bytes) -> bytes:
+        """Forget every peer: machines for good, p2pfaas peers until their next heartbeat."""
+        self.machines.reset()
+        self.view = MembershipView(self.node_id, self.settings.heartbeat_period_s, self.settings.suspect_after,
+                                   self.settings.remove_after)
+        self._alive = []
+        await self.beat()   # peers answer a newcomer with a heartbeat at once
+        return b"{}"
+
+    def configuration(self) -> DiscoveryConfiguration:
+        return DiscoveryConfiguration(machine_ip=self.settings.machine_ip, machine_id=self.node_id,
+                                      machine_group_name=self.settings.group, init_servers=self.settings.init_servers)
+
+    async def on_config_get(self, body: bytes) -> bytes:
+        return encode(self.configuration())
+
+    async def on_config_set(self, body: bytes) -> bytes:
+        """As P2PFaaS: keys sent replace, the others stay; init servers join as machines. The id
+        and the address are the node's own (set when it starts): changing them is refused."""
+        current = self.configuration()
+        new = decode_update(current, body)
+        if (new.machine_id, new.machine_ip) != (current.machine_id, current.machine_ip):
+            raise ControlError(400, f"machine_id and machine_ip are this node's own ({current.machine_id}, "
+                                    f"{current.machine_ip!r}); start the node with another id or address to change them")
+        bad = [s for s in new.init_servers if valid_ip(s) is None]
+        if bad:
+            raise ControlError(400, f"init_servers must be IP addresses, got {bad}")
+        self.settings.group, self.settings.init_servers = new.machine_group_name, new.init_servers
+        self._add_init_servers()
+        self._save_configuration()
+        await self.beat()
+        return encode(self.configuration())
+
+    def _add_init_servers(self) -> None:
+        for server in self.settings.init_servers:
+            ip = valid_ip(server)
+            if ip is not None:
+                self.machines.announce(ip)
+
+    def _load_configuration(self) -> None:
+        path = self.settings.node_dir / "discovery.json"
+        try:
+            saved = decode(DiscoveryConfiguration, path.read_bytes())
+        except (OSError, ContractError):
+            return
+        self.settings.group, self.settings.init_servers = saved.machine_group_name, saved.init_servers
+
+    def _save_configuration(self) -> None:
+        path = self.settings.node_dir / "discovery.json"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(".tmp")
+        tmp.write_bytes(encode(self.configuration()))
+        os.replace(tmp, path)
 
     # -- lifecycle ------------------------------------------------------------
     async def start(self) -> "DiscoveryService":
         self._subs.append(await self.nc.subscribe(self.subjects.all_membership(), cb=self._on_heartbeat))
         self._subs.append(await self.nc.subscribe(self.subjects.peers(self.node_id), cb=self._on_peers))
+        self.http = httpx.AsyncClient()
+        self._add_init_servers()
+        await self.poller.start()
         await self.beat()
         self._task = asyncio.create_task(self._run(), name=f"{self.node_id}-discovery")
         return self
 
     async def stop(self) -> None:
+        await self.poller.stop()
+        if self.http is not None:
+            await self.http.aclose()
+            self.http = None
         if self._task:
             self._task.cancel()
             await asyncio.gather(self._task, return_exceptions=True)

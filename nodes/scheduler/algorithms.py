@@ -1,14 +1,14 @@
 """Every scheduling algorithm, registered, and the one place where request headers
 override them: :func:`decide` is what the scheduler service calls.
 
-Precedence (first match wins):
+Precedence (first match wins, as in P2PFaaS's ``/function`` handler):
 
-1. ``X-P2pfaas-Scheduler-Reject``  -> Reject (401);
-2. ``X-P2pfaas-Scheduler-Bypass``  -> run here, loss on (P2PFaaS runs
+1. ``X-P2pfaas-Scheduler-Bypass``  -> run here, loss on (P2PFaaS runs
    ``NoScheduler(true)``): rejected when there is no room;
-3. ``X-P2pfaas-Scheduler-Forward`` -> a random unvisited peer (P2PFaaS runs
+2. ``X-P2pfaas-Scheduler-Forward`` -> a random unvisited peer (P2PFaaS runs
    ``ForwardScheduler(1)``): a forwarded request, or one with no peer left,
    runs here;
+3. ``X-P2pfaas-Scheduler-Reject``  -> Reject (401);
 4. the configured algorithm.
 
 Whatever an algorithm answers, a Forward to this node or to a node already on
@@ -48,6 +48,7 @@ __all__ = [
     "RoundRobinWithMasterScheduler",
     "build_algorithm",
     "decide",
+    "forced_algorithm",
     "known_algorithms",
 ]
 
@@ -55,7 +56,19 @@ log = logging.getLogger(__name__)
 
 _REJECT = RejectScheduler()
 _BYPASS = NoScheduler(loss=True)
+_FORWARD = ForwardScheduler(1)
 _shared_rng = random.Random()
+
+
+def forced_algorithm(request: SchedulingRequest) -> SchedulingAlgorithm | None:
+    """The algorithm a request header forces, None when the configured one decides."""
+    if request.bypass:
+        return _BYPASS
+    if request.force_forward:
+        return _FORWARD
+    if request.force_reject:
+        return _REJECT
+    return None
 
 
 def known_algorithms() -> list[str]:
@@ -75,12 +88,10 @@ async def decide(
     ``rng`` drives the forced forward (default: the algorithm's own ``rng`` if it
     has one, else a module-wide generator).
     """
-    if request.force_reject:
-        return await _REJECT.schedule(request, view)
-    if request.bypass:
-        return await _BYPASS.schedule(request, view)
-    if request.force_forward:
+    forced = forced_algorithm(request)
+    if forced is _FORWARD:
         forced = ForwardScheduler(1, rng=rng or getattr(algorithm, "rng", None) or _shared_rng)
+    if forced is not None:
         return await forced.schedule(request, view)
     decision = await algorithm.schedule(request, view)
     if isinstance(decision, Forward) and (

@@ -10,6 +10,8 @@ import abc
 from dataclasses import dataclass
 from typing import ClassVar, Protocol, Sequence
 
+from broker import codes
+
 
 @dataclass(frozen=True, slots=True)
 class SchedulingRequest:
@@ -75,11 +77,22 @@ class Forward:
     probing_s: float = 0.0
 
 
+OVERLOADED = "all slots busy and the queue is full"
+
+
 @dataclass(frozen=True, slots=True)
 class Reject:
+    """Refuse the call. ``code`` is P2PFaaS's: 401 deliberately rejected (HTTP 503), 400 the job
+    cannot be scheduled -- no slot and no queue place (HTTP 500); see :func:`overloaded`."""
+
     reason: str
-    code: int = 401  # P2PFaaS: deliberately rejected
+    code: int = codes.DELIBERATELY_REJECTED
     probing_s: float = 0.0  # time spent probing peers before giving up
+
+
+def overloaded(probing_s: float = 0.0) -> Reject:
+    """No slot and no queue place: P2PFaaS's "job cannot be scheduled" (400, HTTP 500)."""
+    return Reject(OVERLOADED, code=codes.CANNOT_SCHEDULE, probing_s=probing_s)
 
 
 Decision = Execute | Forward | Reject

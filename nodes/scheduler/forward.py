@@ -13,10 +13,10 @@ from nodes.scheduler.base import (
     Decision,
     Execute,
     Forward,
-    Reject,
     SchedulingAlgorithm,
     SchedulingRequest,
     SchedulingView,
+    overloaded,
 )
 
 UINT32_MAX = 2**32 - 1
@@ -56,7 +56,7 @@ def may_forward(request: SchedulingRequest, max_hops: int) -> bool:
 def run_locally(view: SchedulingView, loss: bool, probing_s: float = 0.0) -> Decision:
     """Execute here; with ``loss``, reject instead when no slot and no queue place is free."""
     if loss and not view.local_load().has_room:
-        return Reject("all slots busy and the queue is full", probing_s=probing_s)
+        return overloaded(probing_s)
     return Execute(probing_s=probing_s)
 
 

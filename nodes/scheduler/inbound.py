@@ -9,7 +9,9 @@ import math
 from dataclasses import dataclass
 from typing import Mapping
 
+from broker import codes
 from broker import headers as H
+from broker.answers import name_list
 from broker.errors import InvalidSubject, InvalidToken
 from broker.subjects import TOKEN_RE, Invocation, Subjects
 from functions.registry import FunctionRegistry
@@ -24,14 +26,14 @@ PLAUSIBLE_CLOCK_SKEW_S = 3600.0     # a caller's send time further off than this
 
 @dataclass(frozen=True, slots=True)
 class Refusal:
-    code: int           # P2PFaaS / HTTP-like code in the error body
+    code: int           # P2PFaaS's catalogue code in the error body (broker/codes.py)
     http_status: int
     reason: str
     kind: str           # metric label: bad_input, unknown_function, too_large, empty_payload, ...
 
 
 def bad(reason: str, kind: str = "bad_input") -> Refusal:
-    return Refusal(400, 400, reason, kind)
+    return Refusal(codes.INPUT_NOT_VALID, 400, reason, kind)
 
 
 class Inbound:
@@ -55,10 +57,10 @@ class Inbound:
         """The call, or why it cannot be one (unknown function, size, empty input, bad header)."""
         spec = self.registry.get(inv.fn)
         if spec is None:
-            return Refusal(404, 404, f"unknown function {inv.fn!r}; this node has: {', '.join(self.registry.names())}",
+            return Refusal(codes.NOT_FOUND, 404, f"unknown function {inv.fn!r}; this node has: {', '.join(self.registry.names())}",
                            "unknown_function")
         if len(payload) > self.max_payload_bytes:
-            return Refusal(413, 413, f"payload of {len(payload)} bytes exceeds the limit of {self.max_payload_bytes}",
+            return Refusal(codes.INPUT_NOT_VALID, 413, f"payload of {len(payload)} bytes exceeds the limit of {self.max_payload_bytes}",
                            "too_large")
         if not payload and spec.requires_input:
             return bad(f"{inv.fn} needs an input payload; it was empty", "empty_payload")
@@ -67,6 +69,7 @@ class Inbound:
             external = inv.kind == "forward"
             hops = _int(h, H.HOPS, 0, MAX_HOPS) if external else 0
             peers = _peers(h.get(H.PEERS_LIST_ID, "")) if external else ()
+            peer_ips = tuple(name_list(h.get(H.PEERS_LIST_IP)))[:len(peers)] if external else ()
             timeout_s = _positive(h, H.TIMEOUT, MAX_TIMEOUT_S)
             deadline_s = _positive(h, H.DEADLINE, MAX_TIMEOUT_S)
             task_type = _number(h, H.TASK_TYPE)
@@ -83,7 +86,7 @@ class Inbound:
         transit = arrival - sent_at if sent_at is not None and abs(arrival - sent_at) < PLAUSIBLE_CLOCK_SKEW_S else 0.0
         call = Call(inv=inv, payload=payload, request=request, arrival=arrival, reply=reply,
                     timeout_s=timeout_s or spec.timeout_s, deadline_s=deadline_s, transit_s=max(0.0, transit),
-                    scheduler=scheduler, tracing_id=tracing)
+                    scheduler=scheduler, tracing_id=tracing, peer_ips=peer_ips)
         return call
 
 
@@ -117,7 +120,7 @@ def _int(h: Mapping[str, str], name: str, low: int, high: int) -> int:
 
 
 def _peers(raw: str) -> tuple[str, ...]:
-    peers = tuple(p.strip() for p in raw.split(",") if p.strip())
+    peers = tuple(name_list(raw))
     if len(peers) > MAX_HOPS or not all(TOKEN_RE.match(p) for p in peers):
         raise ValueError(f"header {H.PEERS_LIST_ID}: {raw[:80]!r} is not a list of at most {MAX_HOPS} node ids")
     return peers

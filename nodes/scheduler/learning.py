@@ -84,12 +84,12 @@ class LearningContext:
 
     def __init__(self, nc: Client, node: str, tasks: TaskKeys, *, prefix: str = "faas",
                  deadlines: dict[int, float] | None = None, default_deadline_s: float = 1.0,
-                 timeout_s: float = 0.5, clock: Callable[[], float] = time.monotonic) -> None:
+                 timeout_s: float = 0.5, clock: Callable[[], float] = time.monotonic, node_rewards: bool = True) -> None:
         self.node, self.tasks, self.clock = node, tasks, clock
         self.deadlines, self.default_deadline_s = dict(deadlines or {}), default_deadline_s
         self.local = LocalPolicy(nc, node, prefix=prefix, timeout_s=timeout_s)
         self.remote = RemotePolicy(nc, node, prefix=prefix, timeout_s=timeout_s)
-        self.rewards = RewardTracker(nc, node, prefix=prefix)
+        self.rewards = RewardTracker(nc, node, prefix=prefix, publish=node_rewards)
         self.types: dict[str, int] = {}       # call key -> task type, of tasks enqueued here
         self._prune_at = 1024
         # EIDs must grow across restarts (the learner links EID n to n + 1): start at the clock in µs
@@ -102,7 +102,7 @@ class LearningContext:
     @classmethod
     def for_node(cls, nc: Client, settings, tasks: TaskKeys) -> "LearningContext":
         return cls(nc, settings.node_id, tasks, prefix=settings.prefix, deadlines=settings.task_type_deadlines,
-                   default_deadline_s=settings.task_deadline_s)
+                   default_deadline_s=settings.task_deadline_s, node_rewards=settings.node_rewards)
 
     async def stop(self) -> None:
         await self.local.stop()

@@ -7,10 +7,10 @@ from typing import Sequence
 from nodes.scheduler.base import (
     Decision,
     Execute,
-    Reject,
     SchedulingAlgorithm,
     SchedulingRequest,
     SchedulingView,
+    overloaded,
     parse_bool,
 )
 
@@ -31,7 +31,10 @@ class NoScheduler(SchedulingAlgorithm):
     def parameters(self) -> list[str]:
         return [str(self.loss).lower()]
 
+    def describe(self) -> str:
+        return self.name  # P2PFaaS prints no parameters for it
+
     async def schedule(self, request: SchedulingRequest, view: SchedulingView) -> Decision:
         if self.loss and not view.local_load().has_room:
-            return Reject("all slots busy and the queue is full")
+            return overloaded()
         return Execute()

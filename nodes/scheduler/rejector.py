@@ -20,5 +20,8 @@ class RejectScheduler(SchedulingAlgorithm):
     def parameters(self) -> list[str]:
         return []
 
+    def describe(self) -> str:
+        return self.name
+
     async def schedule(self, request: SchedulingRequest, view: SchedulingView) -> Decision:
         return Reject("rejected on request (X-P2pfaas-Scheduler-Reject)")

@@ -18,6 +18,7 @@ from typing import Callable
 
 from nats.aio.client import Client
 
+from broker import headers as H
 from broker.codec import encode
 from broker.messages import LearningDecision, SchedulingExperience
 from broker.subjects import Subjects
@@ -68,8 +69,10 @@ class RewardTracker:
 
     def __init__(self, nc: Client, node: str, *, prefix: str = "faas", grace_s: float = 1.0,
                  max_pending: int = 10_000, sweep_period_s: float = 0.25,
-                 clock: Callable[[], float] = time.monotonic) -> None:
-        self.nc, self.node = nc, node
+                 clock: Callable[[], float] = time.monotonic, publish: bool = True) -> None:
+        """``publish`` False: decisions are still tracked (their headers go back with the answers)
+        but no reward is published -- the clients post them (NodeSettings.node_rewards)."""
+        self.nc, self.node, self.publishing = nc, node, publish
         self.subjects = Subjects(prefix)
         self.reward_subject = self.subjects.reward(node)
         self.grace_s, self.max_pending, self.sweep_period_s, self.clock = grace_s, max_pending, sweep_period_s, clock
@@ -129,6 +132,8 @@ class RewardTracker:
 
     def _reward(self, entry: PendingDecision, reward: float) -> None:
         """Called once the entry left ``pending``."""
+        if not self.publishing:
+            return
         d = entry.decision
         self.stats.met += reward > 0
         heapq.heappush(self._ready, (d.eid, SchedulingExperience(eid=d.eid, state=d.state, action=d.action,
@@ -164,7 +169,8 @@ class RewardTracker:
             batch = [await self._queue.get()]
             while len(batch) < PUBLISH_BATCH and not self._queue.empty():
                 batch.append(self._queue.get_nowait())
-            results = await asyncio.gather(*(js.publish(self.reward_subject, encode(e), timeout=5.0) for e in batch),
+            results = await asyncio.gather(*(js.publish(self.reward_subject, encode(e), timeout=5.0,
+                                                        headers={H.MSG_ID: e.msg_id}) for e in batch),
                                            return_exceptions=True)
             for experience, outcome in zip(batch, results):
                 if isinstance(outcome, BaseException):

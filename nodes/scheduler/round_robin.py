@@ -6,9 +6,11 @@ it receives round robin over the alive nodes (its peers and itself).
 
 from __future__ import annotations
 
+import ipaddress
 import re
 from typing import Sequence
 
+from broker import codes
 from nodes.scheduler.base import (
     Decision,
     Execute,
@@ -23,7 +25,15 @@ from nodes.scheduler.forward import forwardable_peers, run_locally
 
 _NODE_ID = re.compile(r"[A-Za-z0-9_-]{1,64}")
 
-CANNOT_SCHEDULE = 400  # P2PFaaS "cannot schedule" (HTTP 500), not a load rejection
+CANNOT_SCHEDULE = codes.CANNOT_SCHEDULE  # P2PFaaS "cannot schedule" (HTTP 500), not a load rejection
+
+
+def _is_ip(text: str) -> bool:
+    try:
+        ipaddress.ip_address(text)
+    except ValueError:
+        return False
+    return True
 
 
 class RoundRobinWithMasterScheduler(SchedulingAlgorithm):
@@ -37,15 +47,16 @@ class RoundRobinWithMasterScheduler(SchedulingAlgorithm):
       round-robin order, skipping nodes already on the request's path.
 
     ``loss`` rejects a request that should run here when there is no room.
-    The master is named by node id (P2PFaaS used its IP address).
+    The master is named by node id or, as in P2PFaaS, by its IP address (the view maps it
+    to the node advertising it).
     """
 
     name = "RoundRobinWithMasterScheduler"
     instant = True
 
     def __init__(self, is_master: bool, master: str = "", loss: bool = True) -> None:
-        if master and not _NODE_ID.fullmatch(master):
-            raise ValueError(f"master must be a node id of [A-Za-z0-9_-]{{1,64}}, got {master!r}")
+        if master and not (_NODE_ID.fullmatch(master) or _is_ip(master)):
+            raise ValueError(f"master must be a node id of [A-Za-z0-9_-]{{1,64}} or an IP address, got {master!r}")
         if not is_master and not master:
             raise ValueError("a slave (isMaster=false) needs the master's node id")
         self.is_master = is_master
@@ -71,10 +82,12 @@ class RoundRobinWithMasterScheduler(SchedulingAlgorithm):
                 return Reject("the round-robin master only dispatches requests from its slaves",
                               code=CANNOT_SCHEDULE)
             return self._deal(request, view)
-        if request.external or self.master == view.node_id:
+        resolve = getattr(view, "resolve", None)   # a view may know nodes by their IP address
+        master = resolve(self.master) if resolve is not None else self.master
+        if request.external or master == view.node_id:
             return run_locally(view, self.loss)
-        if self.master in forwardable_peers(request, view):
-            return Forward(self.master)
+        if master in forwardable_peers(request, view):
+            return Forward(master)
         return run_locally(view, self.loss)
 
     def _deal(self, request: SchedulingRequest, view: SchedulingView) -> Decision:

@@ -16,12 +16,13 @@ import logging
 import random
 import time
 from collections import OrderedDict
-from typing import Sequence
+from typing import TYPE_CHECKING, Sequence
 
 from nats.aio.client import Client
 from nats.aio.msg import Msg
 from nats.js.errors import NotFoundError
 
+from broker import codes
 from broker import headers as H
 from broker.answers import error_body
 from broker.codec import encode
@@ -37,7 +38,7 @@ from nodes.forwarding import Forwarder
 from nodes.inbox import Inbox
 from nodes.intake import AsyncIntake, UnknownNodeSweeper
 from nodes.metrics import NodeMetrics
-from nodes.scheduler.algorithms import build_algorithm, decide
+from nodes.scheduler.algorithms import build_algorithm, decide, forced_algorithm
 from nodes.scheduler.base import (
     Decision,
     Execute,
@@ -52,6 +53,9 @@ from nodes.scheduler.forward import run_locally
 from nodes.scheduler.inbound import Inbound, Refusal
 from nodes.settings import NodeSettings
 from nodes.worker import DEFAULT_POOL
+
+if TYPE_CHECKING:
+    import httpx
 
 log = logging.getLogger(__name__)
 
@@ -73,7 +77,8 @@ class SchedulerService:
         self.pool_of = {fn: name for name, spec in settings.pools.items() for fn in spec.functions}
         self.algorithm: SchedulingAlgorithm = build_algorithm(store.scheduler.name, store.scheduler.parameters)
         self.inbound = Inbound(self.subjects, self.node_id, registry, settings.max_payload_bytes)
-        self.forwarder = Forwarder(self.node_id, nc, self.subjects, inbox, answerer, self.run_here, self._count_forward)
+        self.forwarder = Forwarder(self.node_id, nc, self.subjects, inbox, answerer, self.run_here, self._count_forward,
+                                   peers)
         self.intake = AsyncIntake(self.node_id, nc, self.subjects, ack_wait_s=settings.ack_wait_s,
                                   max_deliver=settings.max_deliver, take=self.take_async)
         self.sweeper = UnknownNodeSweeper(self.node_id, nc, self.subjects, self._refuse_unknown_node,
@@ -98,6 +103,9 @@ class SchedulerService:
 
     async def probe(self, peer: str) -> int | None:
         return await self._peers.probe(peer) if self._peers else None
+
+    def resolve(self, name: str) -> str:
+        return self._peers.resolve(name) if self._peers else name
 
     # -- lifecycle ----------------------------------------------------------------------
     async def start(self) -> None:
@@ -129,7 +137,7 @@ class SchedulerService:
                 if call.is_async:
                     await self.answerer.lost(call, f"node {self.node_id} stopped before running it")
                 else:
-                    await self.answerer.refused(call, 503, 503, f"node {self.node_id} is stopping", "node_stopping",
+                    await self.answerer.refused(call, codes.GENERIC, 503, f"node {self.node_id} is stopping", "node_stopping",
                                                 retry_after_s=1.0)
         await self.answerer.settle()
 
@@ -204,8 +212,10 @@ class SchedulerService:
             call.scheduler = call.scheduler or f"pool {dedicated}"
             return await self._execute(call, Execute(), self.pools[dedicated])
         algorithm = self.algorithm
-        call.scheduler = call.scheduler or algorithm.describe()
-        if algorithm.instant or request.force_reject or request.bypass or request.force_forward:
+        forced = forced_algorithm(request)
+        # X-P2pfaas-Scheduler names the algorithm that decided: the forced one, as P2PFaaS does
+        call.scheduler = call.scheduler or (forced or algorithm).describe()
+        if algorithm.instant or forced is not None:
             return await self.carry_out(call, complete_now(decide(algorithm, request, self)))
         self._spawn(self._decide_and_carry_out(call, algorithm))   # it probes or asks the learner
 
@@ -223,10 +233,9 @@ class SchedulerService:
             self.metrics.request(call.fn, "forwarded")
             return await self.forwarder.forward(call, decision.peer)
         assert isinstance(decision, Reject)
-        # P2PFaaS: 401 deliberately rejected -> HTTP 503 (try again); 400 cannot schedule -> HTTP 500
-        overloaded = decision.code == 401
-        await self.answerer.refused(call, decision.code, 503 if overloaded else 500, decision.reason, "rejected",
-                                    retry_after_s=1.0 if overloaded else None)
+        # P2PFaaS: 401 deliberately rejected -> HTTP 503; 400 cannot schedule (overload) -> HTTP 500
+        await self.answerer.refused(call, decision.code, codes.STATUS.get(decision.code, 500), decision.reason,
+                                    "rejected", retry_after_s=1.0)
 
     async def run_here(self, call: Call) -> None:
         """A forward found nobody at the peer: run here after all (with loss)."""
@@ -234,8 +243,9 @@ class SchedulerService:
 
     async def _execute(self, call: Call, decision: Execute, pool: Dispatcher) -> None:
         if pool.n_queued >= MAX_WAITING:
-            return await self.answerer.refused(call, 401, 503, f"{MAX_WAITING} calls already wait on {pool.pool}",
-                                               "rejected", retry_after_s=1.0)
+            return await self.answerer.refused(call, codes.CANNOT_SCHEDULE, 500,
+                                               f"{MAX_WAITING} calls already wait on {pool.pool}", "rejected",
+                                               retry_after_s=1.0)
         call.scheduled_at = call.scheduled_at or time.time()
         self.metrics.request(call.fn, "scheduled")
         stats = self.answerer.stats_of(pool.pool)
@@ -313,8 +323,18 @@ class SchedulerService:
 class PeerSource:
     """What the scheduler needs from discovery (filled in by the peer-to-peer layer)."""
 
+    http: "httpx.AsyncClient | None" = None   # reaches the peers that speak P2PFaaS's HTTP API
+
     def peers(self) -> Sequence[str]:
         return ()
 
     async def probe(self, peer: str) -> int | None:
         return None
+
+    def http_base(self, peer: str) -> str | None:
+        """The scheduler API URL of a peer that speaks P2PFaaS's HTTP API (None: a p2pfaas node)."""
+        return None
+
+    def resolve(self, name: str) -> str:
+        """The peer id of a node named by its address (P2PFaaS names its master by IP)."""
+        return name

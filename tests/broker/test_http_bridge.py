@@ -26,38 +26,40 @@ async def http(node_factory, nc, prefix):
 async def test_sync_invoke_returns_output_and_p2pfaas_headers(http):
     r = await http.post("/function/fib", content=b"25")
     assert r.status_code == 200 and r.content == b"75025"
-    assert r.headers[H.VERSION] and r.headers[H.SCHEDULER] == "NoScheduler(true)"
+    assert r.headers[H.VERSION] and r.headers[H.SCHEDULER] == "NoScheduler"
     assert r.headers[H.CALL_ID]
-    for name in (H.TIMING_TOTAL, H.TIMING_SCHEDULING, H.TIMING_PROBING):
+    for name in (H.TIMING_TOTAL, H.TIMING_SCHEDULING):
         values = orjson.loads(r.headers[name])
         assert isinstance(values, list) and len(values) == 1 and values[0] >= 0
+    assert H.TIMING_PROBING not in r.headers   # nothing was probed (P2PFaaS sends none then)
     assert float(r.headers[H.TIMING_EXECUTION]) > 0
     assert (await http.get("/function/echo", params={})).status_code == 200  # GET works too
 
 
 async def test_errors_map_to_statuses_with_json_bodies(http):
-    cases = [
-        (("/function/nope", b"1"), 404),
-        (("/function/fib", b""), 400),
-        (("/function/fib", b"abc"), 400),
-        (("/function/echo", b"x" * 5000), 413),
-        (("/function/bad%20name", b"1"), 400),
+    cases = [   # HTTP status, P2PFaaS's code (broker/codes.py)
+        (("/function/nope", b"1"), 404, 3),
+        (("/function/fib", b""), 400, 4),
+        (("/function/fib", b"abc"), 400, 4),
+        (("/function/echo", b"x" * 5000), 413, 4),
+        (("/function/bad%20name", b"1"), 400, 4),
     ]
-    for (path, body), status in cases:
+    for (path, body), status, code in cases:
         r = await http.post(path, content=body)
         assert r.status_code == status, path
-        assert set(r.json()) == {"code", "message"} and r.json()["message"]
+        assert set(r.json()) == {"code", "message"} and r.json()["message"] and r.json()["code"] == code, path
     r = await http.post("/function/sleep", content=b"3", headers={H.TIMEOUT: "0.2"})
     assert r.status_code == 504 and "timeout" in r.json()["message"]
     r = await http.post("/function/echo", content=b"x", headers={H.REJECT: "true"})
     assert r.status_code == 503 and r.headers["Retry-After"] and r.json()["code"] == 401
 
 
-async def test_overload_gives_503_with_retry_after(http):
+async def test_overload_is_500_job_cannot_be_scheduled(http):
     rs = await asyncio.gather(*(http.post("/function/sleep", content=b"0.5") for _ in range(6)))
-    codes = sorted(r.status_code for r in rs)
-    assert codes == [200, 200, 200, 200, 503, 503]  # K=2 + queue 2
-    assert all(r.headers.get("Retry-After") for r in rs if r.status_code == 503)
+    statuses = sorted(r.status_code for r in rs)
+    assert statuses == [200, 200, 200, 200, 500, 500]  # K=2 + queue 2; P2PFaaS: 500 {"code": 400}
+    overloaded = [r for r in rs if r.status_code == 500]
+    assert all(r.json()["code"] == 400 and r.headers.get("Retry-After") for r in overloaded)
 
 
 async def test_async_invoke_result_and_callback(http):
@@ -93,17 +95,22 @@ async def test_async_invoke_result_and_callback(http):
 async def test_load_configuration_health_metrics_and_docs(http):
     r = await http.get("/monitoring/load")
     assert r.status_code == 200 and r.headers[H.MAXLOAD] == "2" and r.headers[H.LOAD] == "0"
+    assert r.headers[H.P2PFOG_QUEUE_LENGTH] == "0" and r.json()["scheduler_name"] == "NoScheduler"
     assert r.json()["queue_length_max"] == 2
     r = await http.post("/configuration", json={"parallel_running_functions_max": 3, "queue_length_max": 1, "queue_enabled": True})
     assert r.status_code == 200
     assert (await http.get("/configuration")).json()["parallel_running_functions_max"] == 3
     r = await http.post("/configuration", content=b"{not json")
-    assert r.status_code == 400 and r.json()["code"] == 400
+    assert r.status_code == 400 and r.json()["code"] == 4
+    r = await http.post("/configuration", json={"queue_enabled": False, "unknown": 1})  # P2PFaaS: merged, unknown ignored
+    assert r.status_code == 200
+    assert (await http.get("/configuration")).json() == {"parallel_running_functions_max": 3, "queue_length_max": 1,
+                                                         "queue_enabled": False}
     r = await http.post("/configuration/scheduler", json={"name": "NoSuchScheduler", "parameters": []})
     assert r.status_code == 400 and "NoScheduler" in r.json()["message"]
     r = await http.post("/configuration/scheduler", json={"name": "NoScheduler", "parameters": ["false"]})
     assert r.status_code == 200
-    assert (await http.post("/function/echo", content=b"x")).headers[H.SCHEDULER] == "NoScheduler(false)"
+    assert (await http.post("/function/echo", content=b"x")).headers[H.SCHEDULER] == "NoScheduler"
     health = await http.get("/healthz")
     assert health.status_code == 200 and health.json()["node"]["node"] == "n1"
     metrics = (await http.get("/metrics")).text

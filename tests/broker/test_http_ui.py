@@ -62,7 +62,7 @@ async def test_live_socket_sends_hello_history_then_the_nodes_own_telemetry(dash
         assert sample["data"]["pool"] == "default" and sample["data"]["workers_ready"] == 2
         tick = await receive(ws, "tick", where=lambda d: d["nodes"].get("n1", {}).get("scheduler"))
         assert tick["data"]["nodes"]["n1"] == {**tick["data"]["nodes"]["n1"], "status": "alive",
-                                               "scheduler": "NoScheduler(true)"}
+                                               "scheduler": "NoScheduler"}
     # a second page gets what the first one saw as its history
     async with ws_connect(url) as ws:
         await ws.recv()

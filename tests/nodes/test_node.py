@@ -13,6 +13,7 @@ import time
 import orjson
 import pytest
 
+from broker import codes
 from broker import headers as H
 from broker.codec import decode
 from broker.errors import NodeUnavailable
@@ -72,7 +73,7 @@ async def test_direct_call_returns_output_and_p2pfaas_timings(node_factory, faas
     async with node_factory(runtime=runtime):
         answer = await faas.invoke("n1", "fib", b"20", timeout_s=20)
     assert answer.status == 200 and answer.output == b"6765"
-    assert answer.executed_by == "n1" and answer.scheduler == "NoScheduler(true)"
+    assert answer.executed_by == "n1" and answer.scheduler == "NoScheduler"
     assert answer.headers[H.TIMING_TOTAL].startswith("[") and not answer.externally_executed
     t = answer.timings
     assert t.execution_s > 0 and t.total_s >= t.execution_s
@@ -95,15 +96,15 @@ async def test_user_function_and_errors_keep_node_serving(node_factory, faas, us
     async with node_factory(functions=user_functions, max_payload_bytes=1000) as node:
         assert (await faas.invoke("n1", "shout", b"hey", timeout_s=20)).output == b"HEY!"
         cases = {
-            "unknown function": (("nope", b"1"), 404),
-            "empty payload": (("fib", b""), 400),
-            "oversized payload": (("echo", b"x" * 1001), 413),
-            "malformed input": (("fib", b"abc"), 400),
-            "function raises": (("explode", b"now"), 500),
+            "unknown function": (("nope", b"1"), 404, codes.NOT_FOUND),
+            "empty payload": (("fib", b""), 400, codes.INPUT_NOT_VALID),
+            "oversized payload": (("echo", b"x" * 1001), 413, codes.INPUT_NOT_VALID),
+            "malformed input": (("fib", b"abc"), 400, codes.INPUT_NOT_VALID),
+            "function raises": (("explode", b"now"), 500, codes.GENERIC),
         }
-        for name, ((fn, payload), status) in cases.items():
+        for name, ((fn, payload), status, code) in cases.items():
             answer = await faas.invoke("n1", fn, payload, timeout_s=20)
-            assert answer.status == status and answer.code == status, name
+            assert answer.status == status and answer.code == code, name
             assert answer.message, name
         async_answer = await faas.call_async("n1", "nope", b"1", timeout_s=20)   # the same over the async path
         assert async_answer.status == 404 and "unknown function" in async_answer.message
@@ -140,7 +141,7 @@ async def test_malformed_subjects_get_a_clear_rejection(node_factory, nc, prefix
         direct = await nc.request(f"{prefix}.n1.request.f=b.dev1.r8", b"1", timeout=10)
         await wait_until(lambda: len(answers.messages) >= 2)
     by_subject = {m.subject: decode(Rejection, m.data) for m in answers.messages}
-    assert by_subject[s.invalid()].code == 400
+    assert by_subject[s.invalid()].code == codes.INPUT_NOT_VALID
     assert "function" in by_subject[s.reject("dev1", "r7")].reason
     assert direct.headers[H.STATUS] == "400" and b"function" in direct.data
 
@@ -169,15 +170,16 @@ async def test_noscheduler_loss_rejects_when_slots_and_queue_full(node_factory, 
     async with node_factory(k=1, queue=1):
         answers = await asyncio.gather(*(faas.invoke("n1", "sleep", b"0.5", timeout_s=30) for _ in range(5)))
     statuses = sorted(a.status for a in answers)
-    assert statuses == [200, 200, 503, 503, 503]
-    rejection = next(a for a in answers if a.status == 503)
-    assert rejection.code == 401 and rejection.retry_after_s and rejection.scheduler == "NoScheduler(true)"
+    assert statuses == [200, 200, 500, 500, 500]   # P2PFaaS: the job cannot be scheduled
+    rejection = next(a for a in answers if a.status == 500)
+    assert rejection.code == codes.CANNOT_SCHEDULE and rejection.retry_after_s and rejection.scheduler == "NoScheduler"
 
 
 async def test_queue_disabled_rejects_beyond_k(node_factory, faas):
     async with node_factory(k=2, queue=5, queue_enabled=False):
         answers = await asyncio.gather(*(faas.invoke("n1", "sleep", b"0.4", timeout_s=30) for _ in range(4)))
-    assert sorted(a.status for a in answers) == [200, 200, 503, 503]
+    assert sorted(a.status for a in answers) == [200, 200, 500, 500]
+    assert {a.code for a in answers if a.status == 500} == {codes.CANNOT_SCHEDULE}
 
 
 async def test_reject_and_bypass_headers(node_factory, faas):

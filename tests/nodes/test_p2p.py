@@ -35,7 +35,8 @@ async def test_forwarded_result_reaches_caller_with_path_and_hop_timings(node_fa
 
     assert r.status_code == 200 and r.content == b"hi"
     assert r.headers[H.EXTERNALLY_EXECUTED] == "True" and r.headers[H.HOPS] == "1"
-    assert r.headers[H.PEERS_LIST_ID] == "n1,n2" and r.headers[H.SCHEDULER] == "ForwardScheduler(1)"
+    assert r.headers[H.PEERS_LIST_ID] == '["n1","n2"]' and r.headers[H.SCHEDULER] == "ForwardScheduler(1)"
+    assert orjson.loads(r.headers[H.PEERS_LIST_IP]) == ["", ""]   # these test nodes advertise no address
     for name in (H.TIMING_TOTAL, H.TIMING_SCHEDULING, H.TIMING_PROBING):
         values = orjson.loads(r.headers[name])
         assert len(values) == 2 and all(v >= 0 for v in values), name
@@ -138,7 +139,8 @@ async def test_round_robin_master_deals_over_the_alive_nodes(node_factory, faas)
 
 async def test_peer_list_subject(node_factory, nc, prefix):
     async with cluster(node_factory, ("n1", ("NoScheduler", ["true"])), ("n2", ("NoScheduler", ["true"])),
-                       address="http://here", group="edge"):
+                       address="http://10.1.2.3:18080", group="edge"):
         reply = await nc.request(Subjects(prefix).peers("n1"), b"", timeout=5)
     rows = decode(PeerList, reply.data).root
-    assert [(r.name, r.ip, r.group_name, r.alive) for r in rows] == [("n2", "http://here", "edge", True)]
+    assert [(r.name, r.ip, r.address, r.group_name, r.alive) for r in rows] == [
+        ("n2", "10.1.2.3", "http://10.1.2.3:18080", "edge", True)]   # P2PFaaS: ip is the machine's address

@@ -15,12 +15,12 @@ from nodes.scheduler.algorithms import known_algorithms
 
 # parameters that differ from each algorithm's defaults, and how P2PFaaS prints them
 EXAMPLES = {
-    "NoScheduler": (["false"], "NoScheduler(false)"),
+    "NoScheduler": (["false"], "NoScheduler"),
     "ForwardScheduler": (["3"], "ForwardScheduler(3)"),
     "PowerOfNScheduler": (["2", "3", "false", "2"], "PowerOfNScheduler(2, 3, false, 2)"),
     "PowerOfNSchedulerTau": (["1", "2", "true", "1", "0.25s"], "PowerOfNSchedulerTau(1, 2, true, 1, 250ms)"),
     "RoundRobinWithMasterScheduler": (["false", "n9", "true"], "RoundRobinWithMasterScheduler(false, n9, true)"),
-    "RejectScheduler": ([], "RejectScheduler()"),
+    "RejectScheduler": ([], "RejectScheduler"),
 }
 
 

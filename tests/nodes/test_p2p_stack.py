@@ -31,7 +31,7 @@ async def test_stack_from_config_file_runs_heterogeneous_nodes(nats_server, pref
             "name": "PowerOfNScheduler", "parameters": ["1", "2", "true", "1"]}
         assert (await http.get(f"{urls['slow2']}/configuration/scheduler")).json()["name"] == "NoScheduler"
         peers = await eventually(lambda: http.get(f"{urls['edge1']}/list"), lambda r: len(r.json()) == 1)
-        assert [(p["name"], p["ip"]) for p in peers.json()] == [("slow2", urls["slow2"])]
+        assert [(p["name"], p["ip"], p["address"]) for p in peers.json()] == [("slow2", "127.0.0.1", urls["slow2"])]
         r = await http.post(f"{urls['slow2']}/function/sleep", content=b"0.1")
         assert r.status_code == 200
         assert float(r.headers["X-P2pfaas-Timing-Execution-Time-Seconds"]) >= 0.19   # speed 0.5: twice as long

@@ -94,15 +94,15 @@ def test_a_restarted_peer_comes_back_with_a_fresh_heartbeat():
 
 def test_p2pfaas_list_format():
     v = view()
-    v.observe(hb("b", 99.75, address="10.0.0.2", group="edge"), now=100.0)
+    v.observe(hb("b", 99.75, address="http://10.0.0.2:18080", group="edge"), now=100.0)
     v.observe(hb("a", 100.5, address="10.0.0.1"), now=101.0)
     v.observe(hb("c", 90.0), now=90.0)  # suspected by then: not listed
     rows = v.as_p2pfaas_list(102.5)
-    assert rows == [
+    assert rows == [   # P2PFaaS's ip is the machine's address: the host of what the node advertises
         {"_id": 2, "ip": "10.0.0.1", "name": "a", "group_name": "default", "ping": pytest.approx(0.5),
-         "last_update": 101, "alive": True, "dead_polls": 1},
+         "last_update": 101, "alive": True, "dead_polls": 1, "address": "10.0.0.1"},
         {"_id": 1, "ip": "10.0.0.2", "name": "b", "group_name": "edge", "ping": pytest.approx(0.25),
-         "last_update": 100, "alive": True, "dead_polls": 2},
+         "last_update": 100, "alive": True, "dead_polls": 2, "address": "http://10.0.0.2:18080"},
     ]
     v.observe(hb("b", 103.0), now=102.9)  # sender clock ahead of ours: no negative ping
     assert v.as_p2pfaas_list(103.0)[1]["ping"] == 0.0

@@ -77,7 +77,7 @@ async def test_peer_list_in_p2pfaas_format(discovery, nc, prefix):
     rows = decode(PeerList, reply.data).root
     assert [r.name for r in rows] == ["n1"]
     row = reply.data.decode()
-    assert '"_id"' in row and '"group_name":"edge"' in row and '"ip":"http://n1"' in row
+    assert '"_id"' in row and '"group_name":"edge"' in row and '"ip":"n1"' in row and '"address":"http://n1"' in row
     assert rows[0].alive and rows[0].dead_polls <= 2
 
 

@@ -88,11 +88,22 @@ def test_power_of_n_parameters_round_trip(f, t, loss, hops, tau_ms):
 # --- header precedence -------------------------------------------------------
 
 
-async def test_reject_header_wins_over_everything(fake):
+async def test_headers_take_precedence_in_p2pfaas_order(fake):
+    """P2PFaaS's /function handler: bypass, then forward, then reject."""
     view = fake.View(peer_loads={"n1": 0})
-    req = fake.request(force_reject=True, bypass=True, force_forward=True)
-    decision = await decide(NoScheduler(loss=False), req, view)
+    assert await decide(NoScheduler(loss=False), fake.request(force_reject=True, bypass=True), view) == Execute()
+    forwarded = await decide(NoScheduler(loss=False), fake.request(force_reject=True, force_forward=True), view)
+    assert forwarded == Forward("n1")
+    decision = await decide(NoScheduler(loss=False), fake.request(force_reject=True), view)
     assert isinstance(decision, Reject) and decision.code == 401
+
+
+async def test_overload_cannot_be_scheduled_while_a_rejection_is_deliberate(fake):
+    full = fake.View(load=fake.load(running=3, slots=3))
+    overloaded = await decide(NoScheduler(loss=True), fake.request(), full)
+    assert isinstance(overloaded, Reject) and overloaded.code == 400
+    deliberate = await decide(NoScheduler(loss=True), fake.request(force_reject=True), fake.View())
+    assert isinstance(deliberate, Reject) and deliberate.code == 401
 
 
 async def test_bypass_runs_locally_whatever_the_algorithm(fake):

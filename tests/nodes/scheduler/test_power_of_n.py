@@ -91,7 +91,7 @@ async def test_loss_rejects_when_full_and_nobody_is_better(fake):
     full = fake.load(running=3, slots=3)
     view = fake.View(load=full, peer_loads={"n1": 3, "n2": None})
     decision = await PowerOfNScheduler(2, 2, loss=True, clock=StepClock(0.1)).schedule(fake.request(), view)
-    assert isinstance(decision, Reject) and decision.code == 401
+    assert isinstance(decision, Reject) and decision.code == 400   # P2PFaaS: cannot be scheduled
     assert decision.probing_s == pytest.approx(0.1)
     assert isinstance(await PowerOfNScheduler(2, 2, loss=False).schedule(fake.request(), view), Execute)
 

@@ -1,0 +1,168 @@
+"""The node's functions as OpenFaaS's management API sees them (``/system/*``, docs/compat.md):
+list, deploy and delete functions at run time, scale a function's pool, measure a scale-up.
+
+A deployed function is a ``module:callable`` or an ``image:<ref>`` reference, as ``--function``
+takes it. It is registered in the node (so calls to it are admitted at once), persisted in
+``<node_dir>/functions.json`` (a restart keeps it), and the workers are **replaced**: new worker
+processes load the new function list, then the old ones stop after finishing their calls.
+Scaling sets the pool's size: K for the main pool (as ``/configuration`` does), the worker count
+of a dedicated pool (within its bounds).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import time
+from typing import TYPE_CHECKING
+
+import orjson
+
+from broker.codec import decode, encode
+from broker.control import ControlError
+from broker.messages import FunctionDeployment, FunctionInfo, FunctionList, FunctionScale, ScaleDelay
+from functions.image import parse_image_reference
+from functions.registry import default_registry
+from nodes.worker import DEFAULT_POOL
+
+if TYPE_CHECKING:
+    from nodes.node import Node
+
+log = logging.getLogger(__name__)
+
+SCALE_DELAY_TIMEOUT_S = 120.0
+POLL_S = 0.1   # P2PFaaS polls the replicas every 100 ms while measuring the scale-up
+
+
+class Deployments:
+    def __init__(self, node: "Node") -> None:
+        self.node = node
+        self.path = node.settings.node_dir / "functions.json"
+        self._lock = asyncio.Lock()
+
+    # -- persistence -----------------------------------------------------------------
+    def restore(self) -> None:
+        """Functions deployed before a restart join the settings' (the workers load them)."""
+        try:
+            saved = orjson.loads(self.path.read_bytes())
+        except (OSError, orjson.JSONDecodeError):
+            return
+        known = {name for name, _ in self.node.settings.functions}
+        extra = []
+        for name, ref in saved:
+            if name in known:
+                continue
+            try:
+                default_registry([(name, ref)])
+            except ValueError as exc:   # e.g. its module is gone: the node starts without it
+                log.warning("node %s: deployed function %s = %s not restored: %s",
+                            self.node.settings.node_id, name, ref, exc)
+                continue
+            extra.append((name, ref))
+        self.node.settings.functions = [*self.node.settings.functions, *extra]
+
+    def _save(self) -> None:
+        tmp = self.path.with_suffix(".tmp")
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        tmp.write_bytes(orjson.dumps(self._deployed()))
+        os.replace(tmp, self.path)
+
+    def _deployed(self) -> list[tuple[str, str]]:
+        return list(self.node.settings.functions)
+
+    # -- control handlers (faas.<node>.functions.*) ----------------------------------
+    async def on_list(self, body: bytes) -> bytes:
+        return encode(FunctionList([self.info(name) for name in self.node.registry.names()]))
+
+    async def on_deploy(self, body: bytes) -> bytes:
+        deployment = decode(FunctionDeployment, body)
+        async with self._lock:
+            try:  # imports the module (or checks the image reference) here: a bad one changes nothing
+                trial = default_registry([(deployment.service, deployment.reference)])
+            except ValueError as exc:
+                raise ControlError(400, str(exc)) from None
+            self.node.registry.add(trial.get(deployment.service))   # admitted from now on
+            others = [(n, r) for n, r in self.node.settings.functions if n != deployment.service]
+            self.node.settings.functions = [*others, (deployment.service, deployment.reference)]
+            self._save()
+            await self._replace_workers()
+        log.info("node %s: deployed %s = %s", self.node.settings.node_id, deployment.service, deployment.reference)
+        return encode(self.info(deployment.service))
+
+    async def on_delete(self, body: bytes) -> bytes:
+        name = decode(FunctionScale, body).service
+        async with self._lock:
+            if not any(n == name for n, _ in self.node.settings.functions):
+                known = self.node.registry.get(name) is not None
+                raise ControlError(400 if known else 404, f"{name} is built in and cannot be removed" if known
+                                   else f"no function {name!r} is deployed on {self.node.settings.node_id}")
+            self.node.settings.functions = [(n, r) for n, r in self.node.settings.functions if n != name]
+            self.node.registry.remove(name)
+            self._save()
+            await self._replace_workers()
+        return b"{}"
+
+    async def on_scale(self, body: bytes) -> bytes:
+        scale = decode(FunctionScale, body)
+        if scale.replicas is None:
+            raise ControlError(400, "replicas is missing")
+        pool = self._pool_of(scale.service)
+        await self._set_size(pool, scale.replicas)
+        return encode(self.info(scale.service))
+
+    async def on_scale_delay(self, body: bytes) -> bytes:
+        """Scale the function's pool up by one, time until the new worker is ready, scale back."""
+        name = decode(FunctionScale, body).service
+        pool_name = self._pool_of(name)
+        pool = self.node.pools[pool_name]
+        if pool.ready != pool.target:
+            raise ControlError(400, f"the pool of {name} is scaling ({pool.ready} of {pool.target} ready); try again")
+        size = pool.target
+        started, attempts = time.perf_counter(), 0
+        await self._set_size(pool_name, size + 1)
+        try:
+            while pool.ready < pool.target:
+                attempts += 1
+                if time.perf_counter() - started > SCALE_DELAY_TIMEOUT_S:
+                    raise ControlError(500, f"the pool of {name} did not scale within {SCALE_DELAY_TIMEOUT_S:g} s")
+                await asyncio.sleep(POLL_S)
+            delay = time.perf_counter() - started
+        finally:
+            await self._set_size(pool_name, size)
+        return encode(ScaleDelay(approximate_delay=delay, error_margin=POLL_S, attempts=max(1, attempts)))
+
+    # -- helpers -----------------------------------------------------------------------
+    def info(self, name: str) -> FunctionInfo:
+        spec = self.node.registry.get(name)
+        if spec is None:
+            raise ControlError(404, f"no function {name!r} on {self.node.settings.node_id}")
+        reference = dict(self.node.settings.functions).get(name, "")
+        image = parse_image_reference(reference) if reference else None
+        pool = self.node.pools.get(self._pool_of(name))
+        return FunctionInfo(
+            name=name, image=image or "p2pfaas", envProcess="" if image else reference,
+            invocationCount=int(self.node.metrics.invocations(name)),
+            replicas=pool.target if pool else 0, availableReplicas=pool.ready if pool else 0,
+            labels={"p2pfaas.pool": self._pool_of(name), "p2pfaas.node": self.node.settings.node_id},
+            annotations={"description": spec.description} if spec.description else {},
+        )
+
+    def _pool_of(self, name: str) -> str:
+        if self.node.registry.get(name) is None:
+            raise ControlError(404, f"no function {name!r} on {self.node.settings.node_id}")
+        return next((p for p, spec in self.node.settings.pools.items() if name in spec.functions), DEFAULT_POOL)
+
+    async def _set_size(self, pool_name: str, replicas: int) -> None:
+        if pool_name == DEFAULT_POOL:   # the main pool's size is K
+            node = self.node
+            k = max(1, replicas)
+            await node.apply_configuration(node.store.node.model_copy(update={"parallel_running_functions_max": k}))
+            return
+        spec = self.node.settings.pools[pool_name]
+        await self.node.pools[pool_name].set_size(min(spec.max, max(spec.min, replicas)))
+
+    async def _replace_workers(self) -> None:
+        replaced = await asyncio.gather(*(pool.replace_workers() for pool in self.node.pools.values()))
+        log.info("node %s: %d worker(s) replaced to load the new function list", self.node.settings.node_id,
+                 sum(replaced))
