@@ -495,6 +495,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--json", metavar="OUT", help="write every measurement (per repetition) and the table rows as JSON")
     p.add_argument("--report", metavar="JSON", nargs="+",
                    help="measure nothing: print the tables of runs saved with --json, their repetitions pooled")
+    p.add_argument("--markdown", action="store_true", help="with --report: print the tables as Markdown")
     p.add_argument("--profile", metavar="DIR", help="also py-spy the node, bridges, busiest workers and load generator "
                                                     "under each load; collapsed stacks + summary.json in DIR")
     p.add_argument("--reps", type=int, default=3, help="repetitions (default 3)")
@@ -560,13 +561,42 @@ async def run(args, console) -> dict:
     return results
 
 
-def report_saved(paths: list[str], console) -> int:
+def markdown(results: dict, args) -> str:
+    """The result tables as Markdown (for bench/README.md)."""
+    reps = results["reps"]
+    lines = ["| row | baseline | p2pfaas | ratio | target | |", "|---|---:|---:|---:|:---:|:---:|"]
+    for r in results["rows"]:
+        lines.append(f"| {r['metric'].strip()} | {r['baseline']:,.0f} | {r['p2pfaas']:,.0f} | {fmt_ratio(r)} | "
+                     f"{fmt_target(r)} | {r['verdict']} |")
+    if 1 in args.rows:
+        lines += ["", f"| HTTP endpoint ({args.http_loadgen}) | req/s c{args.http_conns} | p50 µs c{args.http_conns} | "
+                      f"p99 µs c{args.http_conns} | p50 µs 1 conn |", "|---|---:|---:|---:|---:|"]
+        lines += [f"| {name} | " + " | ".join(cells) + " |" for name, cells in http_reference_rows(reps, args)]
+    stages = stage_rows(reps, args)
+    if stages:
+        keys = ("transit", "scheduling", "queueing", "execution", "node_total", "return", "e2e")
+        lines += ["", "| timings, µs (medians) | " + " | ".join(k.replace("_", " ") for k in keys) + " |",
+                  "|---|" + "---:|" * len(keys)]
+        lines += [f"| {label} | " + " | ".join(f"{st[k]:,.0f}" for k in keys) + " |" for label, st in stages]
+    cols = [*CPU_COLUMNS, "sum", "others", "machine busy"]
+    cpu = cpu_table_rows(reps, args)
+    if cpu:
+        lines += ["", "| CPU µs per request | " + " | ".join(cols) + " |", "|---|" + "---:|" * len(cols)]
+        lines += [f"| {label} | " + " | ".join(f"{c[k]:.0%}" if k == "machine busy" else f"{c[k]:,.0f}" for k in cols)
+                  + " |" for label, c in cpu]
+    return "\n".join(lines)
+
+
+def report_saved(paths: list[str], console, as_markdown: bool = False) -> int:
     """The tables of saved runs (--json), their repetitions pooled: medians over all of them."""
     runs = [json.loads(Path(p).read_text()) for p in paths]
     args = argparse.Namespace(**runs[0]["config"])
     args.rows, args.bridges = set(args.rows), list(args.bridges)
     reps = [rep for run in runs for rep in run["reps"]]
     results = {"reps": reps, "rows": build_rows(reps, args)}
+    if as_markdown:
+        print(markdown(results, args))
+        return 0
     render(results, args, console)
     console.print("[dim]runs: " + "; ".join(f"{r['started']} ({len(r['reps'])} reps, load average "
                                              f"{r['load_average_before']} → {r['load_average_after']})" for r in runs)
@@ -580,7 +610,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     console = Console(width=None if sys.stdout.isatty() else 160)
     if args.report:
-        return report_saved(args.report, console)
+        return report_saved(args.report, console, args.markdown)
     started = time.monotonic()
     try:
         results = asyncio.run(run(args, console))
