@@ -491,7 +491,7 @@ def render(results: dict, args, console) -> None:
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description="p2pfaas invocation paths (HTTP, NATS direct, durable async, MQTT) vs bare "
                                             "baselines, side by side in one run, with issue 8's targets.")
-    p.add_argument("--quick", action="store_true", help="1 repetition, short phases (~1 min)")
+    p.add_argument("--quick", action="store_true", help="1 repetition, short phases (1-1.5 min)")
     p.add_argument("--json", metavar="OUT", help="write every measurement (per repetition) and the table rows as JSON")
     p.add_argument("--report", metavar="JSON", nargs="+",
                    help="measure nothing: print the tables of runs saved with --json, their repetitions pooled")
