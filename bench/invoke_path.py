@@ -1,21 +1,10 @@
-"""Invocation path, side by side: raw NATS request/reply vs the durable p2pfaas path, and the
-HTTP bridge vs a bare ASGI echo endpoint — one run, same machine, DESIGN.md §7 targets.
+"""Invocation paths side by side in one run: p2pfaas over HTTP, NATS (direct and durable) and MQTT
+against bare baselines on the same machine, with issue 8's targets as PASS/MISS.
 
-Run: .venv/bin/python bench/invoke_path.py [--quick] [--json OUT] [--profile DIR]
-
-Everything runs on its own nats-server (free port, temporary JetStream dir) and is
-stopped at the end. Every party is its own OS process (no shared event loop/GIL):
-
-* responder  – nats-py echo subscription (baseline A's server side)
-* loadgen    – nats-py client: raw ``nc.request`` or ``FaasClient.invoke`` (same code
-               drives both: sequential for latency, N coroutines in flight for throughput)
-* node host  – ``Node`` (echo function, NoScheduler(false), K workers, runtime
-               process|inprocess) + ``HttpBridge`` on the same loop, as ``p2pfaas up`` runs them
-* echo app   – a bare Starlette POST echo under uvicorn with the bridge's uvicorn settings
-* wrk        – HTTP load generator for both echo app and bridge (POST, lua script)
-
-Baseline and p2pfaas phases alternate (ABBA) within each repetition; tables show
-medians over repetitions and the median of the per-repetition ratios.
+Run from the repository root: ``.venv/bin/python bench/invoke_path.py [--quick] [--json OUT] [--profile DIR]``;
+bench/README.md says what every row means. Every party is its own OS process (bench/parties.py)
+and dies with this one; baseline and p2pfaas phases alternate (ABBA) over the repetitions; the
+table shows medians and the median of the per-repetition ratios.
 """
 
 from __future__ import annotations
@@ -24,7 +13,6 @@ import argparse
 import asyncio
 import contextlib
 import json
-import multiprocessing as mp
 import os
 import platform
 import shutil
@@ -34,674 +22,326 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
-RAW_SUBJECT = "bench.echo"
-NODE_ID = "n1"
-FN = "echo"
-FAAS_CLIENT = "bench"
+from parties import (
+    FN, Party, bridge_main, devices_main, die_with_parent, js_consumer_main, loadgen_main, node_main,
+    responder_main, sleep_until,
+)
+from probes import CpuMeter, HttpLoad, count_messages, load_average, record_profiles, summarize_collapsed
+
+PREFIX = "bench"
 HTTP_PATH = f"/function/{FN}"
-
-# DESIGN.md §7
-TARGET_THROUGHPUT = 0.25   # durable NATS path req/s >= 25 % of raw request/reply
-TARGET_P50 = 4.0           # durable p50 <= 4x raw p50
-TARGET_HTTP = 0.50         # bridge req/s >= 50 % of bare ASGI echo
-# REFERENCE.md: the original Go P2PFaaS with hey on POST /function (echo, K=64), same kind of machine
-GO_P2PFAAS = {"seq_rps": 1137.0, "c32_rps": 2981.0}
-
-
-# ---------------------------------------------------------------------------
-# helpers shared by every process
-# ---------------------------------------------------------------------------
-def die_with_parent() -> None:
-    """Children get SIGTERM if the orchestrator dies (no orphans even on kill -9)."""
-    from broker.embedded import die_with_parent_preexec
-    die_with_parent_preexec()
+ECHO_DEFAULT = "echo, uvicorn defaults (h11, asyncio)"
+ECHO_FAST = "echo, uvicorn httptools + uvloop"
+ECHO_SERVERS = {ECHO_DEFAULT: ("h11", "asyncio"), ECHO_FAST: ("httptools", "uvloop")}
+# issue 8, on this machine: the original P2PFaaS (Go, K=64, NoScheduler) under `hey`
+GO_P2PFAAS = {"c32_rps": 2430.0, "seq_p50_us": 1000.0}
+TARGETS = {"http": 0.75, "http_p50": 3.0, "nats": 0.25, "nats_p50": 3.0, "async": 0.25, "mqtt": 0.30}
 
 
-async def arecv(conn, timeout: float | None = None):
-    """``conn.recv()`` without blocking the event loop; EOFError when the other end went away."""
-    loop = asyncio.get_running_loop()
-    if not conn.poll():
-        fut = loop.create_future()
-        loop.add_reader(conn.fileno(), lambda: fut.done() or fut.set_result(None))
-        try:
-            await asyncio.wait_for(fut, timeout)
-        finally:
-            loop.remove_reader(conn.fileno())
-    return conn.recv()
+def bridges_variant(n: int) -> str:
+    return f"p2pfaas, {n} bridge process{'es' if n > 1 else ''}"
 
 
-def percentile(sorted_values: list[float], q: float) -> float:
-    if not sorted_values:
-        return float("nan")
-    return sorted_values[min(len(sorted_values) - 1, round(q * (len(sorted_values) - 1)))]
-
-
-def med(values: list[float]) -> float:
+def med(values) -> float:
     values = [v for v in values if v == v]
     return statistics.median(values) if values else float("nan")
 
 
-# ---------------------------------------------------------------------------
-# child: raw echo responder
-# ---------------------------------------------------------------------------
-def responder_main(url: str, conn) -> None:
-    die_with_parent()
-    asyncio.run(_responder(url, conn))
+class Bench:
+    """Starts every party once, runs the repetitions, stops everything (also on Ctrl-C/SIGTERM)."""
 
+    def __init__(self, args: argparse.Namespace, console) -> None:
+        self.args, self.console = args, console
+        self.tmp = Path(tempfile.mkdtemp(prefix="p2pfaas-invoke-bench-"))
+        self.parties: list[Party] = []
+        self.echo_apps: dict[str, asyncio.subprocess.Process] = {}
+        self.http_ports: dict[str, int] = {}
+        self.bridges: dict[str, list[Party]] = {}
+        self.server = None
+        self.meter: CpuMeter | None = None
+        self.http: HttpLoad | None = None
 
-async def _responder(url: str, conn) -> None:
-    from broker.connection import close_quietly, connect
+    def log(self, text: str) -> None:
+        self.console.print(f"[dim]{time.strftime('%H:%M:%S')}[/dim] {text}")
 
-    nc = await connect(url, "bench-responder")
+    # -- parties ----------------------------------------------------------------------------
+    def spawn(self, name: str, target, *args: Any) -> Party:
+        party = Party(name, target, *args)
+        self.parties.append(party)
+        return party
 
-    async def echo(msg) -> None:
-        await msg.respond(msg.data)
+    async def start(self) -> None:
+        from broker.embedded import NatsServer, free_port
 
-    await nc.subscribe(RAW_SUBJECT, cb=echo)
-    await nc.flush()
-    conn.send(("ready", {"pid": os.getpid()}))
-    with contextlib.suppress(EOFError):
-        await arecv(conn)
-    await close_quietly(nc)
+        a = self.args
+        self.server = NatsServer(data_dir=self.tmp / "nats", port=None, mqtt_port=0)
+        await self.server.start()
+        url = self.server.url
+        self.log(f"nats-server {url}, MQTT :{self.server.mqtt_port} (JetStream in {self.tmp}); load average {load_average()}")
+        self.http = HttpLoad(a.http_loadgen, self.tmp, a.payload, HTTP_PATH)
+        self.loadgen = self.spawn("loadgen", loadgen_main, url)
+        self.responder = self.spawn("responder", responder_main, url)
+        self.consumer = self.spawn("js-consumer", js_consumer_main, url)
+        self.node = self.spawn("node", node_main, url, PREFIX, str(self.tmp / "node"), a.k, a.queue, a.loss, a.node_loop,
+                               a.runtime)
+        for n in a.bridges:
+            port = free_port()
+            self.http_ports[bridges_variant(n)] = port
+            self.bridges[bridges_variant(n)] = [self.spawn(f"bridge{n}-{i}", bridge_main, url, PREFIX, port)
+                                                for i in range(n)]
+        for name, (http, loop) in ECHO_SERVERS.items():
+            port = free_port()
+            self.http_ports[name] = port
+            self.echo_apps[name] = await asyncio.create_subprocess_exec(
+                sys.executable, "-m", "uvicorn", "echo_app:app", "--app-dir", str(Path(__file__).parent),
+                "--host", "127.0.0.1", "--port", str(port), "--http", http, "--loop", loop, "--no-access-log",
+                "--log-level", "warning", stdin=asyncio.subprocess.DEVNULL, preexec_fn=die_with_parent)
+        await asyncio.gather(*(p.ready() for p in self.parties))
+        # devices last: nats-server's MQTT needs the streams the node created
+        self.devices = self.spawn("mqtt-devices", devices_main, self.server.mqtt_port, PREFIX, a.mqtt_devices,
+                                  a.mqtt_window, a.payload)
+        await self.devices.ready()
+        for name, port in self.http_ports.items():
+            await wait_http(port, self.echo_apps.get(name))
+        groups = {"loadgen": [self.loadgen.pid], "devices": [self.devices.pid], "responder": [self.responder.pid],
+                  "js consumer": [self.consumer.pid], "node": [self.node.pid],
+                  "workers": self.node.info["worker_pids"], "nats-server": [self.server.proc.pid]}
+        groups.update({name: [p.pid for p in parties] for name, parties in self.bridges.items()})
+        groups.update({name: [proc.pid] for name, proc in self.echo_apps.items()})
+        self.meter = CpuMeter(groups)
+        self.log(f"node n1: K={a.k}, queue {a.queue}, NoScheduler({str(a.loss).lower()}), {len(groups['workers'])} "
+                 f"workers ({a.runtime}), {a.node_loop} loop; bridges {', '.join(map(str, a.bridges))} process(es); "
+                 f"{a.mqtt_devices} MQTT devices x {a.mqtt_window} in flight; HTTP load: {a.http_loadgen}")
 
+    async def stop(self) -> None:
+        for party in reversed(self.parties):
+            await party.stop()
+        for proc in self.echo_apps.values():
+            if proc.returncode is None:
+                proc.terminate()
+                with contextlib.suppress(asyncio.TimeoutError):
+                    await asyncio.wait_for(proc.wait(), 10)
+            if proc.returncode is None:
+                proc.kill()
+                await proc.wait()
+        if self.server is not None:
+            await self.server.stop()
+        shutil.rmtree(self.tmp, ignore_errors=True)
 
-# ---------------------------------------------------------------------------
-# child: load generator (raw request/reply and FaasClient.invoke)
-# ---------------------------------------------------------------------------
-def loadgen_main(url: str, conn) -> None:
-    die_with_parent()
-    asyncio.run(_loadgen(url, conn))
-
-
-async def _drive(call: Callable[[], Any], n: int, warmup_s: float, duration_s: float) -> dict:
-    """``n`` coroutines call back to back; completions in the window after warm-up are counted,
-    latencies of calls started and finished inside it are kept (steady state, no drain)."""
-    t0 = time.perf_counter()
-    w_end, m_end = t0 + warmup_s, t0 + warmup_s + duration_s
-    lat: list[float] = []
-    extra: list[Any] = []
-    stats = {"done": 0, "errors": 0, "total": 0}
-    last_error: list[str] = []
-
-    async def worker() -> None:
-        while True:
-            start = time.perf_counter()
-            try:
-                info = await call()
-                ok = True
-            except Exception as exc:  # counted, reported
-                ok, info = False, None
-                last_error[:] = [f"{type(exc).__name__}: {exc}"]
-            end = time.perf_counter()
-            stats["total"] += 1
-            if w_end <= end <= m_end:
-                if ok:
-                    stats["done"] += 1
-                else:
-                    stats["errors"] += 1
-            if ok and start >= w_end and end <= m_end:
-                lat.append(end - start)
-                if info is not None:
-                    extra.append(info)
-            if end >= m_end:
-                return
-            if not ok:
-                await asyncio.sleep(0.001)
-
-    tasks = [asyncio.create_task(worker()) for _ in range(n)]
-    done, pending = await asyncio.wait(tasks, timeout=warmup_s + duration_s + 30)
-    for t in pending:
-        t.cancel()
-    lat.sort()
-    out = {
-        "n": n, "duration_s": duration_s, "completed": stats["done"], "errors": stats["errors"],
-        "calls_total": stats["total"], "rps": stats["done"] / duration_s,
-        "p50_us": percentile(lat, 0.5) * 1e6, "p99_us": percentile(lat, 0.99) * 1e6,
-        "mean_us": (sum(lat) / len(lat) * 1e6) if lat else float("nan"), "samples": len(lat),
-        "last_error": last_error[0] if last_error else None,
-    }
-    if extra:  # p2pfaas: where the time went (medians, microseconds)
-        keys = ("scheduling", "queueing", "execution", "total_server", "e2e")
-        cols = list(zip(*extra))
-        out["stages_us"] = {k: statistics.median(c) * 1e6 for k, c in zip(keys, cols)}
-        out["stages_us"]["result_delivery"] = out["stages_us"]["e2e"] - out["stages_us"]["total_server"]
-    return out
-
-
-async def _loadgen(url: str, conn) -> None:
-    from broker.client import FaasClient
-    from broker.connection import close_quietly, connect
-
-    nc = await connect(url, "bench-loadgen")
-    clients: dict[str, FaasClient] = {}
-    conn.send(("ready", {"pid": os.getpid()}))
-    while True:
-        try:
-            cmd, params = await arecv(conn)
-        except EOFError:
-            break
-        if cmd == "stop":
-            break
-        payload = b"x" * params["payload_bytes"]
-        if cmd == "raw":
-            async def call() -> None:
-                msg = await nc.request(RAW_SUBJECT, payload, timeout=5.0)
-                if msg.data != payload:
-                    raise RuntimeError("bad echo")
-        elif cmd == "faas":
-            prefix = params["prefix"]
-            if prefix not in clients:
-                clients[prefix] = await FaasClient(nc, client=FAAS_CLIENT, prefix=prefix).start()
-            faas = clients[prefix]
-
-            async def call():
-                start = time.time()
-                answer = await faas.invoke(NODE_ID, FN, payload, timeout_s=30.0)
-                e2e = time.time() - start
-                if answer.status != 200 or answer.output != payload:
-                    raise RuntimeError(f"status {answer.status}: {answer.rejection or answer.result}")
-                t = answer.result.timings  # type: ignore[union-attr]
-                return t.scheduling_s, t.queueing_s, t.execution_s, t.total_s, e2e
-        else:
-            conn.send(("error", f"unknown command {cmd}"))
-            continue
-        result = await _drive(call, params["n"], params["warmup_s"], params["duration_s"])
-        conn.send(("ok", result))
-    for faas in clients.values():
-        await faas.stop()
-    await close_quietly(nc)
-
-
-# ---------------------------------------------------------------------------
-# child: node host (Node + HttpBridge on one loop, as `p2pfaas up`)
-# ---------------------------------------------------------------------------
-def nodehost_main(url: str, prefix: str, data_dir: str, runtime: str, k: int, queue: int,
-                  http_port: int, conn) -> None:
-    die_with_parent()
-    import logging
-    logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s nodehost %(name)s: %(message)s")
-    asyncio.run(_nodehost(url, prefix, Path(data_dir), runtime, k, queue, http_port, conn))
-
-
-async def _nodehost(url: str, prefix: str, data_dir: Path, runtime: str, k: int, queue: int,
-                    http_port: int, conn) -> None:
-    from broker.connection import close_quietly, connect
-    from broker.http_bridge import HttpBridge
-    from broker.messages import NodeConfiguration, SchedulerConfiguration
-    from nodes.node import Node
-    from nodes.settings import NodeSettings
-
-    settings = NodeSettings(
-        node_id=NODE_ID, nats_url=url, prefix=prefix, data_dir=data_dir, runtime=runtime,
-        initial=NodeConfiguration(parallel_running_functions_max=k, queue_length_max=queue, queue_enabled=True),
-        initial_scheduler=SchedulerConfiguration(name="NoScheduler", parameters=["false"]),
-    )
-    node = Node(settings)
-    await node.start()
-    bnc = await connect(url, "bench-bridge")
-    bridge = await HttpBridge(bnc, NODE_ID, prefix=prefix).start()
-    started = asyncio.Event()
-    serving = asyncio.create_task(bridge.serve("127.0.0.1", http_port, started))
-    try:
-        await asyncio.wait_for(started.wait(), 15)
-        assert node.pool is not None
-        await node.pool.wait_ready(60)
-        workers = [w.proc.pid for w in node.pool.workers if w.proc is not None]
-        conn.send(("ready", {"pid": os.getpid(), "worker_pids": workers}))
-        with contextlib.suppress(EOFError):
-            while (await arecv(conn))[0] != "stop":
-                pass
-    finally:
-        bridge.shutdown()
-        with contextlib.suppress(Exception):
-            await asyncio.wait_for(serving, 10)
-        await bridge.stop()
-        await close_quietly(bnc)
-        await node.stop()
-    with contextlib.suppress(Exception):
-        conn.send(("stopped", None))
-
-
-# ---------------------------------------------------------------------------
-# child: bare ASGI echo (Starlette under uvicorn, the bridge's uvicorn settings)
-# ---------------------------------------------------------------------------
-def echo_app_main(port: int, conn) -> None:
-    die_with_parent()
-    asyncio.run(_echo_app(port, conn))
-
-
-async def _echo_app(port: int, conn) -> None:
-    import uvicorn
-    from starlette.applications import Starlette
-    from starlette.requests import Request
-    from starlette.responses import Response
-    from starlette.routing import Route
-
-    async def echo(request: Request) -> Response:
-        return Response(await request.body(), media_type="application/octet-stream")
-
-    app = Starlette(routes=[Route("/function/{fn}", echo, methods=["GET", "POST"])])
-    # same Config as HttpBridge.serve
-    config = uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", lifespan="off",
-                            access_log=False, timeout_graceful_shutdown=5)
-    server = uvicorn.Server(config)
-    task = asyncio.create_task(server.serve())
-    while not server.started and not task.done():
-        await asyncio.sleep(0.01)
-    conn.send(("ready", {"pid": os.getpid()}))
-    with contextlib.suppress(EOFError):
-        await arecv(conn)
-    server.should_exit = True
-    await task
-
-
-# ---------------------------------------------------------------------------
-# orchestrator
-# ---------------------------------------------------------------------------
-class Child:
-    """A spawned child process and its pipe."""
-
-    def __init__(self, name: str, target: Callable, *args: Any) -> None:
-        ctx = mp.get_context("spawn")
-        self.name = name
-        self.conn, child_conn = ctx.Pipe()
-        self.proc = ctx.Process(target=target, args=(*args, child_conn), name=name, daemon=True)
-        self.proc.start()
-        child_conn.close()
-        self.info: dict = {}
-
-    async def ready(self, timeout: float = 90.0) -> dict:
-        kind, info = await arecv(self.conn, timeout)
-        if kind != "ready":
-            raise RuntimeError(f"{self.name}: {kind} {info}")
-        self.info = info
-        return info
-
-    async def ask(self, cmd: str, params: dict, timeout: float) -> dict:
-        self.conn.send((cmd, params))
-        kind, result = await arecv(self.conn, timeout)
-        if kind != "ok":
-            raise RuntimeError(f"{self.name}: {kind} {result}")
+    # -- phases -------------------------------------------------------------------------------
+    async def http_phase(self, variant: str, conns: int, duration_s: float) -> dict:
+        assert self.meter is not None and self.http is not None
+        before = self.meter.sample()
+        result = await self.http.run(self.http_ports[variant], conns, duration_s)
+        result["cpu"] = CpuMeter.usage(before, self.meter.sample(), result["requests"])
         return result
 
-    async def stop(self, timeout: float = 20.0) -> None:
-        with contextlib.suppress(Exception):
-            self.conn.send(("stop", None))
-        deadline = time.monotonic() + timeout
-        while self.proc.is_alive() and time.monotonic() < deadline:
-            await asyncio.sleep(0.05)
-        if self.proc.is_alive():
-            self.proc.terminate()
-            await asyncio.sleep(1.0)
-        if self.proc.is_alive():
-            self.proc.kill()
-        self.proc.join(5)
-        self.conn.close()
+    async def timed(self, asks: list[tuple[Party, str, dict]], duration_s: float, warmup_s: float) -> tuple[list[dict], dict]:
+        """Every ask gets the same window (after ``warmup_s``); CPU is sampled at its edges."""
+        assert self.meter is not None
+        start_at = time.time() + 0.1 + warmup_s
+        end_at = start_at + duration_s
+        window = {"start_at": start_at, "end_at": end_at, "payload": self.args.payload}
+        tasks = [asyncio.create_task(party.ask(cmd, {**params, **window}, timeout=end_at - time.time() + 60))
+                 for party, cmd, params in asks]
+        await sleep_until(start_at)
+        before = self.meter.sample()
+        await sleep_until(end_at)
+        after = self.meter.sample()
+        return list(await asyncio.gather(*tasks)), {"before": before, "after": after}
+
+    async def nats_phase(self, kind: str, n: int, duration_s: float) -> dict:
+        (result,), cpu = await self.timed([(self.loadgen, kind, {"n": n, "prefix": PREFIX})], duration_s, self.args.warmup_s)
+        result["cpu"] = CpuMeter.usage(cpu["before"], cpu["after"], result["ok"] + result["refused"])
+        return result
+
+    async def js_phase(self, duration_s: float) -> dict:
+        (published, consumed), cpu = await self.timed(
+            [(self.loadgen, "js_publish", {"window": self.args.js_window}), (self.consumer, "count", {})],
+            duration_s, self.args.warmup_s)
+        result = {**published, **consumed, "rps": consumed["consumed_rps"]}
+        result["cpu"] = CpuMeter.usage(cpu["before"], cpu["after"], consumed["consumed_rps"] * duration_s)
+        return result
+
+    async def mqtt_phase(self, duration_s: float) -> dict:
+        (result,), cpu = await self.timed([(self.devices, "run", {})], duration_s, self.args.warmup_s)
+        result["cpu"] = CpuMeter.usage(cpu["before"], cpu["after"], result["rps"] * duration_s)
+        return result
+
+    # -- the run ------------------------------------------------------------------------------
+    async def warm_up(self) -> None:
+        """Untimed: connections, imports, stream files and caches of every path."""
+        a = self.args
+        seconds = 0.5 if a.quick else 1.0
+        self.log("warm-up (untimed)")
+        if {1, 2} & a.rows:
+            for variant in self.http_ports:
+                await self.http.run(self.http_ports[variant], a.http_conns, 1.0)
+        if {3, 5} & a.rows:
+            await self.nats_phase("raw", a.inflight, seconds)
+            await self.nats_phase("direct", a.inflight, seconds)
+        if 4 in a.rows:
+            await self.nats_phase("async", a.inflight, seconds)
+            await self.js_phase(seconds)
+        if 5 in a.rows:
+            await self.mqtt_phase(seconds)
+
+    async def repetition(self, rep: int) -> dict:
+        a = self.args
+
+        def abba(variants: list[str]) -> list[str]:
+            return variants if rep % 2 == 0 else variants[::-1]
+
+        out: dict[str, dict[str, dict]] = {}
+        said: list[str] = []
+        p2p = [bridges_variant(n) for n in a.bridges]
+        if 1 in a.rows:
+            h = out["http"] = {}
+            for variant in abba([ECHO_DEFAULT, *p2p, ECHO_FAST]):
+                h[variant] = await self.http_phase(variant, a.http_conns, a.thr_s)
+            said.append(f"HTTP c{a.http_conns} echo {h[ECHO_DEFAULT]['rps']:,.0f} | "
+                        + " | ".join(f"{v.split(', ')[1]} {h[v]['rps']:,.0f}" for v in p2p) + " req/s")
+        if 2 in a.rows:
+            h = out["http_seq"] = {}
+            for variant in abba([ECHO_DEFAULT, bridges_variant(a.default_bridges), ECHO_FAST]):
+                h[variant] = await self.http_phase(variant, 1, a.seq_s)
+            said.append(f"HTTP p50 echo {h[ECHO_DEFAULT]['p50_us']:,.0f} / p2pfaas "
+                        f"{h[bridges_variant(a.default_bridges)]['p50_us']:,.0f} µs")
+        if 3 in a.rows:
+            n = out["nats_seq"] = {}
+            for kind in abba(["raw", "direct"]):
+                n[kind] = await self.nats_phase(kind, 1, a.seq_s)
+            said.append(f"NATS p50 raw {n['raw']['p50_us']:,.0f} / direct {n['direct']['p50_us']:,.0f} µs")
+        if {3, 5} & a.rows:
+            n = out["nats"] = {}
+            for kind in abba(["raw", "direct"]):
+                n[kind] = await self.nats_phase(kind, a.inflight, a.thr_s)
+            said.append(f"raw {n['raw']['rps']:,.0f} / direct {n['direct']['rps']:,.0f} req/s")
+        if 4 in a.rows:
+            d = out["async"] = {}
+            for kind in abba(["raw", "async"]):
+                d[kind] = await self.js_phase(a.thr_s) if kind == "raw" else \
+                    await self.nats_phase("async", a.inflight, a.thr_s)
+            said.append(f"JetStream {d['raw']['rps']:,.0f} / async {d['async']['rps']:,.0f} /s")
+        if 5 in a.rows:
+            out["mqtt"] = {"mqtt": await self.mqtt_phase(a.thr_s)}
+            said.append(f"MQTT {out['mqtt']['mqtt']['rps']:,.0f} /s")
+        self.log(f"rep {rep + 1}/{a.reps}: " + "; ".join(said) + problems(out))
+        return out
+
+    def _load(self, label: str, start_at: float, end_at: float) -> asyncio.Task:
+        """Untimed load on one path (for the profiles)."""
+        a = self.args
+        window = {"start_at": start_at, "end_at": end_at, "payload": a.payload}
+        timeout = end_at - time.time() + 60
+        if label == "http":
+            port = self.http_ports[bridges_variant(a.default_bridges)]
+            return asyncio.create_task(self.http.run(port, a.http_conns, end_at - time.time()))
+        if label == "mqtt":
+            return asyncio.create_task(self.devices.ask("run", window, timeout=timeout))
+        return asyncio.create_task(self.loadgen.ask(label, {**window, "n": a.inflight, "prefix": PREFIX}, timeout=timeout))
+
+    async def profile(self) -> dict:
+        """py-spy of the node, its two busiest workers and each path's front process under load, and the
+        messages nats-server carries per request."""
+        a = self.args
+        out_dir, seconds = Path(a.profile), max(3.0, a.thr_s)
+        bridges = [p.pid for p in self.bridges[bridges_variant(a.default_bridges)]]
+        summary: dict[str, Any] = {}
+        for label, front in (("http", {"bridges": bridges}), ("direct", {"loadgen": [self.loadgen.pid]}),
+                             ("async", {"loadgen": [self.loadgen.pid]}), ("mqtt", {"devices": [self.devices.pid]})):
+            self.log(f"profiling {label} ({seconds:g} s under load, py-spy --gil)")
+            start_at = time.time() + 1.5
+            end_at = start_at + seconds + 1.0
+            load = self._load(label, start_at, end_at)
+            workers = await busiest_workers(self.node.info["worker_pids"], 2, 1.0)
+            counter = asyncio.create_task(count_messages(self.server.url, PREFIX, seconds))
+            files = await record_profiles({"node": [self.node.pid], "workers": workers, **front}, out_dir, label, seconds)
+            counts = await counter
+            rps = (await load)["rps"]
+            summary[label] = {kind: summarize_collapsed(paths) for kind, paths in files.items()}
+            summary[label]["rps_while_profiling"] = rps
+            summary[label]["messages_per_request"] = {k: round(v / max(1.0, rps * seconds), 2) for k, v in counts.items()}
+        (out_dir / "summary.json").write_text(json.dumps(summary, indent=2))
+        self.log(f"profiles: collapsed stacks (py-spy raw format) and summary.json in {out_dir}")
+        return summary
 
 
-CLK_TCK = os.sysconf("SC_CLK_TCK")
+def problems(out: dict) -> str:
+    notes = []
+    for phase, variants in out.items():
+        for variant, r in variants.items():
+            bad = {k: r[k] for k in ("errors", "refused", "lost") if r.get(k)}
+            if bad:
+                notes.append(f"{phase}/{variant}: " + ", ".join(f"{k} {v}" for k, v in bad.items())
+                             + (f" ({r['last_error']})" if r.get("last_error") else ""))
+    return (" [yellow]" + "; ".join(notes) + "[/yellow]") if notes else ""
 
 
-def cpu_seconds(pid: int) -> float | None:
-    try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    except OSError:
-        return None
-    return (int(fields[11]) + int(fields[12])) / CLK_TCK  # utime + stime
+async def wait_http(port: int, proc: asyncio.subprocess.Process | None, timeout_s: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if proc is not None and proc.returncode is not None:
+            raise RuntimeError(f"the echo app on :{port} exited with {proc.returncode}")
+        with contextlib.suppress(OSError):
+            _, writer = await asyncio.open_connection("127.0.0.1", port)
+            writer.close()
+            return
+        await asyncio.sleep(0.05)
+    raise RuntimeError(f"nothing listens on :{port} after {timeout_s:g} s")
 
 
-def machine_busy() -> tuple[float, float]:
-    parts = [int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
-    idle = parts[3] + parts[4]
-    return sum(parts) - idle, sum(parts)
+async def busiest_workers(pids: list[int], count: int, over_s: float) -> list[int]:
+    from probes import cpu_seconds
+
+    before = {p: cpu_seconds(p) for p in pids}
+    await asyncio.sleep(over_s)
+    return sorted(pids, key=lambda p: cpu_seconds(p) - before[p], reverse=True)[:count]
 
 
-class CpuMeter:
-    """CPU seconds per named process (and machine utilisation) across a phase."""
-
-    def __init__(self, pids: dict[str, list[int]]) -> None:
-        self.pids = pids
-
-    def __enter__(self) -> "CpuMeter":
-        self.t0 = time.monotonic()
-        self.m0 = machine_busy()
-        self.before = {name: [cpu_seconds(p) for p in ps] for name, ps in self.pids.items()}
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.elapsed = time.monotonic() - self.t0
-        m1 = machine_busy()
-        self.machine_util = (m1[0] - self.m0[0]) / max(1, m1[1] - self.m0[1])
-        self.used: dict[str, float] = {}
-        for name, ps in self.pids.items():
-            total = 0.0
-            for p, b in zip(ps, self.before[name]):
-                a = cpu_seconds(p)
-                if a is not None and b is not None:
-                    total += a - b
-            self.used[name] = total
-
-    def per_request_us(self, calls: int) -> dict[str, float]:
-        return {name: used / max(1, calls) * 1e6 for name, used in self.used.items()}
+# ---------------------------------------------------------------------------------------------
+# the report
+# ---------------------------------------------------------------------------------------------
+def per_rep(reps: list[dict], phase: str, variant: str, key: str) -> list[float]:
+    return [r[phase][variant][key] for r in reps if variant in r.get(phase, {})]
 
 
-WRK_LUA = r"""
-wrk.method = "POST"
-wrk.body = string.rep("x", tonumber(os.getenv("BENCH_PAYLOAD") or "16"))
-wrk.headers["Content-Type"] = "application/octet-stream"
-done = function(summary, latency, requests)
-  local e = summary.errors
-  io.write(string.format(
-    "WRKJSON {\"requests\": %d, \"duration_us\": %d, \"p50_us\": %.1f, \"p99_us\": %.1f, \"mean_us\": %.1f, " ..
-    "\"connect\": %d, \"read\": %d, \"write\": %d, \"status\": %d, \"timeout\": %d}\n",
-    summary.requests, summary.duration, latency:percentile(50), latency:percentile(99), latency.mean,
-    e.connect, e.read, e.write, e.status, e.timeout))
-end
-"""
+def paired_ratio(reps: list[dict], num: tuple[str, str, str], den: tuple[str, str, str]) -> float:
+    return med([r[num[0]][num[1]][num[2]] / r[den[0]][den[1]][den[2]] for r in reps
+                if num[0] in r and den[0] in r and r[den[0]][den[1]][den[2]]])
 
 
-async def run_wrk(wrk: str, lua: Path, port: int, conns: int, duration_s: int, payload: int) -> dict:
-    proc = await asyncio.create_subprocess_exec(
-        wrk, "-t1", f"-c{conns}", f"-d{duration_s}s", "--timeout", "10s", "-s", str(lua),
-        f"http://127.0.0.1:{port}{HTTP_PATH}",
-        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT, stdin=asyncio.subprocess.DEVNULL,
-        env=dict(os.environ, BENCH_PAYLOAD=str(payload)), preexec_fn=die_with_parent,
-    )
-    try:
-        out, _ = await asyncio.wait_for(proc.communicate(), duration_s + 30)
-    except asyncio.TimeoutError:
-        proc.kill()
-        await proc.wait()
-        raise
-    for line in out.decode(errors="replace").splitlines():
-        if line.startswith("WRKJSON "):
-            r = json.loads(line[8:])
-            errors = r["connect"] + r["read"] + r["write"] + r["status"] + r["timeout"]
-            ok = r["requests"] - r["status"]
-            return {"conns": conns, "rps": ok / (r["duration_us"] / 1e6), "p50_us": r["p50_us"],
-                    "p99_us": r["p99_us"], "mean_us": r["mean_us"], "requests": r["requests"], "errors": errors}
-    raise RuntimeError(f"wrk printed no result:\n{out.decode(errors='replace')[-2000:]}")
-
-
-def log(console, text: str) -> None:
-    console.print(f"[dim]{time.strftime('%H:%M:%S')}[/dim] {text}")
-
-
-async def profile_node(args, console, server_url: str, loadgen: Child, node: Child, prefix: str, runtime: str) -> dict:
-    """While the loadgen keeps N requests in flight: py-spy (--gil: CPU attribution) on the node host and
-    on every worker process, and a count of the messages nats-server carries per request."""
-    pyspy = shutil.which("py-spy") or str(Path(sys.executable).parent / "py-spy")
-    out_dir = Path(args.profile)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    dur = max(3, int(args.thr_s * 2))
-    targets = {"node host": [node.info["pid"]], "workers": node.info.get("worker_pids", [])}
-    spies, files = [], {}
-    if Path(pyspy).exists():
-        for kind, pids in targets.items():
-            for pid in pids:
-                out = out_dir / f"{runtime}-{kind.replace(' ', '')}-{pid}.collapsed"
-                files.setdefault(kind, []).append(out)
-                spies.append(await asyncio.create_subprocess_exec(
-                    pyspy, "record", "--pid", str(pid), "--gil", "--nonblocking", "--rate", "200",
-                    "--format", "raw", "-o", str(out), "-d", str(dur),
-                    stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.DEVNULL, preexec_fn=die_with_parent))
-    else:
-        log(console, "[yellow]py-spy not found (pip install py-spy): stack profile skipped[/yellow]")
-    counter = asyncio.create_task(count_messages(server_url, prefix, dur))
-    await asyncio.sleep(0.3)
-    load = await loadgen.ask("faas", {"prefix": prefix, "n": args.inflight, "warmup_s": 0.0,
-                                      "duration_s": dur, "payload_bytes": args.payload_bytes}, timeout=dur + 60)
-    counts = await counter
-    for spy in spies:
-        with contextlib.suppress(asyncio.TimeoutError):
-            await asyncio.wait_for(spy.wait(), 30)
-        if spy.returncode is None:
-            spy.kill()
-            await spy.wait()
-    summary: dict[str, Any] = {kind: summarize_collapsed([f for f in fs if f.exists()]) for kind, fs in files.items()}
-    summary["rps_while_profiling"] = load["rps"]
-    summary["messages_per_request"] = {k: round(v / max(1, load["calls_total"]), 2) for k, v in counts.items()}
-    summary["messages_per_request_total"] = round(sum(counts.values()) / max(1, load["calls_total"]), 1)
-    (out_dir / f"{runtime}-summary.json").write_text(json.dumps(summary, indent=2))
-    log(console, f"profile ({runtime}): collapsed stacks and {runtime}-summary.json in {out_dir}")
-    return summary
-
-
-async def count_messages(url: str, prefix: str, duration_s: float) -> dict[str, int]:
-    """Messages nats-server carries, by kind, seen by a `>` subscriber (a raw request/reply is 2)."""
-    import re
-
-    import nats
-
-    kinds = [
-        ("JetStream pub acks", re.compile(r"^_INBOX\.")),
-        ("acks to JetStream", re.compile(r"^\$JS\.ACK\.")),
-        ("pull requests", re.compile(r"^\$JS\.API\.CONSUMER\.MSG\.NEXT\.")),
-        ("other JetStream API", re.compile(r"^\$JS\.")),
-        ("request (publish + delivery)", re.compile(rf"^{prefix}\.[^.]+\.(request|forward)\.")),
-        ("task (publish + delivery)", re.compile(rf"^{prefix}\.[^.]+\.task\.")),
-        ("task events", re.compile(rf"^{prefix}\.[^.]+\.events\.")),
-        ("result/reject", re.compile(rf"^{prefix}\.(result|reject)\.")),
-    ]
-    counts: dict[str, int] = {}
-    nc = await nats.connect(url, name="bench-counter", pending_size=256 * 1024 * 1024)
-
-    async def cb(msg) -> None:
-        for name, rx in kinds:
-            if rx.match(msg.subject):
-                counts[name] = counts.get(name, 0) + 1
-                return
-        counts["other"] = counts.get("other", 0) + 1
-
-    await nc.subscribe(">", cb=cb)
-    await asyncio.sleep(duration_s)
-    await nc.close()
-    return counts
-
-
-def summarize_collapsed(paths: list[Path], top: int = 25) -> dict:
-    """Self and inclusive shares of GIL-holding samples (py-spy --gil), aggregated over ``paths``;
-    frames present in nearly every sample (event loop, runpy) are left out of the inclusive list."""
-    import re
-
-    total = 0
-    own: dict[str, int] = {}
-    incl: dict[str, int] = {}
-    for path in paths:
-        for line in path.read_text(errors="replace").splitlines():
-            stack, _, count = line.rpartition(" ")
-            if not stack or not count.isdigit():
-                continue
-            n = int(count)
-            frames = [re.sub(r":\d+\)$", ")", f) for f in stack.split(";")
-                      if not f.startswith(("process ", "thread "))]
-            if not frames:
-                continue
-            total += n
-            own[frames[-1]] = own.get(frames[-1], 0) + n
-            for f in set(frames):
-                incl[f] = incl.get(f, 0) + n
-    t = max(1, total)
-    return {
-        "samples": total,
-        "self_top": [(f, round(100 * c / t, 1)) for f, c in sorted(own.items(), key=lambda x: -x[1])[:top]],
-        "incl_top": [(f, round(100 * c / t, 1)) for f, c in sorted(incl.items(), key=lambda x: -x[1])
-                     if c / t < 0.9][:top],
-    }
-
-
-async def orchestrate(args, console) -> dict:
-    from broker.embedded import NatsServer, free_port
-
-    wrk = shutil.which("wrk")
-    tmp = Path(tempfile.mkdtemp(prefix="p2pfaas-invoke-bench-"))
-    children: list[Child] = []
-    server = NatsServer(data_dir=tmp / "nats", port=None)
-    results: dict[str, Any] = {
-        "config": {k: v for k, v in vars(args).items() if k != "json"},
-        "machine": {"cpus": os.cpu_count(), "python": platform.python_version(), "platform": platform.platform()},
-        "raw": {}, "p2pfaas": {}, "http": {}, "cpu": {}, "profile": {},
-    }
-    phase_kw = {"warmup_s": args.warmup_s, "payload_bytes": args.payload_bytes}
-
-    async def measure(loadgen: Child, cmd: str, extra: dict, n: int, duration: float) -> dict:
-        return await loadgen.ask(cmd, {**extra, **phase_kw, "n": n, "duration_s": duration},
-                                 timeout=duration + args.warmup_s + 90)
-
-    loop = asyncio.get_running_loop()
-    me = asyncio.current_task()
-    loop.add_signal_handler(signal.SIGTERM, me.cancel)  # SIGTERM: clean up like Ctrl-C
-    try:
-        await server.start()
-        log(console, f"nats-server {server.url} (JetStream in {tmp})")
-        responder = Child("responder", responder_main, server.url)
-        children.append(responder)
-        loadgen = Child("loadgen", loadgen_main, server.url)
-        children.append(loadgen)
-        await responder.ready()
-        await loadgen.ready()
-
-        for runtime in ([args.http_runtime] if args.no_nats else args.runtimes):
-            prefix = f"b{runtime[:4]}"
-            http_port = free_port()
-            log(console, f"node runtime={runtime} K={args.k} queue={args.queue} NoScheduler(false), "
-                         f"HTTP bridge :{http_port}")
-            node = Child(f"node-{runtime}", nodehost_main, server.url, prefix, str(tmp / f"data-{runtime}"),
-                         runtime, args.k, args.queue, http_port)
-            children.append(node)
-            info = await node.ready()
-            pids = {"nats-server": [server.proc.pid], "loadgen": [loadgen.info["pid"]],
-                    "responder": [responder.info["pid"]], "node host": [info["pid"]],
-                    "workers": info.get("worker_pids", [])}
-            raw_r = results["raw"].setdefault(runtime, {"seq": [], "thr": []})
-            sys_r = results["p2pfaas"].setdefault(runtime, {"seq": [], "thr": []})
-            cpu_r = results["cpu"].setdefault(runtime, {"raw": [], "p2pfaas": []})
-            # untimed warm-up of the whole path (stream files, caches, connections)
-            await measure(loadgen, "faas", {"prefix": prefix}, args.inflight, 1.0)
-            for rep in range(0 if args.no_nats else args.reps):
-                order = ["raw", "p2pfaas"] if rep % 2 == 0 else ["p2pfaas", "raw"]
-                for which in order:
-                    cmd, extra = ("raw", {}) if which == "raw" else ("faas", {"prefix": prefix})
-                    r = await measure(loadgen, cmd, extra, 1, args.seq_s)
-                    (raw_r if which == "raw" else sys_r)["seq"].append(r)
-                for which in order:
-                    cmd, extra = ("raw", {}) if which == "raw" else ("faas", {"prefix": prefix})
-                    with CpuMeter(pids) as meter:
-                        r = await measure(loadgen, cmd, extra, args.inflight, args.thr_s)
-                    r["machine_util"] = meter.machine_util
-                    (raw_r if which == "raw" else sys_r)["thr"].append(r)
-                    cpu_r[which].append({"per_request_us": meter.per_request_us(r["calls_total"]),
-                                         "machine_util": meter.machine_util})
-                s, t = sys_r["seq"][-1], sys_r["thr"][-1]
-                rs, rt = raw_r["seq"][-1], raw_r["thr"][-1]
-                log(console, f"  rep {rep + 1}/{args.reps} {runtime}: raw p50 {rs['p50_us']:.0f} µs, "
-                             f"{rt['rps']:.0f} req/s | p2pfaas p50 {s['p50_us']:.0f} µs, {t['rps']:.0f} req/s"
-                             + (f" [errors {s['errors'] + t['errors']}: {t['last_error'] or s['last_error']}]"
-                                if s["errors"] + t["errors"] else ""))
-
-            if runtime == args.http_runtime and not args.no_http:
-                if wrk is None:
-                    log(console, "[yellow]wrk not found (apt-get install -y wrk): HTTP comparison skipped[/yellow]")
-                else:
-                    results["http"] = await http_block(args, console, wrk, tmp, http_port, children, pids)
-            if args.profile:
-                results["profile"][runtime] = await profile_node(args, console, server.url, loadgen, node, prefix, runtime)
-            await node.stop()
-            children.remove(node)
-    finally:
-        for child in reversed(children):
-            await child.stop()
-        await server.stop()
-        shutil.rmtree(tmp, ignore_errors=True)
-        loop.remove_signal_handler(signal.SIGTERM)
-    return results
-
-
-async def http_block(args, console, wrk: str, tmp: Path, bridge_port: int, children: list[Child],
-                     pids: dict[str, list[int]]) -> dict:
-    from broker.embedded import free_port
-
-    lua = tmp / "post.lua"
-    lua.write_text(WRK_LUA)
-    echo_port = free_port()
-    echo = Child("echo-app", echo_app_main, echo_port)
-    children.append(echo)
-    await echo.ready()
-    log(console, f"HTTP: bare Starlette echo :{echo_port} vs bridge :{bridge_port} (wrk -t1)")
-    ports = {"echo": echo_port, "bridge": bridge_port}
-    out: dict[str, Any] = {"echo": {"conc": [], "seq": []}, "bridge": {"conc": [], "seq": []},
-                           "cpu": {"echo": [], "bridge": []}}
-    http_pids = {"echo app": [echo.info["pid"]], "node host (bridge + scheduler)": pids["node host"],
-                 "workers": pids["workers"], "nats-server": pids["nats-server"]}
-    dur = max(1, round(args.thr_s))
-    for port in ports.values():  # warm-up
-        await run_wrk(wrk, lua, port, args.http_conns, 1, args.payload_bytes)
-    for rep in range(args.reps):
-        order = ["echo", "bridge"] if rep % 2 == 0 else ["bridge", "echo"]
-        for which in order:
-            with CpuMeter(http_pids) as meter:
-                r = await run_wrk(wrk, lua, ports[which], args.http_conns, dur, args.payload_bytes)
-            out[which]["conc"].append(r)
-            out["cpu"][which].append({"per_request_us": meter.per_request_us(r["requests"]),
-                                      "machine_util": meter.machine_util})
-        for which in order:
-            out[which]["seq"].append(await run_wrk(wrk, lua, ports[which], 1, max(1, round(args.seq_s)), args.payload_bytes))
-        e, b = out["echo"]["conc"][-1], out["bridge"]["conc"][-1]
-        log(console, f"  rep {rep + 1}/{args.reps} HTTP c={args.http_conns}: echo {e['rps']:.0f} req/s, "
-                     f"bridge {b['rps']:.0f} req/s" + (f" [bridge errors {b['errors']}]" if b["errors"] else ""))
-    await echo.stop()
-    children.remove(echo)
-    return out
-
-
-# ---------------------------------------------------------------------------
-# report
-# ---------------------------------------------------------------------------
-def paired(base: list[dict], sys_: list[dict], key: str) -> float:
-    return med([s[key] / b[key] for b, s in zip(base, sys_) if b[key]])
-
-
-def build_rows(results: dict, args) -> list[dict]:
+def build_rows(reps: list[dict], args) -> list[dict]:
     rows: list[dict] = []
 
-    def row(metric, base, sysv, ratio, target, verdict, unit=""):
-        rows.append({"metric": metric, "baseline": base, "p2pfaas": sysv, "ratio": ratio,
-                     "target": target, "verdict": verdict, "unit": unit})
+    def row(metric: str, base: tuple, sys_: tuple, target_key: str | None, higher_is_better: bool, unit: str) -> None:
+        if not per_rep(reps, *base) or not per_rep(reps, *sys_):
+            return
+        ratio = paired_ratio(reps, sys_, base)
+        target = TARGETS.get(target_key) if target_key else None
+        verdict = "" if target is None else ("PASS" if (ratio >= target if higher_is_better else ratio <= target) else "MISS")
+        rows.append({"metric": metric, "baseline": med(per_rep(reps, *base)), "p2pfaas": med(per_rep(reps, *sys_)),
+                     "ratio": ratio, "target": target, "higher_is_better": higher_is_better, "verdict": verdict,
+                     "unit": unit})
 
-    n = args.inflight
-    for runtime, sys_r in results["p2pfaas"].items():
-        raw_r = results["raw"][runtime]
-        if not sys_r["seq"]:
-            continue
-        r50 = paired(raw_r["seq"], sys_r["seq"], "p50_us")
-        row(f"NATS sequential p50 µs ({runtime})", med([r["p50_us"] for r in raw_r["seq"]]),
-            med([r["p50_us"] for r in sys_r["seq"]]), r50, f"≤ {TARGET_P50:g}x",
-            "PASS" if r50 <= TARGET_P50 else "MISS", "x")
-        row(f"NATS sequential p99 µs ({runtime})", med([r["p99_us"] for r in raw_r["seq"]]),
-            med([r["p99_us"] for r in sys_r["seq"]]), paired(raw_r["seq"], sys_r["seq"], "p99_us"), "", "", "x")
-        rt = paired(raw_r["thr"], sys_r["thr"], "rps")
-        row(f"NATS req/s, {n} in flight ({runtime})", med([r["rps"] for r in raw_r["thr"]]),
-            med([r["rps"] for r in sys_r["thr"]]), rt, f"≥ {TARGET_THROUGHPUT:.0%}",
-            "PASS" if rt >= TARGET_THROUGHPUT else "MISS", "%")
-        row(f"NATS p50 µs, {n} in flight ({runtime})", med([r["p50_us"] for r in raw_r["thr"]]),
-            med([r["p50_us"] for r in sys_r["thr"]]), paired(raw_r["thr"], sys_r["thr"], "p50_us"), "", "", "x")
-    http = results.get("http") or {}
-    if http.get("echo", {}).get("conc"):
-        e, b = http["echo"], http["bridge"]
-        c = args.http_conns
-        rh = paired(e["conc"], b["conc"], "rps")
-        row(f"HTTP req/s, {c} conns ({args.http_runtime})", med([r["rps"] for r in e["conc"]]),
-            med([r["rps"] for r in b["conc"]]), rh, f"≥ {TARGET_HTTP:.0%}", "PASS" if rh >= TARGET_HTTP else "MISS", "%")
-        row(f"HTTP p50 µs, {c} conns", med([r["p50_us"] for r in e["conc"]]), med([r["p50_us"] for r in b["conc"]]),
-            paired(e["conc"], b["conc"], "p50_us"), "", "", "x")
-        row(f"HTTP p99 µs, {c} conns", med([r["p99_us"] for r in e["conc"]]), med([r["p99_us"] for r in b["conc"]]),
-            paired(e["conc"], b["conc"], "p99_us"), "", "", "x")
-        row("HTTP req/s, 1 conn", med([r["rps"] for r in e["seq"]]), med([r["rps"] for r in b["seq"]]),
-            paired(e["seq"], b["seq"], "rps"), "", "", "%")
-        row("HTTP p50 µs, 1 conn", med([r["p50_us"] for r in e["seq"]]), med([r["p50_us"] for r in b["seq"]]),
-            paired(e["seq"], b["seq"], "p50_us"), "", "", "x")
+    c = args.http_conns
+    for n in args.bridges:
+        v = bridges_variant(n)
+        default = " (default)" if n == args.default_bridges else ""
+        row(f"1. HTTP req/s, {c} conns, {n} bridge process{'es' if n > 1 else ''}{default}",
+            ("http", ECHO_DEFAULT, "rps"), ("http", v, "rps"), "http", True, "%")
+    dv = bridges_variant(args.default_bridges)
+    row(f"   HTTP p99 µs, {c} conns (info)", ("http", ECHO_DEFAULT, "p99_us"), ("http", dv, "p99_us"), None, False, "x")
+    row("2. HTTP p50 µs, 1 conn", ("http_seq", ECHO_DEFAULT, "p50_us"), ("http_seq", dv, "p50_us"), "http_p50", False, "x")
+    row(f"3. NATS req/s, {args.inflight} in flight (direct)", ("nats", "raw", "rps"), ("nats", "direct", "rps"), "nats", True, "%")
+    row("   NATS p50 µs, sequential (direct)", ("nats_seq", "raw", "p50_us"), ("nats_seq", "direct", "p50_us"), "nats_p50", False, "x")
+    row(f"   NATS p50 µs, {args.inflight} in flight (info)", ("nats", "raw", "p50_us"), ("nats", "direct", "p50_us"), None, False, "x")
+    row(f"4. durable async /s, {args.inflight} in flight vs raw JetStream", ("async", "raw", "rps"), ("async", "async", "rps"),
+        "async", True, "%")
+    row(f"5. MQTT QoS 1 /s, {args.mqtt_devices}x{args.mqtt_window} in flight vs NATS direct",
+        ("nats", "direct", "rps"), ("mqtt", "mqtt", "rps"), "mqtt", True, "%")
     return rows
 
 
@@ -712,141 +352,277 @@ def fmt_ratio(r: dict) -> str:
     return f"{v:.0%}" if r["unit"] == "%" else f"{v:.2f}x"
 
 
+def fmt_target(r: dict) -> str:
+    if r["target"] is None:
+        return ""
+    return f"≥ {r['target']:.0%}" if r["higher_is_better"] else f"≤ {r['target']:g}x"
+
+
+CPU_COLUMNS = {
+    "load gen": ("loadgen", "devices", "http tool"),
+    "baseline server": ("responder", "js consumer", ECHO_DEFAULT, ECHO_FAST),
+    "bridges": None,   # every bridge variant
+    "node": ("node",),
+    "workers": ("workers",),
+    "nats-server": ("nats-server",),
+}
+
+
+def cpu_columns(cpu: dict) -> dict[str, float]:
+    out = {}
+    for column, names in CPU_COLUMNS.items():
+        if names is None:
+            names = tuple(k for k in cpu if k.startswith("p2pfaas,"))
+        out[column] = sum(cpu.get(n, 0.0) for n in names)
+    out["sum"] = sum(out.values())
+    out["others"] = cpu["others"]
+    out["machine busy"] = cpu["machine_busy"]
+    return out
+
+
+def cpu_table_rows(reps: list[dict], args) -> list[tuple[str, dict[str, float]]]:
+    plan = [(f"HTTP c{args.http_conns}: {v}", "http", v) for v in
+            [ECHO_DEFAULT, ECHO_FAST, *(bridges_variant(n) for n in args.bridges)]]
+    plan += [(f"NATS {args.inflight} in flight: raw request/reply", "nats", "raw"),
+             (f"NATS {args.inflight} in flight: p2pfaas direct", "nats", "direct"),
+             ("JetStream: raw publish_async + pull/ack", "async", "raw"),
+             (f"async {args.inflight} in flight: p2pfaas durable", "async", "async"),
+             ("MQTT QoS 1: p2pfaas via nats-server", "mqtt", "mqtt")]
+    rows = []
+    for label, phase, variant in plan:
+        per = [cpu_columns(r[phase][variant]["cpu"]) for r in reps if variant in r.get(phase, {})]
+        if per:
+            rows.append((label, {k: med([p[k] for p in per]) for k in per[0]}))
+    return rows
+
+
+def stage_rows(reps: list[dict], args) -> list[tuple[str, dict[str, float]]]:
+    rows = []
+    for label, phase, variant in (("direct, sequential", "nats_seq", "direct"),
+                                  (f"direct, {args.inflight} in flight", "nats", "direct"),
+                                  (f"durable async, {args.inflight} in flight", "async", "async")):
+        stages = [r[phase][variant]["stages_us"] for r in reps if "stages_us" in r.get(phase, {}).get(variant, {})]
+        if stages:
+            rows.append((label, {k: med([s[k] for s in stages]) for k in stages[0]}))
+    return rows
+
+
+def http_reference_rows(reps: list[dict], args) -> list[tuple[str, list[str]]]:
+    rows = []
+    for v in [ECHO_DEFAULT, ECHO_FAST, *(bridges_variant(n) for n in args.bridges)]:
+        seq = per_rep(reps, "http_seq", v, "p50_us")
+        rows.append((v, [f"{med(per_rep(reps, 'http', v, 'rps')):,.0f}", f"{med(per_rep(reps, 'http', v, 'p50_us')):,.0f}",
+                         f"{med(per_rep(reps, 'http', v, 'p99_us')):,.0f}", f"{med(seq):,.0f}" if seq else "-"]))
+    rows.append(("P2PFaaS Go original (issue 8, hey, same kind of machine)",
+                 [f"{GO_P2PFAAS['c32_rps']:,.0f}", "-", "-", f"{GO_P2PFAAS['seq_p50_us']:,.0f}"]))
+    return rows
+
+
 def render(results: dict, args, console) -> None:
     from rich.table import Table
 
-    rows = results["rows"]
-    t = Table(title=f"Invocation path (medians of {args.reps} rep(s); ratio = median of paired per-rep ratios)")
-    for col, just in (("metric", "left"), ("baseline", "right"), ("p2pfaas", "right"), ("ratio", "right"),
+    reps = results["reps"]
+    t = Table(title=f"Invocation paths (medians of {len(reps)} repetition(s); ratio = median of per-repetition ratios)")
+    for col, just in (("row", "left"), ("baseline", "right"), ("p2pfaas", "right"), ("ratio", "right"),
                       ("target", "center"), ("", "center")):
         t.add_column(col, justify=just)
-    for r in rows:
+    for r in results["rows"]:
         verdict = {"PASS": "[green]PASS[/green]", "MISS": "[red]MISS[/red]"}.get(r["verdict"], "")
-        t.add_row(r["metric"], f"{r['baseline']:,.0f}", f"{r['p2pfaas']:,.0f}", fmt_ratio(r), r["target"], verdict)
+        t.add_row(r["metric"], f"{r['baseline']:,.0f}", f"{r['p2pfaas']:,.0f}", fmt_ratio(r), fmt_target(r), verdict)
     console.print(t)
-    console.print("[dim]baseline: raw nats-py request/reply to an echo subscription (NATS rows), bare Starlette "
-                  "echo under uvicorn (HTTP rows); same load generator for both sides[/dim]")
+    console.print("[dim]baselines: 1-2 FastAPI echo on uvicorn defaults (h11, asyncio); 3 raw nats-py request/reply to "
+                  "an echo responder; 4 raw JetStream (publish_async pipelined, pull 256 + ack, end to end); "
+                  f"5 the p2pfaas NATS direct path of row 3. HTTP load: {args.http_loadgen}.[/dim]")
 
-    stages = Table(title="Durable path: where a request's time goes (medians, µs; from Result.timings)")
-    for col in ("runtime / load", "scheduling", "queueing", "execution", "result delivery", "end to end"):
-        stages.add_column(col, justify="right")
-    for runtime, sys_r in results["p2pfaas"].items():
-        for label, phase in (("sequential", "seq"), (f"{args.inflight} in flight", "thr")):
-            st = [r["stages_us"] for r in sys_r[phase] if "stages_us" in r]
-            if st:
-                stages.add_row(f"{runtime}, {label}", *(f"{med([s[k] for s in st]):,.0f}" for k in
-                               ("scheduling", "queueing", "execution", "result_delivery", "e2e")))
-    console.print(stages)
-    console.print("[dim]scheduling = client submit → scheduler decision (JetStream store + pull); queueing = task "
-                  "published → worker started; result delivery = worker done → client has the answer[/dim]")
+    h = Table(title=f"HTTP endpoints ({args.http_loadgen}; µs)", show_lines=False) if 1 in args.rows else None
+    if h is not None:
+        for col in ("endpoint", f"req/s c{args.http_conns}", f"p50 c{args.http_conns}", f"p99 c{args.http_conns}",
+                    "p50 1 conn"):
+            h.add_column(col, justify="left" if col == "endpoint" else "right")
+        for name, cells in http_reference_rows(reps, args):
+            h.add_row(name, *cells)
+        console.print(h)
 
-    cpu = Table(title=f"CPU per request during the {args.inflight}-in-flight phase (µs of CPU, medians)")
-    names = ["loadgen", "responder", "nats-server", "node host", "workers"]
-    cpu.add_column("path")
-    for nme in names + ["sum", "machine busy"]:
-        cpu.add_column(nme, justify="right")
-    for runtime, c in results["cpu"].items():
-        for which in ("raw", "p2pfaas"):
-            if not c[which]:
-                continue
-            per = {nme: med([x["per_request_us"].get(nme, 0.0) for x in c[which]]) for nme in names}
-            util = med([x["machine_util"] for x in c[which]])
-            cpu.add_row(f"{which} ({runtime})", *(f"{per[nme]:,.0f}" for nme in names),
-                        f"{sum(per.values()):,.0f}", f"{util:.0%}")
-    console.print(cpu)
+    stage_table = stage_rows(reps, args)
+    if stage_table:
+        s = Table(title="Where a p2pfaas call's time goes (medians, µs, from the answer's timing headers)")
+        keys = ("transit", "scheduling", "queueing", "execution", "node_total", "return", "e2e")
+        s.add_column("path")
+        for k in keys:
+            s.add_column(k.replace("_", " "), justify="right")
+        for label, stages in stage_table:
+            s.add_row(label, *(f"{stages[k]:,.0f}" for k in keys))
+        console.print(s)
+        console.print("[dim]transit: caller sent → node got it (async: → stored); scheduling: the algorithm's decision; "
+                      "queueing: waiting for a worker slot (async: + waiting in the stream); node total: arrival → "
+                      "answer sent; return: answer sent → caller has it (e2e - transit - node total)[/dim]")
 
-    http = results.get("http") or {}
-    if http.get("cpu", {}).get("bridge"):
-        names = ["echo app", "node host (bridge + scheduler)", "workers", "nats-server"]
-        hc = Table(title=f"HTTP, {args.http_conns} connections: CPU per request (µs, medians; wrk itself not counted)")
-        hc.add_column("endpoint")
-        for nme in names + ["sum", "machine busy"]:
-            hc.add_column(nme, justify="right")
-        for which in ("echo", "bridge"):
-            rows_ = http["cpu"][which]
-            per = {nme: med([x["per_request_us"].get(nme, 0.0) for x in rows_]) for nme in names}
-            hc.add_row(which, *(f"{per[nme]:,.0f}" for nme in names), f"{sum(per.values()):,.0f}",
-                       f"{med([x['machine_util'] for x in rows_]):.0%}")
-        console.print(hc)
-    if http.get("bridge", {}).get("conc"):
-        b = http["bridge"]
-        console.print(f"[dim]Go P2PFaaS (REFERENCE.md, earlier run, hey, in-memory queue): sequential "
-                      f"{GO_P2PFAAS['seq_rps']:,.0f} req/s, 32 concurrent {GO_P2PFAAS['c32_rps']:,.0f} req/s; "
-                      f"our bridge here: 1 conn {med([r['rps'] for r in b['seq']]):,.0f} req/s, "
-                      f"{args.http_conns} conns {med([r['rps'] for r in b['conc']]):,.0f} req/s (wrk)[/dim]")
-    errors = sum(r["errors"] for side in results["p2pfaas"].values() for ph in side.values() for r in ph)
-    if errors:
-        console.print(f"[yellow]p2pfaas path errors during timed windows: {errors}[/yellow]")
-    for runtime, prof in (results.get("profile") or {}).items():
-        if not prof:
-            continue
-        console.print(f"[bold]profile ({runtime}), {args.inflight} in flight[/bold]: "
-                      f"{prof.get('rps_while_profiling', 0):,.0f} req/s while profiling; nats-server carried "
-                      f"{prof.get('messages_per_request_total', 0)} messages per request (raw request/reply: 2): "
-                      + ", ".join(f"{k} {v}" for k, v in sorted(prof.get("messages_per_request", {}).items(),
-                                                               key=lambda x: -x[1])))
-        for kind in ("node host", "workers"):
-            p = prof.get(kind)
-            if not p or not p.get("samples"):
-                continue
-            console.print(f"  {kind} ({p['samples']} GIL samples) — inclusive: "
-                          + "; ".join(f"{f.split(' (')[0]} {pct}%" for f, pct in p["incl_top"][:14]))
-            console.print(f"  {kind} — self: "
-                          + "; ".join(f"{f.split(' (')[0]} {pct}%" for f, pct in p["self_top"][:10]))
+    c = Table(title="CPU µs per request, by process (medians; 'others' = everything else on the machine meanwhile)")
+    c.add_column("phase")
+    cols = [*CPU_COLUMNS, "sum", "others", "machine busy"]
+    for col in cols:
+        c.add_column(col, justify="right")
+    for label, cpu in cpu_table_rows(reps, args):
+        c.add_row(label, *(f"{cpu[k]:.0%}" if k == "machine busy" else f"{cpu[k]:,.0f}" for k in cols))
+    if c.row_count:
+        console.print(c)
+    mq = per_rep(reps, "mqtt", "mqtt", "p50_us")
+    if mq:
+        console.print(f"[dim]MQTT: p50 {med(mq):,.0f} µs, p99 {med(per_rep(reps, 'mqtt', 'mqtt', 'p99_us')):,.0f} µs per "
+                      "request[/dim]")
+    if per_rep(reps, "async", "raw", "published_rps"):
+        console.print(f"[dim]raw JetStream: producer's publishes acknowledged "
+                      f"{med(per_rep(reps, 'async', 'raw', 'published_rps')):,.0f}/s (at most {args.js_window} "
+                      f"waiting for the consumer)[/dim]")
+    for label, prof in (results.get("profile") or {}).items():
+        mpr = prof.get("messages_per_request", {})
+        console.print(f"[bold]profile {label}[/bold]: {prof['rps_while_profiling']:,.0f}/s while profiling; messages per "
+                      f"request {sum(mpr.values()):.1f}: " + ", ".join(f"{k} {v}" for k, v in sorted(mpr.items(), key=lambda x: -x[1])))
+        for kind, p in prof.items():
+            if isinstance(p, dict) and p.get("samples"):
+                console.print(f"  {kind} ({p['samples']} samples) self: "
+                              + "; ".join(f"{f.split(' (')[0]} {pct}%" for f, pct in p["self_top"][:8]))
+                console.print(f"  {kind} inclusive: " + "; ".join(f"{f.split(' (')[0]} {pct}%" for f, pct in p["incl_top"][:10]))
 
 
+# ---------------------------------------------------------------------------------------------
+# command line
+# ---------------------------------------------------------------------------------------------
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(
-        description="Raw NATS request/reply vs the durable p2pfaas invocation path, and the HTTP bridge vs a "
-                    "bare ASGI echo, measured side by side in one run (DESIGN.md §7 targets).")
-    p.add_argument("--quick", action="store_true", help="short run (1 rep, short phases; ~40 s)")
-    p.add_argument("--json", metavar="OUT", help="write all measurements (per rep) and the table rows as JSON")
-    p.add_argument("--reps", type=int, default=3, help="repetitions of every phase (default 3)")
-    p.add_argument("--seq-s", type=float, default=2.0, help="seconds per sequential-latency phase (default 2)")
+    p = argparse.ArgumentParser(description="p2pfaas invocation paths (HTTP, NATS direct, durable async, MQTT) vs bare "
+                                            "baselines, side by side in one run, with issue 8's targets.")
+    p.add_argument("--quick", action="store_true", help="1 repetition, short phases (1-1.5 min)")
+    p.add_argument("--json", metavar="OUT", help="write every measurement (per repetition) and the table rows as JSON")
+    p.add_argument("--report", metavar="JSON", nargs="+",
+                   help="measure nothing: print the tables of runs saved with --json, their repetitions pooled")
+    p.add_argument("--markdown", action="store_true", help="with --report: print the tables as Markdown")
+    p.add_argument("--profile", metavar="DIR", help="also py-spy the node, bridges, busiest workers and load generator "
+                                                    "under each load; collapsed stacks + summary.json in DIR")
+    p.add_argument("--reps", type=int, default=3, help="repetitions (default 3)")
     p.add_argument("--thr-s", type=float, default=3.0, help="seconds per throughput phase (default 3)")
-    p.add_argument("--warmup-s", type=float, default=0.5, help="untimed seconds before each phase (default 0.5)")
-    p.add_argument("--inflight", type=int, default=200, help="requests in flight in throughput phases (default 200)")
-    p.add_argument("--payload-bytes", type=int, default=16, help="request payload size (default 16)")
-    p.add_argument("--k", type=int, default=8, help="node's K (worker count, default 8)")
-    p.add_argument("--queue", type=int, default=10_000, help="node's queue length (default 10000)")
-    p.add_argument("--runtimes", default="process,inprocess", help="worker runtimes to measure (default both)")
-    p.add_argument("--http-runtime", default="process", help="runtime of the node behind the HTTP bridge")
-    p.add_argument("--http-conns", type=int, default=32, help="wrk connections for HTTP throughput (default 32)")
-    p.add_argument("--no-http", action="store_true", help="skip the HTTP comparison")
-    p.add_argument("--no-nats", action="store_true", help="skip the NATS comparison (HTTP only)")
-    p.add_argument("--profile", metavar="DIR",
-                   help="also py-spy the node host (+ workers) under load; collapsed stacks + summary in DIR")
+    p.add_argument("--seq-s", type=float, default=2.0, help="seconds per sequential-latency phase (default 2)")
+    p.add_argument("--warmup-s", type=float, default=0.5, help="untimed seconds before each NATS/MQTT window (default 0.5)")
+    p.add_argument("--http-loadgen", choices=("wrk", "hey"), default="wrk", help="HTTP load generator (default wrk)")
+    p.add_argument("--http-conns", type=int, default=32, help="HTTP connections (default 32)")
+    p.add_argument("--bridges", default="1,2", help="HTTP bridge process counts to measure (default 1,2)")
+    p.add_argument("--default-bridges", type=int, default=None, help="the count the sequential row uses (default: the first)")
+    p.add_argument("--inflight", type=int, default=200, help="NATS/async calls in flight (default 200)")
+    p.add_argument("--payload", default="hello", help="request body, every path (default hello)")
+    p.add_argument("--k", type=int, default=16, help="node's K: running slots and worker processes (default 16)")
+    p.add_argument("--queue", type=int, default=100, help="node's queue length (default 100)")
+    p.add_argument("--loss", type=lambda v: v.lower() in ("1", "true", "yes"), default=False,
+                   help="NoScheduler's loss parameter: reject when K and the queue are full (default false)")
+    p.add_argument("--node-loop", choices=("uvloop", "asyncio"), default="uvloop", help="the node process's event loop")
+    p.add_argument("--runtime", choices=("process", "inprocess"), default="process", help="the node's worker runtime")
+    p.add_argument("--rows", default="1,2,3,4,5", help="which rows to measure (default all: 1,2,3,4,5)")
+    p.add_argument("--js-window", type=int, default=2048,
+                   help="raw JetStream: most messages published but not yet consumed (default 2048)")
+    p.add_argument("--mqtt-devices", type=int, default=8, help="MQTT device connections (default 8)")
+    p.add_argument("--mqtt-window", type=int, default=25, help="QoS 1 requests each device keeps outstanding (default 25)")
     args = p.parse_args(argv)
-    args.runtimes = [r.strip() for r in args.runtimes.split(",") if r.strip()]
-    for r in args.runtimes:
-        if r not in ("process", "inprocess"):
-            p.error(f"unknown runtime {r!r}")
     if args.quick:
-        args.reps, args.seq_s, args.thr_s, args.warmup_s = 1, 1.0, 1.5, 0.3
+        args.reps, args.thr_s, args.seq_s, args.warmup_s = 1, 2.0, 1.0, 0.3
+    args.bridges = sorted({int(b) for b in args.bridges.split(",") if b.strip()})
+    args.rows = {int(r) for r in args.rows.split(",") if r.strip()}
+    if not args.rows or not args.rows <= {1, 2, 3, 4, 5}:
+        p.error("--rows: some of 1,2,3,4,5")
+    if not args.bridges or min(args.bridges) < 1:
+        p.error("--bridges: one or more counts >= 1, e.g. 1,2")
+    args.default_bridges = args.default_bridges or args.bridges[0]
+    if args.default_bridges not in args.bridges:
+        p.error(f"--default-bridges {args.default_bridges} is not among --bridges {args.bridges}")
+    if min(args.reps, args.inflight, args.k, args.http_conns, args.mqtt_devices, args.mqtt_window) < 1:
+        p.error("counts must be >= 1")
     if args.profile and Path(args.profile).exists() and not Path(args.profile).is_dir():
         p.error(f"--profile {args.profile}: exists and is not a directory")
-    if args.no_nats and (args.no_http or args.http_runtime not in args.runtimes):
-        p.error("--no-nats needs the HTTP comparison (and --http-runtime among --runtimes)")
-    if args.reps < 1 or args.inflight < 1 or args.k < 1:
-        p.error("--reps, --inflight and --k must be >= 1")
     return args
+
+
+async def run(args, console) -> dict:
+    loop = asyncio.get_running_loop()
+    loop.add_signal_handler(signal.SIGTERM, asyncio.current_task().cancel)   # SIGTERM cleans up like Ctrl-C
+    bench = Bench(args, console)
+    results: dict[str, Any] = {
+        "config": {k: sorted(v) if isinstance(v, set) else v for k, v in vars(args).items() if k != "json"},
+        "machine": {"cpus": os.cpu_count(), "python": platform.python_version(), "platform": platform.platform()},
+        "load_average_before": load_average(), "started": time.strftime("%Y-%m-%d %H:%M:%S"), "reps": [],
+    }
+    try:
+        await bench.start()
+        await bench.warm_up()
+        for rep in range(args.reps):
+            results["reps"].append(await bench.repetition(rep))
+        if args.profile:
+            results["profile"] = await bench.profile()
+    finally:
+        results["load_average_after"] = load_average()
+        await bench.stop()
+        loop.remove_signal_handler(signal.SIGTERM)
+    return results
+
+
+def markdown(results: dict, args) -> str:
+    """The result tables as Markdown (for bench/README.md)."""
+    reps = results["reps"]
+    lines = ["| row | baseline | p2pfaas | ratio | target | |", "|---|---:|---:|---:|:---:|:---:|"]
+    for r in results["rows"]:
+        lines.append(f"| {r['metric'].strip()} | {r['baseline']:,.0f} | {r['p2pfaas']:,.0f} | {fmt_ratio(r)} | "
+                     f"{fmt_target(r)} | {r['verdict']} |")
+    if 1 in args.rows:
+        lines += ["", f"| HTTP endpoint ({args.http_loadgen}) | req/s c{args.http_conns} | p50 µs c{args.http_conns} | "
+                      f"p99 µs c{args.http_conns} | p50 µs 1 conn |", "|---|---:|---:|---:|---:|"]
+        lines += [f"| {name} | " + " | ".join(cells) + " |" for name, cells in http_reference_rows(reps, args)]
+    stages = stage_rows(reps, args)
+    if stages:
+        keys = ("transit", "scheduling", "queueing", "execution", "node_total", "return", "e2e")
+        lines += ["", "| timings, µs (medians) | " + " | ".join(k.replace("_", " ") for k in keys) + " |",
+                  "|---|" + "---:|" * len(keys)]
+        lines += [f"| {label} | " + " | ".join(f"{st[k]:,.0f}" for k in keys) + " |" for label, st in stages]
+    cols = [*CPU_COLUMNS, "sum", "others", "machine busy"]
+    cpu = cpu_table_rows(reps, args)
+    if cpu:
+        lines += ["", "| CPU µs per request | " + " | ".join(cols) + " |", "|---|" + "---:|" * len(cols)]
+        lines += [f"| {label} | " + " | ".join(f"{c[k]:.0%}" if k == "machine busy" else f"{c[k]:,.0f}" for k in cols)
+                  + " |" for label, c in cpu]
+    return "\n".join(lines)
+
+
+def report_saved(paths: list[str], console, as_markdown: bool = False) -> int:
+    """The tables of saved runs (--json), their repetitions pooled: medians over all of them."""
+    runs = [json.loads(Path(p).read_text()) for p in paths]
+    args = argparse.Namespace(**runs[0]["config"])
+    args.rows, args.bridges = set(args.rows), list(args.bridges)
+    reps = [rep for run in runs for rep in run["reps"]]
+    results = {"reps": reps, "rows": build_rows(reps, args)}
+    if as_markdown:
+        print(markdown(results, args))
+        return 0
+    render(results, args, console)
+    console.print("[dim]runs: " + "; ".join(f"{r['started']} ({len(r['reps'])} reps, load average "
+                                             f"{r['load_average_before']} → {r['load_average_after']})" for r in runs)
+                  + "[/dim]")
+    return 0
 
 
 def main(argv: list[str] | None = None) -> int:
     from rich.console import Console
 
     args = parse_args(argv)
-    console = Console(width=None if sys.stdout.isatty() else 140)
+    console = Console(width=None if sys.stdout.isatty() else 160)
+    if args.report:
+        return report_saved(args.report, console, args.markdown)
     started = time.monotonic()
     try:
-        results = asyncio.run(orchestrate(args, console))
+        results = asyncio.run(run(args, console))
     except (KeyboardInterrupt, asyncio.CancelledError):
         console.print("[yellow]interrupted; everything it started was stopped[/yellow]")
         return 130
-    results["rows"] = build_rows(results, args)
+    results["rows"] = build_rows(results["reps"], args)
     results["elapsed_s"] = time.monotonic() - started
     render(results, args, console)
-    console.print(f"[dim]total {results['elapsed_s']:.0f} s; command: {' '.join([Path(sys.executable).name, *sys.argv])}[/dim]")
+    console.print(f"[dim]{results['started']}, {results['elapsed_s']:.0f} s; load average before "
+                  f"{results['load_average_before']}, after {results['load_average_after']}; "
+                  f"command: {' '.join(['python', *sys.argv])}[/dim]")
     if args.json:
         Path(args.json).write_text(json.dumps(results, indent=2, default=str))
         console.print(f"[dim]JSON written to {args.json}[/dim]")
