@@ -11,7 +11,8 @@ Rules (each tested by trying the forbidden thing, tests/broker/test_security.py)
 * a device publishes only requests whose ``<client>`` token is its own name, reads only its own
   results and rejects;
 * only nodes publish results, rejects, forwards, membership, telemetry and rewards (each node
-  only its own membership, telemetry and rewards); workers (user code) only answer their node;
+  only its own membership, telemetry and rewards; the bridges forward P2PFaaS peers' jobs);
+  workers (user code) only answer on reply inboxes (their node, and a direct call's caller);
 * only controllers publish scale commands (and the bridges, for an operator's request);
 * only operators change configuration, schedulers, learner parameters and streams (over HTTP
   with the operator token: the bridge checks it, then acts).
@@ -136,7 +137,8 @@ def node_permissions(node: str) -> dict:
 
 
 def worker_permissions(node: str) -> dict:
-    """A worker runs user code: it only answers its node's calls (and says when its node died)."""
+    """A worker runs user code: it only answers on reply inboxes -- its node's call, and a direct
+    call's caller (nodes/worker.py) -- and says when its node died."""
     return _permissions(publish=["_INBOX.>", f"*.{node}.gone"],
                         subscribe=[f"*.{node}.worker.>", f"*.membership.{node}", f"*.{node}.gone", "_INBOX.>"])
 
@@ -146,6 +148,7 @@ def bridge_permissions() -> dict:
     state-changing ones only for the operator token's holder, checked by the HTTP bridge)."""
     return _permissions(
         publish=["*.*.request.>", "*.async.>", "*.*.config.>", "*.*.load", "*.*.info", "*.*.metrics", "*.*.peers",
+                 "*.*.discovery.>", "*.*.functions.*", "*.*.forward.>",
                  "*.*.learner.>", "*.*.reward", "*.*.scale.*", "*.*.policy.*", "*.reject.>", FULL_JS, *JS_RUNTIME],
         deny=JS_DENIED)
 

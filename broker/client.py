@@ -17,6 +17,7 @@ import asyncio
 import itertools
 import time
 import uuid
+from typing import Callable
 
 from nats.aio.client import Client
 from nats.aio.msg import Msg
@@ -25,7 +26,8 @@ from nats.js.errors import NotFoundError
 from broker import headers as H
 from broker.answers import Answer
 from broker.codec import decode
-from broker.errors import ContractError, InvalidSubject, NodeUnavailable
+from broker.connection import on_publish_refused
+from broker.errors import ContractError, InvalidSubject, NodeUnavailable, NotPermitted
 from broker.messages import NodeGone
 from broker.streams import results_stream
 from broker.subjects import Subjects, check_token
@@ -44,10 +46,11 @@ class FaasClient:
         self.client = check_token(client, "client")
         self.subjects = Subjects(prefix)
         self._waiting: dict[str, asyncio.Future[Answer]] = {}            # async answers by request id
-        self._calls: dict[str, tuple[asyncio.Future[Answer], str]] = {}  # direct calls by token: (future, node)
+        self._calls: dict[str, tuple[asyncio.Future[Answer], str, str]] = {}  # by token: (future, node, subject)
         self._tokens = itertools.count()
         self._inbox = ""
         self._subs: list = []
+        self._unlisten: Callable[[], None] | None = None
 
     async def start(self) -> "FaasClient":
         self._inbox = self.nc.new_inbox()
@@ -56,16 +59,20 @@ class FaasClient:
                                  (self.subjects.rejects_of(self.client), self._on_answer),
                                  (self.subjects.all_gone(), self._on_gone)):
             self._subs.append(await self.nc.subscribe(subject, cb=handler))
+        self._unlisten = on_publish_refused(self.nc, self._on_refused)
         return self
 
     async def stop(self) -> None:
+        if self._unlisten is not None:
+            self._unlisten()
+            self._unlisten = None
         for sub in self._subs:
             try:
                 await sub.unsubscribe()
             except Exception:  # the connection may already be closed
                 pass
         self._subs.clear()
-        for fut in [*self._waiting.values(), *(f for f, _ in self._calls.values())]:
+        for fut in [*self._waiting.values(), *(entry[0] for entry in self._calls.values())]:
             fut.cancel()
         self._waiting.clear()
         self._calls.clear()
@@ -87,7 +94,7 @@ class FaasClient:
         token = str(next(self._tokens))
         loop = asyncio.get_running_loop()
         fut: asyncio.Future[Answer] = loop.create_future()
-        self._calls[token] = (fut, node)
+        self._calls[token] = (fut, node, subject)
         timer = loop.call_later(timeout_s, _expire, fut, timeout_s)
         hdrs = {H.SENT_AT: repr(time.time())}
         if headers:
@@ -103,7 +110,7 @@ class FaasClient:
         entry = self._calls.pop(msg.subject.rpartition(".")[2], None)
         if entry is None or entry[0].done():
             return
-        fut, node = entry
+        fut, node, _ = entry
         headers = msg.headers or {}
         if headers.get(H.NATS_STATUS) == "503" and not msg.data:
             fut.set_exception(NodeUnavailable(f"node {node} is not running (nobody answers its requests)"))
@@ -116,10 +123,17 @@ class FaasClient:
             gone = decode(NodeGone, msg.data)
         except ContractError:
             return
-        for token, (fut, node) in list(self._calls.items()):
+        for token, (fut, node, _) in list(self._calls.items()):
             if node == gone.node and not fut.done():
                 del self._calls[token]
                 fut.set_exception(NodeUnavailable(f"node {node} went away during the call ({gone.reason or 'stopped'})"))
+
+    def _on_refused(self, subject: str) -> None:
+        """The broker refused one of our publishes: a direct call on that subject fails now."""
+        for token, (fut, _, called) in list(self._calls.items()):
+            if called == subject and not fut.done():
+                del self._calls[token]
+                fut.set_exception(NotPermitted(f"the broker does not permit this client to call {subject}"))
 
     # -- async calls --------------------------------------------------------------------
     async def submit(self, node: str, fn: str, payload: bytes, req: str, headers: dict[str, str] | None = None,

@@ -5,14 +5,69 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import re
 import ssl
+import weakref
+from typing import Callable
 
 import nats
 from nats.aio.client import Client
+from nats.aio.msg import Msg
 
-from broker.errors import BrokerUnavailable
+from broker.errors import BrokerUnavailable, NotPermitted
 
 log = logging.getLogger(__name__)
+
+_REFUSED = re.compile(r'permissions violation for publish to "([^"]+)"', re.IGNORECASE)
+# connection -> who wants to hear about the publishes the broker refused it
+_refusal_listeners: "weakref.WeakKeyDictionary[Client, list[Callable[[str], None]]]" = weakref.WeakKeyDictionary()
+
+
+def on_publish_refused(nc: Client, listener: Callable[[str], None]) -> Callable[[], None]:
+    """Call ``listener(subject)`` whenever the broker refuses a publish of ``nc`` (a permissions
+    violation: the server says so asynchronously, so a request would otherwise wait for its
+    timeout). Returns the function that removes the listener."""
+    listeners = _refusal_listeners.setdefault(nc, [])
+    listeners.append(listener)
+    return lambda: listener in listeners and listeners.remove(listener)
+
+
+def _publish_refused(nc: Client | None, exc: Exception) -> None:
+    match = _REFUSED.search(str(exc))
+    if nc is None or match is None:
+        return
+    for listener in list(_refusal_listeners.get(nc, ())):
+        try:
+            listener(match.group(1))
+        except Exception:  # one listener's bug does not keep the others from hearing it
+            log.exception("publish refusal listener failed")
+
+
+async def request(nc: Client, subject: str, payload: bytes = b"", *, timeout_s: float,
+                  headers: dict[str, str] | None = None) -> Msg:
+    """``nc.request`` that fails at once with :class:`NotPermitted` when the broker refuses the
+    publish, instead of waiting out ``timeout_s`` for an answer that cannot come."""
+    loop = asyncio.get_running_loop()
+    refused: asyncio.Future[None] = loop.create_future()
+
+    def listener(refused_subject: str) -> None:
+        if refused_subject == subject and not refused.done():
+            refused.set_exception(NotPermitted(f"the broker does not permit this service to publish to {subject}"))
+
+    remove = on_publish_refused(nc, listener)
+    asking = asyncio.ensure_future(nc.request(subject, payload, timeout=timeout_s, headers=headers))
+    try:
+        await asyncio.wait((asking, refused), return_when=asyncio.FIRST_COMPLETED)
+        if asking.done():
+            return asking.result()
+        asking.cancel()
+        return refused.result()   # raises NotPermitted
+    finally:
+        remove()
+        if not refused.done():
+            refused.cancel()
+        if not asking.done():
+            asking.cancel()
 
 
 def credentials_from_env(prefix: str = "P2PFAAS_NATS") -> tuple[str, str] | None:
@@ -37,8 +92,11 @@ async def connect(url: str | list[str], name: str, *, connect_timeout_s: float =
     if tls_ca:
         options["tls"] = ssl.create_default_context(cafile=tls_ca)
 
+    connection: list[Client] = []
+
     async def on_error(exc: Exception) -> None:
         log.warning("nats %s: %s", name, exc)
+        _publish_refused(connection[0] if connection else None, exc)
 
     async def on_disconnect() -> None:
         log.info("nats %s: disconnected", name)
@@ -49,7 +107,7 @@ async def connect(url: str | list[str], name: str, *, connect_timeout_s: float =
     try:
         # nats-py retries a failed first connect forever when reconnects are on:
         # bound it, so an unreachable broker is a clear error and not a hang.
-        return await asyncio.wait_for(nats.connect(
+        nc = await asyncio.wait_for(nats.connect(
             url,
             name=name,
             connect_timeout=connect_timeout_s,
@@ -64,6 +122,8 @@ async def connect(url: str | list[str], name: str, *, connect_timeout_s: float =
         ), timeout=connect_timeout_s * 2)
     except Exception as exc:  # nats raises several unrelated types here
         raise BrokerUnavailable(f"cannot connect to NATS at {url}: {exc}") from exc
+    connection.append(nc)
+    return nc
 
 
 async def close_quietly(nc: Client, *subs, timeout_s: float = 5.0) -> None:

@@ -20,6 +20,7 @@ from nats.errors import TimeoutError as NatsTimeout
 from broker import codes
 from broker import headers as H
 from broker.answers import error_body
+from broker.connection import request
 from broker.errors import ContractError, NodeUnavailable
 
 log = logging.getLogger(__name__)
@@ -75,7 +76,7 @@ class ControlServer:
 async def control_request(nc: Client, subject: str, body: bytes = b"", timeout_s: float = 3.0) -> tuple[int, bytes]:
     """(status, body) of a control request; NodeUnavailable when nobody answers in time."""
     try:
-        msg = await nc.request(subject, body, timeout=timeout_s)
+        msg = await request(nc, subject, body, timeout_s=timeout_s)   # NotPermitted: at once
     except (NatsTimeout, NoRespondersError, asyncio.TimeoutError) as exc:
         raise NodeUnavailable(f"nobody answered on {subject} ({type(exc).__name__})") from None
     status = (msg.headers or {}).get(H.STATUS, "200")

@@ -50,3 +50,9 @@ class Unauthorized(FaasError, PermissionError):
 
 class Forbidden(FaasError, PermissionError):
     http_status = 403
+
+
+class NotPermitted(FaasError, PermissionError):
+    """The broker refused to let this identity publish there: a deployment's permissions do not
+    cover what it was asked to do (a misconfiguration, or a caller reaching past its rights)."""
+    http_status = 500

@@ -23,7 +23,8 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from broker import headers as H
 from broker.codec import decode, encode
-from broker.errors import ContractError, InvalidToken
+from broker.connection import request
+from broker.errors import ContractError, InvalidToken, NotPermitted
 from broker.messages import NodeConfiguration, PolicySwitch, ScaleCommand, SchedulerConfiguration
 from broker.subjects import Subjects, check_node, check_token
 from broker.ui_feed import FORWARD_WINDOW_S, GONE_AFTER, SUSPECT_AFTER, DashboardFeed, FeedClient
@@ -78,9 +79,11 @@ class Dashboard:
     async def _relay(self, subject: str, body: bytes = b"") -> Response:
         """A node's answer to a control request, with its status; 503 when nobody answers."""
         try:
-            msg = await self.nc.request(subject, body, timeout=self.control_timeout_s)
+            msg = await request(self.nc, subject, body, timeout_s=self.control_timeout_s)
         except (NatsTimeout, NoRespondersError, asyncio.TimeoutError):
             return error(503, f"nobody answered on {subject}")
+        except NotPermitted as exc:
+            return error(500, str(exc))
         status = int((msg.headers or {}).get(STATUS_HEADER, 200))
         return Response(msg.data, status_code=status, media_type="application/json")
 

@@ -18,7 +18,7 @@ from fastapi.responses import JSONResponse, Response
 from broker import codes
 from broker import headers as H
 from broker.answers import VERSION, Answer, error_body
-from broker.errors import NodeUnavailable, Unauthorized
+from broker.errors import NodeUnavailable, NotPermitted, Unauthorized
 from broker.subjects import TOKEN_RE, check_token
 
 if TYPE_CHECKING:
@@ -75,6 +75,8 @@ async def direct_call(bridge: "HttpBridge", fn: str, body: bytes, headers: dict[
         answer = Answer(504, error_body(codes.GENERIC, f"no answer from node {bridge.node} within {bridge.invoke_timeout_s:g} s"))
     except NodeUnavailable as exc:
         answer = Answer(503, error_body(codes.GENERIC, str(exc)), {H.RETRY_AFTER: "1"})
+    except NotPermitted as exc:   # the deployment's permissions are wrong: say so, do not hang
+        answer = Answer(500, error_body(codes.GENERIC, str(exc)))
     return answer, call_id
 
 

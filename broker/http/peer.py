@@ -21,6 +21,8 @@ from nats.errors import TimeoutError as NatsTimeout
 from broker import codes
 from broker import headers as H
 from broker.answers import Answer, error_body
+from broker.connection import request as nats_request
+from broker.errors import NotPermitted
 from broker.subjects import check_token, machine_token
 
 if TYPE_CHECKING:
@@ -79,13 +81,16 @@ def peer_router(bridge: "HttpBridge") -> APIRouter:
             headers[H.TRACING_ID] = tracing[:256]
         subject = bridge.subjects.forward(bridge.node, fn, bridge.client_id, bridge.new_call_id())
         try:
-            msg = await bridge.nc.request(subject, payload, timeout=bridge.invoke_timeout_s + 5.0, headers=headers)
+            msg = await nats_request(bridge.nc, subject, payload, timeout_s=bridge.invoke_timeout_s + 5.0,
+                                     headers=headers)
             status = (msg.headers or {}).get(H.STATUS, "200")
             answer = Answer(int(status) if status.isdigit() else 500, msg.data, msg.headers or {})
         except NoRespondersError:
             answer = Answer(503, error_body(codes.GENERIC, f"node {bridge.node} is not running"))
         except (NatsTimeout, TimeoutError):
             answer = Answer(504, error_body(codes.GENERIC, f"no answer from node {bridge.node}"))
+        except NotPermitted as exc:
+            answer = Answer(500, error_body(codes.GENERIC, str(exc)))
         ip = request.url.hostname or ""
         return await reply(answer.status, peer_response(answer, bridge.node, ip))
 

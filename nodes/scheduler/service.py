@@ -291,7 +291,7 @@ class SchedulerService:
             log.warning("%s: rejection of %s not stored: %s", self.node_id, subject, exc)
 
     async def _refuse_unknown_node(self, msg: Msg, reason: str) -> None:
-        await self._refuse_raw("", Refusal(404, 404, reason, "unknown_node"), subject=msg.subject)
+        await self._refuse_raw("", Refusal(codes.NOT_FOUND, 404, reason, "unknown_node"), subject=msg.subject)
 
     async def _answered(self, inv: Invocation) -> bool:
         js = self.nc.jetstream()

@@ -20,7 +20,9 @@ import pytest
 from broker import headers as H
 from broker.auth import BRIDGE, CONTROLLER, OPERATOR, AuthStore, Credentials, mosquitto_files, nats_accounts
 from broker.client import FaasClient
-from broker.connection import close_quietly
+from broker.connection import close_quietly, connect
+from broker.control import control_request
+from broker.errors import NotPermitted
 from broker.embedded import Mosquitto, NatsServer
 from broker.http_bridge import HttpBridge
 from broker.messages import NodeConfiguration, SchedulerConfiguration
@@ -140,6 +142,37 @@ async def test_only_operators_change_configuration_and_streams(secure):
         reply = await operator.nc.request(S.config("n1", "set"), body, timeout=5)
         assert reply.headers[H.STATUS] == "200"
         assert (await operator.nc.jetstream().stream_info(async_stream(S))).config.name == async_stream(S)
+
+
+async def test_the_bridge_may_publish_what_its_routes_ask(secure):
+    """Every kind of subject an HTTP route of the bridge publishes to (docs/compat.md's routes)."""
+    server, store = secure
+    asked = [S.request("n1", "echo", "http-n1", "a"), S.async_request("n1", "echo", "http-n1", "b"),
+             S.forward("n1", "echo", "http-n1", "c"), S.config("n1", "get"), S.scheduler_config("n1", "set"),
+             S.functions("n1", "deploy"), S.functions("n1", "scale_delay"), S.discovery("n1", "register"),
+             S.discovery("n1", "config.set"), S.peers("n1"), S.load("n1"), S.info("n1"), S.metrics("n1"),
+             S.learner("n1", "scheduling", "reset"), S.scale("n1", "farm"), S.reward("n1")]
+    async with Identity(server, store.service(BRIDGE)) as bridge:
+        for subject in asked:
+            assert not await bridge.refused(subject), subject
+        assert await bridge.refused(S.result("dev1", "x"))       # it never forges an answer
+
+
+async def test_a_refused_request_fails_at_once_not_at_its_timeout(secure):
+    """The broker refuses a publish asynchronously; the caller hears NotPermitted at once."""
+    server, store = secure
+    creds = store.worker("n1")
+    nc = await connect(server.url, "refused", credentials=(creds.user, creds.password))
+    try:
+        started = asyncio.get_running_loop().time()
+        with pytest.raises(NotPermitted):
+            await control_request(nc, S.config("n1", "set"), b"{}", timeout_s=30)
+        async with FaasClient(nc, client="w", prefix=PREFIX) as faas:
+            with pytest.raises(NotPermitted):
+                await faas.invoke("n1", "echo", b"x", timeout_s=30)
+        assert asyncio.get_running_loop().time() - started < 10
+    finally:
+        await close_quietly(nc)
 
 
 def mqtt_client(port: int, user: str, password: str) -> tuple[mqtt.Client, dict]:

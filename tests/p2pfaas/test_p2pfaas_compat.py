@@ -28,6 +28,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import Response
 
 from broker import codes
+from broker.auth import AuthStore
 from broker import headers as H
 from broker.embedded import free_port
 from support import eventually, wait_until
@@ -38,6 +39,14 @@ PAYLOADS = {0: b"\xff\xd8" + bytes(28_000), 1: b"\xff\xd8" + bytes(15_000)}   # 
 ORIGINAL_REPO = Path(os.environ.get("P2PFAAS_ORIGINAL_REPO", "/work/.mirror/shahsneh172000+p2pfaas/repo"))
 SQLITE3DUMP_REPO = Path(os.environ.get("P2PFAAS_SQLITE3DUMP_REPO", "/work/.mirror/schollz+sqlite3dump/repo"))
 GOCODE = Path("/usr/share/gocode/src")
+
+
+class Stack(list):
+    """The hosts, and the operator's header (P2PFaaS's own clients send none: they do not need it)."""
+
+    def __init__(self, hosts: list[str], token: str) -> None:
+        super().__init__(hosts)
+        self.operator = {"Authorization": f"Bearer {token}"}
 
 
 @pytest.fixture(scope="module")
@@ -58,15 +67,20 @@ async def stack(tmp_path_factory):
         async with httpx.AsyncClient(timeout=30) as http:
             await wait_until(lambda: (data / "endpoints.json").exists() or proc.poll() is not None, 90, 0.2)
             assert proc.poll() is None, (data / "up.log").read_text()
-            for host in hosts:
-                r = await http.post(f"http://{host}:18080/system/functions",
+            hosts = Stack(hosts, AuthStore(data / "auth").operator_token())
+            for host in hosts:   # the operator's set-up: with the operator token, as the docs show
+                r = await http.post(f"http://{host}:18080/system/functions", headers=hosts.operator,
                                     json={"service": "fn-pigo", "reference": "standin_functions:fn_pigo",
                                           "envVars": {"ignored": "yes"}, "network": "func_functions"})
                 assert r.status_code == 200, r.text
-                assert (await http.post(f"http://{host}:18080/configuration", json={
+                assert (await http.post(f"http://{host}:18080/configuration", headers=hosts.operator, json={
                     "parallel_running_functions_max": 3, "queue_length_max": 2, "queue_enabled": False})).is_success
-                assert (await http.post(f"http://{host}:18080/configuration/scheduler",
+                assert (await http.post(f"http://{host}:18080/configuration/scheduler", headers=hosts.operator,
                                         json={"name": "LearningScheduler", "parameters": ["2"]})).is_success
+            # and without it, a change is refused: the compat layout is as secure as the default one
+            r = await http.post(f"http://{hosts[0]}:18080/configuration/scheduler",
+                                json={"name": "RoundRobinScheduler", "parameters": []})
+            assert r.status_code == 401, r.text
             await eventually(lambda: http.get(f"http://{hosts[0]}:19000/list"), lambda r: r.text.count("alive") == 2, 30)
         yield hosts
     finally:
@@ -196,22 +210,25 @@ async def test_openfaas_routes(stack, http):
     base = f"http://{stack[0]}:18080"
     listed = {f["name"]: f for f in (await http.get(f"{base}/system/functions")).json()}
     assert listed["fn-pigo"]["envProcess"] == "standin_functions:fn_pigo" and listed["fn-pigo"]["replicas"] == 3
-    r = await http.post(f"{base}/system/functions", json={"openfaas_service": {"service": "shout",
+    r = await http.post(f"{base}/system/functions", headers=stack.operator, json={"openfaas_service": {"service": "shout",
                                                                                 "reference": "standin_functions:shout"}})
     assert r.status_code == 200 and r.json()["name"] == "shout"
     assert (await http.post(f"{base}/function/shout", content=b"hey", headers={H.BYPASS: "1"})).content == b"HEY"
     assert (await http.get(f"{base}/system/function/shout")).json()["availableReplicas"] == 3
-    r = await http.post(f"{base}/system/scale-function/shout", json={"service": "shout", "replicas": 4})
+    r = await http.post(f"{base}/system/scale-function/shout", headers=stack.operator,
+                        json={"service": "shout", "replicas": 4})
     assert r.status_code == 200 and r.json()["replicas"] == 4
     await eventually(lambda: http.get(f"{base}/system/function/shout"), lambda r: r.json()["availableReplicas"] == 4, 30)
-    delay = (await http.get(f"{base}/monitoring/scale-delay/shout")).json()
+    delay = (await http.get(f"{base}/monitoring/scale-delay/shout", headers=stack.operator)).json()   # it scales
     assert delay["approximate_delay"] > 0 and delay["attempts"] >= 1
     assert (await http.get(f"{base}/configuration")).json()["parallel_running_functions_max"] == 4
-    await http.post(f"{base}/system/scale-function/shout", json={"replicas": 3})
-    r = await http.request("DELETE", f"{base}/system/functions", json={"functionName": "shout"})
+    await http.post(f"{base}/system/scale-function/shout", headers=stack.operator, json={"replicas": 3})
+    r = await http.request("DELETE", f"{base}/system/functions", headers=stack.operator, json={"functionName": "shout"})
     assert r.status_code == 200
     assert (await http.post(f"{base}/function/shout", content=b"x")).status_code == 404
-    assert (await http.post(f"{base}/system/functions", json={"service": "bad", "reference": "no.such:thing"})).status_code == 400
+    r = await http.post(f"{base}/system/functions", headers=stack.operator,
+                        json={"service": "bad", "reference": "no.such:thing"})
+    assert r.status_code == 400
 
 
 # -- mixed clusters: an original P2PFaaS node beside p2pfaas nodes ---------------------------------
@@ -267,13 +284,14 @@ async def test_mixed_cluster_both_ways(stack, http):
             p for p in listed if p["ip"] == fake.ip).items()
         await wait_until(lambda: stack[0] in fake.polled_by, 10)
         # our slave n1 sends client requests to its master named by IP: the P2PFaaS node
-        r = await http.post(f"{n1}:18080/configuration/scheduler",
+        r = await http.post(f"{n1}:18080/configuration/scheduler", headers=stack.operator,
                             json={"name": "RoundRobinWithMasterScheduler", "parameters": ["false", fake.ip, "true"]})
         assert r.status_code == 200
         try:
             r = await http.post(f"{n1}:18080/function/echo", content=b"mixed")
         finally:
-            await http.post(f"{n1}:18080/configuration/scheduler", json={"name": "LearningScheduler", "parameters": ["2"]})
+            await http.post(f"{n1}:18080/configuration/scheduler", headers=stack.operator,
+                            json={"name": "LearningScheduler", "parameters": ["2"]})
         assert r.status_code == 200 and r.content == b"MIXED"
         assert r.headers[H.EXTERNALLY_EXECUTED] == "True" and r.headers[H.HOPS] == "1"
         assert orjson.loads(r.headers[H.PEERS_LIST_IP]) == [stack[0], fake.ip]
