@@ -9,6 +9,7 @@ Errors carry the JSON body ``{code, message}`` (P2PFaaS's catalogue in ``code``)
 from __future__ import annotations
 
 import base64
+import time
 from dataclasses import dataclass, field
 from typing import Mapping, Sequence
 
@@ -18,7 +19,7 @@ from broker import codes
 from broker import headers as H
 from broker.codec import decode
 from broker.errors import ContractError
-from broker.messages import ErrorBody, HopTiming, LearningDecision, Rejection, Result, Timings
+from broker.messages import DirectAnswer, ErrorBody, HopTiming, LearningDecision, Rejection, Result, Timings
 
 VERSION = "0.1.0"
 SCHEDULER_NAME = "p2pfaas-scheduler"   # GET / of the scheduler API, as P2PFaaS names its service
@@ -57,6 +58,18 @@ def answer_headers(*, status: int, scheduler: str, executed_by: str, hops: Seque
     if retry_after_s is not None:
         out[H.RETRY_AFTER] = str(max(1, round(retry_after_s)))
     return out
+
+
+def render_direct(ctx: DirectAnswer, status: int, output: bytes, error: str | None,
+                  execution_s: float) -> tuple[bytes, dict[str, str]]:
+    """(body, headers) of a direct call's answer, the same whether its worker or its node sends it."""
+    hop = HopTiming(node=ctx.node, arrival=ctx.arrival, scheduling_s=ctx.scheduling_s, probing_s=ctx.probing_s,
+                    total_s=max(0.0, time.time() - ctx.arrival))
+    headers = answer_headers(status=status, scheduler=ctx.scheduler, executed_by=ctx.node, hops=[hop],
+                             execution_s=execution_s, queueing_s=ctx.queueing_s, transit_s=ctx.transit_s,
+                             forwards=ctx.forwards, peers=ctx.peers, peer_ips=ctx.peer_ips, learning=ctx.learning)
+    body = output if status == 200 else error_body(codes.for_status(status), error or "function failed")
+    return body, headers
 
 
 def error_body(code: int, message: str) -> bytes:

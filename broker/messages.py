@@ -124,12 +124,32 @@ class Rejection(Contract):
     learning: LearningDecision | None = None   # set when a LearningScheduler decided it
 
 
+class DirectAnswer(Contract):
+    """What a worker needs to answer a direct call's caller itself (one hop less than through its
+    node): where, and the node's side of the P2PFaaS headers (docs/architecture.md)."""
+
+    reply: str
+    node: str
+    arrival: float
+    scheduling_s: float = 0.0
+    probing_s: float = 0.0
+    queueing_s: float = 0.0
+    transit_s: float = 0.0
+    scheduler: str = ""
+    forwards: int = 0
+    peers: list[str] = Field(default_factory=list)
+    peer_ips: list[str] = Field(default_factory=list)
+    learning: LearningDecision | None = None
+
+
 class WorkerCall(Contract):
     """Node -> worker on ``<prefix>.<node>.worker.<name>`` (framed with the payload, see
-    :func:`broker.codec.frame`): run ``fn`` on the payload within ``timeout_s``."""
+    :func:`broker.codec.frame`): run ``fn`` on the payload within ``timeout_s``; with ``answer``,
+    answer the caller directly too."""
 
     fn: str
     timeout_s: float = Field(gt=0)
+    answer: DirectAnswer | None = None
 
 
 class WorkerOutcome(Contract):
@@ -142,6 +162,7 @@ class WorkerOutcome(Contract):
     error: str | None = None
     execution_s: float = 0.0
     retiring: bool = False      # the worker exits after this answer (it recycles itself)
+    answered: bool = False      # the worker answered the caller itself (``WorkerCall.answer``)
 
 
 class NodeGone(Contract):

@@ -16,11 +16,10 @@ from typing import Callable
 
 from nats.aio.client import Client
 
-from broker import codes
 from broker import headers as H
-from broker.answers import Answer, answer_headers, error_body
+from broker.answers import Answer, answer_headers, error_body, render_direct
 from broker.codec import encode
-from broker.messages import HopTiming, Rejection, Result, Timings
+from broker.messages import DirectAnswer, HopTiming, Rejection, Result, Timings
 from broker.streams import deadletter_stream, results_stream
 from broker.subjects import Subjects
 from nodes.calls import Call
@@ -44,31 +43,46 @@ class Answerer:
 
     # -- outcomes -----------------------------------------------------------------------
     async def executed(self, call: Call, status: int, output: bytes, error: str | None, execution_s: float) -> None:
-        """A worker of this node ran the call."""
+        """A worker of this node ran the call (and did not answer a direct caller itself)."""
+        self.count_execution(call, status, execution_s)
+        if not call.is_async:
+            context = self.direct_context(call)
+            assert context is not None
+            return await self._reply(call, *render_direct(context, status, output, error, execution_s))
         total_s = time.time() - call.arrival
         hop = HopTiming(node=self.node, arrival=call.arrival, scheduling_s=call.scheduling_s,
                         probing_s=call.probing_s, total_s=total_s)
+        forwarded = call.request.external
+        peers = [*call.request.peers, self.node] if forwarded else []
+        ips = [*call.peer_ips, *[""] * (len(call.request.peers) - len(call.peer_ips)), self.ip] if forwarded else []
+        result = Result(request_id=call.inv.request_id, client=call.inv.client, fn=call.fn, status=status,
+                        error=error, executed_by=self.node, origin=peers[0] if peers else self.node,
+                        hops=call.request.hops if forwarded else 0, peers=peers, peer_ips=ips, scheduler=call.scheduler,
+                        timings=self._timings(call, execution_s, total_s), hop_timings=[hop],
+                        learning=call.learning, **_output_fields(output if status == 200 else b""))
+        self._store(call, self.subjects.result(call.inv.client, call.inv.request_id), encode(result))
+
+    def direct_context(self, call: Call) -> DirectAnswer | None:
+        """A direct call's side of its answer, handed to the worker that runs it (it answers the
+        caller itself: one hop less); None for an async call, whose answer is stored by us."""
+        if call.is_async:
+            return None
+        forwarded = call.request.external
+        return DirectAnswer(
+            reply=call.reply, node=self.node, arrival=call.arrival, scheduling_s=call.scheduling_s,
+            probing_s=call.probing_s, queueing_s=call.queueing_s, transit_s=call.transit_s, scheduler=call.scheduler,
+            forwards=call.request.hops if forwarded else 0,
+            peers=[*call.request.peers, self.node] if forwarded else [],
+            peer_ips=[*call.peer_ips, *[""] * (len(call.request.peers) - len(call.peer_ips)), self.ip] if forwarded else [],
+            learning=call.learning)
+
+    def count_execution(self, call: Call, status: int, execution_s: float) -> None:
+        """Metrics, pool telemetry and rewards of a call a worker ran (whoever answered it)."""
+        total_s = time.time() - call.arrival
         self._count(call, status, execution_s, total_s)
         stats = self.stats_of(call.pool)
         if stats is not None:
             stats.completed(total_s, call.deadline_s, status == 200)
-        forwarded = call.request.external
-        peers = [*call.request.peers, self.node] if forwarded else []
-        ips = [*call.peer_ips, *[""] * (len(call.request.peers) - len(call.peer_ips)), self.ip] if forwarded else []
-        if call.is_async:
-            result = Result(request_id=call.inv.request_id, client=call.inv.client, fn=call.fn, status=status,
-                            error=error, executed_by=self.node, origin=peers[0] if peers else self.node,
-                            hops=call.request.hops if forwarded else 0, peers=peers, peer_ips=ips,
-                            scheduler=call.scheduler,
-                            timings=self._timings(call, execution_s, total_s), hop_timings=[hop],
-                            learning=call.learning, **_output_fields(output if status == 200 else b""))
-            return self._store(call, self.subjects.result(call.inv.client, call.inv.request_id), encode(result))
-        headers = answer_headers(status=status, scheduler=call.scheduler, executed_by=self.node, hops=[hop],
-                                 execution_s=execution_s, queueing_s=call.queueing_s, transit_s=call.transit_s,
-                                 forwards=call.request.hops if forwarded else 0, peers=peers, peer_ips=ips,
-                                 learning=call.learning)
-        body = output if status == 200 else error_body(codes.for_status(status), error or "function failed")
-        await self._reply(call, body, headers)
 
     async def relayed(self, call: Call, answer: Answer) -> None:
         """A peer answered a call this node forwarded: this node's timings go in front of its own."""

@@ -22,7 +22,7 @@ from nats.aio.msg import Msg
 from broker import headers as H
 from broker.codec import frame, unframe
 from broker.errors import ContractError
-from broker.messages import WorkerCall, WorkerOutcome
+from broker.messages import DirectAnswer, WorkerCall, WorkerOutcome
 from broker.subjects import Subjects
 from functions.registry import FunctionRegistry
 from nodes.calls import Call
@@ -34,6 +34,7 @@ OVERRUN_GRACE_S = 2.0   # past its timeout plus this, a silent worker is taken f
 
 Done = Callable[[Call, WorkerOutcome, bytes], Awaitable[None]]
 Lost = Callable[[Call, str], Awaitable[None]]
+Direct = Callable[[Call], "DirectAnswer | None"]
 
 
 @dataclass(eq=False, slots=True)
@@ -48,10 +49,12 @@ class WorkerSlot:
 class Dispatcher:
     def __init__(self, pool: str, nc: Client, subjects: Subjects, node: str, registry: FunctionRegistry,
                  inbox: Inbox, done: Done, lost: Lost, *, slots: int | None = None,
-                 kill_worker: Callable[[str], None] = lambda name: None) -> None:
+                 kill_worker: Callable[[str], None] = lambda name: None,
+                 direct: Direct = lambda call: None) -> None:
+        """``direct``: what a worker needs to answer a call's caller itself (None: the node answers)."""
         self.pool, self.nc, self.subjects, self.node = pool, nc, subjects, node
         self.registry, self.inbox = registry, inbox
-        self._done, self._lost, self._kill_worker = done, lost, kill_worker
+        self._done, self._lost, self._kill_worker, self._direct = done, lost, kill_worker, direct
         self.slots = slots                      # None: one per worker (dedicated pool)
         self.workers: dict[str, WorkerSlot] = {}
         self.queue: deque[Call] = deque()
@@ -126,17 +129,22 @@ class Dispatcher:
         return spec.concurrency if spec is not None and self.slots is not None else 1
 
     def _pick(self, concurrency: int) -> WorkerSlot | None:
-        """An idle worker for a CPU-bound call; for a concurrent one, the least busy worker that
-        runs only concurrent calls and has room."""
+        """An idle worker for a CPU-bound call. A concurrent one (I/O-bound, async, inline) goes to
+        the busiest worker that runs only concurrent calls and still has room, and to an idle
+        worker only when none has: concurrent calls packed together leave the most workers idle
+        for CPU-bound calls, and a worker answers a burst of them in a few writes, not one each."""
+        idle: WorkerSlot | None = None
         best: WorkerSlot | None = None
         for slot in self.workers.values():
             if slot.stopping:
                 continue
             if slot.running == 0:
-                return slot
-            if concurrency > 1 and slot.running < slot.limit and (best is None or slot.running < best.running):
+                if concurrency == 1:
+                    return slot
+                idle = idle or slot
+            elif concurrency > 1 and slot.running < slot.limit and (best is None or slot.running > best.running):
                 best = slot
-        return best
+        return best or idle
 
     async def _dispatch(self, call: Call, slot: WorkerSlot, concurrency: int) -> None:
         slot.limit = concurrency if slot.running == 0 else min(slot.limit, concurrency)
@@ -153,8 +161,8 @@ class Dispatcher:
         self._timers[call.id] = asyncio.get_running_loop().call_later(
             timeout_s + OVERRUN_GRACE_S, self._overrun, call)
         try:
-            await self.nc.publish(slot.subject, frame(WorkerCall(fn=call.fn, timeout_s=timeout_s), call.payload),
-                                  reply=reply)
+            order = WorkerCall(fn=call.fn, timeout_s=timeout_s, answer=self._direct(call))
+            await self.nc.publish(slot.subject, frame(order, call.payload), reply=reply)
         except Exception as exc:  # the connection is gone: the call cannot reach its worker
             self._end(call)
             await self._lost(call, f"could not reach worker {slot.name}: {exc}")

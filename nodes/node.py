@@ -180,7 +180,10 @@ class Node:
         node = self.settings.node_id
 
         async def done(call, outcome, output) -> None:
-            await answerer.executed(call, outcome.status, output, outcome.error, outcome.execution_s)
+            if outcome.answered:  # the worker answered the caller; the node only counts it
+                answerer.count_execution(call, outcome.status, outcome.execution_s)
+            else:
+                await answerer.executed(call, outcome.status, output, outcome.error, outcome.execution_s)
 
         def kill(pool: str):
             return lambda worker: self.pools[pool].kill(worker)
@@ -189,7 +192,8 @@ class Node:
         for name in (DEFAULT_POOL, *self.settings.pools):
             slots = self.store.node.parallel_running_functions_max if name == DEFAULT_POOL else None
             dispatchers[name] = Dispatcher(name, self.nc, self.subjects, node, self.registry, self.inbox, done,
-                                           answerer.lost, slots=slots, kill_worker=kill(name))
+                                           answerer.lost, slots=slots, kill_worker=kill(name),
+                                           direct=answerer.direct_context)
             self.stats[name] = PoolStats(node, name)
         self._dispatchers = dispatchers
         return dispatchers

@@ -27,6 +27,7 @@ from concurrent.futures import ThreadPoolExecutor
 from nats.aio.client import Client
 from nats.aio.msg import Msg
 
+from broker.answers import render_direct
 from broker.codec import encode, frame, unframe
 from broker.connection import close_quietly, connect, credentials_from_env
 from broker.errors import ContractError
@@ -135,7 +136,7 @@ class Worker:
                 outcome = WorkerOutcome(status=200, execution_s=time.perf_counter() - started)
             except Exception as exc:
                 output, outcome = b"", _failure(spec.name, exc, time.perf_counter() - started)
-            return await self._reply(msg.reply, outcome, _as_bytes(output))
+            return await self._answer(msg.reply, call, outcome, _as_bytes(output))
         task = asyncio.create_task(self._execute(msg.reply, spec, call, payload))
         self._running.add(task)
         task.add_done_callback(self._running.discard)
@@ -152,7 +153,7 @@ class Worker:
                                     error=f"{spec.name} exceeded its timeout of {call.timeout_s:g} s")
         except Exception as exc:
             outcome = _failure(spec.name, exc, time.perf_counter() - started)
-        await self._reply(reply, outcome, _as_bytes(output))
+        await self._answer(reply, call, outcome, _as_bytes(output))
         if self.recycle:
             self.stopping.set()
 
@@ -184,6 +185,19 @@ class Worker:
         elif spec.concurrency == 1:
             self._cpu.shutdown(wait=False)
             self._cpu = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"{self.name}-cpu")
+
+    async def _answer(self, reply: str, call: WorkerCall, outcome: WorkerOutcome, output: bytes) -> None:
+        """A direct call's caller gets its answer from here (one hop less than through the node);
+        the node still gets the outcome (without the output) for its counts and its slot. If the
+        caller's answer cannot go out, the node gets the output and answers instead."""
+        if call.answer is not None and self.nc is not None:
+            body, headers = render_direct(call.answer, outcome.status, output, outcome.error, outcome.execution_s)
+            try:
+                await self.nc.publish(call.answer.reply, body, headers=headers)
+                outcome, output = outcome.model_copy(update={"answered": True}), b""
+            except Exception as exc:
+                log.warning("%s: could not answer %s directly: %s", self.name, call.fn, exc)
+        await self._reply(reply, outcome, output)
 
     async def _reply(self, reply: str, outcome: WorkerOutcome, output: bytes = b"") -> None:
         if outcome.status != 200:

@@ -171,17 +171,22 @@ class LearningContext:
         """Called by the service for every decided request: notes the type of a task queued
         here, and returns ``headers`` carrying this node's learning decision (or the origin's,
         for a forwarded request) — and never a client's own learning headers."""
+        own = self.decision_for(key, request, decision)
+        if own is None and request.external:
+            return headers
+        clean = {k: v for k, v in headers.items() if k not in H.LEARNING}
+        return {**clean, **own.headers()} if own is not None else clean
+
+    def decision_for(self, key: str, request: SchedulingRequest, decision: Decision) -> LearningDecision | None:
+        """:meth:`annotate` without the headers (the service's path): notes the type of a task
+        queued here and returns this node's learning decision on it, if it made one."""
         if isinstance(decision, Execute):
             self.types[key] = raw_task_type(request.task_type)
             if len(self.types) > self._prune_at:
                 _, outstanding = self.tasks()
                 self.types = {k: t for k, t in self.types.items() if k in outstanding}
                 self._prune_at = 2 * len(self.types) + 1024
-        own = self.rewards.decision_of(key)
-        if own is None and request.external:
-            return headers
-        clean = {k: v for k, v in headers.items() if k not in H.LEARNING}
-        return {**clean, **own.headers()} if own is not None else clean
+        return self.rewards.decision_of(key)
 
 
 class LearningScheduler(SchedulingAlgorithm):

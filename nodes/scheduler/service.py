@@ -26,7 +26,7 @@ from broker import codes
 from broker import headers as H
 from broker.answers import error_body
 from broker.codec import encode
-from broker.messages import LearningDecision, Rejection
+from broker.messages import Rejection
 from broker.streams import results_stream
 from broker.subjects import Invocation, Subjects
 from functions.registry import FunctionRegistry
@@ -76,6 +76,7 @@ class SchedulerService:
         self.main = pools[DEFAULT_POOL]
         self.pool_of = {fn: name for name, spec in settings.pools.items() for fn in spec.functions}
         self.algorithm: SchedulingAlgorithm = build_algorithm(store.scheduler.name, store.scheduler.parameters)
+        self._described: tuple[SchedulingAlgorithm | None, str] = (None, "")
         self.inbound = Inbound(self.subjects, self.node_id, registry, settings.max_payload_bytes)
         self.forwarder = Forwarder(self.node_id, nc, self.subjects, inbox, answerer, self.run_here, self._count_forward,
                                    peers)
@@ -214,10 +215,16 @@ class SchedulerService:
         algorithm = self.algorithm
         forced = forced_algorithm(request)
         # X-P2pfaas-Scheduler names the algorithm that decided: the forced one, as P2PFaaS does
-        call.scheduler = call.scheduler or (forced or algorithm).describe()
+        call.scheduler = call.scheduler or (forced.describe() if forced is not None else self._describe(algorithm))
         if algorithm.instant or forced is not None:
             return await self.carry_out(call, complete_now(decide(algorithm, request, self)))
         self._spawn(self._decide_and_carry_out(call, algorithm))   # it probes or asks the learner
+
+    def _describe(self, algorithm: SchedulingAlgorithm) -> str:
+        """``algorithm.describe()``, computed once per algorithm installed (it is on every call's path)."""
+        if self._described[0] is not algorithm:
+            self._described = (algorithm, algorithm.describe())
+        return self._described[1]
 
     async def _decide_and_carry_out(self, call: Call, algorithm: SchedulingAlgorithm) -> None:
         await self.carry_out(call, await decide(algorithm, call.request, self))
@@ -226,7 +233,7 @@ class SchedulerService:
         call.scheduled_at = time.time()
         call.probing_s = decision.probing_s
         if self.learning is not None:  # X-P2pfaas-Scheduler-Learning-* go back with the answer
-            call.learning = LearningDecision.from_headers(self.learning.annotate(call.key, call.request, decision, {}))
+            call.learning = self.learning.decision_for(call.key, call.request, decision)
         if isinstance(decision, Execute):
             return await self._execute(call, decision, self.main)
         if isinstance(decision, Forward):
