@@ -224,6 +224,7 @@ class ScaleCommand(Contract):
     reason: str = ""
     policy: str = ""
     at: float = Field(default_factory=time.time)
+    model_version: str = ""       # the weights that decided an RL policy's target ("shipped", "online-<n>")
 
 
 class SchedulingExperience(Contract):
