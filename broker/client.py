@@ -1,55 +1,36 @@
-"""Calling functions over NATS: submit durably, wait for the result or rejection.
+"""Calling functions over NATS: direct calls (request/reply) and durable async calls.
 
-Used by ``p2pfaas invoke --via nats``, the HTTP bridge and the benchmarks::
+Used by ``p2pfaas invoke --via nats``, the HTTP bridge, the farm emitter and the benchmarks::
 
     async with FaasClient(nc, client="app1") as faas:
-        answer = await faas.invoke("n1", "fib", b"25")
+        answer = await faas.invoke("n1", "fib", b"25")          # direct: nothing is stored
+        await faas.submit("n1", "fib", b"25", "r1")             # async: stored once, then run
+        answer = await faas.expect("r1")                        # ... its result, when it comes
+
+A direct call fails fast: :class:`~broker.errors.NodeUnavailable` when no node listens, when
+the client has no broker connection, or when the node goes away mid-call.
 """
 
 from __future__ import annotations
 
 import asyncio
-import base64
+import itertools
 import time
 import uuid
-from dataclasses import dataclass
 
 from nats.aio.client import Client
 from nats.aio.msg import Msg
 from nats.js.errors import NotFoundError
 
 from broker import headers as H
+from broker.answers import Answer
 from broker.codec import decode
-from broker.errors import ContractError
-from broker.messages import Rejection, Result
+from broker.errors import ContractError, InvalidSubject, NodeUnavailable
+from broker.messages import NodeGone
 from broker.streams import results_stream
 from broker.subjects import Subjects, check_token
 
-
-@dataclass(frozen=True, slots=True)
-class Answer:
-    """Exactly one of ``result`` / ``rejection`` is set."""
-
-    result: Result | None = None
-    rejection: Rejection | None = None
-
-    @property
-    def status(self) -> int:
-        return self.result.status if self.result else self.rejection.http_status  # type: ignore[union-attr]
-
-    @property
-    def output(self) -> bytes:
-        if self.result is None:
-            return b""
-        if self.result.output_b64 is not None:
-            return base64.b64decode(self.result.output_b64)
-        return (self.result.output or "").encode()
-
-
-def answer_from(subject_kind: str, data: bytes) -> Answer:
-    if subject_kind == "result":
-        return Answer(result=decode(Result, data))
-    return Answer(rejection=decode(Rejection, data))
+__all__ = ["Answer", "FaasClient", "new_request_id"]
 
 
 def new_request_id() -> str:
@@ -62,20 +43,32 @@ class FaasClient:
         self.js = nc.jetstream()
         self.client = check_token(client, "client")
         self.subjects = Subjects(prefix)
-        self._waiting: dict[str, asyncio.Future[Answer]] = {}
+        self._waiting: dict[str, asyncio.Future[Answer]] = {}            # async answers by request id
+        self._calls: dict[str, tuple[asyncio.Future[Answer], str]] = {}  # direct calls by token: (future, node)
+        self._tokens = itertools.count()
+        self._inbox = ""
         self._subs: list = []
 
     async def start(self) -> "FaasClient":
-        self._subs.append(await self.nc.subscribe(self.subjects.results_of(self.client), cb=self._on_answer))
-        self._subs.append(await self.nc.subscribe(self.subjects.rejects_of(self.client), cb=self._on_answer))
+        self._inbox = self.nc.new_inbox()
+        for subject, handler in ((f"{self._inbox}.*", self._on_reply),
+                                 (self.subjects.results_of(self.client), self._on_answer),
+                                 (self.subjects.rejects_of(self.client), self._on_answer),
+                                 (self.subjects.all_gone(), self._on_gone)):
+            self._subs.append(await self.nc.subscribe(subject, cb=handler))
         return self
 
     async def stop(self) -> None:
         for sub in self._subs:
-            await sub.unsubscribe()
+            try:
+                await sub.unsubscribe()
+            except Exception:  # the connection may already be closed
+                pass
         self._subs.clear()
-        for fut in self._waiting.values():
+        for fut in [*self._waiting.values(), *(f for f, _ in self._calls.values())]:
             fut.cancel()
+        self._waiting.clear()
+        self._calls.clear()
 
     async def __aenter__(self) -> "FaasClient":
         return await self.start()
@@ -83,17 +76,64 @@ class FaasClient:
     async def __aexit__(self, *exc: object) -> None:
         await self.stop()
 
-    async def _on_answer(self, msg: Msg) -> None:
-        kind, _, req = self.subjects.answer_ids(msg.subject)
-        fut = self._waiting.pop(req, None)
-        if fut is None or fut.done():
-            return
+    # -- direct calls -----------------------------------------------------------------
+    async def invoke(self, node: str, fn: str, payload: bytes, *, req: str | None = None,
+                     headers: dict[str, str] | None = None, timeout_s: float = 60.0) -> Answer:
+        """Call ``fn`` on ``node`` and return its answer (any status); asyncio.TimeoutError
+        after ``timeout_s``, NodeUnavailable when the node cannot answer at all."""
+        if not self.nc.is_connected:
+            raise NodeUnavailable(f"not connected to NATS: cannot reach node {node}")
+        subject = self.subjects.request(node, fn, self.client, req or new_request_id())
+        token = str(next(self._tokens))
+        loop = asyncio.get_running_loop()
+        fut: asyncio.Future[Answer] = loop.create_future()
+        self._calls[token] = (fut, node)
+        timer = loop.call_later(timeout_s, _expire, fut, timeout_s)
+        hdrs = {H.SENT_AT: repr(time.time())}
+        if headers:
+            hdrs.update(headers)
         try:
-            fut.set_result(answer_from(kind, msg.data))
-        except ContractError as exc:
-            fut.set_exception(exc)
+            await self.nc.publish(subject, payload, reply=f"{self._inbox}.{token}", headers=hdrs)
+            return await fut
+        finally:
+            timer.cancel()
+            self._calls.pop(token, None)
+
+    async def _on_reply(self, msg: Msg) -> None:
+        entry = self._calls.pop(msg.subject.rpartition(".")[2], None)
+        if entry is None or entry[0].done():
+            return
+        fut, node = entry
+        headers = msg.headers or {}
+        if headers.get(H.NATS_STATUS) == "503" and not msg.data:
+            fut.set_exception(NodeUnavailable(f"node {node} is not running (nobody answers its requests)"))
+            return
+        status = headers.get(H.STATUS, "200")
+        fut.set_result(Answer(int(status) if status.isdigit() else 500, msg.data, headers))
+
+    async def _on_gone(self, msg: Msg) -> None:
+        try:
+            gone = decode(NodeGone, msg.data)
+        except ContractError:
+            return
+        for token, (fut, node) in list(self._calls.items()):
+            if node == gone.node and not fut.done():
+                del self._calls[token]
+                fut.set_exception(NodeUnavailable(f"node {node} went away during the call ({gone.reason or 'stopped'})"))
+
+    # -- async calls --------------------------------------------------------------------
+    async def submit(self, node: str, fn: str, payload: bytes, req: str, headers: dict[str, str] | None = None,
+                     timeout_s: float = 5.0) -> None:
+        """Durably store the call (returns once JetStream has it); the answer comes on
+        ``<prefix>.result|reject.<client>.<req>`` (see :meth:`expect`)."""
+        subject = self.subjects.async_request(node, fn, self.client, req)
+        hdrs = {H.MSG_ID: f"{self.client}.{req}", H.SENT_AT: repr(time.time())}
+        if headers:
+            hdrs.update(headers)
+        await self.js.publish(subject, payload, headers=hdrs, timeout=timeout_s)
 
     def expect(self, req: str) -> "asyncio.Future[Answer]":
+        """A future for the answer of async call ``req`` (call it before :meth:`submit`)."""
         fut = asyncio.get_running_loop().create_future()
         self._waiting[req] = fut
         return fut
@@ -101,18 +141,9 @@ class FaasClient:
     def forget(self, req: str) -> None:
         self._waiting.pop(req, None)
 
-    async def submit(self, node: str, fn: str, payload: bytes, req: str, headers: dict[str, str] | None = None,
-                     timeout_s: float = 5.0) -> None:
-        """Durably publish the request (returns once JetStream stored it)."""
-        subject = self.subjects.request(node, fn, self.client, req)
-        hdrs = {H.MSG_ID: f"{self.client}.{req}", H.ARRIVAL: repr(time.time())}
-        if headers:
-            hdrs.update(headers)
-        await self.js.publish(subject, payload, headers=hdrs, timeout=timeout_s)
-
-    async def invoke(self, node: str, fn: str, payload: bytes, *, req: str | None = None,
-                     headers: dict[str, str] | None = None, timeout_s: float = 60.0) -> Answer:
-        """Submit and wait for the answer; asyncio.TimeoutError after ``timeout_s``."""
+    async def call_async(self, node: str, fn: str, payload: bytes, *, req: str | None = None,
+                         headers: dict[str, str] | None = None, timeout_s: float = 60.0) -> Answer:
+        """Submit durably and wait for the answer; asyncio.TimeoutError after ``timeout_s``."""
         req = req or new_request_id()
         fut = self.expect(req)
         try:
@@ -120,6 +151,19 @@ class FaasClient:
             return await asyncio.wait_for(fut, timeout_s)
         finally:
             self.forget(req)
+
+    async def _on_answer(self, msg: Msg) -> None:
+        try:
+            kind, _, req = self.subjects.answer_ids(msg.subject)
+        except InvalidSubject:
+            return
+        fut = self._waiting.pop(req, None)
+        if fut is None or fut.done():
+            return
+        try:
+            fut.set_result(Answer.of_stored(kind, msg.data))
+        except ContractError as exc:
+            fut.set_exception(exc)
 
     async def stored_answer(self, client: str, req: str) -> Answer | None:
         """A result/rejection kept in the results stream (bounded age), or None."""
@@ -129,5 +173,10 @@ class FaasClient:
                 raw = await self.js.get_last_msg(results_stream(self.subjects), subject)
             except NotFoundError:
                 continue
-            return answer_from(kind, raw.data or b"")
+            return Answer.of_stored(kind, raw.data or b"")
         return None
+
+
+def _expire(fut: asyncio.Future, timeout_s: float) -> None:
+    if not fut.done():
+        fut.set_exception(asyncio.TimeoutError(f"no answer within {timeout_s:g} s"))

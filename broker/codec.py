@@ -1,4 +1,5 @@
-"""The one codec: message contracts <-> bytes on the wire (orjson)."""
+"""The one codec: message contracts <-> bytes on the wire (orjson), and the frame that carries
+a contract together with raw bytes (a worker call and its payload) without base64."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from pydantic import BaseModel, ValidationError
 from broker.errors import ContractError
 
 M = TypeVar("M", bound=BaseModel)
+_LENGTH = 4  # bytes of the frame's header: the length of the contract's JSON, big-endian
 
 
 def encode(message: BaseModel) -> bytes:
@@ -27,3 +29,17 @@ def decode(contract: type[M], data: bytes) -> M:
             f"{'.'.join(str(p) for p in e['loc']) or '<root>'}: {e['msg']}" for e in exc.errors()
         )
         raise ContractError(f"{contract.__name__}: {problems}") from None
+
+
+def frame(message: BaseModel, payload: bytes) -> bytes:
+    """``message`` and raw ``payload`` in one body: length, JSON, payload."""
+    meta = encode(message)
+    return len(meta).to_bytes(_LENGTH, "big") + meta + payload
+
+
+def unframe(contract: type[M], data: bytes) -> tuple[M, bytes]:
+    """The contract and the payload of a :func:`frame`; ContractError when it is not one."""
+    size = int.from_bytes(data[:_LENGTH], "big")
+    if len(data) < _LENGTH or len(data) < _LENGTH + size:
+        raise ContractError(f"{contract.__name__}: truncated frame ({len(data)} bytes)")
+    return decode(contract, data[_LENGTH:_LENGTH + size]), data[_LENGTH + size:]

@@ -102,6 +102,31 @@ class ManagedProcess:
             await proc.wait()
 
 
+# Two accounts (docs/architecture.md): services and NATS clients live in FAAS, MQTT devices of
+# the server's own listener in DEVICES. A device's request topic <p>/<node>/request/<fn>/<c>/<r>
+# is mapped to the durable subject <p>.async.<node>.<fn>.<c>.<r>, which FAAS imports and its
+# async stream captures: a device's QoS 1 request is stored, while a NATS request/reply on the
+# same request subject (a direct call) is not. Answers flow back by import. The prefix is a
+# wildcard, so one server serves every prefix.
+ACCOUNTS = """accounts {
+  FAAS: {
+    jetstream: enabled
+    users: [ { user: "faas", password: "faas-local" } ]
+    exports: [ { stream: "*.result.>" }, { stream: "*.reject.>" } ]
+    imports: [ { stream: { account: DEVICES, subject: "*.async.>" } } ]
+  }
+  DEVICES: {
+    jetstream: enabled
+    users: [ { user: "device", password: "device-local", allowed_connection_types: ["MQTT"] } ]
+    mappings: { "*.*.request.*.*.*": "{{wildcard(1)}}.async.{{wildcard(2)}}.{{wildcard(3)}}.{{wildcard(4)}}.{{wildcard(5)}}" }
+    exports: [ { stream: "*.async.>" } ]
+    imports: [ { stream: { account: FAAS, subject: "*.result.>" } }, { stream: { account: FAAS, subject: "*.reject.>" } } ]
+  }
+}
+no_auth_user: "faas"
+"""
+
+
 @dataclass
 class NatsServer(ManagedProcess):
     """nats-server with JetStream (file store under ``data_dir``) and optional MQTT."""
@@ -142,12 +167,13 @@ class NatsServer(ManagedProcess):
             f'listen: "{self.host}:{self.port}"',
             f"max_payload: {self.max_payload}",
             f'jetstream {{ store_dir: "{(self.data_dir / "jetstream").resolve()}" }}',
+            ACCOUNTS,
         ]
         if self.mqtt_port is not None:
             self.mqtt_port, note = choose_port(self.mqtt_port or None, self.host, {self.port})  # 0: any free port
             if note:
                 self.notes.append(f"MQTT: {note}")
-            lines.append(f'mqtt {{ listen: "{self.host}:{self.mqtt_port}" }}')
+            lines.append(f'mqtt {{ listen: "{self.host}:{self.mqtt_port}", no_auth_user: "device" }}')
         if self.cluster_port is not None:
             self.cluster_port, note = choose_port(self.cluster_port or None, self.host, {self.port, self.mqtt_port or 0})
             if note:

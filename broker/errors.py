@@ -4,7 +4,9 @@
     ├── InvalidToken          a subject/topic token outside [A-Za-z0-9_-]{1,64}
     ├── InvalidSubject        a subject/topic that is not one of ours
     ├── ContractError         a payload that does not match its message contract
-    └── BrokerUnavailable     nats-server / mosquitto cannot be reached or started
+    ├── BrokerUnavailable     nats-server / mosquitto cannot be reached or started
+    ├── NodeUnavailable       no node answers a direct call (not running, gone mid-call)
+    └── PayloadTooLarge       a body over the configured limit
 
 Each error carries the HTTP status the bridges answer with.
 """
@@ -30,3 +32,11 @@ class ContractError(FaasError, ValueError):
 
 class BrokerUnavailable(FaasError, RuntimeError):
     http_status = 503
+
+
+class NodeUnavailable(FaasError, RuntimeError):
+    http_status = 503
+
+
+class PayloadTooLarge(FaasError, ValueError):
+    http_status = 413

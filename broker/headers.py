@@ -1,4 +1,8 @@
-"""Header names on the wire (P2PFaaS-compatible where P2PFaaS has one)."""
+"""Header names on the wire (P2PFaaS-compatible where P2PFaaS has one), every one of them.
+
+A direct call's answer carries the same headers over NATS as over HTTP: the node writes
+them once, the HTTP bridge passes them through (docs/architecture.md).
+"""
 
 VERSION = "X-P2pfaas-Version"
 SCHEDULER = "X-P2pfaas-Scheduler"
@@ -17,6 +21,12 @@ TIMING_TOTAL = "X-P2pfaas-Timing-Total-Seconds-List"
 TIMING_SCHEDULING = "X-P2pfaas-Timing-Scheduling-Seconds-List"
 TIMING_PROBING = "X-P2pfaas-Timing-Probing-Seconds-List"
 TIMING_EXECUTION = "X-P2pfaas-Timing-Execution-Time-Seconds"
+# p2pfaas's own timings: transit (caller -> node) and queueing (waiting for a worker) are
+# not part of P2PFaaS's scheduling time, which is only the time the scheduler spent deciding
+TIMING_QUEUEING = "X-P2pfaas-Timing-Queueing-Seconds"
+TIMING_TRANSIT = "X-P2pfaas-Timing-Transit-Seconds"
+EXECUTED_BY = "X-P2pfaas-Executed-By"
+REJECTED_BY = "X-P2pfaas-Rejected-By"
 EXTERNALLY_EXECUTED = "X-P2pfaas-Externally-Executed"
 HOPS = "X-P2pfaas-Hops"
 PEERS_LIST_ID = "X-P2pfaas-Peers-List-Id"
@@ -28,21 +38,23 @@ CALLBACK_URL = "X-Callback-Url"
 
 # p2pfaas's own (NATS message headers)
 MSG_ID = "Nats-Msg-Id"
+STATUS = "X-P2pfaas-Status"                # HTTP-like status of an answer or control reply
+RETRY_AFTER = "Retry-After"
+NATS_STATUS = "Status"                     # nats-server's own status line (503: no responders)
+SENT_AT = "X-P2pfaas-Sent-At"              # unix time the caller sent the request (transit)
 TIMEOUT = "X-P2pfaas-Timeout-Seconds"      # function timeout asked by the caller
 DEADLINE = "X-P2pfaas-Deadline-Seconds"    # QoS deadline of the task (latency budget)
-ARRIVAL = "X-P2pfaas-Arrival"              # unix time the request entered the system
-CLIENT = "X-P2pfaas-Client"
-REQUEST_ID = "X-P2pfaas-Request-Id"
-ORIGIN = "X-P2pfaas-Origin"
-SCHEDULED_AT = "X-P2pfaas-Scheduled-At"
-SCHEDULING_S = "X-P2pfaas-Scheduling-Seconds"
-SCHEDULER_NAME = "X-P2pfaas-Scheduler-Name"
-SENT_AT = "X-P2pfaas-Sent-At"
-REPLY_TOPIC = "X-P2pfaas-Reply-Topic"
-HOP_TIMINGS = "X-P2pfaas-Hop-Timings"      # HopTrail JSON: arrival/scheduling/probing per node so far
+ARRIVAL = "X-P2pfaas-Arrival"              # unix time a forwarded request reached its origin
+SCHEDULER_NAME = "X-P2pfaas-Scheduler-Name"  # the origin's algorithm, carried with a forward
 
 TRUE_VALUES = frozenset({"1", "true", "yes", "on"})
 
 
 def is_true(value: str | None) -> bool:
     return value is not None and value.strip().lower() in TRUE_VALUES
+
+
+# request headers a caller may set (the HTTP bridge passes exactly these on)
+CALLER_HEADERS = (BYPASS, FORWARD, REJECT, TRACING_ID, TASK_TYPE, TIMEOUT, DEADLINE)
+# answer headers that reach the caller (HTTP response headers)
+TIMING_LISTS = (TIMING_TOTAL, TIMING_SCHEDULING, TIMING_PROBING)

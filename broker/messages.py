@@ -33,19 +33,16 @@ class HopTiming(Contract):
     total_s: float = 0.0
 
 
-class HopTrail(Contract):
-    """The ``X-P2pfaas-Hop-Timings`` header: one entry per node so far, origin first."""
-
-    hops: list[HopTiming] = Field(default_factory=list)
-
-
 class Timings(Contract):
-    """Per-request timings in seconds, measured like P2PFaaS."""
+    """Per-request timings in seconds, measured like P2PFaaS: ``scheduling_s`` is the time the
+    scheduler spent deciding (probes included); ``transit_s`` (caller to node) and ``queueing_s``
+    (waiting for a worker) are reported on their own; ``total_s`` runs from arrival to answer."""
 
     scheduling_s: float = 0.0
     queueing_s: float = 0.0
     execution_s: float = 0.0
     total_s: float = 0.0
+    transit_s: float = 0.0
 
 
 class LearningDecision(Contract):
@@ -126,6 +123,36 @@ class Rejection(Contract):
     learning: LearningDecision | None = None   # set when a LearningScheduler decided it
 
 
+class WorkerCall(Contract):
+    """Node -> worker on ``<prefix>.<node>.worker.<name>`` (framed with the payload, see
+    :func:`broker.codec.frame`): run ``fn`` on the payload within ``timeout_s``."""
+
+    fn: str
+    timeout_s: float = Field(gt=0)
+
+
+class WorkerOutcome(Contract):
+    """Worker -> node, the reply to a :class:`WorkerCall` (framed with the function's output).
+
+    ``status``: 200 ok, 400 the function refused its input, 404 unknown function,
+    500 it raised, 504 it overran its timeout (the worker then recycles itself)."""
+
+    status: int
+    error: str | None = None
+    execution_s: float = 0.0
+    retiring: bool = False      # the worker exits after this answer (it recycles itself)
+
+
+class NodeGone(Contract):
+    """On ``<prefix>.<node>.gone``: the node stopped (``by`` is the node itself, or one of its
+    workers that saw it die); callers waiting on it fail at once."""
+
+    node: str
+    by: str
+    reason: str = ""
+    at: float = Field(default_factory=time.time)
+
+
 class NodeLoad(Contract):
     """Answer of the load probe ``faas.<node>.load`` (P2PFaaS /monitoring/load)."""
 
@@ -164,6 +191,8 @@ class Heartbeat(Contract):
     queue_length_max: int = 0
     version: str = ""
     time: float = Field(default_factory=time.time)
+    scheduler: str = ""                                       # e.g. PowerOfNScheduler(1, 2, true, 1)
+    forwards: dict[str, int] = Field(default_factory=dict)    # forwards to each peer since the last heartbeat
 
 
 class PeerInfo(Contract):

@@ -19,6 +19,7 @@ from nats.aio.client import Client
 from nats.aio.msg import Msg
 from nats.errors import NoRespondersError
 from nats.errors import TimeoutError as NatsTimeout
+from nats.js.errors import Error as JetStreamError
 from prometheus_client import CollectorRegistry, Counter
 
 from broker import headers as H
@@ -128,13 +129,14 @@ class MqttBridge:
             await self._reject(inv.client, inv.request_id, inv.fn, 413,
                                f"payload of {len(message.payload)} bytes exceeds the limit of {self.max_payload_bytes}")
             return self._ack(message, "too_large")
-        headers = {H.MSG_ID: inv.call_key, H.ARRIVAL: repr(time.time())}
+        if inv.kind != "request":
+            await self._reject(inv.client, inv.request_id, inv.fn, 400, f"devices publish requests, not {inv.kind}s: {topic!r}")
+            return self._ack(message, "invalid")
+        headers = {H.MSG_ID: inv.call_key, H.SENT_AT: repr(time.time())}
+        subject = self.subjects.async_request(inv.node, inv.fn, inv.client, inv.request_id)
         try:
             await self.js.publish(subject, message.payload, headers=headers, timeout=5.0)
-        except NoRespondersError:
-            await self._reject(inv.client, inv.request_id, inv.fn, 404, f"no node {inv.node!r} (no stream takes {subject})")
-            return self._ack(message, "unknown_node")
-        except (NatsTimeout, asyncio.TimeoutError) as exc:
+        except (NatsTimeout, asyncio.TimeoutError, NoRespondersError, JetStreamError) as exc:
             # not acked: Mosquitto redelivers it to our persistent session after reconnect
             log.warning("MQTT bridge: JetStream did not store %s (%s); leaving it unacknowledged", subject, exc)
             self.messages.labels("to_nats", "unstored").inc()

@@ -1,7 +1,8 @@
 """JetStream stream provisioning: names, subjects and limits of every durable stream.
 
-Idempotent: every component that needs a stream calls :func:`ensure_node_streams`
-or :func:`ensure_shared_streams`; the first one creates it, later ones reuse it.
+Only asynchronous work is stored: the async intake (one store per task), the answers
+someone will come back for, dead letters and learning experiences. Direct calls never
+touch JetStream. Idempotent: whoever needs a stream ensures it; the first creates it.
 """
 
 from __future__ import annotations
@@ -20,18 +21,28 @@ DUPLICATE_WINDOW_S = 120.0
 RESULT_MAX_AGE_S = 3600.0
 DEADLETTER_MAX_AGE_S = 7 * 24 * 3600.0
 EXPERIENCE_MAX_AGE_S = 7 * 24 * 3600.0
+# Bounds: a full intake refuses new work (the publisher gets an error and keeps its message);
+# full answer/dead-letter/experience streams drop their oldest entries.
+MIB = 1024 * 1024
+ASYNC_MAX_BYTES = 512 * MIB
+ASYNC_MAX_MSGS = 1_000_000
+RESULT_MAX_BYTES = 512 * MIB
+DEADLETTER_MAX_BYTES = 128 * MIB
+EXPERIENCE_MAX_BYTES = 256 * MIB
+
+
+def stream_names(subjects: Subjects) -> str:
+    """The common start of every stream name of a prefix (for listing or cleaning them up)."""
+    return subjects.prefix.upper() + "_"
 
 
 def _name(subjects: Subjects, *parts: str) -> str:
     return "_".join((subjects.prefix.upper(), *parts))
 
 
-def requests_stream(subjects: Subjects, node: str) -> str:
-    return _name(subjects, "REQ", node)
-
-
-def tasks_stream(subjects: Subjects, node: str) -> str:
-    return _name(subjects, "TASK", node)
+def async_stream(subjects: Subjects) -> str:
+    """Every node's durable intake; node ``n`` consumes ``<prefix>.async.<n>.>``."""
+    return _name(subjects, "ASYNC")
 
 
 def results_stream(subjects: Subjects) -> str:
@@ -58,11 +69,23 @@ async def _ensure(js: JetStreamContext, config: StreamConfig) -> None:
 
 
 async def ensure_shared_streams(js: JetStreamContext, subjects: Subjects) -> None:
+    """The async intake, the answers and the dead letters (shared by every node)."""
+    await _ensure(js, StreamConfig(
+        name=async_stream(subjects),
+        subjects=[subjects.all_async()],
+        storage=StorageType.FILE,
+        retention=RetentionPolicy.WORK_QUEUE,
+        duplicate_window=DUPLICATE_WINDOW_S,
+        discard=DiscardPolicy.NEW,
+        max_bytes=ASYNC_MAX_BYTES,
+        max_msgs=ASYNC_MAX_MSGS,
+    ))
     await _ensure(js, StreamConfig(
         name=results_stream(subjects),
         subjects=[subjects.all_results(), subjects.all_rejects()],
         storage=StorageType.FILE,
         max_age=RESULT_MAX_AGE_S,
+        max_bytes=RESULT_MAX_BYTES,
         duplicate_window=DUPLICATE_WINDOW_S,
         allow_direct=True,
     ))
@@ -71,30 +94,17 @@ async def ensure_shared_streams(js: JetStreamContext, subjects: Subjects) -> Non
         subjects=[subjects.all_deadletters()],
         storage=StorageType.FILE,
         max_age=DEADLETTER_MAX_AGE_S,
+        max_bytes=DEADLETTER_MAX_BYTES,
     ))
 
 
 async def ensure_node_streams(js: JetStreamContext, subjects: Subjects, node: str) -> None:
-    """Request/forward stream and task queue of ``node`` (work-queue retention)."""
+    """The shared streams and the node's experience stream."""
     await ensure_shared_streams(js, subjects)
     await _ensure(js, StreamConfig(
-        name=requests_stream(subjects, node),
-        subjects=[subjects.requests_of(node), subjects.forwards_of(node)],
-        storage=StorageType.FILE,
-        retention=RetentionPolicy.WORK_QUEUE,
-        duplicate_window=DUPLICATE_WINDOW_S,
-        discard=DiscardPolicy.NEW,
-    ))
-    await _ensure(js, StreamConfig(
-        name=tasks_stream(subjects, node),
-        subjects=[subjects.tasks_of(node)],
-        storage=StorageType.FILE,
-        retention=RetentionPolicy.WORK_QUEUE,
-        duplicate_window=DUPLICATE_WINDOW_S,
-    ))
-    await _ensure(js, StreamConfig(
         name=experiences_stream(subjects, node),
-        subjects=[subjects.reward(node), subjects._join(node, "experience", ">")],
+        subjects=[subjects.reward(node), subjects.experiences_of(node)],
         storage=StorageType.FILE,
         max_age=EXPERIENCE_MAX_AGE_S,
+        max_bytes=EXPERIENCE_MAX_BYTES,
     ))

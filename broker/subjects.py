@@ -15,7 +15,7 @@ from broker.errors import InvalidSubject, InvalidToken
 TOKEN_RE = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
 # second-level tokens of shared subjects: a node with one of these names would
 # collide with them (and its streams could not be created)
-RESERVED_NODE_IDS = frozenset({"result", "reject", "membership", "deadletter"})
+RESERVED_NODE_IDS = frozenset({"result", "reject", "membership", "deadletter", "async"})
 DEFAULT_PREFIX = "faas"
 
 
@@ -63,12 +63,13 @@ def pool_of_model(model: str) -> str | None:
     return None
 
 
-Kind = Literal["request", "forward"]
+Kind = Literal["request", "forward", "async"]
 
 
 @dataclass(frozen=True, slots=True)
 class Invocation:
-    """A parsed ``<prefix>.<node>.(request|forward).<fn>.<client>.<req>``."""
+    """A parsed invocation subject: ``<prefix>.<node>.(request|forward).<fn>.<client>.<req>``
+    (direct: request/reply) or ``<prefix>.async.<node>.<fn>.<client>.<req>`` (durable)."""
 
     node: str
     kind: Kind
@@ -93,10 +94,17 @@ class Subjects:
 
     # -- invocation -------------------------------------------------------
     def request(self, node: str, fn: str, client: str, req: str) -> str:
+        """Direct call (request/reply); published without a reply subject it becomes an async call."""
         return self._join(node, "request", check_token(fn, "function"), check_token(client, "client"), check_token(req, "request id"))
 
     def forward(self, node: str, fn: str, client: str, req: str) -> str:
+        """Node to node (request/reply): the peer runs it and answers the forwarding node."""
         return self._join(node, "forward", check_token(fn, "function"), check_token(client, "client"), check_token(req, "request id"))
+
+    def async_request(self, node: str, fn: str, client: str, req: str) -> str:
+        """Durable call: stored once in the async stream, answered on the result/reject subjects."""
+        return ".".join((self.prefix, "async", check_node(node), check_token(fn, "function"),
+                         check_token(client, "client"), check_token(req, "request id")))
 
     def requests_of(self, node: str) -> str:
         return self._join(node, "request", ">")
@@ -104,14 +112,23 @@ class Subjects:
     def forwards_of(self, node: str) -> str:
         return self._join(node, "forward", ">")
 
+    def async_of(self, node: str) -> str:
+        return f"{self.prefix}.async.{check_node(node)}.>"
+
+    def all_async(self) -> str:
+        return f"{self.prefix}.async.>"
+
     def parse_invocation(self, subject: str) -> Invocation:
-        """Parse a request/forward subject; InvalidSubject/InvalidToken says what is wrong."""
+        """Parse a request/forward/async subject; InvalidSubject/InvalidToken says what is wrong."""
         parts = subject.split(".")
-        if len(parts) != 6 or parts[0] != self.prefix or parts[2] not in ("request", "forward"):
+        if len(parts) == 6 and parts[0] == self.prefix and parts[1] == "async":
+            _, kind, node, fn, client, req = parts
+        elif len(parts) == 6 and parts[0] == self.prefix and parts[2] in ("request", "forward"):
+            _, node, kind, fn, client, req = parts
+        else:
             raise InvalidSubject(
                 f"{subject!r} is not {self.prefix}.<node>.request.<fn>.<client>.<req>"
             )
-        _, node, kind, fn, client, req = parts
         check_node(node)
         check_token(fn, "function")
         check_token(client, "client")
@@ -156,20 +173,23 @@ class Subjects:
         return parts[1], parts[2], parts[3]
 
     # -- node internals ---------------------------------------------------
-    def task(self, node: str, fn: str) -> str:
-        return self._join(node, "task", check_token(fn, "function"))
+    def worker(self, node: str, worker: str) -> str:
+        """A worker's own dispatch subject: the node sends it calls (request/reply)."""
+        return self._join(node, "worker", check_token(worker, "worker"))
 
-    def tasks_of(self, node: str) -> str:
-        return self._join(node, "task", ">")
+    def gone(self, node: str) -> str:
+        """Published when a node stops (by the node, or by its workers when it died): callers
+        waiting on it fail at once instead of at their timeout."""
+        return self._join(node, "gone")
+
+    def all_gone(self) -> str:
+        return f"{self.prefix}.*.gone"
 
     def deadletter(self, node: str, fn: str) -> str:
         return f"{self.prefix}.deadletter.{check_token(node, 'node')}.{check_token(fn, 'function')}"
 
     def all_deadletters(self) -> str:
         return f"{self.prefix}.deadletter.>"
-
-    def task_event(self, node: str, event: Literal["started", "done"]) -> str:
-        return self._join(node, "events", event)
 
     def load(self, node: str) -> str:
         return self._join(node, "load")

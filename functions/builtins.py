@@ -5,7 +5,7 @@ from __future__ import annotations
 import random
 import time
 
-from functions.registry import FunctionInputError, FunctionSpec
+from functions.registry import CONCURRENT, FunctionInputError, FunctionSpec
 
 
 def _number(payload: bytes, kind: type, what: str, low: float, high: float) -> int | float:
@@ -58,9 +58,11 @@ def montecarlo_pi(payload: bytes) -> bytes:
 
 
 SPECS = (
-    FunctionSpec("echo", echo, timeout_s=10.0, requires_input=False, description="returns its input"),
+    FunctionSpec("echo", echo, timeout_s=10.0, requires_input=False, description="returns its input",
+                 concurrency=CONCURRENT, inline=True),
     FunctionSpec("fib", fib, timeout_s=60.0, description="recursive Fibonacci of n (0..35)"),
-    FunctionSpec("sleep", sleep, timeout_s=3600.0, description="sleeps for the given seconds"),
+    FunctionSpec("sleep", sleep, timeout_s=3600.0, description="sleeps for the given seconds",
+                 concurrency=CONCURRENT),
     FunctionSpec("busy", busy, timeout_s=3600.0, description="spins the CPU for the given ms"),
     FunctionSpec("montecarlo-pi", montecarlo_pi, timeout_s=120.0, requires_input=False, description="estimates pi from N points"),
 )

@@ -7,11 +7,13 @@ Add your own with a ``module:function`` reference (see docs/functions.md), e.g.
 from __future__ import annotations
 
 import importlib
+import inspect
 import re
-from dataclasses import dataclass
-from typing import Callable
+from dataclasses import dataclass, field
+from typing import Awaitable, Callable
 
-FunctionBody = Callable[[bytes], bytes]
+FunctionBody = Callable[[bytes], bytes] | Callable[[bytes], Awaitable[bytes]]
+CONCURRENT = 64   # calls one worker process runs at once for an I/O-bound or async function
 NAME_RE = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
 
 
@@ -21,11 +23,27 @@ class FunctionInputError(ValueError):
 
 @dataclass(frozen=True, slots=True)
 class FunctionSpec:
+    """A function and how a worker process may run it.
+
+    ``concurrency``: calls one worker process runs at once — 1 for CPU-bound functions (each
+    call gets a whole worker), more for I/O-bound ones (threads) and ``async def`` ones (tasks).
+    ``inline``: trivial functions run on the worker's event loop itself, with no thread hop.
+    Whatever these say, a node never runs more than K calls at once.
+    """
+
     name: str
     body: FunctionBody
     timeout_s: float = 30.0
     requires_input: bool = True   # an empty payload is refused with 400
     description: str = ""
+    concurrency: int = 1
+    inline: bool = False
+    is_async: bool = field(init=False, default=False)
+
+    def __post_init__(self) -> None:
+        if self.concurrency < 1:
+            raise ValueError(f"{self.name}: concurrency must be >= 1, got {self.concurrency}")
+        object.__setattr__(self, "is_async", inspect.iscoroutinefunction(self.body))
 
 
 class FunctionRegistry:
@@ -38,8 +56,13 @@ class FunctionRegistry:
         self._specs[spec.name] = spec
 
     def add_reference(self, name: str, reference: str, *, timeout_s: float = 30.0, requires_input: bool = False) -> FunctionSpec:
-        """Register ``module:function`` under ``name``; ValueError if it cannot be imported."""
-        spec = FunctionSpec(name, load_reference(reference), timeout_s, requires_input, f"user function {reference}")
+        """Register ``module:function`` under ``name``; ValueError if it cannot be imported.
+
+        An ``async def`` function runs up to :data:`CONCURRENT` calls per worker; any other is
+        taken as CPU-bound (one call per worker) unless it sets ``p2pfaas_concurrency``."""
+        body = load_reference(reference)
+        concurrency = getattr(body, "p2pfaas_concurrency", CONCURRENT if inspect.iscoroutinefunction(body) else 1)
+        spec = FunctionSpec(name, body, timeout_s, requires_input, f"user function {reference}", concurrency=int(concurrency))
         self.add(spec)
         return spec
 

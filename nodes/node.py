@@ -4,6 +4,7 @@ configuration, metrics over NATS request/reply). ``async with Node(settings)`` r
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 
@@ -15,26 +16,31 @@ from prometheus_client import generate_latest
 
 from broker.codec import decode, encode
 from broker.connection import close_quietly, connect
+from broker.control import ControlError, ControlServer
 from broker.errors import ContractError
-from broker.messages import ErrorBody, NodeConfiguration, NodeLoad, ScaleCommand, SchedulerConfiguration
+from broker.messages import NodeConfiguration, NodeGone, NodeLoad, ScaleCommand, SchedulerConfiguration
 from broker.streams import ensure_node_streams
 from broker.subjects import Subjects
 from functions.registry import FunctionRegistry, default_registry
 from nodes.config_store import ConfigStore
 from nodes.discovery.service import DiscoveryService
+from nodes.answering import Answerer
+from nodes.dispatch import Dispatcher
+from nodes.inbox import Inbox
 from nodes.learner.service import LearnerService
 from nodes.learner.settings import LearnerSettings
 from nodes.metrics import NodeMetrics
 from nodes.pool import WorkerPool
-from nodes.worker import DEFAULT_POOL
 from nodes.scheduler.learning import LearningContext
 from nodes.scheduler.service import PeerSource, SchedulerService
 from nodes.settings import NodeSettings
+from nodes.telemetry import PoolStats
+from nodes.worker import DEFAULT_POOL
 
 log = logging.getLogger(__name__)
 
 VERSION = "0.1.0"
-STATUS_HEADER = "X-P2pfaas-Status"
+MAX_K = 1024
 JETSTREAM_READY_TIMEOUT_S = 30.0  # a fresh NATS cluster elects its JetStream leader first
 
 
@@ -48,14 +54,18 @@ class Node:
         self.metrics = NodeMetrics(settings.node_id)
         self.store = ConfigStore(settings.node_dir, settings.initial, settings.initial_scheduler)
         self.nc: Client | None = None
+        self.inbox: Inbox | None = None
         self.pool: WorkerPool | None = None          # the main pool: K slots, all other functions
         self.pools: dict[str, WorkerPool] = {}       # every pool by name, the main one as "default"
+        self.stats: dict[str, PoolStats] = {}        # per-pool telemetry bookkeeping
+        self._dispatchers: dict[str, Dispatcher] = {}
         self._telemetry: asyncio.Task | None = None
         self.scheduler: SchedulerService | None = None
         self.discovery: DiscoveryService | None = None
         self.learner: LearnerService | None = None
         self._peers = peers
         self._subs: list = []
+        self.control: ControlServer | None = None
         self.started_at = time.time()
 
     async def start(self) -> "Node":
@@ -64,20 +74,31 @@ class Node:
         await _when_jetstream_ready(lambda: ensure_node_streams(js, self.subjects, self.settings.node_id))
         if self.settings.learner:  # before the scheduler, so a LearningScheduler can use it
             self.learner = await LearnerService(self.nc, LearnerSettings.for_node(self.settings)).start()
-        await self._start_pools(js)
+        self.inbox = await Inbox(self.nc).start()
+        scheduler: SchedulerService | None = None
+
+        def released(call, answered: bool) -> None:
+            assert scheduler is not None
+            scheduler.released(call, answered)
+
+        answerer = Answerer(self.settings.node_id, self.nc, self.subjects, self.metrics, self.stats.get, released)
+        dispatchers = self._start_dispatchers(answerer)
         peers = self._peers
         if peers is None:
-            self.discovery = peers = DiscoveryService(self.settings, self.nc, self.current_load)
-        self.scheduler = SchedulerService(self.settings, self.nc, self.registry, self.store,
-                                          self.metrics, peers)
-        sched = self.scheduler  # the LearningScheduler's link to the learner, task types and rewards
-        self.scheduler.learning = LearningContext.for_node(self.nc, self.settings,
-                                                           lambda: (sched.load.running, sched.load.outstanding))
-        await self.scheduler.start({name: await pool.backlog() for name, pool in self.pools.items()})
+            self.discovery = peers = DiscoveryService(self.settings, self.nc, self.current_load,
+                                                      activity=self._activity)
+        self.scheduler = scheduler = SchedulerService(self.settings, self.nc, self.registry, self.store,
+                                                      self.metrics, answerer, self.inbox, dispatchers, peers)
+        main = dispatchers[DEFAULT_POOL]
+        scheduler.learning = LearningContext.for_node(self.nc, self.settings, main.keys)
+        answerer.on_answer = scheduler.learning.rewards.observe
+        await self._start_pools()
+        await scheduler.start()
         if self.discovery:
             await self.discovery.start()
         node = self.settings.node_id
         s = self.subjects
+        self.control = ControlServer(self.nc, self._refused)
         for subject, handler in (
             (s.load(node), self._on_load),
             (s.config(node, "get"), self._on_config_get),
@@ -87,13 +108,13 @@ class Node:
             (s.metrics(node), self._on_metrics),
             (s.info(node), self._on_info),
         ):
-            self._subs.append(await self.nc.subscribe(subject, cb=handler))
+            await self.control.serve(subject, handler)
         for name in self.pools:
             self._subs.append(await self.nc.subscribe(s.scale(node, name), cb=self._on_scale))
         self._telemetry = asyncio.create_task(self._publish_telemetry(), name=f"{node}-telemetry")
         log.info("node %s up: K=%d queue=%d scheduler=%s", node,
                  self.store.node.parallel_running_functions_max, self.store.node.queue_length_max,
-                 self.scheduler.algorithm.describe())
+                 scheduler.algorithm.describe())
         return self
 
     async def stop(self) -> None:
@@ -103,13 +124,25 @@ class Node:
         if self.discovery:  # silence first: peers stop choosing us within suspect_after periods
             await self.discovery.stop()
         for sub in self._subs:
-            await sub.unsubscribe()
+            with contextlib.suppress(Exception):
+                await sub.unsubscribe()
         self._subs.clear()
+        if self.control:
+            await self.control.stop()
+        if self.scheduler:
+            await self.scheduler.stop_intake()
+        await asyncio.gather(*(pool.stop() for pool in self.pools.values()))
         if self.scheduler:
             await self.scheduler.stop()
-        await asyncio.gather(*(pool.stop() for pool in self.pools.values()))
-        if self.scheduler and self.scheduler.learning:
-            await self.scheduler.learning.stop()
+            if self.scheduler.learning:
+                await self.scheduler.learning.stop()
+        if self.nc is not None and self.nc.is_connected:  # anyone still waiting on us fails now
+            with contextlib.suppress(Exception):
+                await self.nc.publish(self.subjects.gone(self.settings.node_id),
+                                      encode(NodeGone(node=self.settings.node_id, by=self.settings.node_id,
+                                                      reason="node stopped")))
+        if self.inbox:
+            await self.inbox.stop()
         if self.learner:
             await self.learner.stop()
         if self.nc and not self.nc.is_closed:
@@ -122,23 +155,42 @@ class Node:
         await self.stop()
 
     # -- worker pools ---------------------------------------------------------
-    async def _start_pools(self, js) -> None:
-        """The main pool first (its consumer may have to shrink its filter before a
-        dedicated pool's consumer can take those subjects), then the dedicated ones."""
-        dedicated = self.settings.pools
-        taken = {fn for spec in dedicated.values() for fn in spec.functions}
-        main_filter = None
-        if taken:
-            main_filter = [self.subjects.task(self.settings.node_id, fn)
-                           for fn in self.registry.names() if fn not in taken]
-        self.pool = WorkerPool(self.settings, js, self.subjects, DEFAULT_POOL, main_filter)
-        self.pools = {DEFAULT_POOL: self.pool}
-        await self.pool.start(self.store.node.parallel_running_functions_max)
-        for name, spec in dedicated.items():
-            pool = WorkerPool(self.settings, js, self.subjects, name,
-                              [self.subjects.task(self.settings.node_id, fn) for fn in spec.functions])
+    def _start_dispatchers(self, answerer: Answerer) -> dict[str, Dispatcher]:
+        """One dispatcher per pool: the main one with K slots, dedicated ones with a slot per worker."""
+        assert self.nc is not None and self.inbox is not None
+        node = self.settings.node_id
+
+        async def done(call, outcome, output) -> None:
+            await answerer.executed(call, outcome.status, output, outcome.error, outcome.execution_s)
+
+        def kill(pool: str):
+            return lambda worker: self.pools[pool].kill(worker)
+
+        dispatchers = {}
+        for name in (DEFAULT_POOL, *self.settings.pools):
+            slots = self.store.node.parallel_running_functions_max if name == DEFAULT_POOL else None
+            dispatchers[name] = Dispatcher(name, self.nc, self.subjects, node, self.registry, self.inbox, done,
+                                           answerer.lost, slots=slots, kill_worker=kill(name))
+            self.stats[name] = PoolStats(node, name)
+        self._dispatchers = dispatchers
+        return dispatchers
+
+    async def _start_pools(self) -> None:
+        for name, dispatcher in self._dispatchers.items():
+            pool = WorkerPool(self.settings, dispatcher, name)
             self.pools[name] = pool
-            await pool.start(spec.initial)
+            if name == DEFAULT_POOL:
+                self.pool = pool
+                await pool.start(self.store.node.parallel_running_functions_max)
+            else:
+                await pool.start(self.settings.pools[name].initial)
+
+    def _activity(self) -> tuple[str, dict[str, int]]:
+        """For heartbeats: the algorithm and the forwards per peer since the previous heartbeat."""
+        if self.scheduler is None:
+            return "", {}
+        forwards, self.scheduler.forwards = self.scheduler.forwards, {}
+        return self.scheduler.algorithm.describe(), forwards
 
     async def _publish_telemetry(self) -> None:
         """One ``PoolTelemetry`` per pool per period on ``faas.<node>.telemetry.<pool>``; a dedicated
@@ -148,26 +200,21 @@ class Node:
     async def _pool_telemetry(self, name: str, pool: WorkerPool) -> None:
         spec = self.settings.pools.get(name)
         period = (spec.period_s if spec else None) or self.settings.telemetry_period_s
-        assert self.scheduler is not None and self.nc is not None
-        account = self.scheduler.accounts.get(name)
+        assert self.nc is not None
+        stats, dispatcher = self.stats[name], pool.dispatcher
         subject = self.subjects.telemetry(self.settings.node_id, name)
         last = time.monotonic()
         next_at = last + period
         while True:
             await asyncio.sleep(max(0.0, next_at - time.monotonic()))
             next_at += period
-            try:
-                backlog = await pool.backlog()
-            except Exception as exc:  # broker blip: this period's counts carry over to the next sample
-                log.debug("telemetry of %s skipped: %s", name, exc)
-                continue
             now = time.monotonic()
             elapsed, last = now - last, now
-            running = account.load.n_running
-            sample = account.stats.sample(time.time(), elapsed, queue_length=backlog - running,
-                                          in_service=running, ready=pool.ready, starting=pool.starting,
-                                          stopping=pool.stopping)
-            await self.nc.publish(subject, encode(sample))
+            sample = stats.sample(time.time(), elapsed, queue_length=dispatcher.n_queued,
+                                  in_service=dispatcher.n_running, ready=pool.ready, starting=pool.starting,
+                                  stopping=pool.stopping)
+            with contextlib.suppress(Exception):  # broker blip: the next period's sample goes out
+                await self.nc.publish(subject, encode(sample))
 
     async def _on_scale(self, msg: Msg) -> None:
         """A scale command: the main pool's K (persisted, like /configuration), or a dedicated pool's size."""
@@ -183,7 +230,7 @@ class Node:
             self.metrics.error("bad_scale_command")
             return
         if command.pool == DEFAULT_POOL:
-            target = max(1, command.target_workers)
+            target = min(MAX_K, max(1, command.target_workers))
             await self.apply_configuration(self.store.node.model_copy(update={"parallel_running_functions_max": target}))
             return
         spec = self.settings.pools[command.pool]
@@ -197,8 +244,8 @@ class Node:
     def current_load(self) -> NodeLoad:
         assert self.scheduler is not None
         c = self.store.node
-        return NodeLoad(node=self.settings.node_id, running=self.scheduler.load.n_running,
-                        queued=self.scheduler.load.n_queued,
+        main = self.scheduler.main
+        return NodeLoad(node=self.settings.node_id, running=main.n_running, queued=main.n_queued,
                         parallel_running_functions_max=c.parallel_running_functions_max,
                         queue_length_max=c.queue_length_max, queue_enabled=c.queue_enabled)
 
@@ -206,62 +253,56 @@ class Node:
         """Persist and apply at run time: K resizes the worker pool, no restart."""
         self.store.set_node(config)
         assert self.pool is not None
+        await self.pool.dispatcher.set_slots(config.parallel_running_functions_max)
         await self.pool.set_size(config.parallel_running_functions_max)
         if self.pool:
             self.metrics.workers.labels(node=self.settings.node_id, state="target").set(self.pool.target)
 
-    async def _reply(self, msg: Msg, body: bytes, status: int = 200) -> None:
-        if msg.reply:
-            await self.nc.publish(msg.reply, body, headers={STATUS_HEADER: str(status)})
+    async def _on_load(self, body: bytes) -> bytes:
+        return encode(self.current_load())
 
-    async def _error(self, msg: Msg, status: int, message: str) -> None:
-        log.warning("control request on %s refused: %s", msg.subject, message)
-        self.metrics.error("bad_configuration")
-        await self._reply(msg, encode(ErrorBody(code=status, message=message)), status)
+    async def _on_config_get(self, body: bytes) -> bytes:
+        return encode(self.store.node)
 
-    async def _on_load(self, msg: Msg) -> None:
-        await self._reply(msg, encode(self.current_load()))
-
-    async def _on_config_get(self, msg: Msg) -> None:
-        await self._reply(msg, encode(self.store.node))
-
-    async def _on_config_set(self, msg: Msg) -> None:
-        try:
-            config = decode(NodeConfiguration, msg.data)
-        except ContractError as exc:
-            return await self._error(msg, 400, str(exc))
+    async def _on_config_set(self, body: bytes) -> bytes:
+        config = decode(NodeConfiguration, body)
         await self.apply_configuration(config)
-        await self._reply(msg, encode(config))
+        return encode(config)
 
-    async def _on_scheduler_get(self, msg: Msg) -> None:
-        await self._reply(msg, encode(self.store.scheduler))
+    async def _on_scheduler_get(self, body: bytes) -> bytes:
+        return encode(self.store.scheduler)
 
-    async def _on_scheduler_set(self, msg: Msg) -> None:
+    async def _on_scheduler_set(self, body: bytes) -> bytes:
         assert self.scheduler is not None
+        config = decode(SchedulerConfiguration, body)
         try:
-            config = decode(SchedulerConfiguration, msg.data)
             algorithm = self.scheduler.set_algorithm(config.name, config.parameters)
-        except (ContractError, ValueError) as exc:
-            return await self._error(msg, 400, str(exc))
+        except ValueError as exc:
+            raise ControlError(400, str(exc)) from None
         config = SchedulerConfiguration(name=algorithm.name, parameters=algorithm.parameters())
         self.store.set_scheduler(config)
         log.info("node %s scheduler is now %s", self.settings.node_id, algorithm.describe())
-        await self._reply(msg, encode(config))
+        return encode(config)
 
-    async def _on_metrics(self, msg: Msg) -> None:
+    async def _on_metrics(self, body: bytes) -> bytes:
         if self.pool:
             for state in ("ready", "starting", "stopping"):
                 self.metrics.workers.labels(node=self.settings.node_id, state=state).set(getattr(self.pool, state))
-        await self._reply(msg, generate_latest(self.metrics.registry))
+        return generate_latest(self.metrics.registry)
 
-    async def _on_info(self, msg: Msg) -> None:
+    async def _on_info(self, body: bytes) -> bytes:
         assert self.scheduler is not None
-        await self._reply(msg, orjson.dumps({
+        return orjson.dumps({
             "name": "p2pfaas", "version": VERSION, "node": self.settings.node_id,
             "scheduler": self.scheduler.algorithm.describe(), "functions": self.registry.names(),
             "workers": {"ready": self.pool.ready, "starting": self.pool.starting, "stopping": self.pool.stopping} if self.pool else {},
+            "intake": "ok" if self.scheduler.intake.healthy else "down",
             "uptime_s": time.time() - self.started_at,
-        }))
+        })
+
+    def _refused(self, subject: str, message: str) -> None:
+        log.warning("control request on %s refused: %s", subject, message)
+        self.metrics.error("bad_configuration")
 
 
 async def _when_jetstream_ready(action, timeout_s: float = JETSTREAM_READY_TIMEOUT_S) -> None:

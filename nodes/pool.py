@@ -1,8 +1,9 @@
-"""The worker pool (the farm): K workers consuming the node's durable task stream.
+"""A worker pool's processes: started, watched, replaced and resized at run time.
 
-K changes at run time (configuration or scale commands): new workers are
-started, surplus ones are asked to stop and finish their current task first.
-A worker that dies unexpectedly is replaced; its task is redelivered by JetStream.
+A worker that is ready is handed to the pool's :class:`~nodes.dispatch.Dispatcher`; one asked
+to stop gets no new calls and finishes its own; one that ends unexpectedly is replaced, and
+the dispatcher answers (or delivers again) what it was running. Runtimes: OS processes
+(``python -m nodes.worker``, the default) or tasks inside the node ("inprocess").
 """
 
 from __future__ import annotations
@@ -15,16 +16,11 @@ import signal
 import sys
 from dataclasses import dataclass, field
 
-from nats.js import JetStreamContext
-from nats.js.api import AckPolicy, ConsumerConfig
-from nats.js.errors import BadRequestError
-
 from broker.embedded import die_with_parent_preexec
-from broker.streams import tasks_stream
-from broker.subjects import Subjects
 from functions.registry import default_registry
+from nodes.dispatch import Dispatcher
 from nodes.settings import NodeSettings
-from nodes.worker import DEFAULT_POOL, EXIT_RECYCLE, Worker, pool_durable
+from nodes.worker import DEFAULT_POOL, EXIT_RECYCLE, STOP_GRACE_S, Worker
 
 log = logging.getLogger(__name__)
 
@@ -38,33 +34,29 @@ class WorkerHandle:
     worker: Worker | None = None       # inprocess runtime only
     ready: asyncio.Event = field(default_factory=asyncio.Event)
 
-    def request_stop(self) -> None:
-        self.state = "stopping"
+    def signal(self, sig: int) -> None:
         if self.proc is not None and self.proc.returncode is None:
-            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.send_signal(sig)
+            except ProcessLookupError:
+                pass
         if self.worker is not None:
             self.worker.stopping.set()
 
 
 class WorkerPool:
-    """``filter_subjects``: the task subjects this pool serves (None: every task of the node).
-    Pools of one node must not overlap: the task stream is a work queue."""
-
-    def __init__(self, settings: NodeSettings, js: JetStreamContext, subjects: Subjects,
-                 name: str = DEFAULT_POOL, filter_subjects: list[str] | None = None) -> None:
+    def __init__(self, settings: NodeSettings, dispatcher: Dispatcher, name: str = DEFAULT_POOL) -> None:
         self.settings = settings
-        self.js = js
-        self.subjects = subjects
+        self.dispatcher = dispatcher
         self.name = name
-        self.durable = pool_durable(name)
-        self.filter_subjects = filter_subjects or [subjects.tasks_of(settings.node_id)]
         self.target = 0
         self.workers: list[WorkerHandle] = []
         self._names = itertools.count(1)
         self._closing = False
         self._lock = asyncio.Lock()
+        self._background: set[asyncio.Task] = set()
 
-    # -- counts for load and telemetry ------------------------------------
+    # -- counts for load and telemetry ------------------------------------------------
     @property
     def ready(self) -> int:
         return sum(1 for w in self.workers if w.state == "ready")
@@ -77,34 +69,11 @@ class WorkerPool:
     def stopping(self) -> int:
         return sum(1 for w in self.workers if w.state == "stopping")
 
+    def pids(self) -> list[int]:
+        return [w.proc.pid for w in self.workers if w.proc is not None and w.proc.returncode is None]
+
     async def start(self, size: int) -> None:
-        await self._ensure_consumer()
         await self.set_size(size)
-
-    async def _ensure_consumer(self) -> None:
-        config = ConsumerConfig(
-            durable_name=self.durable,
-            ack_policy=AckPolicy.EXPLICIT,
-            ack_wait=self.settings.ack_wait_s,
-            max_deliver=self.settings.max_deliver,
-            max_ack_pending=-1,
-            max_waiting=4096,
-            filter_subjects=self.filter_subjects,
-        )
-        stream = tasks_stream(self.subjects, self.settings.node_id)
-        try:
-            await self.js.add_consumer(stream, config)
-        except BadRequestError as exc:  # exists with other settings (ack_wait, the pool's functions)
-            if exc.err_code != 10148:
-                raise
-            # a work-queue stream keeps the tasks: recreating the consumer loses none
-            await self.js.delete_consumer(stream, self.durable)
-            await self.js.add_consumer(stream, config)
-
-    async def backlog(self) -> int:
-        """Tasks of this pool not yet acknowledged (waiting + being run)."""
-        info = await self.js.consumer_info(tasks_stream(self.subjects, self.settings.node_id), self.durable)
-        return info.num_pending + info.num_ack_pending
 
     async def set_size(self, size: int) -> None:
         """Make ``size`` workers active (starting or ready)."""
@@ -115,13 +84,26 @@ class WorkerPool:
                 self._spawn()
             # retire the newest first: a starting worker costs nothing to drop
             for handle in reversed(active[self.target:]):
-                handle.request_stop()
+                self._retire(handle)
 
     async def wait_ready(self, timeout_s: float = 30.0) -> None:
         async def all_ready() -> None:
             while self.ready < self.target:
                 await asyncio.sleep(0.02)
         await asyncio.wait_for(all_ready(), timeout_s)
+
+    def kill(self, name: str) -> None:
+        """End a worker now (it is stuck): the pool replaces it."""
+        for handle in self.workers:
+            if handle.name == name:
+                handle.signal(signal.SIGKILL)
+                if handle.task is not None and handle.worker is not None:  # in-process: cannot be killed
+                    handle.worker.stopping.set()
+
+    def _retire(self, handle: WorkerHandle) -> None:
+        handle.state = "stopping"
+        self.dispatcher.retire_worker(handle.name)
+        handle.signal(signal.SIGTERM)
 
     def _spawn(self) -> None:
         prefix = "w" if self.name == DEFAULT_POOL else f"{self.name}-w"
@@ -130,38 +112,39 @@ class WorkerPool:
         runner = self._run_process if self.settings.runtime == "process" else self._run_inprocess
         handle.task = asyncio.create_task(runner(handle), name=handle.name)
 
+    async def _became_ready(self, handle: WorkerHandle) -> None:
+        if handle.state != "starting":
+            return
+        handle.state = "ready"
+        handle.ready.set()
+        await self.dispatcher.add_worker(handle.name)
+
     async def _run_process(self, handle: WorkerHandle) -> None:
         env = dict(os.environ,
                    P2PFAAS_NODE_SETTINGS=self.settings.model_dump_json(),
-                   P2PFAAS_WORKER_NAME=handle.name, P2PFAAS_WORKER_POOL=self.name)
+                   P2PFAAS_WORKER_NAME=handle.name, P2PFAAS_WORKER_POOL=self.name, P2PFAAS_WORKER_PARENT_PIPE="1")
         code: int | None = None
         try:
             handle.proc = await asyncio.create_subprocess_exec(
                 sys.executable, "-m", "nodes.worker", env=env,
-                stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE,
+                # its stdin is a pipe we never write: when this process ends, the worker reads EOF
+                stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
                 preexec_fn=die_with_parent_preexec, start_new_session=True,
             )
             if handle.state == "stopping":
-                handle.proc.send_signal(signal.SIGTERM)
+                handle.signal(signal.SIGTERM)
             assert handle.proc.stdout is not None
             line = await handle.proc.stdout.readline()
-            if line.strip() == b"READY" and handle.state == "starting":
-                handle.state = "ready"
-                handle.ready.set()
+            if line.strip() == b"READY":
+                await self._became_ready(handle)
             code = await handle.proc.wait()
         finally:
-            self._exited(handle, code)
+            await self._exited(handle, code)
 
     async def _run_inprocess(self, handle: WorkerHandle) -> None:
         handle.worker = Worker(self.settings, default_registry(self.settings.functions), handle.name, self.name)
         ready: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-
-        def on_ready(_: object) -> None:
-            if handle.state == "starting":
-                handle.state = "ready"
-                handle.ready.set()
-
-        ready.add_done_callback(on_ready)
+        ready.add_done_callback(lambda _: self._in_background(self._became_ready(handle)))
         code: int | None = None
         try:
             code = await handle.worker.run(ready)
@@ -169,12 +152,22 @@ class WorkerPool:
             log.exception("worker %s crashed", handle.name)
             code = 1
         finally:
-            self._exited(handle, code)
+            await self._exited(handle, code)
 
-    def _exited(self, handle: WorkerHandle, code: int | None) -> None:
+    def _in_background(self, coro) -> None:
+        task = asyncio.get_running_loop().create_task(coro)
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+
+    async def _exited(self, handle: WorkerHandle, code: int | None) -> None:
         if handle in self.workers:
             self.workers.remove(handle)
-        if self._closing or handle.state == "stopping":
+        expected = self._closing or handle.state == "stopping"
+        reason = (f"worker {handle.name} stopped" if expected else
+                  "it overran its timeout and was recycled" if code == EXIT_RECYCLE else
+                  f"worker {handle.name} died (exit code {code})")
+        await self.dispatcher.lose_worker(handle.name, reason)
+        if expected:
             return
         if code == EXIT_RECYCLE:
             log.info("worker %s recycled after a timeout", handle.name)
@@ -184,19 +177,19 @@ class WorkerPool:
         if active < self.target:
             self._spawn()
 
-    async def stop(self, timeout_s: float = 10.0) -> None:
-        """Stop every worker (each finishes its current task), then wait for them."""
+    async def stop(self, timeout_s: float = STOP_GRACE_S + 5.0) -> None:
+        """Stop every worker (each finishes its calls, within its own grace), then wait, bounded:
+        a worker still alive after ``timeout_s`` is killed."""
         self._closing = True
         handles = list(self.workers)
         for handle in handles:
-            handle.request_stop()
+            self._retire(handle)
         tasks = [h.task for h in handles if h.task is not None]
         if not tasks:
             return
-        done, pending = await asyncio.wait(tasks, timeout=timeout_s)
+        _, pending = await asyncio.wait(tasks, timeout=timeout_s)
         for handle in handles:
-            if handle.proc is not None and handle.proc.returncode is None:
-                handle.proc.kill()
+            handle.signal(signal.SIGKILL)
         for task in pending:
             task.cancel()
         await asyncio.gather(*pending, return_exceptions=True)

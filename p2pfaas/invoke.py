@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 import httpx
 import paho.mqtt.client as mqtt
 
-from broker.client import Answer, FaasClient, answer_from
+from broker.client import Answer, FaasClient
 from broker.connection import connect
 from broker.mqtt_bridge import parse_mqtt_url
 from broker.subjects import Subjects, from_mqtt
@@ -34,14 +34,9 @@ def via_http(url: str, fn: str, data: bytes, headers: dict[str, str], timeout_s:
 
 
 def _outcome(answer: Answer, elapsed: float) -> Outcome:
-    if answer.rejection is not None:
-        r = answer.rejection
-        return Outcome(r.http_status, f"{r.code} {r.reason}".encode(), {"node": r.node}, elapsed)
-    res = answer.result
-    assert res is not None
-    body = answer.output if res.status == 200 else (res.error or "").encode()
-    return Outcome(res.status, body, {"executed-by": res.executed_by, "scheduler": res.scheduler,
-                                      "timings": res.timings.model_dump_json()}, elapsed)
+    """What ``invoke`` prints: the output, or ``<code> <message>`` of a failure, and the headers."""
+    body = answer.output if answer.ok else f"{answer.code} {answer.message}".encode()
+    return Outcome(answer.status, body, {k: v for k, v in answer.headers.items() if k.startswith("X-")}, elapsed)
 
 
 async def via_nats(nats_url: str, node: str, fn: str, data: bytes, headers: dict[str, str], timeout_s: float,
@@ -75,7 +70,7 @@ def via_mqtt(mqtt_url: str, node: str, fn: str, data: bytes, timeout_s: float, p
 
     def on_message(cl, userdata, msg):
         kind, _, _ = subjects.answer_ids(from_mqtt(msg.topic))
-        answer.append(answer_from(kind, msg.payload))
+        answer.append(Answer.of_stored(kind, msg.payload))
         got.set()
 
     c.on_connect, c.on_subscribe, c.on_message = on_connect, on_subscribe, on_message

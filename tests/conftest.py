@@ -14,6 +14,8 @@ import pytest
 from broker.client import FaasClient
 from broker.connection import close_quietly, connect
 from broker.embedded import Mosquitto, NatsServer
+from broker.streams import stream_names
+from broker.subjects import Subjects
 from broker.messages import NodeConfiguration, SchedulerConfiguration
 from nodes.node import Node
 from nodes.settings import NodeSettings
@@ -46,9 +48,19 @@ async def mosquitto(tmp_path_factory) -> AsyncIterator[Mosquitto]:
 
 
 @pytest.fixture
-def prefix() -> str:
-    """A subject prefix of this test alone: its own streams, subjects and topics."""
-    return "t" + uuid.uuid4().hex[:10]
+async def prefix(nats_server) -> AsyncIterator[str]:
+    """A subject prefix of this test alone: its own streams, subjects and topics (the streams are
+    deleted afterwards: JetStream reserves their byte limits on the server)."""
+    name = "t" + uuid.uuid4().hex[:10]
+    yield name
+    conn = await connect(nats_server.url, "cleanup")
+    try:
+        js = conn.jetstream()
+        for stream in await js.streams_info():
+            if stream.config.name.startswith(stream_names(Subjects(name))):
+                await js.delete_stream(stream.config.name)
+    finally:
+        await close_quietly(conn)
 
 
 @pytest.fixture

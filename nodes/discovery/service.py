@@ -42,7 +42,9 @@ class DiscoveryService:
     """
 
     def __init__(self, settings: NodeSettings, nc: Client, load: Callable[[], NodeLoad],
-                 clock: Callable[[], float] = time.time) -> None:
+                 clock: Callable[[], float] = time.time,
+                 activity: Callable[[], tuple[str, dict[str, int]]] = lambda: ("", {})) -> None:
+        """``activity``: the node's algorithm and its forwards per peer since the last call."""
         self.settings = settings
         self.node_id = settings.node_id
         self.nc = nc
@@ -50,6 +52,7 @@ class DiscoveryService:
         self.view = MembershipView(settings.node_id, settings.heartbeat_period_s,
                                    settings.suspect_after, settings.remove_after)
         self._load = load
+        self._activity = activity
         self._clock = clock
         self._subs: list = []
         self._task: asyncio.Task | None = None
@@ -100,10 +103,12 @@ class DiscoveryService:
     # -- heartbeats -------------------------------------------------------------
     def heartbeat(self) -> Heartbeat:
         load = self._load()
+        scheduler, forwards = self._activity()
         return Heartbeat(node=self.node_id, address=self.settings.address, group=self.settings.group,
                          running=load.running, queued=load.queued,
                          parallel_running_functions_max=load.parallel_running_functions_max,
-                         queue_length_max=load.queue_length_max, version=VERSION, time=self._clock())
+                         queue_length_max=load.queue_length_max, version=VERSION, time=self._clock(),
+                         scheduler=scheduler, forwards=forwards)
 
     async def beat(self) -> None:
         try:

@@ -90,6 +90,9 @@ class SchedulingAlgorithm(abc.ABC):
 
     name: ClassVar[str]
     registry: ClassVar[dict[str, type["SchedulingAlgorithm"]]] = {}
+    # True when schedule() never waits on I/O (no probe, no learner round trip): the service
+    # then decides right in the message callback instead of in a task of its own
+    instant: ClassVar[bool] = False
 
     def __init_subclass__(cls, **kw: object) -> None:
         super().__init_subclass__(**kw)
@@ -111,6 +114,16 @@ class SchedulingAlgorithm(abc.ABC):
     def describe(self) -> str:
         """Name as P2PFaaS prints it in X-P2pfaas-Scheduler, e.g. ``PowerOfNScheduler(1, 2, true, 1)``."""
         return f"{self.name}({', '.join(self.parameters())})"
+
+
+def complete_now(coro):
+    """The result of a coroutine that finishes without waiting (an ``instant`` algorithm's decision)."""
+    try:
+        coro.send(None)
+    except StopIteration as done:
+        return done.value
+    coro.close()
+    raise RuntimeError("an instant scheduling algorithm waited on I/O; set instant = False on it")
 
 
 def parse_bool(value: str) -> bool:

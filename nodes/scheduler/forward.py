@@ -67,6 +67,7 @@ class ForwardScheduler(SchedulingAlgorithm):
     """
 
     name = "ForwardScheduler"
+    instant = True
 
     def __init__(self, max_hops: int = 1, *, rng: random.Random | None = None) -> None:
         if max_hops < 0:

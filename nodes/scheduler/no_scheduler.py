@@ -17,6 +17,7 @@ from nodes.scheduler.base import (
 
 class NoScheduler(SchedulingAlgorithm):
     name = "NoScheduler"
+    instant = True
 
     def __init__(self, loss: bool = True) -> None:
         self.loss = loss

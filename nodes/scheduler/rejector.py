@@ -9,6 +9,7 @@ from nodes.scheduler.base import Decision, Reject, SchedulingAlgorithm, Scheduli
 
 class RejectScheduler(SchedulingAlgorithm):
     name = "RejectScheduler"
+    instant = True
 
     @classmethod
     def from_parameters(cls, parameters: Sequence[str]) -> "RejectScheduler":

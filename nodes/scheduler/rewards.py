@@ -17,11 +17,9 @@ from dataclasses import dataclass
 from typing import Callable
 
 from nats.aio.client import Client
-from nats.aio.msg import Msg
 
-from broker.codec import decode, encode
-from broker.errors import ContractError, InvalidSubject
-from broker.messages import LearningDecision, Rejection, Result, SchedulingExperience
+from broker.codec import encode
+from broker.messages import LearningDecision, SchedulingExperience
 from broker.subjects import Subjects
 
 __all__ = ["PendingDecision", "RewardStats", "RewardTracker", "reward_of"]
@@ -31,11 +29,9 @@ log = logging.getLogger(__name__)
 PUBLISH_BATCH = 64
 
 
-def reward_of(answer: Result | Rejection, deadline_s: float) -> float:
-    """1 for a result with status 200 whose total time (arrival to result) met the deadline, else 0."""
-    if isinstance(answer, Result) and answer.status == 200 and answer.timings.total_s <= deadline_s:
-        return 1.0
-    return 0.0
+def reward_of(status: int, total_s: float, deadline_s: float) -> float:
+    """1 for an answer with status 200 whose total time (arrival to answer) met the deadline, else 0."""
+    return 1.0 if status == 200 and total_s <= deadline_s else 0.0
 
 
 @dataclass(slots=True)
@@ -58,8 +54,8 @@ class RewardStats:
 class RewardTracker:
     """Decisions waiting for their answer, keyed by ``<client>.<req>``.
 
-    * answers are read from ``faas.result.>`` / ``faas.reject.>`` (subscribed on the first
-      decision, so a node that never learns pays nothing);
+    * the node offers every answer it gives or relays (:meth:`observe`): direct calls, async
+      calls and forwards all come back through the node that decided them;
     * a decision whose answer does not come within ``deadline + grace_s`` gets reward 0 (it
       cannot have met its deadline); a later answer is then ignored;
     * at most ``max_pending`` decisions wait; beyond that the oldest gets reward 0;
@@ -81,35 +77,25 @@ class RewardTracker:
         self.stats = RewardStats()
         self._ready: list[tuple[int, SchedulingExperience]] = []   # heap by EID: decided, not yet released
         self._queue: asyncio.Queue[SchedulingExperience] = asyncio.Queue()
-        self._subs: list = []
         self._tasks: list[asyncio.Task] = []
         self._started = False
         self._lock = asyncio.Lock()
 
     # -- lifecycle ----------------------------------------------------------------
     async def start(self) -> "RewardTracker":
-        """Subscribe to the answers (idempotent; returns once the server has the subscriptions)."""
+        """Start sweeping and publishing (idempotent)."""
         if self._started:
             return self
         async with self._lock:
             if self._started:
                 return self
-            for subject in (self.subjects.all_results(), self.subjects.all_rejects()):
-                self._subs.append(await self.nc.subscribe(subject, cb=self._on_answer))
-            await self.nc.flush()
             self._tasks = [asyncio.create_task(self._sweep(), name=f"{self.node}-rewards-sweep"),
                            asyncio.create_task(self._publish(), name=f"{self.node}-rewards-publish")]
             self._started = True
         return self
 
     async def stop(self) -> None:
-        """Unsubscribe and publish what is decided; decisions still waiting are dropped (logged)."""
-        for sub in self._subs:
-            try:
-                await sub.unsubscribe()
-            except Exception as exc:  # the connection may already be gone
-                log.debug("rewards of %s: unsubscribe: %s", self.node, exc)
-        self._subs.clear()
+        """Publish what is decided; decisions still waiting are dropped (logged)."""
         if self.pending:
             log.info("rewards of %s: %d decisions still waiting for their answer at stop (dropped)",
                      self.node, len(self.pending))
@@ -155,20 +141,13 @@ class RewardTracker:
         while self._ready and (floor is None or self._ready[0][0] < floor):
             self._queue.put_nowait(heapq.heappop(self._ready)[1])
 
-    async def _on_answer(self, msg: Msg) -> None:
-        try:
-            kind, client, req = self.subjects.answer_ids(msg.subject)
-        except InvalidSubject:
+    def observe(self, key: str, status: int, total_s: float) -> None:
+        """The answer of request ``key`` (any request: those without a decision are ignored)."""
+        if not self.pending:
             return
-        entry = self.pending.pop(f"{client}.{req}", None)
-        if entry is None:
-            return
-        try:
-            answer: Result | Rejection = decode(Result if kind == "result" else Rejection, msg.data)
-        except ContractError as exc:
-            log.warning("rewards of %s: unreadable answer on %s counts as missed: %s", self.node, msg.subject, exc)
-            return self._reward(entry, 0.0)
-        self._reward(entry, reward_of(answer, entry.deadline_s))
+        entry = self.pending.pop(key, None)
+        if entry is not None:
+            self._reward(entry, reward_of(status, total_s, entry.deadline_s))
 
     async def _sweep(self) -> None:
         while True:

@@ -41,6 +41,7 @@ class RoundRobinWithMasterScheduler(SchedulingAlgorithm):
     """
 
     name = "RoundRobinWithMasterScheduler"
+    instant = True
 
     def __init__(self, is_master: bool, master: str = "", loss: bool = True) -> None:
         if master and not _NODE_ID.fullmatch(master):

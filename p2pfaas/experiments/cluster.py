@@ -99,7 +99,7 @@ class ExperimentCluster:
     async def drive(self, sends: list[Send], tag: str, label: str, progress: Progress | None,
                     fn: str = "sleep", timeout_s: float = 60.0) -> list[tuple[Answer | None, float]]:
         """Wait until idle, then send each request at its time; (answer or None, client latency) each."""
-        await until(lambda: all(n.scheduler.load.n_running + n.scheduler.load.n_queued == 0 for n in self.nodes),
+        await until(lambda: all(n.scheduler.main.n_running + n.scheduler.main.n_queued == 0 for n in self.nodes),
                     120, "nodes did not become idle")
         answered = 0
 

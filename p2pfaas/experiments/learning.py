@@ -128,10 +128,10 @@ def outcome_of(exp: LearningExperiment, name: str, arrivals: list[Arrival],
         met_by_type[a.task_type][1] += 1
         if answer is None:
             continue
-        if answer.rejection is not None:
+        if answer.rejected:
             rejected += 1
             continue
-        res = answer.result
+        res = answer
         forwarded += res.hops > 0
         if res.status == 200:
             latencies.append(latency)

@@ -157,13 +157,13 @@ class P2PRun(ExperimentCluster):
         sends = [Send(a.at, self.ids[targets[a.node]], f"{a.service_s:.6f}".encode()) for a in arrivals]
         results = await self.drive(sends, f"r{run_no}", printed, progress,
                                    timeout_s=60.0 + 20 * self.exp.mean_service_s)
-        served = [(ans, dt) for ans, dt in results if ans is not None and ans.result is not None and ans.status == 200]
-        rejected = sum(1 for ans, _ in results if ans is not None and ans.rejection is not None)
+        served = [(ans, dt) for ans, dt in results if ans is not None and ans.status == 200]
+        rejected = sum(1 for ans, _ in results if ans is not None and ans.rejected)
         latencies = [dt for _, dt in served]
         return Outcome(
             algorithm=printed, requests=len(arrivals), served=len(served), rejected=rejected,
             errors=len(arrivals) - len(served) - rejected,
-            forwarded=sum(1 for ans, _ in served if ans.result.hops > 0),
+            forwarded=sum(1 for ans, _ in served if ans.hops > 0),
             latency_mean_s=statistics.fmean(latencies) if latencies else float("nan"),
             latency_p95_s=percentile(latencies, 0.95),
         )

@@ -21,6 +21,19 @@ async def wait_until(predicate: Callable[[], bool], timeout_s: float = 10.0, int
         await asyncio.sleep(interval_s)
 
 
+async def eventually(fetch, predicate, timeout_s: float = 10.0, interval_s: float = 0.05):
+    """Call ``await fetch()`` until ``predicate(value)``; the value, or AssertionError after ``timeout_s``."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout_s
+    while True:
+        value = await fetch()
+        if predicate(value):
+            return value
+        if loop.time() > deadline:
+            raise AssertionError(f"condition not met within {timeout_s} s (last value {value!r})")
+        await asyncio.sleep(interval_s)
+
+
 class Collector:
     """Subscribe to ``subject`` and keep every message (``async with Collector(nc, s) as c``)."""
 

@@ -49,8 +49,7 @@ async def test_discovery_and_forwarding_across_a_nats_cluster(three_servers, tmp
         faas = await stack.enter_async_context(FaasClient(nc, client="dev1", prefix=prefix))
         answers = await asyncio.gather(*(faas.invoke("n1", "echo", b"x", timeout_s=30) for _ in range(3)),
                                        faas.invoke("n3", "echo", b"y", timeout_s=30))
-    for answer in answers[:3]:
-        res = answer.result
+    for res in answers[:3]:
         # n1 (server 1) -> a peer on another server -> the third node, on the third server
-        assert answer.status == 200 and res.hops == 2 and res.peers[0] == "n1" and set(res.peers) == ids
-    assert answers[3].result.peers[0] == "n3" and answers[3].output == b"y"
+        assert res.status == 200 and res.hops == 2 and res.peers[0] == "n1" and set(res.peers) == ids
+    assert answers[3].peers[0] == "n3" and answers[3].output == b"y"

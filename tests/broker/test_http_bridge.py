@@ -12,7 +12,7 @@ from fastapi import FastAPI, Request
 from broker import headers as H
 from broker.embedded import free_port
 from broker.http_bridge import HttpBridge
-from support import serving, wait_until
+from support import eventually, serving, wait_until
 
 
 @pytest.fixture
@@ -115,8 +115,17 @@ async def test_load_configuration_health_metrics_and_docs(http):
 async def test_bridge_answers_503_when_node_is_down(nc, prefix, node_factory):
     async with node_factory():
         pass  # streams exist, node stopped
-    async with serving(HttpBridge(nc, "n1", prefix=prefix, invoke_timeout_s=1)) as http:
+    async with serving(HttpBridge(nc, "n1", prefix=prefix, invoke_timeout_s=30)) as http:
         assert (await http.get("/healthz")).status_code == 503
         assert (await http.get("/monitoring/load")).status_code == 503
-        r = await http.post("/function/echo", content=b"x")
-        assert r.status_code == 504 and r.headers[H.CALL_ID]  # accepted durably, runs when the node returns
+        started = asyncio.get_running_loop().time()
+        r = await http.post("/function/echo", content=b"x")   # direct: fails at once, not at the timeout
+        assert r.status_code == 503 and r.headers["Retry-After"] and "not running" in r.json()["message"]
+        assert asyncio.get_running_loop().time() - started < 2
+        r = await http.post("/async-function/echo", content=b"x")   # async: stored, runs when the node returns
+        assert r.status_code == 202 and r.headers[H.CALL_ID]
+        call_id = r.headers[H.CALL_ID]
+        assert (await http.get(f"/result/{call_id}")).status_code == 202   # pending
+        async with node_factory():
+            r = await eventually(lambda: http.get(f"/result/{call_id}"), lambda r: r.status_code == 200)
+        assert r.content == b"x"

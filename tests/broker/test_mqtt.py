@@ -85,13 +85,18 @@ async def test_device_bad_input_gets_rejections(node_factory, mqtt_port, prefix)
             dev.publish("n1/request/nope/dev1/r2", b"1")
             dev.publish("n1/request/echo/dev1/r3", b"x" * 1001)
             dev.publish("n1/request/f$n/dev1/r4", b"1")
-            dev.publish("n1/request/fib/dev1", b"1")  # a level short
             dev.publish("n1/request/fib/dev1/r5", b"10")
             assert (await dev.answer("reject/dev1/r2"))["code"] == 404
             assert (await dev.answer("reject/dev1/r3"))["code"] == 413
             assert "malformed" in (await dev.answer("reject/dev1/r4"))["reason"]
-            assert (await dev.answer("reject/invalid"))["code"] == 400
             assert (await dev.answer("result/dev1/r5"))["output"] == "55"  # still serving
+
+
+async def test_topic_a_level_short_is_rejected_through_the_bridge(node_factory, mosquitto, nc, prefix):
+    async with node_factory(), MqttBridge(nc, mosquitto.url, prefix=prefix, client_id=f"bridge-{prefix}"):
+        with device(mosquitto.port, prefix) as dev:
+            dev.publish("n1/request/fib/dev1", b"1")  # a level short
+            assert (await dev.answer("reject/invalid"))["code"] == 400
 
 
 async def test_mosquitto_clients_like_the_readme(node_factory, mqtt_port, prefix):

@@ -12,8 +12,8 @@ import orjson
 
 from broker import headers as H
 from broker.client import FaasClient
-from broker.codec import decode, encode
-from broker.messages import LearnerAction, LearningDecision, Rejection, Result, SchedulingExperience, Timings
+from broker.codec import decode
+from broker.messages import LearnerAction, LearningDecision, SchedulingExperience
 from broker.subjects import Subjects
 from nodes.learner.client import RemotePolicy
 from nodes.scheduler.rewards import RewardTracker
@@ -53,7 +53,7 @@ async def test_rewards_and_headers_for_local_forwarded_and_rejected_requests(nod
             for payload, task_type in cases:
                 responses.append(await http.post("/function/sleep", content=payload, headers={H.TASK_TYPE: task_type}))
                 # the answer can overtake the worker's done event: decide the next one on an idle node
-                await wait_until(lambda: n1.scheduler.load.n_running + n1.scheduler.load.n_queued == 0, 10)
+                await wait_until(lambda: n1.scheduler.main.n_running + n1.scheduler.main.n_queued == 0, 10)
             await wait_until(lambda: len(rewards.messages) == 4, 10)
         stats = n1.scheduler.learning.rewards.stats
     assert [r.status_code for r in responses] == [200, 200, 200, 503]
@@ -85,14 +85,14 @@ async def test_a_forward_rejected_by_the_peer_is_rewarded_zero_with_the_origins_
             # n2 has one slot and no queue: of two concurrent forwards, one runs and one is rejected there
             answers = await asyncio.gather(*(faas.invoke("n1", "sleep", b"0.3", timeout_s=20) for _ in range(2)))
             await wait_until(lambda: len(rewards.messages) == 2, 10)
-    served = [a for a in answers if a.result is not None]
-    rejected = [a for a in answers if a.rejection is not None]
+    served = [a for a in answers if a.status == 200]
+    rejected = [a for a in answers if a.status == 503]
     assert len(served) == 1 and len(rejected) == 1
-    assert served[0].result.executed_by == "n2" and rejected[0].rejection.node == "n2"
-    assert rejected[0].rejection.learning.action == 3 and served[0].result.learning.action == 3
+    assert served[0].executed_by == "n2" and rejected[0].headers[H.REJECTED_BY] == "n2"
+    assert rejected[0].learning.action == 3 and served[0].learning.action == 3
     published = rewards_of(rewards)
-    assert published[served[0].result.learning.eid].reward == 1.0
-    assert published[rejected[0].rejection.learning.eid].reward == 0.0
+    assert published[served[0].learning.eid].reward == 1.0
+    assert published[rejected[0].learning.eid].reward == 0.0
 
 
 async def test_unanswered_decisions_get_zero_after_deadline_and_grace(node_factory, nc, prefix):
@@ -106,15 +106,11 @@ async def test_unanswered_decisions_get_zero_after_deadline_and_grace(node_facto
                 tracker.track("c.a", decision(1), 0.1)
                 tracker.track("c.b", decision(2), 0.1)
                 tracker.track("c.c", decision(3), 10.0)   # pushes c.a out: reward 0 at once
-                result = Result(request_id="c", client="c", fn="sleep", status=200, executed_by="n1", origin="n1",
-                                timings=Timings(total_s=0.05))
-                await nc.publish(s.result("c", "c"), encode(result))
+                tracker.observe("c.c", 200, 0.05)
                 started = time.monotonic()
                 await wait_until(lambda: len(rewards.messages) == 3, 5)
                 waited = time.monotonic() - started
-                late = Rejection(request_id="b", client="c", fn="sleep", code=401, http_status=503, reason="x", node="n1")
-                await nc.publish(s.reject("c", "b"), encode(late))   # after its timeout: ignored
-                await nc.flush()
+                tracker.observe("c.b", 503, 0.0)          # after its timeout: ignored
         finally:
             await tracker.stop()
     published = rewards_of(rewards)
@@ -169,7 +165,7 @@ async def test_learned_policy_beats_a_random_policy(node_factory, nc, prefix):
             """n Poisson arrivals (30/s) of 50 ms tasks at n1; the fraction served within the deadline (1 s)."""
             async def one(i: int) -> bool:
                 answer = await faas.invoke("n1", "sleep", b"0.05", req=f"{tag}{i}", timeout_s=20)
-                return answer.status == 200 and answer.result.timings.total_s <= 1.0
+                return answer.status == 200 and answer.timings.total_s <= 1.0
             tasks = []
             for i in range(n):
                 tasks.append(asyncio.create_task(one(i)))

@@ -1,17 +1,21 @@
-"""One node against a real nats-server: invocation, bad input, K slots, loss, durability, redelivery."""
+"""One node against a real nats-server: direct and async invocation, bad input, K slots, loss,
+durability of async calls, redelivery, and direct calls that fail fast."""
 
 from __future__ import annotations
 
 import asyncio
 import os
 import signal
+import sys
 import textwrap
+import time
 
 import orjson
 import pytest
 
 from broker import headers as H
 from broker.codec import decode
+from broker.errors import NodeUnavailable
 from broker.messages import NodeConfiguration, Rejection, Result
 from broker.subjects import Subjects
 from support import Collector, wait_until
@@ -21,27 +25,70 @@ from support import Collector, wait_until
 def user_functions(tmp_path, monkeypatch):
     """A user module on PYTHONPATH, as a user would add their own functions."""
     (tmp_path / "userfns.py").write_text(textwrap.dedent("""
+        import time
+
         def explode(payload: bytes) -> bytes:
             raise RuntimeError("boom " + payload.decode())
 
         def shout(payload: bytes) -> bytes:
             return payload.upper() + b"!"
+
+        def span(payload: bytes) -> bytes:
+            start = time.time()
+            time.sleep(float(payload))
+            return f"{start} {time.time()}".encode()
+        span.p2pfaas_concurrency = 64   # I/O-bound: one worker may run many
     """))
     monkeypatch.setenv("PYTHONPATH", f"{tmp_path}{os.pathsep}{os.environ.get('PYTHONPATH', '')}")
     monkeypatch.syspath_prepend(str(tmp_path))
-    return [("explode", "userfns:explode"), ("shout", "userfns:shout")]
+    return [("explode", "userfns:explode"), ("shout", "userfns:shout"), ("span", "userfns:span")]
+
+
+def spans(answers) -> list[tuple[float, float]]:
+    return [tuple(map(float, a.output.split())) for a in answers]
+
+
+def peak_overlap(intervals: list[tuple[float, float]]) -> int:
+    events = sorted([(s, 1) for s, _ in intervals] + [(e, -1) for _, e in intervals], key=lambda x: (x[0], x[1]))
+    running = peak = 0
+    for _, delta in events:
+        running += delta
+        peak = max(peak, running)
+    return peak
+
+
+def results_of(node, fn: str, status: str = "200") -> float:
+    return sum(s.value for m in node.metrics.results.collect() for s in m.samples
+               if s.name.endswith("_total") and s.labels["fn"] == fn and s.labels["status"] == status)
+
+
+def errors_of(node) -> dict[str, float]:
+    return {s.labels["kind"]: s.value for m in node.metrics.errors.collect() for s in m.samples
+            if s.name.endswith("_total")}
 
 
 @pytest.mark.parametrize("runtime", ["process", "inprocess"])
-async def test_invoke_fib_returns_output_and_timings(node_factory, faas, runtime):
+async def test_direct_call_returns_output_and_p2pfaas_timings(node_factory, faas, runtime):
     async with node_factory(runtime=runtime):
         answer = await faas.invoke("n1", "fib", b"20", timeout_s=20)
     assert answer.status == 200 and answer.output == b"6765"
-    res = answer.result
-    assert res.executed_by == "n1" and res.scheduler == "NoScheduler(true)"
-    t = res.timings
+    assert answer.executed_by == "n1" and answer.scheduler == "NoScheduler(true)"
+    assert answer.headers[H.TIMING_TOTAL].startswith("[") and not answer.externally_executed
+    t = answer.timings
     assert t.execution_s > 0 and t.total_s >= t.execution_s
     assert t.total_s >= t.scheduling_s + t.queueing_s
+    assert t.scheduling_s < 0.1  # the time spent deciding, not the transit (reported apart)
+
+
+async def test_async_call_is_stored_answered_and_fetchable_later(node_factory, faas):
+    async with node_factory():
+        answer = await faas.call_async("n1", "fib", b"15", req="stored1", timeout_s=20)
+        direct = await faas.invoke("n1", "echo", b"not kept", req="direct1", timeout_s=20)
+    assert answer.status == 200 and answer.output == b"610" and answer.executed_by == "n1"
+    stored = await faas.stored_answer("dev1", "stored1")
+    assert stored is not None and stored.output == b"610"
+    assert direct.status == 200 and await faas.stored_answer("dev1", "direct1") is None  # direct: nothing stored
+    assert await faas.stored_answer("dev1", "never") is None
 
 
 async def test_user_function_and_errors_keep_node_serving(node_factory, faas, user_functions):
@@ -56,43 +103,66 @@ async def test_user_function_and_errors_keep_node_serving(node_factory, faas, us
         }
         for name, ((fn, payload), status) in cases.items():
             answer = await faas.invoke("n1", fn, payload, timeout_s=20)
-            assert answer.status == status, name
-            message = answer.rejection.reason if answer.rejection else answer.result.error
-            assert message, name
+            assert answer.status == status and answer.code == status, name
+            assert answer.message, name
+        async_answer = await faas.call_async("n1", "nope", b"1", timeout_s=20)   # the same over the async path
+        assert async_answer.status == 404 and "unknown function" in async_answer.message
         timeout = await faas.invoke("n1", "sleep", b"5", headers={H.TIMEOUT: "0.3"}, timeout_s=20)
-        assert timeout.status == 504 and "timeout" in timeout.result.error
+        assert timeout.status == 504 and "timeout" in timeout.message
         # still serving after all of that (the timed-out worker was recycled)
         assert (await faas.invoke("n1", "fib", b"10", timeout_s=20)).output == b"55"
-        errors = {s.labels["kind"]: s.value for m in node.metrics.errors.collect() for s in m.samples
-                  if s.name.endswith("_total")}
-    assert errors["unknown_function"] == 1 and errors["empty_payload"] == 1 and errors["too_large"] == 1
-    await wait_until(lambda: True)
-    assert errors.get("timeout", 0) + errors.get("function_error", 0) + errors.get("bad_input", 0) >= 2
+        errors = errors_of(node)
+    assert errors["unknown_function"] == 2 and errors["empty_payload"] == 1 and errors["too_large"] == 1
+    assert errors["timeout"] == 1 and errors["function_error"] == 1 and errors["bad_input"] == 1
+
+
+@pytest.mark.parametrize("header, value", [(H.TIMEOUT, "abc"), (H.TIMEOUT, "-1"), (H.DEADLINE, "nan"),
+                                           (H.TASK_TYPE, "x"), (H.HOPS, "abc")])
+async def test_garbled_headers_are_refused_and_the_node_keeps_serving(node_factory, faas, nc, prefix, header, value):
+    s = Subjects(prefix)
+    async with node_factory() as node:
+        answer = await faas.invoke("n1", "echo", b"x", headers={header: value}, timeout_s=10)
+        forwarded = await nc.request(s.forward("n1", "echo", "dev1", "f1"), b"x", headers={header: value}, timeout=10)
+        assert (await faas.invoke("n1", "echo", b"ok", timeout_s=10)).output == b"ok"
+        bad_input = errors_of(node)["bad_input"]
+    if header != H.HOPS:  # hops only count on a forward
+        assert answer.status == 400 and header in answer.message
+    assert forwarded.headers[H.STATUS] == "400" and header.encode() in forwarded.data
+    assert bad_input >= 1
 
 
 async def test_malformed_subjects_get_a_clear_rejection(node_factory, nc, prefix):
     s = Subjects(prefix)
     js = nc.jetstream()
     async with Collector(nc, f"{prefix}.reject.>") as answers, node_factory():
-        await js.publish(f"{prefix}.n1.request.fib.dev1", b"1")                 # too few tokens
-        await js.publish(f"{prefix}.n1.request.f=b.dev1.r7", b"1")              # bad function token
+        await js.publish(f"{prefix}.async.n1.fib.dev1", b"1")                   # too few tokens
+        await js.publish(f"{prefix}.async.n1.f=b.dev1.r7", b"1")                # bad function token
+        direct = await nc.request(f"{prefix}.n1.request.f=b.dev1.r8", b"1", timeout=10)
         await wait_until(lambda: len(answers.messages) >= 2)
     by_subject = {m.subject: decode(Rejection, m.data) for m in answers.messages}
     assert by_subject[s.invalid()].code == 400
-    assert "malformed" in by_subject[s.reject("dev1", "r7")].reason
+    assert "function" in by_subject[s.reject("dev1", "r7")].reason
+    assert direct.headers[H.STATUS] == "400" and b"function" in direct.data
 
 
-async def test_at_most_k_concurrent_executions(node_factory, faas):
-    async with node_factory(k=2, queue=20):
-        answers = await asyncio.gather(*(faas.invoke("n1", "sleep", b"0.3", timeout_s=30) for _ in range(7)))
+async def test_at_most_k_concurrent_executions(node_factory, faas, user_functions):
+    async with node_factory(k=2, queue=20, functions=user_functions):
+        answers = await asyncio.gather(*(faas.invoke("n1", "span", b"0.3", timeout_s=30) for _ in range(7)))
     assert all(a.status == 200 for a in answers)
-    spans = [(a.result.finished_at - a.result.timings.execution_s, a.result.finished_at) for a in answers]
-    events = sorted([(s, 1) for s, _ in spans] + [(e, -1) for _, e in spans], key=lambda x: (x[0], x[1]))
-    running = peak = 0
-    for _, delta in events:
-        running += delta
-        peak = max(peak, running)
-    assert peak == 2  # never more than K, and K really run in parallel
+    assert peak_overlap(spans(answers)) == 2  # never more than K, and K really run in parallel
+
+
+async def test_concurrent_function_shares_a_worker_cpu_bound_does_not(node_factory, faas, user_functions):
+    async with node_factory(k=4, queue=20, functions=user_functions, runtime="process") as node:
+        await node.pool.set_size(1)   # one worker process, four slots
+        node.pool.target = 1
+        await wait_until(lambda: node.pool.ready == 1)
+        io = await asyncio.gather(*(faas.invoke("n1", "span", b"0.3", timeout_s=30) for _ in range(4)))
+        cpu = await asyncio.gather(*(faas.invoke("n1", "busy", b"150", timeout_s=30) for _ in range(2)))
+    assert peak_overlap(spans(io)) == 4     # an I/O-bound function: one process runs K calls at once
+    assert all(a.status == 200 for a in cpu)
+    first, second = sorted(a.timings.queueing_s for a in cpu)
+    assert second >= 0.1                    # a CPU-bound one waits for the whole worker
 
 
 async def test_noscheduler_loss_rejects_when_slots_and_queue_full(node_factory, faas):
@@ -100,7 +170,7 @@ async def test_noscheduler_loss_rejects_when_slots_and_queue_full(node_factory, 
         answers = await asyncio.gather(*(faas.invoke("n1", "sleep", b"0.5", timeout_s=30) for _ in range(5)))
     statuses = sorted(a.status for a in answers)
     assert statuses == [200, 200, 503, 503, 503]
-    rejection = next(a.rejection for a in answers if a.rejection)
+    rejection = next(a for a in answers if a.status == 503)
     assert rejection.code == 401 and rejection.retry_after_s and rejection.scheduler == "NoScheduler(true)"
 
 
@@ -114,22 +184,24 @@ async def test_reject_and_bypass_headers(node_factory, faas):
     async with node_factory(k=1, queue=0, scheduler=("NoScheduler", ["false"])):
         rejected = await faas.invoke("n1", "echo", b"x", headers={H.REJECT: "true"}, timeout_s=20)
         bypassed = await faas.invoke("n1", "echo", b"y", headers={H.BYPASS: "true"}, timeout_s=20)
-    assert rejected.status == 503 and rejected.rejection.code == 401
+    assert rejected.status == 503 and rejected.code == 401
     assert bypassed.status == 200 and bypassed.output == b"y"
 
 
-async def test_configuration_changes_k_at_run_time_and_persists(node_factory, nc, faas, prefix, tmp_path):
+async def test_configuration_changes_k_at_run_time_and_persists(node_factory, nc, faas, prefix, tmp_path,
+                                                                user_functions):
     s = Subjects(prefix)
-    async with node_factory(k=1, queue=10, data_dir=tmp_path) as node:
+    async with node_factory(k=1, queue=10, data_dir=tmp_path, functions=user_functions) as node:
         reply = await nc.request(s.config("n1", "set"), b'{"parallel_running_functions_max": 3, "queue_length_max": 10}', timeout=5)
         assert reply.headers["X-P2pfaas-Status"] == "200"
         await node.pool.wait_ready(30)
         assert node.pool.ready == 3
-        answers = await asyncio.gather(*(faas.invoke("n1", "sleep", b"0.4", timeout_s=30) for _ in range(3)))
-        starts = [a.result.finished_at - a.result.timings.execution_s for a in answers]
+        answers = await asyncio.gather(*(faas.invoke("n1", "span", b"0.4", timeout_s=30) for _ in range(3)))
+        starts = [start for start, _ in spans(answers)]
         assert max(starts) - min(starts) < 0.35  # all three started together: K really is 3
         bad = await nc.request(s.config("n1", "set"), b'{"parallel_running_functions_max": "many"', timeout=5)
         assert bad.headers["X-P2pfaas-Status"] == "400" and b"not valid JSON" in bad.data
+        assert bad.headers["Nats-Service-Error-Code"] == "400"
         bad = await nc.request(s.config("n1", "set"), b'{"parallel_running_functions_max": 0}', timeout=5)
         assert bad.headers["X-P2pfaas-Status"] == "400"
     async with node_factory(k=1, queue=10, data_dir=tmp_path) as node:  # restart: K=3 was persisted
@@ -138,59 +210,101 @@ async def test_configuration_changes_k_at_run_time_and_persists(node_factory, nc
         assert node.pool.target == 3
 
 
-async def test_request_published_while_node_down_runs_after_start(node_factory, faas, tmp_path):
+async def test_async_call_published_while_node_down_runs_after_start(node_factory, faas, tmp_path):
     async with node_factory(data_dir=tmp_path):
         pass  # streams exist now; the node is down below
     fut = faas.expect("while-down")
     await faas.submit("n1", "fib", b"15", "while-down")
     await faas.submit("n1", "fib", b"15", "while-down")  # duplicate id: deduplicated
     assert not fut.done()
-    async with node_factory(data_dir=tmp_path):
+    async with node_factory(data_dir=tmp_path) as node:
         answer = await asyncio.wait_for(fut, 20)
+        assert results_of(node, "fib") == 1
     assert answer.output == b"610"
 
 
-async def test_worker_killed_mid_task_is_redelivered_exactly_one_result(node_factory, nc, faas, prefix):
+async def test_worker_killed_mid_task_async_call_runs_again_exactly_one_result(node_factory, nc, faas, prefix):
     s = Subjects(prefix)
     async with Collector(nc, s.result("dev1", "kill1")) as results, \
-            Collector(nc, s.task_event("n1", "started")) as started, \
-            node_factory(k=1, queue=5, ack_wait_s=1.0, runtime="process") as node:
+            node_factory(k=1, queue=5, runtime="process") as node:
         await faas.submit("n1", "sleep", b"1.0", "kill1")
-        await asyncio.wait_for(started.event.wait(), 10)
+        await wait_until(lambda: node.scheduler.main.n_running == 1, timeout_s=10)
         victim = node.pool.workers[0]
         os.kill(victim.proc.pid, signal.SIGKILL)
         await wait_until(lambda: len(results.messages) >= 1, timeout_s=20)
         await asyncio.sleep(1.5)  # the window in which a duplicate would show up
-    assert len(started.messages) >= 2  # it really ran twice: killed, then redelivered
+        lost = errors_of(node).get("worker_lost", 0)
+    assert lost == 1  # it really ran twice: lost with its worker, then delivered again
     assert len(results.messages) == 1
     result = decode(Result, results.messages[0].data)
-    assert result.status == 200
-    assert result.executed_by == "n1"
+    assert result.status == 200 and result.executed_by == "n1"
 
 
-async def test_stored_result_can_be_fetched_later(node_factory, faas):
-    async with node_factory():
-        await faas.invoke("n1", "echo", b"keep", req="stored1", timeout_s=20)
-    stored = await faas.stored_answer("dev1", "stored1")
-    assert stored is not None and stored.output == b"keep"
-    assert await faas.stored_answer("dev1", "never") is None
+async def test_worker_killed_mid_task_direct_call_fails_at_once(node_factory, faas):
+    async with node_factory(k=1, queue=5, runtime="process") as node:
+        call = asyncio.create_task(faas.invoke("n1", "sleep", b"5", timeout_s=30))
+        await wait_until(lambda: node.scheduler.main.n_running == 1, timeout_s=10)
+        started = time.monotonic()
+        os.kill(node.pool.workers[0].proc.pid, signal.SIGKILL)
+        answer = await call
+        assert time.monotonic() - started < 3
+        assert answer.status == 500 and "died" in answer.message
+        assert (await faas.invoke("n1", "echo", b"after", timeout_s=20)).output == b"after"  # replaced
 
 
 async def test_load_probe_reports_running_and_queued(node_factory, nc, faas, prefix):
     s = Subjects(prefix)
     async with node_factory(k=1, queue=5) as node:
         calls = [asyncio.create_task(faas.invoke("n1", "sleep", b"0.6", timeout_s=30)) for _ in range(3)]
-        await wait_until(lambda: node.scheduler.load.n_running == 1 and node.scheduler.load.n_queued == 2)
+        main = node.scheduler.main
+        await wait_until(lambda: main.n_running == 1 and main.n_queued == 2)
         load = orjson.loads((await nc.request(s.load("n1"), b"", timeout=5)).data)
         assert (load["running"], load["queued"], load["parallel_running_functions_max"]) == (1, 2, 1)
         await asyncio.gather(*calls)
-        await wait_until(lambda: node.scheduler.load.n_running == 0 and node.scheduler.load.n_queued == 0)
+        await wait_until(lambda: main.n_running == 0 and main.n_queued == 0)
 
 
-async def test_long_task_outlives_ack_wait_without_redelivery(node_factory, nc, faas, prefix):
-    s = Subjects(prefix)
-    async with Collector(nc, s.task_event("n1", "started")) as started, \
-            node_factory(k=2, ack_wait_s=0.5, runtime="inprocess"):
-        answer = await faas.invoke("n1", "sleep", b"1.6", timeout_s=20)  # > 3 ack_wait periods
+async def test_long_async_task_outlives_ack_wait_without_redelivery(node_factory, faas):
+    async with node_factory(k=2, ack_wait_s=0.5, runtime="inprocess") as node:
+        answer = await faas.call_async("n1", "sleep", b"1.6", timeout_s=20)  # > 3 ack_wait periods
+        await asyncio.sleep(0.6)   # a redelivery would start a second run within an ack_wait
+        runs = results_of(node, "sleep") + node.scheduler.main.n_running
     assert answer.status == 200
-    assert len(started.messages) == 1  # the keep-alive held the task: it never ran twice
+    assert runs == 1  # the keep-alive held the message: it never ran twice
+
+
+async def test_direct_call_to_a_node_that_is_not_running_fails_at_once(faas):
+    started = time.monotonic()
+    with pytest.raises(NodeUnavailable, match="not running"):
+        await faas.invoke("nowhere", "echo", b"x", timeout_s=30)
+    assert time.monotonic() - started < 2
+
+
+async def test_node_process_killed_mid_call_fails_the_direct_call_at_once(nats_server, faas, prefix, tmp_path):
+    """kill -9 of a node: its orphaned workers say so, the caller fails now, not at its timeout."""
+    env = dict(os.environ, P2PFAAS_NODE_ID="n7", P2PFAAS_NATS_URL=nats_server.url, P2PFAAS_PREFIX=prefix,
+               P2PFAAS_DATA_DIR=str(tmp_path))
+    proc = await asyncio.create_subprocess_exec(sys.executable, "-m", "p2pfaas.cli", "node", env=env,
+                                                stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.DEVNULL)
+    try:
+        async def up() -> bool:
+            try:
+                return (await faas.invoke("n7", "echo", b"?", timeout_s=2)).status == 200
+            except (NodeUnavailable, asyncio.TimeoutError):
+                return False
+
+        deadline = time.monotonic() + 60
+        while not await up():
+            assert time.monotonic() < deadline, "node did not come up"
+            await asyncio.sleep(0.3)
+        call = asyncio.create_task(faas.invoke("n7", "sleep", b"20", timeout_s=60))
+        await asyncio.sleep(0.5)
+        started = time.monotonic()
+        proc.send_signal(signal.SIGKILL)
+        with pytest.raises(NodeUnavailable, match="went away"):
+            await call
+        assert time.monotonic() - started < 5
+    finally:
+        if proc.returncode is None:
+            proc.kill()
+        await proc.wait()

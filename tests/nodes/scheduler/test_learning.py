@@ -10,7 +10,7 @@ from dataclasses import replace
 import pytest
 
 from broker import headers as H
-from broker.messages import Heartbeat, LearnerAction, LearningDecision, Rejection, Result, Timings
+from broker.messages import Heartbeat, LearnerAction, LearningDecision
 from nodes.scheduler.algorithms import build_algorithm
 from nodes.scheduler.base import Execute, Forward, Reject
 from nodes.scheduler.learning import (
@@ -208,33 +208,22 @@ def test_learning_decision_headers_round_trip():
 
 
 def test_reward_rule():
-    def result(status: int, total_s: float) -> Result:
-        return Result(request_id="r", client="c", fn="f", status=status, executed_by="n", origin="n",
-                      timings=Timings(total_s=total_s))
-    assert reward_of(result(200, 0.4), 0.5) == 1.0
-    assert reward_of(result(200, 0.5), 0.5) == 1.0
-    assert reward_of(result(200, 0.6), 0.5) == 0.0
-    assert reward_of(result(500, 0.1), 0.5) == 0.0
-    rejection = Rejection(request_id="r", client="c", fn="f", code=401, http_status=503, reason="full", node="n")
-    assert reward_of(rejection, 10.0) == 0.0
+    assert reward_of(200, 0.4, 0.5) == 1.0
+    assert reward_of(200, 0.5, 0.5) == 1.0
+    assert reward_of(200, 0.6, 0.5) == 0.0
+    assert reward_of(500, 0.1, 0.5) == 0.0
+    assert reward_of(503, 0.0, 10.0) == 0.0   # a rejection
 
 
 async def test_rewards_are_released_in_eid_order():
-    from types import SimpleNamespace
-
-    from broker.codec import encode
-    from broker.subjects import Subjects
     from nodes.scheduler.rewards import RewardTracker
 
-    s = Subjects("faas")
     tracker = RewardTracker(None, "n0")  # type: ignore[arg-type]  (nothing is published here)
     for eid, key in enumerate("abc"):
         tracker.track(f"c.{key}", LearningDecision(eid=eid, state=[0.0], action=1), 1.0)
 
     async def answer(key: str, total_s: float) -> None:
-        result = Result(request_id=key, client="c", fn="f", status=200, executed_by="n0", origin="n0",
-                        timings=Timings(total_s=total_s))
-        await tracker._on_answer(SimpleNamespace(subject=s.result("c", key), data=encode(result)))
+        tracker.observe(f"c.{key}", 200, total_s)
 
     def released() -> list[tuple[int, float]]:
         out = []

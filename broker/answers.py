@@ -1,0 +1,193 @@
+"""Answers as callers see them: an HTTP-like status, the P2PFaaS headers and a body.
+
+A direct call's NATS reply *is* this shape: the node writes the headers once and the HTTP
+bridge passes them on. An async answer (a ``Result``/``Rejection`` JSON on the result and
+reject subjects) is rendered into the same shape, so every caller reads both alike.
+Errors carry the JSON body ``{code, message}`` (P2PFaaS's catalogue in ``code``).
+"""
+
+from __future__ import annotations
+
+import base64
+from dataclasses import dataclass, field
+from typing import Mapping, Sequence
+
+import orjson
+
+from broker import headers as H
+from broker.codec import decode
+from broker.errors import ContractError
+from broker.messages import ErrorBody, HopTiming, LearningDecision, Rejection, Result, Timings
+
+VERSION = "0.1.0"
+
+
+def _seconds(value: float) -> str:
+    return repr(round(value, 6))
+
+
+def answer_headers(*, status: int, scheduler: str, executed_by: str, hops: Sequence[HopTiming],
+                   execution_s: float, queueing_s: float, transit_s: float = 0.0, forwards: int = 0,
+                   peers: Sequence[str] = (), learning: LearningDecision | None = None,
+                   retry_after_s: float | None = None) -> dict[str, str]:
+    """The P2PFaaS response headers of one answer; ``hops`` holds one entry per node, origin first."""
+    out = {
+        H.STATUS: str(status), H.VERSION: VERSION, H.SCHEDULER: scheduler,
+        H.TIMING_TOTAL: orjson.dumps([round(h.total_s, 6) for h in hops]).decode(),
+        H.TIMING_SCHEDULING: orjson.dumps([round(h.scheduling_s, 6) for h in hops]).decode(),
+        H.TIMING_PROBING: orjson.dumps([round(h.probing_s, 6) for h in hops]).decode(),
+        H.TIMING_EXECUTION: _seconds(execution_s), H.TIMING_QUEUEING: _seconds(queueing_s),
+    }
+    if transit_s:
+        out[H.TIMING_TRANSIT] = _seconds(transit_s)
+    if executed_by:
+        out[H.EXECUTED_BY] = executed_by
+    if forwards:
+        out.update({H.EXTERNALLY_EXECUTED: "True", H.HOPS: str(forwards), H.PEERS_LIST_ID: ",".join(peers)})
+    if learning is not None:
+        out.update(learning.headers())
+    if retry_after_s is not None:
+        out[H.RETRY_AFTER] = str(max(1, round(retry_after_s)))
+    return out
+
+
+def error_body(code: int, message: str) -> bytes:
+    return orjson.dumps({"code": code, "message": message})
+
+
+def _float_list(text: str | None) -> list[float]:
+    try:
+        values = orjson.loads(text) if text else []
+        return [float(v) for v in values] if isinstance(values, list) else []
+    except (orjson.JSONDecodeError, TypeError, ValueError):
+        return []
+
+
+@dataclass(frozen=True, slots=True)
+class Answer:
+    """One answer: ``status`` (200 ok, 4xx/5xx as the HTTP bridge answers), ``headers`` (the
+    P2PFaaS response headers) and ``body`` (the output, or the JSON error ``{code, message}``)."""
+
+    status: int
+    body: bytes = b""
+    headers: Mapping[str, str] = field(default_factory=dict)
+
+    @property
+    def ok(self) -> bool:
+        return self.status == 200
+
+    @property
+    def output(self) -> bytes:
+        return self.body if self.status == 200 else b""
+
+    @property
+    def error(self) -> ErrorBody | None:
+        """The ``{code, message}`` of a failed call (None on success or an unreadable body)."""
+        if self.status == 200:
+            return None
+        try:
+            return decode(ErrorBody, self.body)
+        except ContractError:
+            return ErrorBody(code=self.status, message=self.body[:200].decode(errors="replace"))
+
+    @property
+    def code(self) -> int:
+        """P2PFaaS's code: the status on success, the error body's code otherwise."""
+        err = self.error
+        return err.code if err is not None else self.status
+
+    @property
+    def message(self) -> str:
+        err = self.error
+        return err.message if err is not None else ""
+
+    @property
+    def executed_by(self) -> str:
+        return self.headers.get(H.EXECUTED_BY, "")
+
+    @property
+    def scheduler(self) -> str:
+        return self.headers.get(H.SCHEDULER, "")
+
+    @property
+    def hops(self) -> int:
+        value = self.headers.get(H.HOPS, "0")
+        return int(value) if value.isdigit() else 0
+
+    @property
+    def peers(self) -> list[str]:
+        return [p for p in self.headers.get(H.PEERS_LIST_ID, "").split(",") if p]
+
+    @property
+    def rejected(self) -> bool:
+        """The call was refused and never ran (rejected by an algorithm, or bad input)."""
+        return H.REJECTED_BY in self.headers
+
+    @property
+    def externally_executed(self) -> bool:
+        return H.is_true(self.headers.get(H.EXTERNALLY_EXECUTED))
+
+    @property
+    def retry_after_s(self) -> float | None:
+        value = self.headers.get(H.RETRY_AFTER)
+        return float(value) if value and value.isdigit() else None
+
+    @property
+    def learning(self) -> LearningDecision | None:
+        return LearningDecision.from_headers(dict(self.headers))
+
+    @property
+    def hop_timings(self) -> list[HopTiming]:
+        """One entry per node, origin first (node names from the peers list when forwarded)."""
+        totals = _float_list(self.headers.get(H.TIMING_TOTAL))
+        scheduling = _float_list(self.headers.get(H.TIMING_SCHEDULING))
+        probing = _float_list(self.headers.get(H.TIMING_PROBING))
+        names = self.peers or [self.executed_by]
+        return [HopTiming(node=names[i] if i < len(names) else "", total_s=t,
+                          scheduling_s=scheduling[i] if i < len(scheduling) else 0.0,
+                          probing_s=probing[i] if i < len(probing) else 0.0) for i, t in enumerate(totals)]
+
+    @property
+    def timings(self) -> Timings:
+        """This answer's timings: the origin's total and scheduling, the executor's execution."""
+        hops = self.hop_timings
+        return Timings(
+            scheduling_s=hops[0].scheduling_s if hops else 0.0,
+            total_s=hops[0].total_s if hops else 0.0,
+            execution_s=float(self.headers.get(H.TIMING_EXECUTION, 0.0) or 0.0),
+            queueing_s=float(self.headers.get(H.TIMING_QUEUEING, 0.0) or 0.0),
+            transit_s=float(self.headers.get(H.TIMING_TRANSIT, 0.0) or 0.0),
+        )
+
+    # -- async answers -------------------------------------------------------------
+    @classmethod
+    def of_result(cls, result: Result) -> "Answer":
+        headers = answer_headers(status=result.status, scheduler=result.scheduler, executed_by=result.executed_by,
+                                 hops=result.hop_timings or [HopTiming(node=result.executed_by,
+                                                                       total_s=result.timings.total_s,
+                                                                       scheduling_s=result.timings.scheduling_s)],
+                                 execution_s=result.timings.execution_s, queueing_s=result.timings.queueing_s,
+                                 transit_s=result.timings.transit_s, forwards=result.hops, peers=result.peers,
+                                 learning=result.learning)
+        if result.status != 200:
+            return cls(result.status, error_body(result.status, result.error or "function failed"), headers)
+        if result.output_b64 is not None:
+            return cls(200, base64.b64decode(result.output_b64), headers)
+        return cls(200, (result.output or "").encode(), headers)
+
+    @classmethod
+    def of_rejection(cls, rejection: Rejection) -> "Answer":
+        headers = {H.STATUS: str(rejection.http_status), H.VERSION: VERSION, H.SCHEDULER: rejection.scheduler,
+                   H.REJECTED_BY: rejection.node}
+        if rejection.retry_after_s is not None:
+            headers[H.RETRY_AFTER] = str(max(1, round(rejection.retry_after_s)))
+        if rejection.learning is not None:
+            headers.update(rejection.learning.headers())
+        return cls(rejection.http_status, error_body(rejection.code, rejection.reason), headers)
+
+    @classmethod
+    def of_stored(cls, kind: str, data: bytes) -> "Answer":
+        """An answer read from ``<prefix>.result|reject.<client>.<req>``; ContractError if garbled."""
+        if kind == "result":
+            return cls.of_result(decode(Result, data))
+        return cls.of_rejection(decode(Rejection, data))

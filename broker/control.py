@@ -1,0 +1,81 @@
+"""Control-plane request/reply in one place: nodes serve it, bridges and tools ask.
+
+A reply carries ``X-P2pfaas-Status`` (HTTP-like); an error reply also carries the NATS services'
+standard ``Nats-Service-Error`` and ``Nats-Service-Error-Code`` headers and the JSON body
+``{code, message}``. A handler is ``async (body) -> body`` and raises :class:`ControlError`
+(or ``ContractError``, a 400) to refuse.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import Awaitable, Callable
+
+from nats.aio.client import Client
+from nats.aio.msg import Msg
+from nats.errors import NoRespondersError
+from nats.errors import TimeoutError as NatsTimeout
+
+from broker import headers as H
+from broker.answers import error_body
+from broker.errors import ContractError, NodeUnavailable
+
+log = logging.getLogger(__name__)
+
+SERVICE_ERROR = "Nats-Service-Error"
+SERVICE_ERROR_CODE = "Nats-Service-Error-Code"
+
+Handler = Callable[[bytes], Awaitable[bytes]]
+
+
+class ControlError(Exception):
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(message)
+        self.status, self.message = status, message
+
+
+class ControlServer:
+    """Serves control subjects; ``refused(subject, message)`` is told about every refusal."""
+
+    def __init__(self, nc: Client, refused: Callable[[str, str], None] = lambda subject, message: None) -> None:
+        self.nc, self._refused = nc, refused
+        self._subs: list = []
+
+    async def serve(self, subject: str, handler: Handler) -> None:
+        async def on_request(msg: Msg) -> None:
+            try:
+                body, status, headers = await handler(msg.data), 200, {H.STATUS: "200"}
+            except (ControlError, ContractError) as exc:
+                status = exc.status if isinstance(exc, ControlError) else 400
+                message = exc.message if isinstance(exc, ControlError) else str(exc)
+                self._refused(msg.subject, message)
+                body = error_body(status, message)
+                headers = {H.STATUS: str(status), SERVICE_ERROR: message[:200].replace("\n", " "),
+                           SERVICE_ERROR_CODE: str(status)}
+            except Exception as exc:  # a bug must answer too, never leave the caller waiting
+                log.exception("control request on %s failed", msg.subject)
+                status, body = 500, error_body(500, f"internal error: {type(exc).__name__}")
+                headers = {H.STATUS: "500", SERVICE_ERROR: "internal error", SERVICE_ERROR_CODE: "500"}
+            if msg.reply:
+                await self.nc.publish(msg.reply, body, headers=headers)
+
+        self._subs.append(await self.nc.subscribe(subject, cb=on_request))
+
+    async def stop(self) -> None:
+        for sub in self._subs:
+            try:
+                await sub.unsubscribe()
+            except Exception as exc:  # the connection may already be gone
+                log.debug("unsubscribe: %s", exc)
+        self._subs.clear()
+
+
+async def control_request(nc: Client, subject: str, body: bytes = b"", timeout_s: float = 3.0) -> tuple[int, bytes]:
+    """(status, body) of a control request; NodeUnavailable when nobody answers in time."""
+    try:
+        msg = await nc.request(subject, body, timeout=timeout_s)
+    except (NatsTimeout, NoRespondersError, asyncio.TimeoutError) as exc:
+        raise NodeUnavailable(f"nobody answered on {subject} ({type(exc).__name__})") from None
+    status = (msg.headers or {}).get(H.STATUS, "200")
+    return (int(status) if status.isdigit() else 500), msg.data

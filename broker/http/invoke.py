@@ -1,0 +1,157 @@
+"""Invocation over HTTP: ``/function/{fn}`` (direct), ``/async-function/{fn}`` and ``/result/{id}``.
+
+The direct call is the hot path, so it is served by a plain ASGI handler in front of the
+framework (:class:`FastInvoke`): read the body, one NATS request to the node, copy the
+node's P2PFaaS headers onto the response. The FastAPI routes of the same paths exist for
+the OpenAPI docs and for servers without the fast path; both call :func:`direct_call`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import TYPE_CHECKING, Iterable
+
+from fastapi import APIRouter, Request
+from fastapi.responses import JSONResponse, Response
+
+from broker import headers as H
+from broker.answers import Answer, error_body
+from broker.errors import NodeUnavailable
+from broker.subjects import TOKEN_RE, check_token
+
+if TYPE_CHECKING:
+    from broker.http_bridge import HttpBridge
+
+FUNCTION_PATH = "/function/"
+_CALLER = {name.lower().encode(): name for name in H.CALLER_HEADERS}
+_OCTETS = (b"content-type", b"application/octet-stream")
+_JSON = (b"content-type", b"application/json")
+
+
+def answer_header_list(answer: Answer, call_id: str) -> list[tuple[bytes, bytes]]:
+    """The HTTP response headers of an answer: the node's P2PFaaS headers and the call id."""
+    out = [_OCTETS if answer.status == 200 else _JSON, (H.CALL_ID.encode(), call_id.encode())]
+    out.extend((k.encode(), v.encode("latin-1", "replace")) for k, v in answer.headers.items()
+               if k.startswith("X-") or k == H.RETRY_AFTER)
+    return out
+
+
+def answer_response(answer: Answer, call_id: str) -> Response:
+    response = Response(answer.body, status_code=answer.status)
+    response.raw_headers = [*answer_header_list(answer, call_id), (b"content-length", str(len(answer.body)).encode())]
+    return response
+
+
+def error(status: int, message: str, **headers: str) -> JSONResponse:
+    return JSONResponse({"code": status, "message": message}, status_code=status, headers=headers or None)
+
+
+async def direct_call(bridge: "HttpBridge", fn: str, body: bytes, headers: dict[str, str]) -> tuple[Answer, str]:
+    """One direct call through the node; errors of the path itself become answers too."""
+    call_id = bridge.new_call_id()
+    try:
+        answer = await bridge.faas.invoke(bridge.node, fn, body, req=call_id, headers=headers,
+                                          timeout_s=bridge.invoke_timeout_s)
+    except asyncio.TimeoutError:
+        answer = Answer(504, error_body(504, f"no answer from node {bridge.node} within {bridge.invoke_timeout_s:g} s"))
+    except NodeUnavailable as exc:
+        answer = Answer(503, error_body(503, str(exc)), {H.RETRY_AFTER: "1"})
+    return answer, call_id
+
+
+class FastInvoke:
+    """ASGI: ``GET|POST /function/{fn}`` without the framework; everything else to ``app``."""
+
+    def __init__(self, app, bridge: "HttpBridge") -> None:
+        self.app, self.bridge = app, bridge
+
+    async def __call__(self, scope, receive, send) -> None:
+        if scope["type"] != "http" or not scope["path"].startswith(FUNCTION_PATH) or scope["method"] not in ("GET", "POST"):
+            return await self.app(scope, receive, send)
+        started = time.perf_counter()
+        status = await self._invoke(scope, receive, send)
+        self.bridge.count("/function/{fn}", status, time.perf_counter() - started)
+
+    async def _invoke(self, scope, receive, send) -> int:
+        bridge = self.bridge
+        fn = scope["path"][len(FUNCTION_PATH):]
+        if not TOKEN_RE.match(fn):
+            return await _send(send, 400, error_body(400, f"invalid function {fn[:64]!r}: must match [A-Za-z0-9_-]{{1,64}}"), [_JSON])
+        headers, declared = _caller_headers(scope["headers"])
+        if declared is not None and declared > bridge.max_payload_bytes:
+            return await _send(send, 413, error_body(413, f"payload of {declared} bytes exceeds the limit of {bridge.max_payload_bytes}"), [_JSON])
+        body = b""
+        more = True
+        while more:
+            message = await receive()
+            if message["type"] == "http.disconnect":
+                return 499
+            body += message.get("body", b"")
+            more = message.get("more_body", False)
+            if len(body) > bridge.max_payload_bytes:
+                return await _send(send, 413, error_body(413, f"payload exceeds the limit of {bridge.max_payload_bytes} bytes"), [_JSON])
+        answer, call_id = await direct_call(bridge, fn, body, headers)
+        return await _send(send, answer.status, answer.body, answer_header_list(answer, call_id))
+
+
+def _caller_headers(raw: Iterable[tuple[bytes, bytes]]) -> tuple[dict[str, str], int | None]:
+    """The P2PFaaS request headers a caller may set, and the declared body length."""
+    headers: dict[str, str] = {}
+    declared = None
+    for name, value in raw:
+        if name == b"content-length":
+            declared = int(value) if value.isdigit() else None
+        elif name in _CALLER:
+            headers[_CALLER[name]] = value.decode("latin-1")
+    return headers, declared
+
+
+async def _send(send, status: int, body: bytes, headers: list[tuple[bytes, bytes]]) -> int:
+    await send({"type": "http.response.start", "status": status,
+                "headers": [*headers, (b"content-length", str(len(body)).encode())]})
+    await send({"type": "http.response.body", "body": body})
+    return status
+
+
+def invoke_router(bridge: "HttpBridge") -> APIRouter:
+    router = APIRouter(tags=["invoke"])
+
+    @router.get("/function/{fn}", summary="Invoke a function synchronously (direct path)", operation_id="invoke_get")
+    @router.post("/function/{fn}", summary="Invoke a function synchronously (direct path)", operation_id="invoke_post")
+    async def invoke(fn: str, request: Request) -> Response:
+        check_token(fn, "function")
+        body = await bridge.read_body(request)
+        answer, call_id = await direct_call(bridge, fn, body, _caller_headers(request.headers.raw)[0])
+        return answer_response(answer, call_id)
+
+    @router.post("/async-function/{fn}", status_code=202, summary="Invoke asynchronously (durable); 202 + X-Call-Id")
+    async def invoke_async(fn: str, request: Request) -> Response:
+        check_token(fn, "function")
+        body = await bridge.read_body(request)
+        call_id = bridge.new_call_id()
+        fut = bridge.faas.expect(call_id)
+        try:
+            await bridge.faas.submit(bridge.node, fn, body, call_id, _caller_headers(request.headers.raw)[0])
+        except Exception as exc:  # not stored: the caller must know it was not accepted
+            bridge.faas.forget(call_id)
+            return error(503, f"call not accepted (not stored): {exc}", **{H.RETRY_AFTER: "1"})
+        bridge.remember(call_id)
+        bridge.background(bridge.deliver_callback(fut, call_id, request.headers.get(H.CALLBACK_URL)))
+        return JSONResponse({"call_id": call_id, "status": "accepted", "result_url": f"/result/{call_id}",
+                             "result_topic": bridge.subjects.result(bridge.client_id, call_id)},
+                            status_code=202, headers={H.CALL_ID: call_id})
+
+    @router.get("/result/{call_id}", summary="Fetch the result of an async call")
+    async def result(call_id: str) -> Response:
+        check_token(call_id, "call id")
+        answer = await bridge.faas.stored_answer(bridge.client_id, call_id)
+        if answer is not None:
+            return answer_response(answer, call_id)
+        if call_id in bridge.calls:
+            return JSONResponse({"call_id": call_id, "status": "pending"}, status_code=202,
+                                headers={H.CALL_ID: call_id, H.RETRY_AFTER: "1"})
+        return error(404, f"no result for call {call_id} (unknown, or older than the result retention)")
+
+    return router
+

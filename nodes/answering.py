@@ -1,0 +1,190 @@
+"""Answering calls: a direct call (or a peer's forward) on its reply subject, with the P2PFaaS
+headers and the output as body; an async call stored on its result/reject subject, once per
+request id, and only then its intake message acknowledged.
+
+Every answer is counted here (metrics, pool telemetry) and offered to the LearningScheduler's
+rewards, so the node sees every outcome of every decision it took.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import logging
+import time
+from typing import Callable
+
+from nats.aio.client import Client
+
+from broker import headers as H
+from broker.answers import Answer, answer_headers, error_body
+from broker.codec import encode
+from broker.messages import HopTiming, Rejection, Result, Timings
+from broker.streams import deadletter_stream, results_stream
+from broker.subjects import Subjects
+from nodes.calls import Call
+from nodes.metrics import NodeMetrics
+from nodes.telemetry import PoolStats
+
+log = logging.getLogger(__name__)
+
+STORE_TIMEOUT_S = 5.0
+
+
+class Answerer:
+    def __init__(self, node: str, nc: Client, subjects: Subjects, metrics: NodeMetrics,
+                 stats_of: Callable[[str], PoolStats | None], released: Callable[[Call, bool], None]) -> None:
+        self.node, self.nc, self.js, self.subjects = node, nc, nc.jetstream(), subjects
+        self.metrics = metrics
+        self.stats_of, self.released = stats_of, released
+        self.on_answer: Callable[[str, int, float], None] | None = None   # (key, status, total_s): rewards
+        self._stores: set[asyncio.Task] = set()
+
+    # -- outcomes -----------------------------------------------------------------------
+    async def executed(self, call: Call, status: int, output: bytes, error: str | None, execution_s: float) -> None:
+        """A worker of this node ran the call."""
+        total_s = time.time() - call.arrival
+        hop = HopTiming(node=self.node, arrival=call.arrival, scheduling_s=call.scheduling_s,
+                        probing_s=call.probing_s, total_s=total_s)
+        self._count(call, status, execution_s, total_s)
+        stats = self.stats_of(call.pool)
+        if stats is not None:
+            stats.completed(total_s, call.deadline_s, status == 200)
+        forwarded = call.request.external
+        peers = [*call.request.peers, self.node] if forwarded else []
+        if call.is_async:
+            result = Result(request_id=call.inv.request_id, client=call.inv.client, fn=call.fn, status=status,
+                            error=error, executed_by=self.node, origin=peers[0] if peers else self.node,
+                            hops=call.request.hops if forwarded else 0, peers=peers, scheduler=call.scheduler,
+                            timings=self._timings(call, execution_s, total_s), hop_timings=[hop],
+                            learning=call.learning, **_output_fields(output if status == 200 else b""))
+            return self._store(call, self.subjects.result(call.inv.client, call.inv.request_id), encode(result))
+        headers = answer_headers(status=status, scheduler=call.scheduler, executed_by=self.node, hops=[hop],
+                                 execution_s=execution_s, queueing_s=call.queueing_s, transit_s=call.transit_s,
+                                 forwards=call.request.hops if forwarded else 0, peers=peers, learning=call.learning)
+        await self._reply(call, output if status == 200 else error_body(status, error or "function failed"), headers)
+
+    async def relayed(self, call: Call, answer: Answer) -> None:
+        """A peer answered a call this node forwarded: this node's timings go in front of its own."""
+        total_s = time.time() - call.arrival
+        hops = [HopTiming(node=self.node, arrival=call.arrival, scheduling_s=call.scheduling_s,
+                          probing_s=call.probing_s, total_s=total_s), *answer.hop_timings]
+        timings = answer.timings
+        self._count(call, answer.status, timings.execution_s, total_s)
+        if call.is_async:
+            error = answer.error
+            result = Result(request_id=call.inv.request_id, client=call.inv.client, fn=call.fn, status=answer.status,
+                            error=error.message if error else None, executed_by=answer.executed_by or "?",
+                            origin=self.node, hops=answer.hops, peers=answer.peers, scheduler=call.scheduler,
+                            timings=self._timings(call, timings.execution_s, total_s, timings.queueing_s),
+                            hop_timings=hops, learning=call.learning, **_output_fields(answer.output))
+            return self._store(call, self.subjects.result(call.inv.client, call.inv.request_id), encode(result))
+        headers = {k: v for k, v in answer.headers.items() if k not in H.LEARNING}
+        headers[H.SCHEDULER] = call.scheduler   # P2PFaaS reports the origin's algorithm
+        if H.TIMING_TOTAL in headers:           # the peer ran it: this node's timings go in front
+            headers.update(answer_headers(status=answer.status, scheduler=call.scheduler, executed_by=answer.executed_by,
+                                          hops=hops, execution_s=timings.execution_s, queueing_s=timings.queueing_s,
+                                          transit_s=call.transit_s, forwards=answer.hops, peers=answer.peers))
+        if call.learning is not None:
+            headers.update(call.learning.headers())
+        await self._reply(call, answer.body, headers)
+
+    async def refused(self, call: Call, code: int, http_status: int, reason: str, kind: str, *,
+                      retry_after_s: float | None = None) -> None:
+        """The call is not run: rejected by the algorithm (``kind`` "rejected") or refused as bad input."""
+        if kind == "rejected":
+            self.metrics.request(call.fn, "rejected")
+        else:
+            self.metrics.error(kind)
+            log.warning("%s: refused %s (%s): %s", self.node, call.key, kind, reason)
+        if self.on_answer is not None:
+            self.on_answer(call.key, http_status, time.time() - call.arrival)
+        if call.is_async:
+            rejection = Rejection(request_id=call.inv.request_id, client=call.inv.client, fn=call.fn, code=code,
+                                  http_status=http_status, reason=reason, node=self.node,
+                                  retry_after_s=retry_after_s, scheduler=call.scheduler, learning=call.learning)
+            return self._store(call, self.subjects.reject(call.inv.client, call.inv.request_id), encode(rejection))
+        headers = {H.STATUS: str(http_status), H.SCHEDULER: call.scheduler, H.REJECTED_BY: self.node}
+        if retry_after_s is not None:
+            headers[H.RETRY_AFTER] = str(max(1, round(retry_after_s)))
+        if call.learning is not None:
+            headers.update(call.learning.headers())
+        await self._reply(call, error_body(code, reason), headers)
+
+    async def lost(self, call: Call, reason: str) -> None:
+        """The worker (or peer) running the call went away. A direct call fails now (as an HTTP call
+        to a crashed server would); an async one is delivered again, or dead-lettered on its last try."""
+        log.warning("%s: %s lost: %s", self.node, call.key, reason)
+        self.metrics.error("worker_lost")
+        if not call.is_async:
+            return await self.executed(call, 500, b"", f"{call.fn} was not completed: {reason}", 0.0)
+        assert call.held is not None
+        try:  # the intake dead-letters it on its last delivery, before running it
+            await call.held.nak(delay=1.0)
+        except Exception as exc:  # the intake redelivers after ack_wait anyway
+            log.warning("%s: nak of %s failed: %s", self.node, call.key, exc)
+        self.released(call, False)
+
+    async def dead_letter(self, call: Call, reason: str) -> None:
+        """Keep a poison task for inspection and answer its caller with the cause."""
+        log.error("%s: %s dead-lettered: %s", self.node, call.key, reason)
+        self.metrics.error("dead_letter")
+        try:
+            await self.js.publish(self.subjects.deadletter(self.node, call.fn), call.payload,
+                                  headers={H.MSG_ID: f"dead.{call.key}", "X-P2pfaas-Dead-Letter-Reason": reason[:300]},
+                                  stream=deadletter_stream(self.subjects), timeout=STORE_TIMEOUT_S)
+        except Exception as exc:
+            log.error("%s: dead letter of %s not stored: %s", self.node, call.key, exc)
+        await self.executed(call, 500, b"", f"task dead-lettered: {reason}", 0.0)
+
+    # -- delivery -----------------------------------------------------------------------
+    async def _reply(self, call: Call, body: bytes, headers: dict[str, str]) -> None:
+        try:
+            await self.nc.publish(call.reply, body, headers=headers)
+        except Exception as exc:  # the caller cannot be reached any more
+            log.warning("%s: answer to %s not sent: %s", self.node, call.key, exc)
+
+    def _store(self, call: Call, subject: str, data: bytes) -> None:
+        """Store the answer, then acknowledge the intake message (in the background: the
+        JetStream round trip must not hold up the answers that follow)."""
+        task = asyncio.get_running_loop().create_task(self._store_then_ack(call, subject, data))
+        self._stores.add(task)
+        task.add_done_callback(self._stores.discard)
+
+    async def _store_then_ack(self, call: Call, subject: str, data: bytes) -> None:
+        assert call.held is not None
+        try:
+            await self.js.publish(subject, data, headers={H.MSG_ID: f"answer.{call.key}"},
+                                  stream=results_stream(self.subjects), timeout=STORE_TIMEOUT_S)
+        except Exception as exc:  # not stored: leave it unacked, the intake delivers it again
+            log.warning("%s: answer of %s not stored (%s); it will be delivered again", self.node, call.key, exc)
+            self.metrics.error("answer_not_stored")
+            return self.released(call, False)
+        try:
+            await call.held.ack()
+        except Exception as exc:  # answered and stored: a redelivery finds the answer and stops there
+            log.warning("%s: ack of %s failed: %s", self.node, call.key, exc)
+        self.released(call, True)
+
+    async def settle(self, timeout_s: float = 5.0) -> None:
+        """Wait for answers still being stored (the node is stopping)."""
+        if self._stores:
+            await asyncio.wait(list(self._stores), timeout=timeout_s)
+
+    # -- bookkeeping ----------------------------------------------------------------------
+    def _count(self, call: Call, status: int, execution_s: float, total_s: float) -> None:
+        self.metrics.result(call.fn, status, execution_s, total_s)
+        if self.on_answer is not None:
+            self.on_answer(call.key, status, total_s)
+
+    @staticmethod
+    def _timings(call: Call, execution_s: float, total_s: float, queueing_s: float | None = None) -> Timings:
+        return Timings(scheduling_s=call.scheduling_s, queueing_s=call.queueing_s if queueing_s is None else queueing_s,
+                       execution_s=execution_s, total_s=total_s, transit_s=call.transit_s)
+
+
+def _output_fields(output: bytes) -> dict[str, str]:
+    try:
+        return {"output": output.decode()}
+    except UnicodeDecodeError:
+        return {"output_b64": base64.b64encode(output).decode()}

@@ -1,0 +1,62 @@
+"""One invocation inside a node, from the moment it arrives to its answer.
+
+A :class:`Call` knows where its answer goes: a direct call (or a peer's forward) is answered
+on its NATS reply subject; an async call holds its JetStream message, which is acknowledged
+only once the answer is stored (:mod:`nodes.answering`).
+"""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass, field
+
+from nats.aio.msg import Msg
+
+from broker.messages import LearningDecision
+from broker.subjects import Invocation
+from nodes.scheduler.base import SchedulingRequest
+
+_ids = itertools.count(1)
+
+
+@dataclass(eq=False, slots=True)
+class Call:
+    inv: Invocation
+    payload: bytes
+    request: SchedulingRequest
+    arrival: float                 # unix time it reached this node (async: when the intake stored it)
+    timeout_s: float               # the function's time limit
+    reply: str = ""                # direct call or forward: where the answer goes
+    held: Msg | None = None        # async call: its intake message, acked once answered
+    deadline_s: float | None = None   # QoS deadline (farm tasks), for telemetry
+    transit_s: float = 0.0         # caller -> node (direct calls that say when they were sent)
+    waited_s: float = 0.0          # async: stored -> taken from the intake
+    pool: str = ""
+    scheduler: str = ""            # the algorithm that decided (the origin's, for a forward)
+    scheduled_at: float = 0.0
+    probing_s: float = 0.0
+    dispatched_at: float = 0.0
+    worker: str = ""
+    learning: LearningDecision | None = None
+    tracing_id: str = ""           # X-P2pfaas-Scheduler-Task-Tracing-Id, passed on to peers
+    id: int = field(default_factory=lambda: next(_ids))
+
+    @property
+    def key(self) -> str:
+        return self.inv.call_key
+
+    @property
+    def fn(self) -> str:
+        return self.inv.fn
+
+    @property
+    def is_async(self) -> bool:
+        return self.held is not None
+
+    @property
+    def scheduling_s(self) -> float:
+        return max(0.0, self.scheduled_at - self.arrival - self.waited_s)
+
+    @property
+    def queueing_s(self) -> float:
+        return self.waited_s + max(0.0, self.dispatched_at - self.scheduled_at) if self.dispatched_at else self.waited_s
