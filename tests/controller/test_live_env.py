@@ -90,4 +90,5 @@ async def test_top_shows_who_scales_a_pool_and_the_model_version(node_factory, n
     from rich.console import Console
     console = Console(width=200, record=True)
     console.print(view.render())
-    assert "scaled by" in console.export_text() and "shipped" in console.export_text()
+    text = console.export_text()
+    assert "scaled by" in text and "shipped" in text

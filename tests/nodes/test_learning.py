@@ -139,13 +139,13 @@ async def test_with_no_slot_here_the_shipped_model_forwards_to_a_free_peer_inste
                        ("n2", ("NoScheduler", ["true"]), {"k": 2})) as (n1, _), \
             FaasClient(nc, client="dev1", prefix=prefix) as faas:
         blind = await two_at_once(["1", "2", "false", "false"], "blind")
-        await wait_until(lambda: n1.scheduler.load.n_running + n1.scheduler.load.n_queued == 0, 10)
+        await wait_until(lambda: n1.scheduler.main.n_running + n1.scheduler.main.n_queued == 0, 10)
         seeing = await two_at_once(["1", "2", "false", "true"], "seeing")
     assert sorted(a.status for a in blind) == [200, 503]
     assert [a.status for a in seeing] == [200, 200]
-    assert sorted(a.result.executed_by for a in seeing) == ["n1", "n2"]
-    forwarded = next(a for a in seeing if a.result.executed_by == "n2")
-    assert forwarded.result.learning.state == [0.0, 0.0, 2.0, 0.0]   # type 0, none free here, n2 2+, no 2nd peer
+    assert sorted(a.executed_by for a in seeing) == ["n1", "n2"]
+    forwarded = next(a for a in seeing if a.executed_by == "n2")
+    assert forwarded.learning.state == [0.0, 0.0, 2.0, 0.0]   # type 0, none free here, n2 2+, no 2nd peer
 
 
 async def test_learned_policy_beats_a_random_policy(node_factory, nc, prefix):
