@@ -78,7 +78,7 @@ def eval_scaling(
 
     from controller.baselines import is_baseline
     from controller.evaluation import evaluate, report_table, write_plots
-    from controller.report import markdown_report, target_checks, targets_table, write_reports
+    from controller.report import markdown_report, target_checks, targets_table, write_reports, write_summary_plot
 
     scenarios = list(EVERYTHING) if scenario == "all" else [scenario]
     for name in scenarios:
@@ -112,12 +112,14 @@ def eval_scaling(
         for report in reports:
             for path in write_plots(report, plots_dir):
                 console.print(f"plot: {path}")
+        if references and len(reports) > 1:
+            console.print(f"plot: {write_summary_plot(reports, plots_dir / 'scaling-summary.png')}")
 
 
 def train_scaling(
     agent: Annotated[str, typer.Argument(help=f"RL agent to train: {', '.join(RL_NAMES)}.")],
-    workloads: Annotated[str, typer.Option(help="'generated' (a new generated workload every episode, the default) or one scenario (name or file).")] = "generated",
-    steps: Annotated[Optional[int], typer.Option(min=1, help="Environment steps (control periods) to train for (default: dqn/pg/sarsa 150,000, a few minutes).")] = None,
+    workloads: Annotated[str, typer.Option(help="'mixed' (the default: half generated workloads, half the shipped scenarios, all on training seeds), 'generated' (only generated ones) or one scenario (name or file).")] = "mixed",
+    steps: Annotated[Optional[int], typer.Option(min=1, help="Environment steps (control periods) to train for (default: pg 300,000, dqn and sarsa 200,000: minutes).")] = None,
     seed: Annotated[int, typer.Option(min=0, help="Seed of the agent and of the training episodes (drawn >= 2**32, never an evaluation seed).")] = 0,
     action_mode: Annotated[str, typer.Option(help="Action space: 'target' (keep, or a square-root-staffing size: jumps in one step), 'unit' (-1/0/+1) or 'wide' (-4..+4).")] = "target",
     out: Annotated[Optional[Path], typer.Option(help="Model file (.npz) to write (default data/models/scaling-<agent>-<workloads>-<mode>.npz, which up/eval then prefer over the shipped one).")] = None,
@@ -138,11 +140,12 @@ def train_scaling(
         raise typer.BadParameter(f"unknown agent {agent!r}; available: {', '.join(rl_agents()) or 'none'}", param_hint="AGENT")
     if action_mode not in ACTION_MODES:
         raise typer.BadParameter(f"must be one of {', '.join(ACTION_MODES)}", param_hint="--action-mode")
-    if workloads != "generated":
+    families = ("generated", "mixed")
+    if workloads not in families:
         _check_scenario(workloads)
     from controller.scenario import load_scenario
 
-    target = load_scenario(workloads) if workloads != "generated" else workloads
+    target = workloads if workloads in families else load_scenario(workloads)
     total = steps or DEFAULT_STEPS[agent]
     command = "p2pfaas " + " ".join(shlex.quote(a) for a in sys.argv[1:]) if sys.argv[1:2] == ["train"] else ""
     columns = (TextColumn("training {task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(), TimeRemainingColumn())

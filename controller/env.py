@@ -25,7 +25,7 @@ from controller.features import (
 )
 from controller.scenario import Scenario, load_scenario
 from controller.simulator import EpisodeTotals, FarmSimulator
-from controller.workloads import GENERATED_PREFIX, generated_scenario
+from controller.workloads import GENERATED_PREFIX, MIXED, training_scenario
 
 __all__ = [
     "ACTION_DELTAS", "OBSERVATION_FIELDS", "TRAINING_SEED_FLOOR", "FarmBackend", "FarmScalingEnv", "RewardConfig",
@@ -111,7 +111,7 @@ class FarmScalingEnv(gym.Env[np.ndarray, np.integer]):
 
     ``r = -(billed + miss_cost x missed x S / T) / 32 - change_penalty x [target changed]``
     (:class:`RewardConfig`): the period's worker-seconds and its missed deadlines, each
-    priced in worker-seconds (a miss costs ``miss_cost`` = 40 times a task's work).
+    priced in worker-seconds (a miss costs ``miss_cost`` = 60 times a task's work).
 
     ## Starting State
 
@@ -129,8 +129,9 @@ class FarmScalingEnv(gym.Env[np.ndarray, np.integer]):
 
     ## Arguments
 
-    * ``scenario``: shipped name (``"bursty"``), path to a scenario file, a ``Scenario``, or
-      ``"generated"`` (a new generated workload every episode).
+    * ``scenario``: shipped name (``"bursty"``), path to a scenario file, a ``Scenario``,
+      ``"generated"`` (a new generated workload every episode) or ``"mixed"`` (half generated,
+      half the shipped scenarios, on training seeds).
     * ``action_mode``: ``"unit"`` (default), ``"wide"`` or ``"target"``.
     * ``reward``: a :class:`RewardConfig`.
     * ``backend``: a :class:`FarmBackend`; default :class:`SimulatedFarm`.
@@ -148,10 +149,11 @@ class FarmScalingEnv(gym.Env[np.ndarray, np.integer]):
         backend: FarmBackend | None = None,
     ) -> None:
         self.actions = ScalingActions(action_mode)
-        self.generated = scenario == GENERATED_PREFIX
-        if self.generated and backend is not None:
-            raise ValueError("a generated workload runs on the simulator: do not pass a backend")
-        self._use(generated_scenario(TRAINING_SEED_FLOOR) if self.generated else load_scenario(scenario), backend)
+        self.family = scenario if isinstance(scenario, str) and scenario in (GENERATED_PREFIX, MIXED) else None
+        if self.family and backend is not None:
+            raise ValueError("generated workloads run on the simulator: do not pass a backend")
+        self._use(training_scenario(self.family, TRAINING_SEED_FLOOR) if self.family else load_scenario(scenario),
+                  backend)
         self.reward_config = reward or RewardConfig()
         self.action_space = spaces.Discrete(self.actions.n)
         self.observation_space = spaces.Box(OBSERVATION_LOW, OBSERVATION_HIGH, dtype=np.float32)
@@ -171,8 +173,8 @@ class FarmScalingEnv(gym.Env[np.ndarray, np.integer]):
     def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None):
         super().reset(seed=seed)
         episode_seed = int(self.np_random.integers(TRAINING_SEED_FLOOR, 2**63))
-        if self.generated:
-            self._use(generated_scenario(episode_seed))
+        if self.family:
+            self._use(training_scenario(self.family, episode_seed))
         telemetry = self.backend.reset(episode_seed)
         self.observe.reset()
         self._target = self.scenario.workers.initial

@@ -199,10 +199,10 @@ class RewardConfig:
     makes the sum a worker count.
     """
 
-    miss_cost: float = 40.0
+    miss_cost: float = 60.0
     """A missed deadline costs this many times a task's mean service time in worker-seconds."""
-    change_penalty: float = 0.01
-    """Per decision that changes the target (0.01 = a third of a worker for one period)."""
+    change_penalty: float = 0.05
+    """Per decision that changes the target (0.05 = 1.6 workers for one period)."""
 
     def missed(self, t: PoolTelemetry) -> float:
         """Tasks of the period that missed their deadline; a stalled farm (a queue, nothing

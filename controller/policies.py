@@ -20,7 +20,7 @@ from controller.training import (
 )
 
 ALIASES = {"reactive": "reactive-avg"}   # the paper's reactive controller (on average latency)
-AUTO_KIND = "dqn"                        # what "auto" runs: the shipped DQN
+AUTO_KIND = "pg"                         # what "auto" runs: the shipped PPO (the best shipped model, docs/autoscaling.md)
 
 
 def describe_model(path: Path) -> str:

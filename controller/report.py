@@ -146,3 +146,50 @@ def write_reports(reports: Sequence[EvalReport], path: Path) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_bytes(orjson.dumps([r.model_dump() for r in reports], option=orjson.OPT_INDENT_2))
     return path
+
+
+def write_summary_plot(reports: Sequence[EvalReport], path: Path, highlight: Sequence[str] = ("pg",)) -> Path:
+    """One small PNG for the README: workers over time on the first report's episode 0 for the
+    highlighted RL policy, the reactive baselines, the best fixed pool and the oracle (left), and
+    QoS against workers / the oracle's for every policy of every report (right)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig, (series, scatter) = plt.subplots(1, 2, figsize=(10.5, 3.8), layout="constrained")
+    first = reports[0]
+    shown = [p for p in first.policies
+             if p.name in highlight or p.name == "reactive-max" or p.role == "reference" and "ceiling" not in p.name]
+    for p in shown:
+        steps = p.episodes[0].steps
+        width = 2.2 if p.name in highlight else 1.2
+        series.step([s.time for s in steps], [s.ready + s.starting for s in steps], where="post",
+                    linewidth=width, label=p.name.split(" (")[0] + (" (hindsight)" if p.role == "reference" else ""))
+    t = [s.time for s in first.policies[0].episodes[0].steps]
+    series.plot(t, first.mean_load_workers, "k:", linewidth=1, label="load (arrivals x S)")
+    series.set(title=f"{first.scenario}, episode 0: workers (ready + starting)", xlabel="time s", ylabel="workers")
+    series.legend(fontsize="x-small", loc="upper left")
+    markers = {"rl": "o", "baseline": "s", "reference": "^"}
+    for i, report in enumerate(reports):
+        oracle = _reference(report, "oracle")
+        if oracle is None:
+            continue
+        for p in report.policies:
+            if "ceiling" in p.name:
+                continue
+            x = _mean(p, "mean_workers") / _mean(oracle, "mean_workers")
+            scatter.scatter(x, _mean(p, "qos_pct"), marker=markers.get(p.role, "o"), color=f"C{i}", s=28,
+                            edgecolors="black" if p.name in highlight else "none")
+        scatter.scatter([], [], color=f"C{i}", label=report.scenario)
+    scatter.axhline(QOS_TARGET_PCT, color="grey", linewidth=0.8, linestyle="--")
+    scatter.axvline(ORACLE_FACTOR, color="grey", linewidth=0.8, linestyle="--")
+    scatter.set(title="every policy: QoS vs workers / oracle's (o RL, s baseline, ^ hindsight)",
+                xlabel="mean workers / instant-resize oracle's", ylabel="QoS %", ylim=(85, 100.5))
+    scatter.title.set_fontsize("small")
+    scatter.legend(fontsize="x-small", loc="lower right")
+    fig.savefig(path, dpi=90)
+    plt.close(fig)
+    return path

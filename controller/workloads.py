@@ -15,6 +15,7 @@ import numpy as np
 from controller.scenario import Scenario
 
 GENERATED_PREFIX = "generated"
+MIXED = "mixed"        # training: generated workloads, and the shipped scenarios (other seeds), half each
 
 
 def _service(rng: np.random.Generator) -> dict[str, Any]:
@@ -97,3 +98,16 @@ def generated_scenario(seed: int) -> Scenario:
 
 def is_generated(name: str) -> bool:
     return name == GENERATED_PREFIX or name.startswith(f"{GENERATED_PREFIX}-")
+
+
+def training_scenario(family: str, seed: int) -> Scenario:
+    """The scenario of a training episode: ``generated`` draws one from the seed; ``mixed`` takes a
+    shipped scenario for half the seeds (the episode's workload still comes from the seed)."""
+    from controller.scenario import load_scenario, shipped_scenarios
+
+    if family == MIXED:
+        rng = np.random.default_rng(np.random.SeedSequence([seed, 1]))
+        if rng.random() < 0.5:
+            shipped = shipped_scenarios()
+            return load_scenario(shipped[int(rng.integers(len(shipped)))])
+    return generated_scenario(seed)

@@ -56,30 +56,19 @@ async def watch(nats_url: str, prefix: str = "faas", *, refresh_s: float = 1.0, 
     view = TopView()
     nc = await connect(nats_url, "p2pfaas-top")
 
-    async def on_heartbeat(msg) -> None:
-        try:
-            hb = decode(Heartbeat, msg.data)
-        except ContractError:
-            return
-        view.nodes[hb.node] = hb
+    def keep_newest(contract, table: dict, key):
+        """A callback storing each valid message in ``table`` under ``key(message)``."""
+        async def on_message(msg) -> None:
+            try:
+                message = decode(contract, msg.data)
+            except ContractError:
+                return
+            table[key(message)] = message
+        return on_message
 
-    async def on_telemetry(msg) -> None:
-        try:
-            t = decode(PoolTelemetry, msg.data)
-        except ContractError:
-            return
-        view.pools[(t.node, t.pool)] = t
-
-    async def on_scale(msg) -> None:
-        try:
-            command = decode(ScaleCommand, msg.data)
-        except ContractError:
-            return
-        view.commands[(command.node, command.pool)] = command
-
-    await nc.subscribe(subjects.all_membership(), cb=on_heartbeat)
-    await nc.subscribe(subjects.all_telemetry(), cb=on_telemetry)
-    await nc.subscribe(subjects.all_scale(), cb=on_scale)
+    await nc.subscribe(subjects.all_membership(), cb=keep_newest(Heartbeat, view.nodes, lambda hb: hb.node))
+    await nc.subscribe(subjects.all_telemetry(), cb=keep_newest(PoolTelemetry, view.pools, lambda t: (t.node, t.pool)))
+    await nc.subscribe(subjects.all_scale(), cb=keep_newest(ScaleCommand, view.commands, lambda c: (c.node, c.pool)))
     deadline = None if duration_s is None else time.monotonic() + duration_s
     try:
         if not live:

@@ -16,7 +16,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from nodes.learner.algorithms import DifferentialSarsa, DifferentialSarsaConfig
-from nodes.scheduler.learning import FIRST_PEER, LOCAL, PROBE_AND_FORWARD, REJECT, encode_room_state
+from nodes.scheduler.learning import FIRST_PEER, PROBE_AND_FORWARD, REJECT, encode_room_state
 from p2pfaas.experiments.learning import LearningExperiment, poisson_arrivals
 
 LOCAL_OVERHEAD_S = 0.002      # scheduling + queueing of a request run where it arrives

@@ -5,7 +5,8 @@ from typer.testing import CliRunner
 
 from controller.baselines import BASELINES
 from controller.commands import BASELINE_NAMES, RL_NAMES, eval_scaling, train_scaling
-from controller.training import RL_KINDS, rl_agents, sidecar_of
+from controller.policies import model_for
+from controller.training import RL_KINDS, rl_agents, shipped_model, sidecar_of
 
 app = typer.Typer()
 app.command("eval")(eval_scaling)
@@ -48,11 +49,13 @@ def test_bad_input_is_a_clear_usage_error(tmp_path):
 
 def test_train_writes_a_model_that_eval_then_prefers_over_the_shipped_one(tmp_path):
     assert "sarsa" in rl_agents()
-    model = tmp_path / "scaling-sarsa-generated-target.npz"
+    model = tmp_path / "scaling-sarsa-mixed-target.npz"   # where eval and up look for your own model
     result = runner.invoke(app, ["train", "sarsa", "--steps", "200", "--seed", "3", "--out", str(model)])
     assert result.exit_code == 0, result.output
     meta = json.loads(sidecar_of(model).read_text())
-    assert meta["seed"] == 3 and meta["steps"] == 200 and meta["workloads"] == "generated"
+    assert meta["seed"] == 3 and meta["steps"] == 200 and meta["workloads"] == "mixed"
+    assert model_for("sarsa", tmp_path) == (model, False)
+    assert model_for("sarsa", tmp_path / "elsewhere") == (shipped_model("sarsa"), True)
     result = runner.invoke(app, ["eval", "--scenario", "steady", "--episodes", "1", "--policies", "sarsa",
                                  "--no-references", "--models-dir", str(tmp_path), "--json", str(tmp_path / "r.json")])
     assert result.exit_code == 0, result.output
