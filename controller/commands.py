@@ -90,6 +90,8 @@ def eval_scaling(
         raise typer.BadParameter(f"unknown policy {', '.join(unknown) or '(none given)'}; known: {known}", param_hint="--policies")
     specs = _policy_specs(wanted, models_dir)
     console = Console()
+    if not console.is_terminal:  # piped into a file: do not squeeze the tables into 80 columns
+        console = Console(width=200)
     reports = []
     with Progress(console=Console(stderr=True), transient=True) as progress:
         bar = progress.add_task("evaluating", total=len(scenarios) * (len(specs) + 3 * references))
