@@ -92,17 +92,17 @@ def test_train_save_load_evaluate(kind, tmp_path):
 
 
 def test_short_training_on_generated_workloads_beats_a_pool_that_never_scales(tmp_path):
-    trained = train_agent("sarsa", "generated", 3000, seed=0, out=tmp_path / "sarsa.npz")
-    specs = [PolicySpec("sarsa", lambda sc: load_rl_policy(trained.path, sc), "rl"),
+    """The statistical check: PPO trained for 4096 steps (seconds) against the trivial policy (the
+    initial pool, never scaling) on 16 workloads it never saw, by a one-sided sign test on the
+    paired episode returns: at least 12 wins of 16 has p < 0.04 under "no better" (measured: 15)."""
+    trained = train_agent("pg", "generated", 4096, seed=0, out=tmp_path / "pg.npz")
+    specs = [PolicySpec("pg", lambda sc: load_rl_policy(trained.path, sc), "rl"),
              PolicySpec("fixed", lambda sc: FixedSize(sc), "baseline")]
-    rep = evaluate("generated", specs, episodes=8, seed=0)
-    agent, fixed = (p.metrics for p in rep.policies)
-    # the statistical check: mean returns over 8 unseen workloads, a margin of 3 standard errors
-    agent_returns = [e.episode_return for e in rep.policies[0].episodes]
-    fixed_returns = [e.episode_return for e in rep.policies[1].episodes]
-    diff = np.subtract(agent_returns, fixed_returns)
-    assert diff.mean() > 3 * diff.std(ddof=1) / np.sqrt(len(diff))
-    assert agent["qos_pct"].mean > fixed["qos_pct"].mean
+    rep = evaluate("generated", specs, episodes=16, seed=0)
+    agent, fixed = ([e.episode_return for e in p.episodes] for p in rep.policies)
+    wins = sum(a > f for a, f in zip(agent, fixed))
+    assert wins >= 12, wins
+    assert rep.policies[0].metrics["qos_pct"].mean > rep.policies[1].metrics["qos_pct"].mean + 20
 
 
 def test_unknown_agent_is_refused():
