@@ -161,9 +161,11 @@ class LiveController:
         remote = RemotePolicy(self.nc, self.node, scaling_model(self.pool), prefix=self.prefix, timeout_s=5.0)
         try:
             stats = await remote.set_weights(online_weights(self.node, self.pool, self.guard.shipped))
-            self.guard.floor_version = max(self.guard.floor_version, stats.experiences)
-        except LearnerError as exc:
-            log.warning("controller %s/%s: learner not reset to the shipped model: %s", self.node, self.pool, exc)
+        except LearnerError as exc:  # the shipped weights go on deciding; no online version is taken
+            log.warning("controller %s/%s: learner not reset to the shipped model (online learning stops): %s",
+                        self.node, self.pool, exc)
+            return
+        self.guard.reseeded(stats.experiences)
 
     # -- control steps ----------------------------------------------------------------
     async def _on_telemetry(self, msg: Msg) -> None:

@@ -45,9 +45,10 @@ class ModelGuard:
       shipped model has decided ``reference_periods`` periods (its live QoS is then known);
     * while online weights decide, newer versions replace them at once (same lineage);
     * after ``trial_periods`` periods with at least ``min_tasks`` tasks, if their QoS is below
-      the shipped model's by more than ``tolerance``, the shipped weights decide again and
-      versions up to the current one are never used (``rollback`` returns True: the caller
-      also resets the learner to the shipped weights).
+      the shipped model's by more than ``tolerance``, the shipped weights decide again
+      (``observe`` returns True: the caller resets the learner to the shipped weights and reports
+      the version it restarts at with ``reseeded``); until then no new version is taken, and
+      afterwards only versions trained from the shipped weights again.
     """
 
     def __init__(self, policy: RLPolicy, reference_periods: int = 8, trial_periods: int = 8,
@@ -61,6 +62,7 @@ class ModelGuard:
         self.candidate: tuple[Any, int] | None = None
         self.floor_version = 0
         self.rollbacks = 0
+        self.awaiting_reseed = False     # rolled back, the learner not yet reset to the shipped weights
         policy.version = SHIPPED
 
     @property
@@ -69,7 +71,7 @@ class ModelGuard:
 
     def offer(self, agent: Any, version: int) -> None:
         """New weights from the learner (``agent`` acts with them)."""
-        if version <= self.floor_version:
+        if self.awaiting_reseed or version <= self.floor_version:
             return
         self.candidate = (agent, version)
         if self.online_version is None and self.reference.periods >= self.reference_periods:
@@ -103,6 +105,12 @@ class ModelGuard:
         self.policy.agent, self.policy.version = self.shipped, SHIPPED
         self.trial = QoSTally()
         self.rollbacks += 1
+        self.awaiting_reseed = True
+
+    def reseeded(self, version: int) -> None:
+        """The learner restarted from the shipped weights at ``version``: newer ones may decide again."""
+        self.floor_version = max(self.floor_version, version)
+        self.awaiting_reseed = False
 
     def _decide_with(self, agent: Any, version: int) -> None:
         if self.online_version is None:

@@ -111,7 +111,7 @@ async def test_controller_seeds_the_learner_pulls_its_online_weights_and_rolls_b
             bad = dict(BURST, completed=10, met_deadline=2, qos=0.2)
             for i in range(3):
                 await nc.publish(s.telemetry("n1", "farm"), encode(telemetry(**bad, time=200.0 + i)))
-            await wait_until(lambda: ctl.guard.rollbacks == 1)
+            await wait_until(lambda: ctl.guard.rollbacks == 1 and not ctl.guard.awaiting_reseed)
             assert ctl.policy.agent is shipped and ctl.model_version == SHIPPED
             assert await learner_acts_like(remote, shipped)   # the learner restarts from the shipped weights
     versions = [decode(ScaleCommand, m.data).model_version for m in commands.messages]

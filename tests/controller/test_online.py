@@ -52,10 +52,13 @@ def test_worse_online_weights_are_rolled_back_and_never_used_again():
     assert not guard.observe(period(9))   # one period judged is not enough
     assert guard.observe(period(9))       # 90 % over two periods < 100 %: roll back
     assert policy.agent is shipped and policy.version == SHIPPED and guard.rollbacks == 1
-    guard.offer(online, 3)                # the same version again: refused
+    guard.offer(online, 4)                # trained before the learner was reset: refused
+    assert guard.candidate is None and guard.awaiting_reseed
+    guard.reseeded(6)                     # the learner restarts from the shipped weights at version 6
+    guard.offer(online, 6)
     assert guard.candidate is None
-    guard.offer(online, 4)
-    assert guard.candidate == (online, 4)
+    guard.offer(online, 7)
+    assert guard.candidate == (online, 7) and policy.version == "online-7"
 
 
 def test_online_weights_that_do_as_well_keep_deciding():
