@@ -112,7 +112,10 @@ async def test_controller_seeds_the_learner_pulls_its_online_weights_and_rolls_b
             for i in range(3):
                 await nc.publish(s.telemetry("n1", "farm"), encode(telemetry(**bad, time=200.0 + i)))
             await wait_until(lambda: ctl.guard.rollbacks == 1 and not ctl.guard.awaiting_reseed)
-            assert ctl.policy.agent is shipped and ctl.model_version == SHIPPED
+            # the shipped weights decide again: the shipped agent, or the learner's copy of it reset at a
+            # newer version (the reset weights are published once; nothing has been trained on them yet)
+            assert acts_like(ctl.policy.agent, shipped)
             assert await learner_acts_like(remote, shipped)   # the learner restarts from the shipped weights
     versions = [decode(ScaleCommand, m.data).model_version for m in commands.messages]
-    assert versions[0] == SHIPPED and any(v.startswith("online-") for v in versions) and versions[-1] == SHIPPED
+    first_online = next(i for i, v in enumerate(versions) if v.startswith("online-"))
+    assert versions[0] == SHIPPED and SHIPPED in versions[first_online:]   # rolled back after deciding online

@@ -240,3 +240,16 @@ async def test_rewards_are_released_in_eid_order():
     await answer("b", 0.5)
     assert released() == [(1, 1.0), (2, 1.0)]
     assert not tracker.pending and tracker.stats.met == 2
+
+
+def test_membership_exposes_the_heartbeat_load_of_alive_peers_only():
+    from nodes.discovery.membership import MembershipView
+
+    view = MembershipView("me", period_s=1.0, suspect_after=3, remove_after=10)
+    view.observe(Heartbeat(node="a", running=3, queued=1, parallel_running_functions_max=6, queue_length_max=2,
+                           time=100.0), now=100.0)
+    load = view.load("a", now=101.0)
+    assert (load.running, load.queued, load.slots, load.queue_max, load.at, load.free_slots) == (3, 1, 6, 2, 100.0, 2)
+    assert view.loads(101.0) == {"a": load}
+    assert view.load("a", now=104.0) is None and view.loads(104.0) == {}   # suspected: not offered
+    assert view.load("nobody", now=101.0) is None
