@@ -1,6 +1,6 @@
 """Latency of act() for every agent in AGENTS: median and p99 per call, greedy and exploring.
 
-Run: .venv/bin/python bench/agents_act_latency.py [--obs-dim 9] [--actions 3] [--calls 20000] [--json]
+Run: .venv/bin/python bench/agents_act_latency.py [--obs-dim 14] [--actions 7] [--calls 20000] [--json]
 """
 
 from __future__ import annotations
@@ -33,8 +33,7 @@ def measure(agent, observations: np.ndarray, explore: bool) -> dict[str, float]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--obs-dim", type=int, default=9, help="observation size (the farm env's telemetry vector)")
-    parser.add_argument("--actions", type=int, default=3, help="number of discrete actions")
+    parser.add_argument("--actions", type=int, default=7, help="number of discrete actions (the target mode's)")
     parser.add_argument("--calls", type=int, default=20_000, help="timed act() calls per agent and mode")
     parser.add_argument("--threads", type=int, default=1, help="torch intra-op threads")
     parser.add_argument("--json", action="store_true", help="print JSON instead of a table")

@@ -154,8 +154,10 @@ def bridge_permissions() -> dict:
 
 
 def controller_permissions() -> dict:
-    """A controller scales pools and feeds the learner experiences; it reads models, never sets them."""
-    readers = [f"*.*.learner.*.{verb}" for verb in ("act", "weights.get", "stats", "parameters.get")]
+    """A controller scales pools, feeds the learner experiences and seeds a scaling model with its
+    shipped weights (``weights.set``, which also rolls it back); it never changes a model's
+    hyper-parameters nor resets one."""
+    readers = [f"*.*.learner.*.{verb}" for verb in ("act", "weights.get", "weights.set", "stats", "parameters.get")]
     return _permissions(publish=["*.*.scale.*", "*.*.experience.*", *readers, "*.*.info", FULL_JS, *JS_RUNTIME],
                         deny=JS_DENIED)
 

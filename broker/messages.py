@@ -343,7 +343,7 @@ class ScaleCommand(Contract):
     reason: str = Field(default="", max_length=500)
     policy: str = Field(default="", max_length=64)
     at: float = Field(default_factory=time.time)
-    model_version: int | None = None   # LearnerWeights.version of the model that decided; None for baselines
+    model_version: str = ""       # the weights that decided an RL policy's target ("shipped", "online-<n>")
 
 
 class PolicySwitch(Contract):

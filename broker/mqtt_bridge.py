@@ -19,6 +19,7 @@ paho's network thread hands messages to asyncio in one place (``_on_message``).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 import logging
 import os
@@ -51,6 +52,7 @@ log = logging.getLogger(__name__)
 
 RETRY_S = (0.2, 0.5, 1.0, 2.0, 5.0)   # between attempts to store a device's request
 ANSWERS_CONSUMER = "mqtt-bridge"      # shared by every bridge of a prefix
+ANSWER_FETCH_S = 1.0     # a pull waits at most this long (and a stop for the last one)
 ANSWER_BATCH = 64
 SESSION_EXPIRY_S = 7 * 24 * 3600   # how long Mosquitto keeps the bridge's queue while it is away
 
@@ -89,6 +91,9 @@ class MqttBridge:
         self._inbox: asyncio.Queue[mqtt.MQTTMessage] = asyncio.Queue()
         self._published: dict[int, asyncio.Future] = {}   # answers handed to Mosquitto, by message id
         self._tasks: list[asyncio.Task] = []
+        self._answers: asyncio.Task | None = None
+        self._answers_sub = None
+        self._stopping = asyncio.Event()
         # MQTT v5: the subscription sees a request's retain flag as published, and retained
         # messages are not replayed when the bridge subscribes again (each would run again)
         self._mqtt = mqtt.Client(mqtt.CallbackAPIVersion.VERSION2, client_id=client_id or default_client_id(prefix),
@@ -141,15 +146,23 @@ class MqttBridge:
         self._mqtt.connect_async(self.host, self.port, keepalive=30, clean_start=False, properties=session)
         self._mqtt.loop_start()
         await asyncio.wait_for(self.connected.wait(), timeout_s)
-        answers = await self._answers_consumer()
-        self._tasks += [asyncio.create_task(self._pump(), name="mqtt-bridge"),
-                        asyncio.create_task(self._deliver_answers(answers), name="mqtt-bridge-answers")]
+        self._answers_sub = await self._answers_consumer()
+        self._answers = asyncio.create_task(self._deliver_answers(self._answers_sub), name="mqtt-bridge-answers")
+        self._tasks += [asyncio.create_task(self._pump(), name="mqtt-bridge"), self._answers]
         return self
 
     async def stop(self) -> None:
+        # answers first, gracefully: a pull cancelled mid-flight would leave the server a pull
+        # request whose answers nobody reads, held back until their ack wait (30 s) ends
+        self._stopping.set()
+        if self._answers is not None:
+            await asyncio.wait([self._answers], timeout=ANSWER_FETCH_S + 2.0)
         for task in self._tasks:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
+        if self._answers_sub is not None:
+            with contextlib.suppress(Exception):   # the connection may be gone already
+                await self._answers_sub.unsubscribe()
         self._mqtt.disconnect()
         await asyncio.to_thread(self._mqtt.loop_stop)
 
@@ -244,9 +257,9 @@ class MqttBridge:
         return await self.js.pull_subscribe_bind(durable=ANSWERS_CONSUMER, stream=stream)
 
     async def _deliver_answers(self, sub) -> None:
-        while True:
+        while not self._stopping.is_set():
             try:
-                msgs = await sub.fetch(ANSWER_BATCH, timeout=1.0)
+                msgs = await sub.fetch(ANSWER_BATCH, timeout=ANSWER_FETCH_S)
             except (NatsTimeout, asyncio.TimeoutError):
                 continue
             except asyncio.CancelledError:

@@ -52,7 +52,8 @@ def from_mqtt(topic: str) -> str:
 # Learner models (docs/learner.md): the node's scheduling model and one per scaled pool.
 SCHEDULING_MODEL = "scheduling"
 SCALING_MODEL_PREFIX = "scaling-"
-LearnerVerb = Literal["act", "weights", "weights.get", "parameters.get", "parameters.set", "stats", "reset"]
+LearnerVerb = Literal["act", "weights", "weights.get", "weights.set", "parameters.get", "parameters.set", "stats",
+                      "reset"]
 LEARNER_VERBS: frozenset[str] = frozenset(LearnerVerb.__args__)  # type: ignore[attr-defined]
 
 

@@ -14,12 +14,12 @@ from __future__ import annotations
 
 import math
 from collections import deque
-from typing import Protocol, Sequence, runtime_checkable
+from typing import Protocol, runtime_checkable
 
 import numpy as np
 
 from broker.messages import PoolTelemetry
-from controller.env import ACTION_DELTAS, observation_from_telemetry
+from controller.features import ObservationBuilder, ScalingActions
 from controller.scenario import Scenario
 
 
@@ -225,27 +225,31 @@ class FixedSize(_Baseline):
 
 
 class RLPolicy:
-    """An RL agent (``act(obs, explore) -> action``) as a ``ScalingPolicy``: the observation is
-    :func:`observation_from_telemetry`, the action a change of the target. The last observation
-    and action are kept so a live controller can publish the experience."""
+    """An RL agent (``act(obs, explore) -> action``) as a ``ScalingPolicy``: the observation comes
+    from an :class:`ObservationBuilder`, the action means what :class:`ScalingActions` says. The
+    last observation and action are kept so a live controller can publish the experience, and
+    ``version`` names the weights deciding (the live controller swaps them)."""
 
-    def __init__(self, name: str, agent, scenario: Scenario, deltas: Sequence[int] = ACTION_DELTAS["unit"], explore: bool = False) -> None:
-        n_actions = getattr(agent, "n_actions", len(deltas))
-        if n_actions != len(deltas):
-            raise ValueError(f"{name}: the agent has {n_actions} actions, the action mode {len(deltas)}")
-        self.name, self.agent, self.scenario = name, agent, scenario
-        self.deltas, self.explore = tuple(deltas), explore
+    def __init__(self, name: str, agent, scenario: Scenario, actions: ScalingActions | str = "unit",
+                 explore: bool = False, version: str = "") -> None:
+        self.actions = actions if isinstance(actions, ScalingActions) else ScalingActions(actions)
+        n_actions = getattr(agent, "n_actions", self.actions.n)
+        if n_actions != self.actions.n:
+            raise ValueError(f"{name}: the agent has {n_actions} actions, action mode {self.actions.mode!r} {self.actions.n}")
+        self.name, self.agent, self.scenario, self.explore, self.version = name, agent, scenario, explore, version
+        self.observe = ObservationBuilder(scenario)
         self.last_observation: np.ndarray | None = None
         self.last_action: int | None = None
 
     def reset(self) -> None:
+        self.observe.reset()
         self.last_observation, self.last_action = None, None
 
     def decide(self, t: PoolTelemetry, current_target: int) -> int:
-        obs = observation_from_telemetry(t, self.scenario)
+        obs = self.observe(t)
         action = int(self.agent.act(obs, explore=self.explore))
         self.last_observation, self.last_action = obs, action
-        return current_target + self.deltas[action]
+        return self.actions.target(action, current_target, self.observe)
 
 
 BASELINES = {

@@ -11,113 +11,150 @@ from typing import Annotated, Optional
 
 import typer
 
-BASELINE_NAMES = ("reactive-avg", "reactive-max", "keda", "kpa", "hpa", "fixed")
+BASELINE_NAMES = ("reactive-avg", "reactive-max", "keda", "kpa", "hpa")
 RL_NAMES = ("dqn", "pg", "sarsa")
-_SCENARIO_HELP = "Shipped scenario (bursty, steady, spike, diurnal) or the path of a scenario JSON/YAML file."
+EVERYTHING = ("bursty", "steady", "spike", "diurnal", "generated")
+_SCENARIO_HELP = ("'all' (every shipped scenario and generated workloads), a shipped scenario (bursty, steady, "
+                  "spike, diurnal), 'generated' (workloads drawn by controller/workloads.py from the episode "
+                  "seeds, never used in training) or the path of a scenario JSON/YAML file.")
 
 
-def _load(scenario: str):
+def _check_scenario(scenario: str) -> None:
     from controller.scenario import ScenarioError, load_scenario
 
+    if scenario == "generated":
+        return
     try:
-        return load_scenario(scenario)
+        load_scenario(scenario)
     except ScenarioError as exc:
         raise typer.BadParameter(str(exc), param_hint="--scenario") from exc
 
 
-def _train(kinds: list[str], scenario, steps: int, seed: int, models_dir: Path | None, out: Path | None, action_mode: str) -> dict[str, Path]:
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+def _policy_specs(wanted: list[str], models_dir: Path):
+    """PolicySpecs (built per scenario) for baselines and RL kinds (own model, else shipped)."""
+    from controller.baselines import make_baseline
+    from controller.evaluation import PolicySpec
+    from controller.policies import model_for
+    from controller.training import load_rl_policy
 
-    from controller.evaluation import train_agent
-
-    paths: dict[str, Path] = {}
-    columns = (TextColumn("training {task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(), TimeRemainingColumn())
-    with Progress(*columns) as progress:
-        for kind in kinds:
-            task = progress.add_task(f"{kind} on {scenario.name}", total=steps)
-            trained = train_agent(
-                kind, scenario, steps, seed=seed, out=out, models_dir=models_dir or Path("data/models"), action_mode=action_mode,
-                progress=lambda done, total, task=task: progress.update(task, completed=done, total=total),
-            )
-            paths[kind] = trained.path
-    return paths
+    specs = []
+    for name in wanted:
+        if name in RL_NAMES:
+            path, _ = model_for(name, models_dir)
+            if not path.is_file():
+                raise typer.BadParameter(f"no {name} model at {path}; train one: p2pfaas train scaling {name}",
+                                         param_hint="--policies")
+            specs.append(PolicySpec(name, lambda sc, path=path, name=name: load_rl_policy(path, sc, name=name), "rl"))
+        else:
+            specs.append(PolicySpec(name, lambda sc, name=name: make_baseline(name, sc), "baseline"))
+    return specs
 
 
 def eval_scaling(
-    scenario: Annotated[str, typer.Option(help=_SCENARIO_HELP)] = "bursty",
+    scenario: Annotated[str, typer.Option(help=_SCENARIO_HELP)] = "all",
     episodes: Annotated[int, typer.Option(min=1, help="Episodes per policy; episode i has seed SEED+i and the same tasks for every policy.")] = 10,
     seed: Annotated[int, typer.Option(min=0, max=2**32 - 1, help="Seed of the first evaluation episode (training never uses seeds below 2**32).")] = 0,
     policies: Annotated[
         str,
-        typer.Option(
-            help=f"Comma-separated policies, or 'all'. Baselines: {', '.join(BASELINE_NAMES)} (the initial size) or "
-            f"fixed-<n>. RL agents: {', '.join(RL_NAMES)}."
-        ),
+        typer.Option(help=f"Comma-separated policies, or 'all'. Baselines: {', '.join(BASELINE_NAMES)}, fixed-<n>. "
+                          f"RL agents: {', '.join(RL_NAMES)} (your model in --models-dir, else the shipped one)."),
     ] = "all",
-    models_dir: Annotated[Path, typer.Option(help="Where RL models are read, and written when one has to be trained first.")] = Path("data/models"),
-    train_steps: Annotated[int, typer.Option(min=1, help="Environment steps to train an RL agent that has no saved model.")] = 20_000,
-    retrain: Annotated[bool, typer.Option(help="Train the RL agents even when a saved model exists.")] = False,
-    action_mode: Annotated[str, typer.Option(help="RL action space: 'unit' (-1/0/+1 worker) or 'wide' (-4..+4).")] = "unit",
-    json_out: Annotated[Optional[Path], typer.Option("--json", help="Also write the full report (metrics, per-episode totals, time series) as JSON here.")] = None,
+    references: Annotated[bool, typer.Option(help="Add the best fixed pool reaching 99 % and the instant-resize oracle (both with hindsight).")] = True,
+    models_dir: Annotated[Path, typer.Option(help="Where your own trained models are looked up (p2pfaas train scaling writes there).")] = Path("data/models"),
+    json_out: Annotated[Optional[Path], typer.Option("--json", help="Also write the full reports (metrics, per-episode totals, time series) as JSON here.")] = None,
     plots_dir: Annotated[Optional[Path], typer.Option("--plots", help="Also save PNG plots of workers, queue and QoS over time into this directory.")] = None,
+    markdown: Annotated[Optional[Path], typer.Option(help="Also write the tables as Markdown here (the README's).")] = None,
 ) -> None:
-    """Run every scaling policy on the same seeded episodes of a scenario and print one table.
+    """Run every scaling policy on the same seeded episodes and print one table per scenario, then
+    a check of the RL targets (docs/autoscaling.md).
 
     QoS is the fraction of all tasks of an episode that met their deadline; workers and
-    worker-seconds count every billed worker (starting, ready, stopping). RL agents without
-    a saved model in --models-dir are trained first (on seeds disjoint from evaluation's).
+    worker-seconds count every billed worker (starting, ready, stopping). The oracle knows each
+    step's arrival rate and resizes instantly; it and the best fixed pool are chosen with
+    hindsight. RL models come from --models-dir if you trained one, else from the package.
     """
     from rich.console import Console
+    from rich.progress import Progress
 
-    from controller.baselines import is_baseline, make_baseline
-    from controller.env import ACTION_DELTAS
-    from controller.evaluation import evaluate, load_rl_policy, model_path, report_table, rl_agents, write_json, write_plots
+    from controller.baselines import is_baseline
+    from controller.evaluation import evaluate, report_table, write_plots
+    from controller.report import markdown_report, target_checks, targets_table, write_reports, write_summary_plot
 
-    sc = _load(scenario)
-    if action_mode not in ACTION_DELTAS:
-        raise typer.BadParameter(f"must be one of {', '.join(ACTION_DELTAS)}", param_hint="--action-mode")
-    available_rl = list(rl_agents())
-    wanted = [*BASELINE_NAMES, *available_rl] if policies.strip() == "all" else [p.strip() for p in policies.split(",") if p.strip()]
-    unknown = [p for p in wanted if not is_baseline(p) and p not in available_rl]
+    scenarios = list(EVERYTHING) if scenario == "all" else [scenario]
+    for name in scenarios:
+        _check_scenario(name)
+    wanted = [*BASELINE_NAMES, *RL_NAMES] if policies.strip() == "all" else [p.strip() for p in policies.split(",") if p.strip()]
+    unknown = [p for p in wanted if not is_baseline(p) and p not in RL_NAMES]
     if unknown or not wanted:
-        known = ", ".join([*BASELINE_NAMES, "fixed-<n>", *available_rl])
+        known = ", ".join([*BASELINE_NAMES, "fixed-<n>", *RL_NAMES])
         raise typer.BadParameter(f"unknown policy {', '.join(unknown) or '(none given)'}; known: {known}", param_hint="--policies")
+    specs = _policy_specs(wanted, models_dir)
     console = Console()
-    rl = [p for p in wanted if p in available_rl]
-    to_train = [k for k in rl if retrain or not model_path(models_dir, k, sc, action_mode).is_file()]
-    if to_train:
-        _train(to_train, sc, train_steps, seed=0, models_dir=models_dir, out=None, action_mode=action_mode)
-    chosen = [
-        load_rl_policy(p, model_path(models_dir, p, sc, action_mode), sc, action_mode) if p in available_rl else make_baseline(p, sc)
-        for p in wanted
-    ]
-    report = evaluate(sc, chosen, episodes=episodes, seed=seed)
-    console.print(report_table(report))
+    if not console.is_terminal:  # piped into a file: do not squeeze the tables into 80 columns
+        console = Console(width=200)
+    reports = []
+    with Progress(console=Console(stderr=True), transient=True) as progress:
+        bar = progress.add_task("evaluating", total=len(scenarios) * (len(specs) + 3 * references))
+        for name in scenarios:
+            def step(policy: str, name=name) -> None:
+                progress.update(bar, advance=1, description=f"{name}: {policy}")
+
+            reports.append(evaluate(name, specs, episodes=episodes, seed=seed, references=references, progress=step))
+    for report in reports:
+        console.print(report_table(report))
+    if references:
+        console.print(targets_table(target_checks(reports)))
     if json_out is not None:
-        console.print(f"report: {write_json(report, json_out)}")
+        console.print(f"report: {write_reports(reports, json_out)}")
+    if markdown is not None:
+        markdown.parent.mkdir(parents=True, exist_ok=True)
+        markdown.write_text(markdown_report(reports, episodes, seed))
+        console.print(f"markdown: {markdown}")
     if plots_dir is not None:
-        for path in write_plots(report, plots_dir):
-            console.print(f"plot: {path}")
+        for report in reports:
+            for path in write_plots(report, plots_dir):
+                console.print(f"plot: {path}")
+        if references and len(reports) > 1:
+            console.print(f"plot: {write_summary_plot(reports, plots_dir / 'scaling-summary.png')}")
 
 
 def train_scaling(
     agent: Annotated[str, typer.Argument(help=f"RL agent to train: {', '.join(RL_NAMES)}.")],
-    scenario: Annotated[str, typer.Option(help=_SCENARIO_HELP)] = "bursty",
-    steps: Annotated[int, typer.Option(min=1, help="Environment steps (control periods) to train for.")] = 20_000,
+    workloads: Annotated[str, typer.Option(help="'mixed' (the default: half generated workloads, half the shipped scenarios, all on training seeds), 'generated' (only generated ones) or one scenario (name or file).")] = "mixed",
+    steps: Annotated[Optional[int], typer.Option(min=1, help="Environment steps (control periods) to train for (default: pg 300,000, dqn and sarsa 200,000: minutes).")] = None,
     seed: Annotated[int, typer.Option(min=0, help="Seed of the agent and of the training episodes (drawn >= 2**32, never an evaluation seed).")] = 0,
-    action_mode: Annotated[str, typer.Option(help="Action space: 'unit' (-1/0/+1 worker) or 'wide' (-4..+4).")] = "unit",
-    out: Annotated[Optional[Path], typer.Option(help="Model file to write (default data/models/scaling-<agent>-<scenario>-<mode>.pt).")] = None,
+    action_mode: Annotated[str, typer.Option(help="Action space: 'target' (keep, or a square-root-staffing size: jumps in one step), 'unit' (-1/0/+1) or 'wide' (-4..+4).")] = "target",
+    out: Annotated[Optional[Path], typer.Option(help="Model file (.npz) to write (default data/models/scaling-<agent>-<workloads>-<mode>.npz, which up/eval then prefer over the shipped one).")] = None,
+    ship: Annotated[bool, typer.Option(help="Write the package's shipped model controller/models/scaling-<agent>.npz instead (maintainers).")] = False,
 ) -> None:
-    """Train an RL scaling agent on the simulated farm of a scenario and save the model."""
+    """Train an RL scaling agent on the simulated farm and save it (portable .npz + a JSON sidecar
+    recording the command and seed)."""
+    import shlex
+    import sys
+
     from rich.console import Console
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
-    from controller.env import ACTION_DELTAS
-    from controller.evaluation import rl_agents
+    from controller.features import ACTION_MODES
+    from controller.training import DEFAULT_STEPS, rl_agents, shipped_model, train_agent
 
-    sc = _load(scenario)
     if agent not in rl_agents():
         raise typer.BadParameter(f"unknown agent {agent!r}; available: {', '.join(rl_agents()) or 'none'}", param_hint="AGENT")
-    if action_mode not in ACTION_DELTAS:
-        raise typer.BadParameter(f"must be one of {', '.join(ACTION_DELTAS)}", param_hint="--action-mode")
-    paths = _train([agent], sc, steps, seed=seed, models_dir=None, out=out, action_mode=action_mode)
-    Console().print(f"model: {paths[agent]}")
+    if action_mode not in ACTION_MODES:
+        raise typer.BadParameter(f"must be one of {', '.join(ACTION_MODES)}", param_hint="--action-mode")
+    families = ("generated", "mixed")
+    if workloads not in families:
+        _check_scenario(workloads)
+    from controller.scenario import load_scenario
+
+    target = workloads if workloads in families else load_scenario(workloads)
+    total = steps or DEFAULT_STEPS[agent]
+    command = "p2pfaas " + " ".join(shlex.quote(a) for a in sys.argv[1:]) if sys.argv[1:2] == ["train"] else ""
+    columns = (TextColumn("training {task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(), TimeRemainingColumn())
+    with Progress(*columns) as progress:
+        task = progress.add_task(f"{agent} on {workloads}", total=total)
+        trained = train_agent(agent, target, total, seed=seed, action_mode=action_mode, command=command,
+                              out=shipped_model(agent) if ship else out,
+                              progress=lambda done, all_: progress.update(task, completed=done, total=all_))
+    Console().print(f"model: {trained.path} ({trained.path.stat().st_size / 1024:.0f} KiB, "
+                    f"{trained.metadata['train_seconds']:g} s)")

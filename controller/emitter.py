@@ -2,7 +2,8 @@
 
 Each task is the ``sleep`` function with the sampled service time as payload and
 its deadline in ``X-P2pfaas-Deadline-Seconds``; QoS is measured end to end here
-(submit -> result) against that deadline.
+(submit -> result) against that deadline. ``PoolMeter`` follows the pool's telemetry and
+scale commands meanwhile: worker-seconds, workers, scaling actions and the deciding models.
 """
 
 from __future__ import annotations
@@ -18,7 +19,13 @@ from nats.aio.client import Client
 
 from broker import headers as H
 from broker.client import Answer, FaasClient
+from broker.codec import decode
+from broker.errors import ContractError
+from broker.messages import PoolTelemetry, ScaleCommand
+from broker.subjects import Subjects
+from controller.live_env import TelemetryTotals
 from controller.scenario import Scenario
+from controller.simulator import EpisodeTotals
 
 
 @dataclass
@@ -96,3 +103,42 @@ class FarmEmitter:
                     progress(min(1.0, at / (horizon / self.speed)), report)
             await asyncio.gather(*pending)
         return report
+
+
+class PoolMeter:
+    """Worker-seconds and scaling of one pool while it runs: ``async with PoolMeter(nc, node, pool)``,
+    then ``totals()`` (from the telemetry samples and the scale commands seen meanwhile)."""
+
+    def __init__(self, nc: Client, node: str, pool: str, prefix: str = "faas") -> None:
+        self.nc, self.node, self.pool = nc, node, pool
+        self.subjects = Subjects(prefix)
+        self.recorded = TelemetryTotals()
+        self.policies: dict[str, int] = {}      # "<policy> <model version>" -> commands
+        self._subs: list = []
+
+    async def __aenter__(self) -> "PoolMeter":
+        self._subs = [await self.nc.subscribe(self.subjects.telemetry(self.node, self.pool), cb=self._on_sample),
+                      await self.nc.subscribe(self.subjects.scale(self.node, self.pool), cb=self._on_command)]
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        for sub in self._subs:
+            await sub.unsubscribe()
+
+    async def _on_sample(self, msg) -> None:
+        try:
+            self.recorded.add(decode(PoolTelemetry, msg.data))
+        except ContractError:
+            return
+
+    async def _on_command(self, msg) -> None:
+        try:
+            command = decode(ScaleCommand, msg.data)
+        except ContractError:
+            return
+        self.recorded.targets.append(command.target_workers)
+        key = f"{command.policy or '?'} {command.model_version}".strip()
+        self.policies[key] = self.policies.get(key, 0) + 1
+
+    def totals(self) -> EpisodeTotals | None:
+        return self.recorded.episode() if self.recorded.samples else None

@@ -1,27 +1,28 @@
-"""Side-by-side evaluation of scaling policies on the same seeded episodes, and RL training.
+"""Side-by-side evaluation of scaling policies on the same seeded episodes, with two references
+chosen with hindsight: the best fixed pool reaching the QoS target and the instant-resize oracle.
 
 Every policy sees exactly the same tasks (arrivals, service times, deadlines) in
-episode ``i``: the workload depends only on the episode seed ``seed + i``. Training
-episodes are drawn by the env from seeds >= 2**32, so they never coincide.
+episode ``i``: the workload depends only on the episode seed ``seed + i`` (and for
+``"generated"`` the scenario too). Training episodes are drawn by the env from seeds
+>= 2**32, so they never coincide.
 """
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 from pydantic import BaseModel, ConfigDict
 
-from controller.baselines import RLPolicy, ScalingPolicy
-from controller.env import ACTION_DELTAS, TRAINING_SEED_FLOOR, FarmBackend, FarmScalingEnv, RewardConfig, SimulatedFarm
+from controller.baselines import FixedSize, RLPolicy, ScalingPolicy
+from controller.env import TRAINING_SEED_FLOOR, FarmBackend, RewardConfig, SimulatedFarm
+from controller.oracle import ORACLE_BETAS, InstantResizeOracle, smallest_passing
 from controller.scenario import Scenario, load_scenario
 from controller.simulator import EpisodeTotals, FarmSimulator
+from controller.workloads import GENERATED_PREFIX, generated_scenario
 
-RL_KINDS = ("dqn", "pg", "sarsa")
 METRICS = {  # key -> (column title, format)
     "qos_pct": ("QoS %", "{:.2f}"),
     "mean_workers": ("mean workers", "{:.2f}"),
@@ -51,6 +52,7 @@ class StepRecord(_Frozen):
 
 class EpisodeResult(_Frozen):
     seed: int
+    scenario: str = ""
     workload: str          # fingerprint of the episode's tasks, equal across policies ("" if not simulated)
     episode_return: float
     totals: EpisodeTotals
@@ -64,6 +66,7 @@ class MetricStat(_Frozen):
 
 class PolicyReport(_Frozen):
     name: str
+    role: str = "policy"   # "baseline", "rl" or "reference"
     metrics: dict[str, MetricStat]
     episodes: list[EpisodeResult]
 
@@ -77,6 +80,19 @@ class EvalReport(_Frozen):
 
 
 # --------------------------------------------------------------------------- running
+PolicyFactory = Callable[[Scenario], ScalingPolicy]
+
+
+@dataclasses.dataclass(frozen=True)
+class PolicySpec:
+    """A policy by name, built afresh for each scenario (a generated workload is a new scenario
+    every episode, and RL policies and baselines read the scenario's bounds and means)."""
+
+    name: str
+    make: PolicyFactory
+    role: str = "policy"   # "baseline", "rl" or "reference"
+
+
 def run_episode(
     scenario: Scenario,
     policy: ScalingPolicy,
@@ -85,10 +101,13 @@ def run_episode(
     backend: FarmBackend | None = None,
 ) -> EpisodeResult:
     """One episode of ``policy`` on the workload of ``seed``, with the env's dynamics and reward
-    (on the simulator unless another ``FarmBackend`` is given)."""
+    (on the simulator unless another ``FarmBackend`` is given; the oracle gets an instant one)."""
     reward = reward or RewardConfig()
     bounds = scenario.workers
-    backend = backend if backend is not None else SimulatedFarm(scenario)
+    if backend is None:
+        backend = SimulatedFarm(scenario, instant=getattr(policy, "instant_resize", False))
+    if hasattr(policy, "bind"):
+        policy.bind(backend.simulator)
     policy.reset()
     telemetry = backend.reset(seed)  # includes the warm-up period
     target, total = bounds.initial, 0.0
@@ -98,12 +117,13 @@ def run_episode(
         changed, target = wanted != target, wanted
         backend.apply(target)
         telemetry = backend.advance(scenario.step_seconds)
-        r = reward.reward(telemetry, bounds.max, changed)
+        r = reward.reward(telemetry, scenario, changed)
         total += r
         steps.append(_record(telemetry, target, r))
     simulator = getattr(backend, "simulator", None)
     workload = simulator.workload_fingerprint() if isinstance(simulator, FarmSimulator) else ""
-    return EpisodeResult(seed=seed, workload=workload, episode_return=total, totals=backend.totals(), steps=steps)
+    return EpisodeResult(seed=seed, scenario=scenario.name, workload=workload, episode_return=total,
+                         totals=backend.totals(), steps=steps)
 
 
 def _record(t, target: int, reward: float) -> StepRecord:
@@ -118,7 +138,7 @@ def _stat(values: Sequence[float]) -> MetricStat:
     return MetricStat(mean=float(array.mean()), std=float(array.std(ddof=1)) if len(array) > 1 else 0.0)
 
 
-def summarise(name: str, episodes: list[EpisodeResult]) -> PolicyReport:
+def summarise(name: str, episodes: list[EpisodeResult], role: str = "policy") -> PolicyReport:
     columns = {
         "qos_pct": [100 * e.totals.qos for e in episodes],
         "mean_workers": [e.totals.mean_workers for e in episodes],
@@ -128,117 +148,127 @@ def summarise(name: str, episodes: list[EpisodeResult]) -> PolicyReport:
         "latency_p95_s": [e.totals.latency_p95_s for e in episodes],
         "episode_return": [e.episode_return for e in episodes],
     }
-    return PolicyReport(name=name, metrics={k: _stat(v) for k, v in columns.items()}, episodes=episodes)
+    return PolicyReport(name=name, role=role, metrics={k: _stat(v) for k, v in columns.items()}, episodes=episodes)
 
 
-def evaluate(
-    scenario: Scenario | str,
-    policies: Sequence[ScalingPolicy],
-    episodes: int = 10,
-    seed: int = 0,
-    reward: RewardConfig | None = None,
-) -> EvalReport:
-    """Run every policy on episodes ``seed .. seed + episodes - 1`` (the same workloads for all)."""
-    scenario = load_scenario(scenario)
+def episode_workloads(scenario: Scenario | str, episodes: int, seed: int) -> list[tuple[Scenario, int]]:
+    """(scenario, workload seed) of episodes ``seed .. seed + episodes - 1``: the named scenario
+    each time, or for ``"generated"`` the generated workload of that seed."""
     if episodes < 1:
         raise ValueError("episodes must be >= 1")
     if not (0 <= seed and seed + episodes <= TRAINING_SEED_FLOOR):
         raise ValueError(f"evaluation seeds must lie in [0, 2**32) so they never meet training seeds, got {seed}")
-    names = [p.name for p in policies]
+    seeds = range(seed, seed + episodes)
+    if isinstance(scenario, str) and scenario == GENERATED_PREFIX:
+        return [(generated_scenario(s), s) for s in seeds]
+    sc = load_scenario(scenario)
+    return [(sc, s) for s in seeds]
+
+
+def _spec(policy: ScalingPolicy | PolicySpec) -> PolicySpec:
+    if isinstance(policy, PolicySpec):
+        return policy
+    role = "rl" if isinstance(policy, RLPolicy) else "baseline"
+    return PolicySpec(policy.name, lambda _scenario, p=policy: p, role)
+
+
+def run_policy(spec: PolicySpec, workloads: list[tuple[Scenario, int]], reward: RewardConfig | None = None) -> PolicyReport:
+    return summarise(spec.name, [run_episode(sc, spec.make(sc), s, reward) for sc, s in workloads], spec.role)
+
+
+def _mean_qos(report: PolicyReport) -> float:
+    return report.metrics["qos_pct"].mean / 100
+
+
+def tune_oracle(workloads: list[tuple[Scenario, int]], qos_target: float = 0.99,
+                reward: RewardConfig | None = None) -> PolicyReport:
+    """The instant-resize oracle with the smallest beta whose mean QoS reaches the target."""
+    runs: dict[float, PolicyReport] = {}
+
+    def run(beta: float) -> PolicyReport:
+        if beta not in runs:
+            runs[beta] = run_policy(PolicySpec("oracle", lambda sc: InstantResizeOracle(sc, beta)), workloads, reward)
+        return runs[beta]
+
+    beta = smallest_passing(ORACLE_BETAS, lambda b: _mean_qos(run(b)) >= qos_target)
+    beta = ORACLE_BETAS[-1] if beta is None else beta
+    return run(beta).model_copy(update={"name": f"oracle (beta {beta:g}, hindsight)", "role": "reference"})
+
+
+def best_fixed_pool(workloads: list[tuple[Scenario, int]], qos_target: float = 0.99,
+                    reward: RewardConfig | None = None) -> PolicyReport:
+    """The smallest pool that never scales and reaches the QoS target, chosen with hindsight: one
+    size for a scenario's episodes (on their mean QoS), each generated workload its own size."""
+    groups: dict[str, list[tuple[Scenario, int]]] = {}
+    for sc, s in workloads:
+        groups.setdefault(sc.name, []).append((sc, s))
+    by_seed: dict[int, EpisodeResult] = {}
+    sizes = []
+    for group in groups.values():
+        bounds = group[0][0].workers
+        runs: dict[int, PolicyReport] = {}
+
+        def run(n: int) -> PolicyReport:
+            if n not in runs:
+                runs[n] = run_policy(PolicySpec(f"fixed-{n}", lambda sc: FixedSize(sc, n)), group, reward)
+            return runs[n]
+
+        size = smallest_passing(list(range(max(1, bounds.min), bounds.max + 1)),
+                                lambda n: _mean_qos(run(n)) >= qos_target) or bounds.max
+        sizes.append(size)
+        for (_, s), episode in zip(group, run(size).episodes):
+            by_seed[s] = episode
+    name = (f"fixed-{sizes[0]} (smallest for 99 %, hindsight)" if len(sizes) == 1 else
+            f"fixed (smallest for 99 % per workload: {min(sizes)}-{max(sizes)}, hindsight)")
+    return summarise(name, [by_seed[s] for _, s in workloads], "reference")
+
+
+def largest_pool(workloads: list[tuple[Scenario, int]], qos_target: float = 0.99,
+                 reward: RewardConfig | None = None) -> PolicyReport:
+    """``workers.max`` from the first decision on: more capacity at every moment than any policy
+    can have, so its QoS is the ceiling (the warm-up period runs on the initial workers)."""
+    report = run_policy(PolicySpec("largest", lambda sc: FixedSize(sc, sc.workers.max)), workloads, reward)
+    sizes = sorted({sc.workers.max for sc, _ in workloads})
+    size = str(sizes[0]) if len(sizes) == 1 else f"{sizes[0]}-{sizes[-1]}"
+    return report.model_copy(update={"name": f"fixed-{size} (largest: QoS ceiling)", "role": "reference"})
+
+
+def evaluate(
+    scenario: Scenario | str,
+    policies: Sequence[ScalingPolicy | PolicySpec],
+    episodes: int = 10,
+    seed: int = 0,
+    reward: RewardConfig | None = None,
+    references: bool = False,
+    qos_target: float = 0.99,
+    progress: Callable[[str], None] | None = None,
+) -> EvalReport:
+    """Run every policy on episodes ``seed .. seed + episodes - 1`` (the same workloads for all);
+    with ``references`` also the largest pool (the QoS ceiling), the best fixed pool and the
+    instant-resize oracle (both chosen with hindsight)."""
+    workloads = episode_workloads(scenario, episodes, seed)
+    specs = [_spec(p) for p in policies]
+    names = [p.name for p in specs]
     if len(set(names)) != len(names):
         raise ValueError(f"policy names must be unique, got {names}")
-    seeds = list(range(seed, seed + episodes))
-    reports = [summarise(p.name, [run_episode(scenario, p, s, reward) for s in seeds]) for p in policies]
-    need = [r.arrival_rate * scenario.mean_service_s for r in reports[0].episodes[0].steps] if reports else []
-    return EvalReport(scenario=scenario.name, seed=seed, episode_seeds=seeds, mean_load_workers=need, policies=reports)
-
-
-# --------------------------------------------------------------------------- RL agents
-def rl_agents() -> dict[str, type]:
-    """The RL agent classes by kind; empty when the learner's algorithms are not installed."""
-    try:
-        from nodes.learner.algorithms import AGENTS
-    except ImportError:
-        return {}
-    return {kind: AGENTS[kind] for kind in RL_KINDS if kind in AGENTS}
-
-
-def agent_config(kind: str, agent_class: type, steps: int, env: FarmScalingEnv) -> Any:
-    """Hyper-parameters for the scaling env: exploration over the first third of training,
-    and for tabular SARSA a coarse grid on the fields that drive the decision."""
-    config_class = getattr(agent_class, "config_class", None)
-    if config_class is None:
-        return None
-    fields = {f.name for f in dataclasses.fields(config_class)}
-    values: dict[str, Any] = {}
-    if "exploration_steps" in fields:
-        values["exploration_steps"] = max(1, steps // 3)
-    if "learning_starts" in fields:
-        values["learning_starts"] = min(1_000, max(1, steps // 10))
-    if kind == "sarsa" and {"bins", "low", "high"} <= fields:
-        # Fields: backlog, ready, starting, load, throughput, latency mean/max, qos, gap. One bin
-        # ignores a field; the pool size and the gap to the needed workers carry the decision.
-        values["bins"] = (2, 10, 2, 1, 1, 1, 1, 2, 8)
-        values["low"] = (0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.95, -0.3)
-        values["high"] = (0.2, 1.0, 0.1, 1.0, 1.0, 1.0, 1.0, 1.0, 0.3)
-    return config_class(**values)
-
-
-@contextlib.contextmanager
-def _torch_threads(n: int):
-    """Small networks train several times faster on one thread, most of all on a busy machine."""
-    import torch
-
-    before = torch.get_num_threads()
-    torch.set_num_threads(n)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(before)
-
-
-def model_path(models_dir: Path, kind: str, scenario: Scenario, action_mode: str = "unit") -> Path:
-    return Path(models_dir) / f"scaling-{kind}-{scenario.name}-{action_mode}.pt"
-
-
-@dataclasses.dataclass(frozen=True)
-class TrainedAgent:
-    kind: str
-    path: Path
-    metrics: dict
-
-
-def train_agent(
-    kind: str,
-    scenario: Scenario | str,
-    steps: int,
-    seed: int = 0,
-    progress: Callable[[int, int], None] | None = None,
-    out: Path | None = None,
-    models_dir: Path = Path("data/models"),
-    action_mode: str = "unit",
-) -> TrainedAgent:
-    """Train a ``kind`` agent on the simulated scenario (env-drawn seeds, disjoint from
-    evaluation's) and save it to ``out`` (default ``models_dir/scaling-<kind>-<scenario>-<mode>.pt``)."""
-    scenario = load_scenario(scenario)
-    agents = rl_agents()
-    if kind not in agents:
-        raise ValueError(f"unknown RL agent {kind!r}; available: {', '.join(agents) or 'none (nodes.learner.algorithms missing)'}")
-    env = FarmScalingEnv(scenario, action_mode=action_mode)
-    agent_class = agents[kind]
-    config = agent_config(kind, agent_class, steps, env)
-    agent = agent_class(env.observation_space.shape[0], int(env.action_space.n), config=config, seed=seed)
-    with _torch_threads(1):
-        metrics = agent.learn(env, total_steps=steps, seed=seed, progress=progress)
-    path = Path(out) if out is not None else model_path(models_dir, kind, scenario, action_mode)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    agent.save(path)
-    return TrainedAgent(kind=kind, path=path, metrics=metrics)
-
-
-def load_rl_policy(kind: str, path: Path, scenario: Scenario, action_mode: str = "unit") -> RLPolicy:
-    agent = rl_agents()[kind].load(path)
-    return RLPolicy(kind, agent, scenario, ACTION_DELTAS[action_mode])
+    if len({sc.name for sc, _ in workloads}) > 1 and not all(isinstance(p, PolicySpec) for p in policies):
+        raise ValueError("generated workloads need PolicySpec factories: every episode is another scenario")
+    reports = []
+    for spec in specs:
+        if progress:
+            progress(spec.name)
+        reports.append(run_policy(spec, workloads, reward))
+    if references:
+        for name, reference in (("largest pool", largest_pool), ("best fixed pool", best_fixed_pool),
+                                ("oracle", tune_oracle)):
+            if progress:
+                progress(name)
+            reports.append(reference(workloads, qos_target, reward))
+    first = workloads[0][0]
+    need = [r.arrival_rate * first.mean_service_s for r in reports[0].episodes[0].steps] if reports else []
+    title = scenario if isinstance(scenario, str) and scenario == GENERATED_PREFIX else first.name
+    return EvalReport(scenario=title, seed=seed, episode_seeds=[s for _, s in workloads], mean_load_workers=need,
+                      policies=reports)
 
 
 # --------------------------------------------------------------------------- output

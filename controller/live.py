@@ -2,17 +2,21 @@
 
 Every telemetry sample of ``faas.<node>.telemetry.<pool>`` is one control step:
 the policy (an RL agent or a baseline, same ``ScalingPolicy`` protocol as in the
-simulator) picks a target, published on ``faas.<node>.scale.<pool>``; the step
-before it becomes a ``ScalingExperience`` on ``faas.<node>.experience.<pool>``
-(durable), which the learner trains on.
+simulator) picks a target, published on ``faas.<node>.scale.<pool>`` with the model
+version that decided; the step before it becomes a ``ScalingExperience`` on
+``faas.<node>.experience.<pool>`` (durable), which the node's learner trains on. For an RL
+policy the controller seeds the learner with its weights, pulls the learner's new versions
+back (``LocalPolicy``) and lets a ``ModelGuard`` decide which weights act.
 """
 
 from __future__ import annotations
 
 import asyncio
+import base64
+import dataclasses
 import logging
 from dataclasses import dataclass, field
-from typing import Callable, Sequence
+from typing import Any, Callable
 
 import numpy as np
 from nats.aio.client import Client
@@ -20,18 +24,31 @@ from nats.aio.msg import Msg
 
 from broker.codec import decode, encode
 from broker.errors import ContractError
-from broker.messages import PoolTelemetry, ScaleCommand, ScalingExperience
-from broker.subjects import Subjects
+from broker.messages import LearnerWeights, PoolTelemetry, ScaleCommand, ScalingExperience
+from broker.subjects import Subjects, scaling_model
 from controller.baselines import RLPolicy, ScalingPolicy
-from controller.env import ACTION_DELTAS, RewardConfig, observation_from_telemetry
+from controller.features import ObservationBuilder, RewardConfig, ScalingActions
+from controller.online import ModelGuard
 from controller.scenario import Scenario
 
 log = logging.getLogger(__name__)
 
+# Online training of a seeded model: no exploration of its own (the controller acts greedily),
+# training from the first few dozen live experiences, small steps.
+ONLINE_OVERRIDES: dict[str, dict[str, Any]] = {
+    "dqn": {"learning_starts": 32, "batch_size": 32, "learning_rate": 1e-4, "start_e": 0.0, "end_e": 0.0,
+            "exploration_steps": 1, "target_network_frequency": 100, "buffer_size": 10_000},
+    "pg": {"num_steps": 32, "num_minibatches": 2, "learning_rate": 1e-4},
+    "sarsa": {"alpha": 0.05, "start_e": 0.0, "end_e": 0.0, "exploration_steps": 1},
+}
 
-def action_index(delta: int, deltas: Sequence[int]) -> int:
-    """The env action closest to a baseline's change of target (for experiences)."""
-    return int(np.argmin([abs(d - delta) for d in deltas]))
+
+def online_weights(node: str, pool: str, agent: Any) -> LearnerWeights:
+    """``agent``'s weights with the online-training hyper-parameters, for the learner's ``weights.set``."""
+    config = {**dataclasses.asdict(agent.config), **ONLINE_OVERRIDES.get(agent.algorithm, {})}
+    return LearnerWeights(node=node, model=scaling_model(pool), algorithm=agent.algorithm, obs_dim=agent.obs_dim,
+                          n_actions=agent.n_actions, config=config,
+                          version=0, weights_b64=base64.b64encode(agent.get_weights()).decode())
 
 
 @dataclass
@@ -39,6 +56,7 @@ class ControlStep:
     telemetry: PoolTelemetry
     target: int
     reward: float | None = None
+    model_version: str = ""
 
 
 @dataclass
@@ -50,22 +68,39 @@ class LiveController:
     scenario: Scenario
     prefix: str = "faas"
     reward: RewardConfig = field(default_factory=RewardConfig)
-    deltas: Sequence[int] = ACTION_DELTAS["unit"]
+    actions: ScalingActions | None = None    # default: the RL policy's, else "target"
     policy_name: str = ""
     on_step: Callable[[ControlStep], None] | None = None   # e.g. the CLI's log line
     history: list[ControlStep] = field(default_factory=list)
+    learn_online: bool = True                # RL policies: seed the learner, pull its weights, guard them
+    guard_options: dict[str, Any] = field(default_factory=dict)   # ModelGuard keyword arguments
 
     def __post_init__(self) -> None:
         self.subjects = Subjects(self.prefix)
         self.js = self.nc.jetstream()
         self.target = self.scenario.workers.initial
+        rl = isinstance(self.policy, RLPolicy)
+        if self.actions is None:
+            self.actions = self.policy.actions if rl else ScalingActions("target")
+        self.observe = ObservationBuilder(self.scenario)
+        self.guard = ModelGuard(self.policy, **self.guard_options) if rl and self.learn_online else None
+        self.local = None
+        self.learner_note = ""
         self._previous: tuple[np.ndarray, int, bool] | None = None
         self._sub = None
         self._lock = asyncio.Lock()
+        self._tasks: set[asyncio.Task] = set()
         self.stepped = asyncio.Event()
+
+    @property
+    def model_version(self) -> str:
+        return getattr(self.policy, "version", "")
 
     async def start(self) -> "LiveController":
         self.policy.reset()
+        self.observe.reset()
+        if self.guard is not None:
+            await self._connect_learner()
         await self._publish_target("initial")
         self._sub = await self.nc.subscribe(self.subjects.telemetry(self.node, self.pool), cb=self._on_telemetry)
         return self
@@ -74,6 +109,12 @@ class LiveController:
         if self._sub is not None:
             await self._sub.unsubscribe()
             self._sub = None
+        for task in list(self._tasks):
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        if self.local is not None:
+            await self.local.stop()
+            self.local = None
 
     async def __aenter__(self) -> "LiveController":
         return await self.start()
@@ -81,6 +122,52 @@ class LiveController:
     async def __aexit__(self, *exc: object) -> None:
         await self.stop()
 
+    # -- the learner ----------------------------------------------------------------
+    async def _connect_learner(self) -> None:
+        """Seed the pool's learner model with our weights unless it holds a compatible one, then
+        follow its publications. Without a learner the shipped weights simply keep deciding."""
+        from nodes.learner.client import LearnerError, LocalPolicy, RemotePolicy
+
+        model = scaling_model(self.pool)
+        remote = RemotePolicy(self.nc, self.node, model, prefix=self.prefix, timeout_s=5.0)
+        agent = self.policy.agent
+        try:
+            try:
+                current = await remote.weights()
+                compatible = (current.algorithm, current.obs_dim, current.n_actions) == \
+                             (agent.algorithm, agent.obs_dim, agent.n_actions)
+            except LearnerError as exc:
+                if exc.status != 404:
+                    raise
+                compatible = False
+            if not compatible:
+                stats = await remote.set_weights(online_weights(self.node, self.pool, agent))
+                self.guard.floor_version = stats.experiences
+            self.local = LocalPolicy(self.nc, self.node, model, prefix=self.prefix, on_update=self._on_weights)
+            await self.local.start()
+            self.learner_note = f"learning online through {self.node}'s learner (model {model})"
+        except LearnerError as exc:
+            self.learner_note = f"no online learning: the learner of {self.node} did not answer ({exc})"
+            log.warning("controller %s/%s: %s", self.node, self.pool, self.learner_note)
+
+    def _on_weights(self, weights: LearnerWeights, agent: Any) -> None:
+        if self.guard is not None and (weights.algorithm, weights.n_actions) == (self.policy.agent.algorithm,
+                                                                                 self.policy.agent.n_actions):
+            self.guard.offer(agent, weights.version)
+
+    async def _reseed_learner(self) -> None:
+        from nodes.learner.client import LearnerError, RemotePolicy
+
+        remote = RemotePolicy(self.nc, self.node, scaling_model(self.pool), prefix=self.prefix, timeout_s=5.0)
+        try:
+            stats = await remote.set_weights(online_weights(self.node, self.pool, self.guard.shipped))
+        except LearnerError as exc:  # the shipped weights go on deciding; no online version is taken
+            log.warning("controller %s/%s: learner not reset to the shipped model (online learning stops): %s",
+                        self.node, self.pool, exc)
+            return
+        self.guard.reseeded(stats.experiences)
+
+    # -- control steps ----------------------------------------------------------------
     async def _on_telemetry(self, msg: Msg) -> None:
         try:
             telemetry = decode(PoolTelemetry, msg.data)
@@ -92,17 +179,21 @@ class LiveController:
 
     async def step(self, telemetry: PoolTelemetry) -> int:
         bounds = self.scenario.workers
-        obs = observation_from_telemetry(telemetry, self.scenario)
+        if self.guard is not None and self.guard.observe(telemetry):
+            self._background(self._reseed_learner())
+        obs = self.observe(telemetry)
         wanted = self.policy.decide(telemetry, self.target)
         target = min(bounds.max, max(bounds.min, int(wanted)))
-        action = (self.policy.last_action if isinstance(self.policy, RLPolicy) and self.policy.last_action is not None
-                  else action_index(target - self.target, self.deltas))
+        if isinstance(self.policy, RLPolicy) and self.policy.last_action is not None:
+            action = self.policy.last_action
+        else:
+            action = self.actions.nearest(self.target, target, self.observe)
         changed = target != self.target
         reward = None
         if self._previous is not None:
             # the previous decision's outcome is this period's telemetry
             prev_obs, prev_action, prev_changed = self._previous
-            reward = self.reward.reward(telemetry, bounds.max, prev_changed)
+            reward = self.reward.reward(telemetry, self.scenario, prev_changed)
             experience = ScalingExperience(node=self.node, pool=self.pool, observation=prev_obs.tolist(),
                                            action=prev_action, reward=reward, next_observation=obs.tolist(),
                                            policy=self.policy_name)
@@ -112,14 +203,19 @@ class LiveController:
                 log.warning("controller: experience not stored: %s", exc)
         self._previous = (obs, action, changed)
         self.target = target
-        self.history.append(ControlStep(telemetry, target, reward))
+        self.history.append(ControlStep(telemetry, target, reward, self.model_version))
         await self._publish_target("changed" if changed else "kept")
         if self.on_step is not None:
             self.on_step(self.history[-1])
         self.stepped.set()
         return target
 
+    def _background(self, coro) -> None:
+        task = asyncio.create_task(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
     async def _publish_target(self, reason: str) -> None:
         command = ScaleCommand(node=self.node, pool=self.pool, target_workers=self.target,
-                               reason=reason, policy=self.policy_name)
+                               reason=reason, policy=self.policy_name, model_version=self.model_version)
         await self.nc.publish(self.subjects.scale(self.node, self.pool), encode(command))

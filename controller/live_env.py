@@ -28,7 +28,7 @@ class LiveFarm:
         self._thread = threading.Thread(target=self._loop.run_forever, name="live-farm", daemon=True)
         self._thread.start()
         self._samples: asyncio.Queue[PoolTelemetry] | None = None
-        self._totals = _Totals()
+        self._totals = TelemetryTotals()
         self.nc = self._call(self._connect(nats_url))
 
     def _call(self, coro):
@@ -57,7 +57,7 @@ class LiveFarm:
     # -- FarmBackend --------------------------------------------------------------
     def reset(self, seed: int) -> PoolTelemetry:
         """The live workload is whatever arrives (e.g. ``p2pfaas farm run``); the seed is not used."""
-        self._totals = _Totals()
+        self._totals = TelemetryTotals()
         self._totals.targets.append(self.scenario.workers.initial)
         self._call(self._scale(self.scenario.workers.initial))
         sample = self._call(self._next())
@@ -82,8 +82,9 @@ class LiveFarm:
         self._thread.join(5)
 
 
-class _Totals:
-    """Episode figures from the live telemetry (latency percentiles from per-period p95s)."""
+class TelemetryTotals:
+    """Episode figures from live telemetry samples and the targets asked for (latency
+    percentiles from per-period p95s); also what ``p2pfaas farm run`` reports of the pool."""
 
     def __init__(self) -> None:
         self.samples: list[PoolTelemetry] = []

@@ -1,38 +1,65 @@
-"""Choosing a scaling policy by name for the live controller: a baseline, or a trained RL model."""
+"""Choosing a scaling policy by name for the live controller: a baseline, a model shipped in the
+package, a model trained with ``p2pfaas train scaling``, or a model file."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
+import orjson
+
 from controller.baselines import ScalingPolicy, is_baseline, make_baseline
-from controller.evaluation import RL_KINDS, load_rl_policy, model_path
 from controller.scenario import Scenario
+from controller.training import (
+    DEFAULT_ACTION_MODE,
+    DEFAULT_WORKLOADS,
+    RL_KINDS,
+    default_model_path,
+    load_rl_policy,
+    shipped_model,
+    sidecar_of,
+)
 
 ALIASES = {"reactive": "reactive-avg"}   # the paper's reactive controller (on average latency)
-FALLBACK = "reactive-max"                # what "auto" uses when no RL model has been trained
+AUTO_KIND = "pg"                         # what "auto" runs: the shipped PPO (the best shipped model, docs/autoscaling.md)
+
+
+def describe_model(path: Path) -> str:
+    """One line on where a model comes from (its sidecar's training command and seed)."""
+    try:
+        meta = orjson.loads(sidecar_of(path).read_bytes())
+    except (OSError, orjson.JSONDecodeError):
+        return str(path)
+    return f"{path} (trained with `{meta.get('command', '?')}`, seed {meta.get('seed', '?')})"
+
+
+def model_for(kind: str, models_dir: Path) -> tuple[Path, bool]:
+    """(model file of ``kind``, shipped?): your own trained one in ``models_dir`` wins."""
+    own = default_model_path(models_dir, kind, DEFAULT_WORKLOADS, DEFAULT_ACTION_MODE)
+    return (own, False) if own.is_file() else (shipped_model(kind), True)
 
 
 def resolve_policy(name: str, scenario: Scenario, models_dir: Path) -> tuple[ScalingPolicy, str, str | None]:
-    """(policy, its name, a note for the user) for ``dqn|pg|sarsa|<baseline>|auto``.
+    """(policy, its name, a note for the user) for ``auto|dqn|pg|sarsa|<model.npz>|<baseline>``.
 
-    RL policies load ``models_dir/scaling-<kind>-<scenario>-unit.pt`` (``p2pfaas train scaling``
-    writes it); ``auto`` is the DQN model when it exists, else ``reactive-max``.
+    ``auto`` (the default of ``up``) and the RL kinds run the model of that kind trained in
+    ``models_dir`` (``p2pfaas train scaling``) if there is one, else the one shipped in the package.
     """
     name = ALIASES.get(name, name)
-    if name == "auto":
-        path = model_path(models_dir, "dqn", scenario)
-        if path.is_file():
-            return load_rl_policy("dqn", path, scenario), "dqn", f"RL policy from {path}"
-        note = (f"no trained model at {path}: using {FALLBACK} "
-                f"(train one: p2pfaas train scaling --agent dqn --scenario {scenario.name})")
-        return make_baseline(FALLBACK, scenario), FALLBACK, note
-    if name in RL_KINDS:
-        path = model_path(models_dir, name, scenario)
+    if name == "auto" or name in RL_KINDS:
+        kind = AUTO_KIND if name == "auto" else name
+        path, shipped = model_for(kind, models_dir)
         if not path.is_file():
-            raise ValueError(f"no trained {name} model at {path}; "
-                             f"train it first: p2pfaas train scaling --agent {name} --scenario {scenario.name}")
-        return load_rl_policy(name, path, scenario), name, f"RL policy from {path}"
+            raise ValueError(f"no {kind} model: neither {path} nor a shipped one; "
+                             f"train it: p2pfaas train scaling {kind}")
+        origin = "shipped in the package" if shipped else "trained here"
+        return load_rl_policy(path, scenario, name=kind), kind, f"RL policy {kind}, {origin}: {describe_model(path)}"
+    if name.endswith(".npz"):
+        path = Path(name)
+        if not path.is_file():
+            raise ValueError(f"no model file {path}")
+        policy = load_rl_policy(path, scenario)
+        return policy, policy.name, f"RL policy from {describe_model(path)}"
     if is_baseline(name):
         return make_baseline(name, scenario), name, None
-    raise ValueError(f"unknown policy {name!r}: use auto, {', '.join(RL_KINDS)}, reactive, reactive-avg, "
-                     "reactive-max, keda, kpa, hpa or fixed-<n>")
+    raise ValueError(f"unknown policy {name!r}: use auto, {', '.join(RL_KINDS)}, a model .npz, reactive, "
+                     "reactive-avg, reactive-max, keda, kpa, hpa or fixed-<n>")

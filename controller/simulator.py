@@ -17,6 +17,7 @@ Model:
 
 from __future__ import annotations
 
+import bisect
 import hashlib
 import heapq
 import math
@@ -72,8 +73,9 @@ class EpisodeTotals(BaseModel):
 class FarmSimulator:
     """``reset(seed)``, then alternate ``set_target(n)`` and ``advance(seconds)``."""
 
-    def __init__(self, scenario: Scenario, seed: int = 0) -> None:
+    def __init__(self, scenario: Scenario, seed: int = 0, instant: bool = False) -> None:
         self.scenario = scenario
+        self.instant = instant  # no cold start, no scale-down delay: the oracle's farm
         self.reset(seed)
 
     # ------------------------------------------------------------------ control
@@ -191,7 +193,7 @@ class FarmSimulator:
             worker.task = -1
             if worker.draining:
                 worker.state = _STOPPING
-                self._push(t + sample_delay(self.scenario.scale_down_seconds, self._delays), _GONE, w)
+                self._push(t + self._delay(self.scenario.scale_down_seconds), _GONE, w)
             else:
                 self._free(w, t)
         else:  # _GONE
@@ -213,8 +215,7 @@ class FarmSimulator:
         self._alive += 1
         self.workers_added += 1
         self.max_workers = max(self.max_workers, self._alive)
-        delay = sample_delay(self.scenario.cold_start_seconds, self._delays)
-        self._push(self.now + delay, _READY, len(self._workers) - 1)
+        self._push(self.now + self._delay(self.scenario.cold_start_seconds), _READY, len(self._workers) - 1)
 
     def _remove_worker(self) -> None:
         self.workers_removed += 1
@@ -234,7 +235,12 @@ class FarmSimulator:
             return
         self._workers[w].state = _STOPPING
         self._stopping += 1
-        self._push(self.now + sample_delay(self.scenario.scale_down_seconds, self._delays), _GONE, w)
+        self._push(self.now + self._delay(self.scenario.scale_down_seconds), _GONE, w)
+
+    def _delay(self, delay) -> float:
+        # drawn in instant mode too, so the delay stream stays aligned with the normal farm's
+        value = sample_delay(delay, self._delays)
+        return 0.0 if self.instant else value
 
     def _done_time(self, w: int) -> float:
         return min(t for t, _, kind, i in self._heap if kind == _DONE and i == w)
@@ -285,6 +291,10 @@ class FarmSimulator:
         for values in (self._arrival, self._service, self._deadline):
             digest.update(np.asarray(values, dtype=np.float64).tobytes())
         return digest.hexdigest()[:16]
+
+    def arrivals_between(self, start: float, end: float) -> int:
+        """Tasks of the episode arriving in ``[start, end)``: what only an oracle may know."""
+        return bisect.bisect_left(self._arrival, end) - bisect.bisect_left(self._arrival, start)
 
     def tasks_arrived(self) -> int:
         return self._next_arrival

@@ -76,7 +76,7 @@ def up(
     queue: int = typer.Option(4, help="Queue length max per node."),
     runtime: Runtime = typer.Option(Runtime.process, help="Workers as OS processes (real parallelism) or inside the node."),
     function: list[str] = typer.Option([], "--function", "-f", help="Add a function: name=package.module:callable (repeatable)."),
-    controller: str = typer.Option("auto", help="Policy of the autoscaled farm pool on n1 (function sleep): auto (a trained DQN if there is one, else reactive-max), dqn, pg, sarsa, reactive, keda, kpa, hpa, fixed-<n>, or off."),
+    controller: str = typer.Option("auto", help="Policy of the autoscaled farm pool on n1 (function sleep): auto (the RL model shipped in the package, learning online), dqn, pg, sarsa, a model .npz, reactive, keda, kpa, hpa, fixed-<n>, or off."),
     scenario: str = typer.Option("bursty", help="Scenario whose worker bounds and normalisation the controller uses."),
     models_dir: Path = typer.Option(Path("data/models"), help="Where trained scaling models are looked up."),
     http_processes: int = typer.Option(1, min=1, max=32, help="HTTP bridge processes per node, sharing its port (more use more cores)."),
@@ -515,11 +515,58 @@ def _mount_scaling_commands() -> None:
 _mount_scaling_commands()
 
 
+@train_app.command("scheduling")
+def train_scheduling(
+    duration: float = typer.Option(600.0, "--duration", min=10.0, help="Simulated seconds of arrivals to train on."),
+    seed: int = typer.Option(7, "--seed", help="Seed of the simulated arrivals and of the agents."),
+    node_id: str = typer.Option("n1", "--node", help="Whose table to keep (the hot node decides most)."),
+    out: Optional[Path] = typer.Option(None, help="Model file (.npz) to write (default data/models/scheduling-dsarsa.npz)."),
+    ship: bool = typer.Option(False, help="Write the package's shipped model nodes/learner/shipped/scheduling-dsarsa.npz (maintainers)."),
+) -> None:
+    """Train the LearningScheduler's table on a seeded simulation of `eval learning`'s nodes (seconds,
+    deterministic) and save it with a JSON sidecar; learners start new scheduling models from it."""
+    import shlex
+
+    import orjson
+
+    from nodes.learner.algorithms.portable import save_portable
+    from nodes.learner.settings import SHIPPED_SCHEDULING_MODEL
+    from p2pfaas.experiments.learning import LearningExperiment
+    from p2pfaas.experiments.learning_sim import measure_greedy, train_scheduling_tables
+
+    exp = LearningExperiment()
+    if node_id not in {n.node_id for n in exp.nodes}:
+        raise typer.BadParameter(f"no node {node_id!r} in the experiment", param_hint="--node")
+    from rich.progress import Progress
+
+    with Progress(console=console) as progress:
+        bar = progress.add_task(f"simulating {duration:g} s", total=1)
+        agents = train_scheduling_tables(
+            exp, duration, seed, progress=lambda done, total: progress.update(bar, completed=done, total=total))
+    own = measure_greedy(exp, agents, seed + 1)                                    # each node its own table
+    shared = measure_greedy(exp, {n.node_id: agents[node_id] for n in exp.nodes}, seed + 1)   # all this one
+    path = SHIPPED_SCHEDULING_MODEL if ship else (out or Path("data/models/scheduling-dsarsa.npz"))
+    metadata = {
+        "purpose": "scheduling", "algorithm": "dsarsa", "node": node_id, "seed": seed, "duration_s": duration,
+        "command": "p2pfaas " + " ".join(shlex.quote(a) for a in sys.argv[1:]),
+        "state": "[task type, free slots here, free slots of peer 0, peer 1] (0/1/2+)",
+        "simulated_deadline_met_each_node_its_table": round(own.met_rate, 4),
+        "simulated_deadline_met_all_nodes_this_table": round(shared.met_rate, 4),
+        "simulated_rejected_all_nodes_this_table": round(shared.rejected / max(1, shared.requests), 4),
+    }
+    save_portable(path, agents[node_id], metadata)
+    path.with_suffix(".json").write_bytes(orjson.dumps(metadata, option=orjson.OPT_INDENT_2 | orjson.OPT_SORT_KEYS))
+    console.print(f"model: {path}: {len(agents[node_id].q)} states. Simulated, greedy: every node with its own "
+                  f"table meets {100 * own.met_rate:.1f} % of deadlines, every node with {node_id}'s "
+                  f"{100 * shared.met_rate:.1f} % ({100 * shared.rejected / max(1, shared.requests):.1f} % rejected)")
+
+
 @app.command("controller")
 def controller_cmd(
     node_id: str = typer.Option("n1", "--node", help="Node of the pool."),
     pool: str = typer.Option("farm", help="Pool to scale (the `up` stack's farm pool is 'farm'; 'default' scales K)."),
-    policy: str = typer.Option("auto", help="auto, dqn, pg, sarsa, reactive, reactive-max, keda, kpa, hpa or fixed-<n>."),
+    policy: str = typer.Option("auto", help="auto (the shipped RL model), dqn, pg, sarsa, a model .npz, reactive, reactive-max, keda, kpa, hpa or fixed-<n>."),
+    learn_online: bool = typer.Option(True, help="RL policies: seed the node's learner, use its online-trained weights, roll back to the shipped ones if live QoS drops."),
     scenario: str = typer.Option("bursty", help="Scenario giving worker bounds and observation normalisation."),
     models_dir: Path = typer.Option(Path("data/models"), help="Where trained scaling models are looked up."),
     nats_url: Optional[str] = typer.Option(None, help="NATS URL (default: from a running `p2pfaas up`)."),
@@ -545,11 +592,13 @@ def controller_cmd(
     def show(step) -> None:
         t = step.telemetry
         console.print(f"{time.strftime('%H:%M:%S')} arrivals {t.arrival_rate:6.2f}/s  queue {t.queue_length:4d}  "
-                      f"workers {t.workers_ready:3d}+{t.workers_starting:<2d} -> target {step.target:3d}  QoS {t.qos:6.1%}")
+                      f"workers {t.workers_ready:3d}+{t.workers_starting:<2d} -> target {step.target:3d}  QoS {t.qos:6.1%}"
+                      + (f"  model {step.model_version}" if step.model_version else ""))
 
     async def start():
         nc = await connect(url, f"controller-{node_id}-{pool}")
-        controller = LiveController(nc, node_id, pool, chosen, sc, prefix=prefix, policy_name=name, on_step=show)
+        controller = LiveController(nc, node_id, pool, chosen, sc, prefix=prefix, policy_name=name, on_step=show,
+                                    learn_online=learn_online)
         await controller.start()
         return nc, controller
 
@@ -558,9 +607,11 @@ def controller_cmd(
         await controller.stop()
         await close_quietly(nc)
 
-    def announce(_) -> None:
+    def announce(part) -> None:
         if note:
             console.print(f"[yellow]note:[/] {note}")
+        if part[1].learner_note:
+            console.print(f"[yellow]note:[/] {part[1].learner_note}")
         console.print(f"controlling {node_id}/{pool} with {name}; Ctrl-C to stop")
 
     run_part(start, stop, announce)
@@ -570,18 +621,23 @@ def controller_cmd(
 def farm_run(
     scenario: str = typer.Option("bursty", help="Shipped scenario name or a scenario file."),
     node_id: str = typer.Option("n1", "--node", help="Node to send the tasks to."),
+    pool: str = typer.Option("farm", help="The pool that runs them (the `up` stack's autoscaled pool is 'farm'): its worker-seconds are measured."),
     seed: int = typer.Option(0, help="Seed of the arrivals and service times."),
     speed: float = typer.Option(1.0, min=0.1, max=100.0, help="Time compression: >1 runs faster (rates x speed, service and deadlines / speed). The pool's control period and cold starts are not compressed, so QoS is comparable with the simulator only at 1."),
     fn: str = typer.Option("sleep", help="Function that plays a task (its payload is the service time)."),
     nats_url: Optional[str] = typer.Option(None, help="NATS URL (default: from a running `p2pfaas up`)."),
     data_dir: Path = typer.Option(Path("data"), help="Where `p2pfaas up` wrote endpoints.json."),
     prefix: str = typer.Option("faas", help="Subject prefix."),
+    json_out: Optional[Path] = typer.Option(None, "--json", help="Also write the QoS and the pool's figures here."),
 ) -> None:
-    """Emit a scenario's tasks (Poisson arrivals, sampled service times, deadlines) and report QoS."""
+    """Emit a scenario's tasks (Poisson arrivals, sampled service times, deadlines); report QoS and
+    what the pool spent (worker-seconds, mean/max workers, scaling actions, deciding models)."""
     from rich.progress import Progress
 
+    import orjson
+
     from broker.connection import close_quietly, connect
-    from controller.emitter import FarmEmitter
+    from controller.emitter import FarmEmitter, PoolMeter
     from controller.scenario import load_scenario
     from p2pfaas.stack import read_endpoints
 
@@ -593,21 +649,36 @@ def farm_run(
         nc = await connect(url, "farm-emitter")
         try:
             emitter = FarmEmitter(nc, node_id, sc, seed=seed, prefix=prefix, fn=fn, speed=speed)
-            with Progress(console=console) as progress:
-                bar = progress.add_task(f"{sc.name} -> {node_id}", total=1.0)
+            async with PoolMeter(nc, node_id, pool, prefix=prefix) as meter:
+                with Progress(console=console) as progress:
+                    bar = progress.add_task(f"{sc.name} -> {node_id}", total=1.0)
 
-                def update(fraction, report):
-                    progress.update(bar, completed=fraction,
-                                    description=f"{sc.name} -> {node_id}: {report.submitted} sent, {report.completed} done")
-                report = await emitter.run(update)
-                progress.update(bar, completed=1.0)
-            return report
+                    def update(fraction, report):
+                        progress.update(bar, completed=fraction,
+                                        description=f"{sc.name} -> {node_id}: {report.submitted} sent, {report.completed} done")
+                    report = await emitter.run(update)
+                    progress.update(bar, completed=1.0)
+            return report, meter
         finally:
             await close_quietly(nc)
 
-    report = asyncio.run(main())
+    report, meter = asyncio.run(main())
     console.print(f"tasks {report.submitted}, completed {report.completed}, errors {report.errors}, "
                   f"lost {report.lost}, QoS {report.qos:.2%}, p95 latency {report.p95_s:.2f} s")
+    totals = meter.totals()
+    if totals is not None:
+        console.print(f"pool {node_id}/{pool}: {totals.worker_seconds:.0f} worker-s over {totals.duration_s:.0f} s, "
+                      f"mean {totals.mean_workers:.2f} / max {totals.max_workers} workers, "
+                      f"{totals.scaling_actions} scaling actions; decided by "
+                      + ", ".join(f"{k} ({n})" for k, n in meter.policies.items()))
+    else:
+        console.print(f"[yellow]no telemetry of pool {node_id}/{pool} seen: worker-seconds unknown[/]")
+    if json_out is not None:
+        json_out.write_bytes(orjson.dumps({
+            "scenario": sc.name, "seed": seed, "speed": speed, "tasks": report.submitted, "completed": report.completed,
+            "errors": report.errors, "lost": report.lost, "qos": report.qos, "p95_s": report.p95_s,
+            "pool": totals.model_dump() if totals else None, "decided_by": meter.policies,
+        }, option=orjson.OPT_INDENT_2))
     if report.lost or report.errors:
         raise typer.Exit(1)
 

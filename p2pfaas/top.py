@@ -1,4 +1,5 @@
-"""``p2pfaas top``: a live view of nodes (heartbeats) and pools (telemetry)."""
+"""``p2pfaas top``: a live view of nodes (heartbeats), pools (telemetry) and who scales them
+(scale commands: the policy and the model version deciding)."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ from rich.table import Table
 from broker.codec import decode
 from broker.connection import close_quietly, connect
 from broker.errors import ContractError
-from broker.messages import Heartbeat, PoolTelemetry
+from broker.messages import Heartbeat, PoolTelemetry, ScaleCommand
 from broker.subjects import Subjects
 
 
@@ -21,6 +22,7 @@ from broker.subjects import Subjects
 class TopView:
     nodes: dict[str, Heartbeat] = field(default_factory=dict)
     pools: dict[tuple[str, str], PoolTelemetry] = field(default_factory=dict)
+    commands: dict[tuple[str, str], ScaleCommand] = field(default_factory=dict)
 
     def render(self, now: float | None = None) -> Group:
         now = now or time.time()
@@ -33,13 +35,17 @@ class TopView:
                           f"{max(0.0, now - hb.time):.1f}s ago")
         pools = Table(title="pools", expand=True)
         for col in ("node", "pool", "workers", "starting", "queue", "in service", "arrivals/s",
-                    "done/s", "p95 latency", "QoS"):
+                    "done/s", "p95 latency", "QoS", "target", "scaled by", "model"):
             pools.add_column(col)
         for (node, pool), t in sorted(self.pools.items()):
             qos_style = "green" if t.qos >= 0.99 else "yellow" if t.qos >= 0.9 else "red"
+            command = self.commands.get((node, pool))
             pools.add_row(node, pool, str(t.workers_ready), str(t.workers_starting), str(t.queue_length),
                           str(t.in_service), f"{t.arrival_rate:.2f}", f"{t.throughput:.2f}",
-                          f"{t.latency_p95_s * 1000:.0f} ms", f"[{qos_style}]{t.qos:.1%}[/]")
+                          f"{t.latency_p95_s * 1000:.0f} ms", f"[{qos_style}]{t.qos:.1%}[/]",
+                          str(command.target_workers) if command else "-",
+                          (command.policy or "?") if command else "-",
+                          (command.model_version or "-") if command else "-")
         return Group(nodes, pools)
 
 
@@ -50,22 +56,19 @@ async def watch(nats_url: str, prefix: str = "faas", *, refresh_s: float = 1.0, 
     view = TopView()
     nc = await connect(nats_url, "p2pfaas-top")
 
-    async def on_heartbeat(msg) -> None:
-        try:
-            hb = decode(Heartbeat, msg.data)
-        except ContractError:
-            return
-        view.nodes[hb.node] = hb
+    def keep_newest(contract, table: dict, key):
+        """A callback storing each valid message in ``table`` under ``key(message)``."""
+        async def on_message(msg) -> None:
+            try:
+                message = decode(contract, msg.data)
+            except ContractError:
+                return
+            table[key(message)] = message
+        return on_message
 
-    async def on_telemetry(msg) -> None:
-        try:
-            t = decode(PoolTelemetry, msg.data)
-        except ContractError:
-            return
-        view.pools[(t.node, t.pool)] = t
-
-    await nc.subscribe(subjects.all_membership(), cb=on_heartbeat)
-    await nc.subscribe(subjects.all_telemetry(), cb=on_telemetry)
+    await nc.subscribe(subjects.all_membership(), cb=keep_newest(Heartbeat, view.nodes, lambda hb: hb.node))
+    await nc.subscribe(subjects.all_telemetry(), cb=keep_newest(PoolTelemetry, view.pools, lambda t: (t.node, t.pool)))
+    await nc.subscribe(subjects.all_scale(), cb=keep_newest(ScaleCommand, view.commands, lambda c: (c.node, c.pool)))
     deadline = None if duration_s is None else time.monotonic() + duration_s
     try:
         if not live:

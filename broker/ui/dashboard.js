@@ -92,7 +92,7 @@ function decisionMarkers(pool) {   // every scaling decision on the workers char
 
 function decisionLabel(d) {
   const sign = d.delta > 0 ? "+" : "";
-  const version = d.model_version != null ? ` v${d.model_version}` : "";
+  const version = d.model_version ? ` (model ${d.model_version})` : "";
   return `${d.delta == null ? "" : sign + d.delta + " "}→${d.target} ${d.policy}${version}`;
 }
 
@@ -230,7 +230,7 @@ function renderDecisions(pool) {
     const [time, change, rest] = li.children;
     time.textContent = when;
     change.textContent = d.delta == null || d.delta === 0 ? `${d.target}` : `${d.previous} → ${d.target}`;
-    rest.textContent = `${d.policy}${d.model_version != null ? " v" + d.model_version : ""} · ${d.reason || ""}`;
+    rest.textContent = `${d.policy}${d.model_version ? " (model " + d.model_version + ")" : ""} · ${d.reason || ""}`;
     return li;
   });
   field(pool.el, "decisions").replaceChildren(...items);

@@ -20,6 +20,22 @@ class PeerStatus(enum.Enum):
     REMOVED = "removed"      # silent past remove_after: forgotten, except for a tombstone
 
 
+@dataclass(frozen=True, slots=True)
+class PeerLoad:
+    """A peer's load as its newest heartbeat told it (``at``: the heartbeat's own time)."""
+
+    running: int
+    queued: int
+    slots: int          # K, parallel_running_functions_max
+    queue_max: int
+    at: float
+
+    @property
+    def free_slots(self) -> int:
+        """Slots neither running nor promised to a queued task (a forward there runs at once)."""
+        return max(0, self.slots - self.running - self.queued)
+
+
 @dataclass(slots=True)
 class _Peer:
     heartbeat: Heartbeat
@@ -119,6 +135,17 @@ class MembershipView:
         """The newest heartbeat of a peer not yet swept (its address, load, version)."""
         peer = self._peers.get(node)
         return peer.heartbeat if peer else None
+
+    def load(self, node: str, now: float) -> PeerLoad | None:
+        """The load an alive peer reported in its newest heartbeat (None if not alive)."""
+        if self.status(node, now) is not PeerStatus.ALIVE:
+            return None
+        hb = self._peers[node].heartbeat
+        return PeerLoad(hb.running, hb.queued, hb.parallel_running_functions_max, hb.queue_length_max, hb.time)
+
+    def loads(self, now: float) -> dict[str, PeerLoad]:
+        """Every alive peer's reported load, by node id."""
+        return {node: load for node in self.alive(now) if (load := self.load(node, now)) is not None}
 
     def as_p2pfaas_list(self, now: float) -> list[dict[str, object]]:
         """The alive peers in the format of P2PFaaS discovery ``GET /list``.

@@ -7,7 +7,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import logging
-from typing import Any
+from typing import Any, Callable
 
 import orjson
 from nats.aio.client import Client
@@ -77,6 +77,10 @@ class RemotePolicy:
     async def weights(self) -> LearnerWeights:
         return decode(LearnerWeights, await self._request("weights.get"))
 
+    async def set_weights(self, weights: LearnerWeights) -> LearnerStats:
+        """Make the learner's model continue from ``weights``; its stats (``experiences`` = version)."""
+        return decode(LearnerStats, await self._request("weights.set", encode(weights)))
+
 
 class LocalPolicy:
     """A local copy of a learner model, replaced whenever the learner publishes weights:
@@ -87,8 +91,9 @@ class LocalPolicy:
     """
 
     def __init__(self, nc: Client, node: str, model: str = SCHEDULING_MODEL, *, prefix: str = "faas",
-                 timeout_s: float = 2.0) -> None:
-        self.nc, self.node, self.model = nc, node, model
+                 timeout_s: float = 2.0, on_update: Callable[[LearnerWeights, Any], None] | None = None) -> None:
+        """``on_update(weights, agent)`` is called after every new copy (e.g. to swap a controller's policy)."""
+        self.nc, self.node, self.model, self.on_update = nc, node, model, on_update
         self.subjects = Subjects(prefix)
         self.remote = RemotePolicy(nc, node, model, prefix=prefix, timeout_s=timeout_s)
         self.agent: Any = None
@@ -161,5 +166,7 @@ class LocalPolicy:
             self.agent, self._shape = agent_from_weights(weights), shape
         self.weights = weights
         self.updates += 1
+        if self.on_update is not None:
+            self.on_update(weights, self.agent)
         async with self._changed:
             self._changed.notify_all()

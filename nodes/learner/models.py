@@ -75,7 +75,7 @@ class ModelSlot:
                  parameters: Mapping[str, Any] | None = None, seed: int = 0) -> None:
         if algorithm not in AGENTS:
             raise ValueError(f"unknown agent {algorithm!r}; known: {sorted(AGENTS)}")
-        self.name, self.algorithm, self.cls, self.seed = name, algorithm, AGENTS[algorithm], seed
+        self.name, self.algorithm, self.cls, self.seed_value = name, algorithm, AGENTS[algorithm], seed
         self.n_actions, self.obs_dim = int(n_actions), obs_dim
         self.config = self.cls.config_class()
         self.agent: Any = None
@@ -95,7 +95,7 @@ class ModelSlot:
     def ensure(self, obs_dim: int) -> Any:
         if self.agent is None:
             self.obs_dim = self.obs_dim or obs_dim
-            self.agent = self.cls(self.obs_dim, self.n_actions, self.config, self.seed)
+            self.agent = self.cls(self.obs_dim, self.n_actions, self.config, self.seed_value)
             self.dirty = self.fresh = True
         return self.agent
 
@@ -122,7 +122,8 @@ class ModelSlot:
         self.check_state(obs)
         self.check_action(action)
         metrics = self.ensure(len(obs)).update(obs, action, reward, next_obs, done)
-        self._trained(1)
+        # a DQN filling its replay memory, or PPO filling a rollout, has the same weights as before
+        self._trained(1, changed=any(key.startswith("losses/") for key in metrics))
         return metrics
 
     def train_window(self, samples: list[LearnerTrainSample]) -> int:
@@ -142,10 +143,29 @@ class ModelSlot:
         self._trained(trained)
         return trained
 
-    def _trained(self, n: int) -> None:
+    def _trained(self, n: int, changed: bool = True) -> None:
         if n:
             self.experiences += n
-            self.dirty = self.fresh = True
+            self.dirty = True
+            self.fresh = self.fresh or changed
+
+    def seed(self, weights: LearnerWeights) -> None:
+        """Continue from published weights (e.g. a shipped model the controller starts with): the
+        model becomes a ``weights.algorithm`` agent with ``weights.config``, acting exactly as they
+        do; ``experiences`` keeps counting, so versions only grow."""
+        cls = AGENTS.get(weights.algorithm)
+        if cls is None:
+            raise ValueError(f"unknown agent {weights.algorithm!r}; known: {sorted(AGENTS)}")
+        if self.algorithm == "dsarsa" or weights.algorithm == "dsarsa":
+            raise ValueError("weights.set seeds DQN, PPO and SARSA(lambda) models, not a differential SARSA table")
+        try:
+            agent = cls(weights.obs_dim, weights.n_actions, config_from_json(cls, weights.config), self.seed_value)
+        except (TypeError, ValueError) as exc:
+            raise ValueError(f"model {self.name}: unusable config: {exc}") from exc
+        agent.set_weights(base64.b64decode(weights.weights_b64))
+        self.algorithm, self.cls, self.agent, self.config = weights.algorithm, cls, agent, agent.config
+        self.n_actions, self.obs_dim = agent.n_actions, agent.obs_dim
+        self.dirty = self.fresh = True
 
     # -- run-time parameters ----------------------------------------------------------
     def parameters(self) -> dict[str, Any]:
@@ -194,7 +214,7 @@ class ModelSlot:
         if self.algorithm == "dsarsa":
             self.agent.reset()
         elif self.agent is not None:
-            self.agent = self.cls(self.obs_dim, self.n_actions, self.config, self.seed)
+            self.agent = self.cls(self.obs_dim, self.n_actions, self.config, self.seed_value)
         self.experiences = 0
         self.dirty = self.fresh = True
 
@@ -235,44 +255,78 @@ def agent_from_weights(weights: LearnerWeights) -> Any:
 
 class EidWindow:
     """P2PFaaS windows of contiguous EIDs from samples that arrive in any order (rewards come
-    back as requests finish). A window is ready when ``size - 1`` samples have their successor;
-    after training, samples without a successor stay: they head the next window."""
+    back as requests finish). A window is ready when ``size - 1`` untrained links (EID n and
+    n + 1 both here) wait; ``take()`` hands them out as runs of consecutive EIDs.
+
+    After training, a sample stays while its successor has not come (it heads the next window),
+    and a trained sample whose predecessor has not come stays too: a predecessor arriving after
+    its successor still finds it and is trained (once; a trained link is never trained again).
+    """
 
     def __init__(self, size: int, max_pending: int) -> None:
         self.size, self.max_pending = size, max_pending
         self.samples: dict[int, LearnerTrainSample] = {}
-        self.linked = 0    # samples whose successor EID is present
+        self.trained: set[int] = set()   # EIDs whose link to EID + 1 was trained
+        self.fed: set[int] = set()       # EIDs whose link from EID - 1 was trained
+        self.linked = 0                  # untrained links
 
     def __len__(self) -> int:
         return len(self.samples)
+
+    def _untrained_link(self, eid: int) -> bool:
+        return eid in self.samples and eid + 1 in self.samples and eid not in self.trained
 
     def add(self, sample: LearnerTrainSample) -> bool:
         """Keep the sample (a repeated EID is ignored); True when a window is ready."""
         eid = sample.eid
         if eid not in self.samples:
             self.samples[eid] = sample
-            self.linked += (eid + 1 in self.samples) + (eid - 1 in self.samples)
+            self.linked += self._untrained_link(eid) + self._untrained_link(eid - 1)
             while len(self.samples) > self.max_pending:
-                oldest = min(self.samples)
-                del self.samples[oldest]
-                self.linked -= oldest + 1 in self.samples
-                log.warning("EID %d dropped: its successor did not arrive among %d samples", oldest, self.max_pending)
+                self._evict(min(self.samples))
         return self.linked >= self.size - 1
 
-    def take(self) -> list[LearnerTrainSample]:
-        """The window to train (sorted); keeps the samples that still wait for a successor."""
-        window = [self.samples[eid] for eid in sorted(self.samples)]
-        self.samples = {s.eid: s for s in window if s.eid + 1 not in self.samples}
+    def _evict(self, eid: int) -> None:
+        self.linked -= self._untrained_link(eid)
+        lost = eid not in self.trained and eid + 1 not in self.samples
+        del self.samples[eid]
+        self.trained.discard(eid)
+        self.fed.discard(eid)
+        if lost:
+            log.warning("EID %d dropped: its successor did not arrive among %d samples", eid, self.max_pending)
+
+    def take(self) -> list[list[LearnerTrainSample]]:
+        """The untrained links as runs of consecutive EIDs (sorted), each to be trained on its
+        own; keeps the samples that still wait for a successor or a predecessor."""
+        runs: list[list[LearnerTrainSample]] = []
+        for eid in sorted(self.samples):
+            if not self._untrained_link(eid):
+                continue
+            if runs and runs[-1][-1].eid == eid:
+                runs[-1].append(self.samples[eid + 1])
+            else:
+                runs.append([self.samples[eid], self.samples[eid + 1]])
+            self.trained.add(eid)
+            self.fed.add(eid + 1)
+        present = set(self.samples)
+        self.samples = {e: s for e, s in self.samples.items()
+                        if (e not in self.trained and e + 1 not in present)      # waits for its successor
+                        or (e not in self.fed and e - 1 not in present)}        # ... or a late predecessor
+        self.trained &= set(self.samples)
+        self.fed &= set(self.samples)
         self.linked = 0
-        return window
+        return runs
 
     def clear(self) -> None:
-        self.samples, self.linked = {}, 0
+        self.samples, self.trained, self.fed, self.linked = {}, set(), set(), 0
 
-    def restore(self, samples: Iterable[LearnerTrainSample]) -> None:
+    def restore(self, samples: Iterable[LearnerTrainSample], trained: Iterable[int] = (), fed: Iterable[int] = ()) -> None:
         self.clear()
+        self.trained, self.fed = set(trained), set(fed)
         for sample in samples:
             self.add(sample)
+        self.trained &= set(self.samples)
+        self.fed &= set(self.samples)
 
 
 @dataclasses.dataclass
@@ -281,6 +335,8 @@ class Restored:
     window: list[LearnerTrainSample]
     stream_seq: int
     malformed: int
+    window_trained: list[int] = dataclasses.field(default_factory=list)
+    window_fed: list[int] = dataclasses.field(default_factory=list)
 
 
 class CheckpointStore:
@@ -313,7 +369,9 @@ class CheckpointStore:
                 slot.dirty, slot.fresh = False, True
                 slots[name] = slot
             window = [LearnerTrainSample.model_validate(s) for s in manifest["window"]]
-            return Restored(slots, window, int(manifest["stream_seq"]), int(manifest["malformed"]))
+            return Restored(slots, window, int(manifest["stream_seq"]), int(manifest["malformed"]),
+                            [int(e) for e in manifest.get("window_trained", [])],
+                            [int(e) for e in manifest.get("window_fed", [])])
         except (OSError, KeyError, TypeError, ValueError, IncompatibleWeights) as exc:
             # a checkpoint we cannot read is not a reason to stay down: the stream replays
             log.error("learner checkpoint %s unreadable (%s): starting from an empty model", path, exc)
@@ -321,7 +379,7 @@ class CheckpointStore:
             return None
 
     def commit(self, slots: Mapping[str, ModelSlot], window: Iterable[LearnerTrainSample], stream_seq: int,
-               malformed: int) -> None:
+               malformed: int, window_trained: Iterable[int] = (), window_fed: Iterable[int] = ()) -> None:
         self.directory.mkdir(parents=True, exist_ok=True)
         self.generation += 1
         models = {}
@@ -335,7 +393,8 @@ class CheckpointStore:
                             "config": dataclasses.asdict(slot.config), "experiences": slot.experiences,
                             "file": self.files.get(name)}
         manifest = {"format": FORMAT_VERSION, "generation": self.generation, "stream_seq": stream_seq,
-                    "malformed": malformed, "models": models, "window": [s.model_dump() for s in window]}
+                    "malformed": malformed, "models": models, "window": [s.model_dump() for s in window],
+                    "window_trained": sorted(window_trained), "window_fed": sorted(window_fed)}
         tmp = self.directory / (MANIFEST + ".tmp")
         with open(tmp, "wb") as f:
             f.write(orjson.dumps(manifest, option=orjson.OPT_INDENT_2))

@@ -25,6 +25,7 @@ from broker.messages import (
     LearnerParameters,
     LearnerStats,
     LearnerTrainSample,
+    LearnerWeights,
     ScalingExperience,
     SchedulingExperience,
 )
@@ -67,6 +68,7 @@ class NodeLearner:
         handlers: dict[LearnerVerb, Callable[[ModelSlot, bytes], bytes]] = {
             "act": self._act, "parameters.get": self._parameters_get, "parameters.set": self._parameters_set,
             "stats": self._stats, "reset": self._reset, "weights.get": self._weights_get,
+            "weights.set": self._weights_set,
         }
         for verb, handler in handlers.items():
             self._subs.append(await self.nc.subscribe(self.subjects.learner_all_models(self.node, verb),
@@ -110,7 +112,7 @@ class NodeLearner:
                                 self.node, name, slot.algorithm, want)
                     continue
                 self.slots[name] = slot
-            self.window.restore(restored.window)
+            self.window.restore(restored.window, restored.window_trained, restored.window_fed)
         if SCHEDULING_MODEL not in self.slots:
             s = self.settings
             slot = ModelSlot(SCHEDULING_MODEL, s.scheduling_agent, s.scheduling_actions, s.scheduling_obs_dim,
@@ -118,6 +120,27 @@ class NodeLearner:
             if s.scheduling_obs_dim:
                 slot.ensure(s.scheduling_obs_dim)
             self.slots[SCHEDULING_MODEL] = slot
+
+    def _start_from_shipped(self, slot: ModelSlot) -> None:
+        """An empty scheduling table that a LearningScheduler just sized to the shipped table's
+        actions starts from that table (its Q-values and average reward; hyper-parameters and
+        epsilon stay this learner's). P2PFaaS's API users keep an empty 2-action table."""
+        from nodes.learner.algorithms.portable import load_portable
+
+        path = self.settings.scheduling_model
+        if path is None or slot.algorithm != "dsarsa" or slot.agent.q or slot.experiences:
+            return
+        try:
+            shipped, _ = load_portable(path)
+        except (OSError, ValueError) as exc:  # IncompatibleWeights is a ValueError
+            log.warning("learner %s: scheduling model %s not usable (%s): starting empty", self.node, path, exc)
+            return
+        if shipped.algorithm != "dsarsa" or shipped.n_actions != slot.n_actions:
+            return
+        slot.agent.q = {state: row.copy() for state, row in shipped.q.items()}
+        slot.agent.average_reward = shipped.average_reward
+        slot.dirty = slot.fresh = True
+        log.info("learner %s: scheduling model starts from %s (%d states)", self.node, path, len(shipped.q))
 
     async def _bind_consumer(self) -> None:
         """The durable consumer resumes right after the checkpoint: the checkpoint is the truth.
@@ -207,7 +230,8 @@ class NodeLearner:
         slot.check_action(sample.action)
         self.window.size = getattr(slot.config, "window_size", 2)  # DQN: every consecutive pair
         if self.window.add(sample):
-            slot.train_window(self.window.take())
+            for run in self.window.take():
+                slot.train_window(run)
 
     def _on_scaling(self, pool: str, exp: ScalingExperience) -> None:
         if (exp.node, exp.pool) != (self.node, pool):
@@ -251,7 +275,8 @@ class NodeLearner:
         if self.stream_seq == self.checkpoint_seq and not any(s.dirty for s in self.slots.values()):
             return
         try:
-            self.store.commit(self.slots, self.window.samples.values(), self.stream_seq, self.malformed)
+            self.store.commit(self.slots, self.window.samples.values(), self.stream_seq, self.malformed,
+                              self.window.trained, self.window.fed)
         except OSError as exc:  # disk full, permissions: keep serving, the stream still holds it all
             log.error("learner %s: checkpoint failed (retried next period): %s", self.node, exc)
             return
@@ -290,6 +315,8 @@ class NodeLearner:
         parameters = slot.set_parameters(values)
         if slot.name == SCHEDULING_MODEL and is_true(values.get("reset")):
             self.window.clear()
+        if slot.name == SCHEDULING_MODEL and "actions_n" in values:
+            self._start_from_shipped(slot)
         self.checkpoint()
         return encode(LearnerParameters(parameters))
 
@@ -307,6 +334,16 @@ class NodeLearner:
         if slot.name == SCHEDULING_MODEL:
             self.window.clear()
         self.checkpoint()  # a restart must not bring the forgotten model back
+        return self._stats(slot, data)
+
+    def _weights_set(self, slot: ModelSlot, data: bytes) -> bytes:
+        """Continue training from these weights (a controller seeds its pool's model with the model
+        it ships); answers the model's stats, whose ``experiences`` is the version they start at."""
+        weights = decode(LearnerWeights, data)
+        if weights.model != slot.name:
+            raise ValueError(f"weights of model {weights.model!r} sent to model {slot.name!r}")
+        slot.seed(weights)
+        self.checkpoint()
         return self._stats(slot, data)
 
     def _weights_get(self, slot: ModelSlot, data: bytes) -> bytes:

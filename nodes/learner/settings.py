@@ -11,6 +11,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 from broker.subjects import check_node
 
 SchedulingAgent = Literal["dsarsa", "dqn"]
+SHIPPED_SCHEDULING_MODEL = Path(__file__).with_name("shipped") / "scheduling-dsarsa.npz"
 ScalingAgent = Literal["dqn", "pg", "sarsa", "dsarsa"]
 
 
@@ -32,11 +33,15 @@ class LearnerSettings(BaseModel):
     """DQN only: the state size; None creates the model from the first state seen."""
     scheduling_parameters: dict[str, Any] = Field(default_factory=dict)
     """Initial hyper-parameters of the scheduling model (the agent's config fields)."""
+    scheduling_model: Path | None = SHIPPED_SCHEDULING_MODEL
+    """A differential-SARSA table (portable .npz) an empty scheduling model starts from once a
+    LearningScheduler sizes it to the table's actions: by default the one shipped with the package
+    (``p2pfaas train scheduling``); None always starts empty."""
 
     scaling_agent: ScalingAgent = "dqn"
     """Kind of each pool's scaling model, created on the pool's first act or experience."""
-    scaling_actions: int = Field(default=3, ge=1)
-    """Discrete(3) = remove one, keep, add one worker."""
+    scaling_actions: int = Field(default=7, ge=1)
+    """The target action space of controller/features.py: keep, or one of six sizes."""
     scaling_parameters: dict[str, Any] = Field(default_factory=dict)
 
     seed: int = 0

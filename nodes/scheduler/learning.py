@@ -1,13 +1,17 @@
-"""P2PFaaS ``LearningScheduler [numTaskTypes, maxPeers, explore]``: the node's learner picks the
-action for the state [task type, running per type, queued per type]; the node rewards it later.
+"""P2PFaaS ``LearningScheduler [numTaskTypes, maxPeers, explore, peerLoads]``: the node's learner
+picks the action for the state; the node rewards it later (docs/learning.md).
 
-Actions (P2PFaaS): 0 reject, 1 run here, 2 probe one random peer and forward if it is less
-loaded, >= 3 forward to peer ``action - 3`` of the discovery view. docs/learning.md.
+State: with ``peerLoads`` (the default) [task type, free slots here, free slots of peer 0 ..
+maxPeers-1], each bucketed 0 / 1 / 2+, peer loads from discovery heartbeats and, when no slot is
+free here, from a probe of each peer; P2PFaaS's [task type, running per type, queued per type]
+without. Actions (P2PFaaS): 0 reject, 1 run here, 2 probe one random peer and forward if it is
+less loaded, >= 3 forward to peer ``action - 3`` of the discovery view.
 """
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import itertools
 import logging
 import math
@@ -18,7 +22,11 @@ from typing import Callable, Collection, Sequence
 from nats.aio.client import Client
 
 from broker import headers as H
-from broker.messages import LearnerAction, LearningDecision
+from broker.codec import decode
+from broker.errors import ContractError
+from broker.messages import Heartbeat, LearnerAction, LearningDecision
+from broker.subjects import Subjects
+from nodes.discovery.membership import MembershipView
 from nodes.learner.client import LearnerError, LocalPolicy, RemotePolicy
 from nodes.scheduler.base import (
     Decision,
@@ -33,11 +41,13 @@ from nodes.scheduler.base import (
 from nodes.scheduler.forward import forwardable_peers, parse_uint, run_locally
 from nodes.scheduler.rewards import RewardTracker
 
-__all__ = ["LearningContext", "LearningScheduler", "count_by_type", "encode_state", "task_type_index"]
+__all__ = ["LearningContext", "LearningScheduler", "count_by_type", "encode_state", "encode_room_state",
+           "room_bucket", "task_type_index"]
 
 log = logging.getLogger(__name__)
 
 REJECT, LOCAL, PROBE_AND_FORWARD, FIRST_PEER = 0, 1, 2, 3
+ROOM_BUCKETS = 3   # free slots as 0, 1, 2+: what a decision needs, few states to learn
 TaskKeys = Callable[[], tuple[Collection[str], Collection[str]]]   # (running, enqueued and not done)
 
 
@@ -74,6 +84,44 @@ def encode_state(task_type: int, running: Sequence[int], queued: Sequence[int]) 
     return [float(task_type), *map(float, running), *map(float, queued)]
 
 
+def room_bucket(free: int | None) -> int:
+    """Free slots as a state value: 0 (none, or unknown), 1, or 2 for two and more."""
+    return 0 if free is None else max(0, min(int(free), ROOM_BUCKETS - 1))
+
+
+def encode_room_state(task_type: int, local_free: int, peers_free: Sequence[int | None]) -> list[float]:
+    """The peer-aware state: [task type, free slots here, free slots of each peer], bucketed."""
+    return [float(task_type), float(room_bucket(local_free)), *(float(room_bucket(f)) for f in peers_free)]
+
+
+class PeerLoads:
+    """Peers' loads from their discovery heartbeats (``faas.membership.*``), corrected for the
+    requests this node forwarded to them since their newest heartbeat."""
+
+    def __init__(self, node: str, period_s: float = 1.0, clock: Callable[[], float] = time.time) -> None:
+        self.view = MembershipView(node, period_s=period_s)
+        self.clock = clock
+        self._forwards: dict[str, list[float]] = {}
+
+    def observe(self, heartbeat: Heartbeat) -> None:
+        self.view.observe(heartbeat, self.clock())
+
+    def forwarded(self, peer: str) -> None:
+        self._forwards.setdefault(peer, []).append(self.clock())
+
+    def free_slots(self, peer: str, probed: int | None = None) -> int | None:
+        """Free slots of ``peer``: its K minus the probed load (running + queued) if given, else its
+        heartbeat's load and our forwards since; None when its K is unknown (no heartbeat)."""
+        load = self.view.load(peer, self.clock())
+        if load is None:
+            return None
+        if probed is not None:
+            return max(0, load.slots - probed)
+        since = [t for t in self._forwards.get(peer, []) if t > load.at]
+        self._forwards[peer] = since
+        return max(0, load.free_slots - len(since))
+
+
 class LearningContext:
     """What a LearningScheduler needs from its node: the learner's policy (a `LocalPolicy` from the
     published weights, `RemotePolicy` while it has none), the task types of the tasks queued here,
@@ -84,8 +132,12 @@ class LearningContext:
 
     def __init__(self, nc: Client, node: str, tasks: TaskKeys, *, prefix: str = "faas",
                  deadlines: dict[int, float] | None = None, default_deadline_s: float = 1.0,
-                 timeout_s: float = 0.5, clock: Callable[[], float] = time.monotonic, node_rewards: bool = True) -> None:
-        self.node, self.tasks, self.clock = node, tasks, clock
+                 timeout_s: float = 0.5, clock: Callable[[], float] = time.monotonic,
+                 heartbeat_period_s: float = 1.0, node_rewards: bool = True) -> None:
+        self.nc, self.node, self.tasks, self.clock = nc, node, tasks, clock
+        self.subjects = Subjects(prefix)
+        self.peer_loads = PeerLoads(node, heartbeat_period_s)
+        self._membership = None
         self.deadlines, self.default_deadline_s = dict(deadlines or {}), default_deadline_s
         self.local = LocalPolicy(nc, node, prefix=prefix, timeout_s=timeout_s)
         self.remote = RemotePolicy(nc, node, prefix=prefix, timeout_s=timeout_s)
@@ -102,9 +154,16 @@ class LearningContext:
     @classmethod
     def for_node(cls, nc: Client, settings, tasks: TaskKeys) -> "LearningContext":
         return cls(nc, settings.node_id, tasks, prefix=settings.prefix, deadlines=settings.task_type_deadlines,
-                   default_deadline_s=settings.task_deadline_s, node_rewards=settings.node_rewards)
+                   default_deadline_s=settings.task_deadline_s, heartbeat_period_s=settings.heartbeat_period_s,
+                   node_rewards=settings.node_rewards)
 
     async def stop(self) -> None:
+        if self._membership is not None:
+            try:
+                await self._membership.unsubscribe()
+            except Exception as exc:  # the connection may already be gone
+                log.debug("learning context of %s: unsubscribe: %s", self.node, exc)
+            self._membership = None
         await self.local.stop()
         await self.rewards.stop()
 
@@ -125,9 +184,16 @@ class LearningContext:
             return
         async with self._lock:
             if not self._begun:
+                self._membership = await self.nc.subscribe(self.subjects.all_membership(), cb=self._on_heartbeat)
                 await self.rewards.start()
                 await self.local.start()
                 self._begun = True
+
+    async def _on_heartbeat(self, msg) -> None:
+        try:
+            self.peer_loads.observe(decode(Heartbeat, msg.data))
+        except ContractError as exc:
+            log.debug("learning context of %s: bad heartbeat: %s", self.node, exc)
 
     async def configure_actions(self, n_actions: int) -> None:
         """Size the learner's scheduling model to ``n_actions`` once (P2PFaaS's ``actions_n``)."""
@@ -195,22 +261,25 @@ class LearningScheduler(SchedulingAlgorithm):
     * ``numTaskTypes``: task types in the state (``X-P2pfaas-Scheduler-Learning-Task-Type``);
     * ``maxPeers`` (default 2): the learner's model gets ``3 + maxPeers`` actions; an action
       naming a peer the view does not have (index >= its length) runs the request here;
-    * ``explore`` (default true): epsilon-greedy as the learner sets it; false acts greedily.
+    * ``explore`` (default true): epsilon-greedy as the learner sets it; false acts greedily;
+    * ``peerLoads`` (default true): the state holds free slots here and at the first ``maxPeers``
+      peers of the view (probed when none is free here); false: P2PFaaS's state.
 
     Running here means loss: with no slot and no queue place the request is rejected. Without a
     learner (none answers) the request runs here, unrecorded, until the learner is back.
     """
 
     name = "LearningScheduler"
-    DEFAULTS = ("1", "2", "true")
+    DEFAULTS = ("1", "2", "true", "true")
 
-    def __init__(self, num_task_types: int = 1, max_peers: int = 2, explore: bool = True, *,
+    def __init__(self, num_task_types: int = 1, max_peers: int = 2, explore: bool = True, peer_loads: bool = True, *,
                  rng: random.Random | None = None, clock: Callable[[], float] = time.perf_counter) -> None:
         if num_task_types < 1:
             raise ValueError(f"numTaskTypes must be >= 1, got {num_task_types}")
         if not 0 <= max_peers <= 1000:
             raise ValueError(f"maxPeers must be between 0 and 1000, got {max_peers}")
         self.num_task_types, self.max_peers, self.explore = num_task_types, max_peers, explore
+        self.peer_loads = peer_loads
         self.rng = rng or random.Random()
         self.clock = clock
         self._warned = False
@@ -218,14 +287,14 @@ class LearningScheduler(SchedulingAlgorithm):
     @classmethod
     def from_parameters(cls, parameters: Sequence[str], *, rng: random.Random | None = None) -> "LearningScheduler":
         params = list(parameters)
-        if len(params) > 3:
-            raise ValueError(f"LearningScheduler takes [numTaskTypes, maxPeers, explore], got {params!r}")
+        if len(params) > 4:
+            raise ValueError(f"LearningScheduler takes [numTaskTypes, maxPeers, explore, peerLoads], got {params!r}")
         params += list(cls.DEFAULTS[len(params):])
         return cls(parse_uint(params[0], "numTaskTypes", minimum=1), parse_uint(params[1], "maxPeers"),
-                   parse_bool(params[2]), rng=rng)
+                   parse_bool(params[2]), parse_bool(params[3]), rng=rng)
 
     def parameters(self) -> list[str]:
-        return [str(self.num_task_types), str(self.max_peers), str(self.explore).lower()]
+        return [str(self.num_task_types), str(self.max_peers), str(self.explore).lower(), str(self.peer_loads).lower()]
 
     @property
     def n_actions(self) -> int:
@@ -241,16 +310,43 @@ class LearningScheduler(SchedulingAlgorithm):
                 self._warned = True
             return run_locally(view, loss=True)
         task_type = task_type_index(request.task_type, self.num_task_types)
-        state = encode_state(task_type, *learning.counts(self.num_task_types))
+        probing_s = 0.0
+        if self.peer_loads:
+            state, probing_s = await self.room_state(task_type, view, learning)
+        else:
+            state = encode_state(task_type, *learning.counts(self.num_task_types))
         await learning.configure_actions(self.n_actions)
         chosen = await learning.act(state, self.explore)
         if chosen is None:
-            return run_locally(view, loss=True)
+            return run_locally(view, loss=True, probing_s=probing_s)
         decision = await self.carry_out(chosen.action, request, view)
+        if isinstance(decision, Forward):
+            learning.peer_loads.forwarded(decision.peer)
+        if probing_s:
+            decision = dataclasses.replace(decision, probing_s=decision.probing_s + probing_s)
         learning.record(f"{request.client}.{request.request_id}",
                         LearningDecision(eid=learning.next_eid(), state=state, action=chosen.action, eps=chosen.eps),
                         raw_task_type(request.task_type))  # its own deadline, even beyond numTaskTypes
         return decision
+
+    async def room_state(self, task_type: int, view: SchedulingView,
+                         learning: LearningContext) -> tuple[list[float], float]:
+        """(the peer-aware state, seconds spent probing). Peers are the first ``maxPeers`` of the
+        view, as the forward actions address them; with no free slot here they are probed (fresh
+        loads for the decision that matters), otherwise their heartbeats are used."""
+        local = view.local_load()
+        local_free = local.slots - local.running - local.queued
+        peers = list(view.peers())[:self.max_peers]
+        probed: list[int | None] = [None] * len(peers)
+        started = self.clock()
+        if local_free <= 0 and peers:
+            answers = await asyncio.gather(*(view.probe(p) for p in peers), return_exceptions=True)
+            # a failed probe is a fully loaded peer (K - K = 0 free), never an idle one
+            probed = [a if isinstance(a, int) and not isinstance(a, bool) else 1 << 30 for a in answers]
+        probing_s = self.clock() - started if local_free <= 0 and peers else 0.0
+        free = [learning.peer_loads.free_slots(p, load) for p, load in zip(peers, probed)]
+        free += [None] * (self.max_peers - len(peers))
+        return encode_room_state(task_type, local_free, free), probing_s
 
     async def carry_out(self, action: int, request: SchedulingRequest, view: SchedulingView) -> Decision:
         """The decision an action stands for (never raises, whatever the action or the view)."""

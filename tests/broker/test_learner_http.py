@@ -51,7 +51,7 @@ async def test_act_returns_the_action_as_text_and_the_epsilon(http):
     r = await http.get("/learner/act", headers={STATE: "1,0"})
     assert float(r.headers["X-P2pfaas-Eps"]) == pytest.approx(0.891)
     r = await http.get("/learner/act", params={"explore": "false"}, headers={STATE: "1,0"})
-    assert r.text == "0" and float(r.headers["X-P2pfaas-Eps"]) == 0.0
+    assert r.text == "1" and float(r.headers["X-P2pfaas-Eps"]) == 0.0   # untrained: run here, never reject
 
 
 async def test_train_and_train_batch_go_through_the_stream_and_change_the_policy(http):
@@ -72,7 +72,8 @@ async def test_train_and_train_batch_go_through_the_stream_and_change_the_policy
     assert weights["algorithm"] == "dsarsa" and weights["version"] == 196 and weights["weights_b64"]
     r = await http.get("/learner/reset")
     assert r.status_code == 200 and r.json()["experiences"] == 0 and r.json()["agent"]["states"] == 0
-    assert (await http.get("/learner/act", params={"explore": "false"}, headers={STATE: "1,0"})).text == "0"
+    # forgotten: the safe default again for both states (the trained policy said 0 for "0,1")
+    assert (await http.get("/learner/act", params={"explore": "false"}, headers={STATE: "0,1"})).text == "1"
 
 
 async def test_parameters_get_and_set(http):
@@ -82,7 +83,7 @@ async def test_parameters_get_and_set(http):
     assert r.status_code == 200 and r.json()["actions_n"] == 5 and r.json()["beta"] == 0.05
     assert (await http.get("/learner/parameters")).json() == r.json()
     fib = (await http.get("/learner/parameters", params={"model": "scaling-fib"})).json()
-    assert fib["actions_n"] == 3 and fib["hidden_sizes"] == [64, 64]  # a pool's DQN
+    assert fib["actions_n"] == 7 and fib["hidden_sizes"] == [64, 64]  # a pool's DQN (the target actions)
 
 
 BAD_REQUESTS = [

@@ -110,7 +110,7 @@ async def test_feed_relays_the_brokers_own_telemetry(nc, prefix, feed):
     await nc.publish(s.telemetry("n1", "farm"), encode(telemetry()))
     for target, policy in ((4, "kpa"), (6, "kpa"), (5, "manual")):
         await nc.publish(s.scale("n1", "farm"), encode(ScaleCommand(node="n1", pool="farm", target_workers=target,
-                                                                    policy=policy, model_version=7)))
+                                                                    policy=policy, model_version="online-7")))
     await nc.publish(s.reward("n1"), encode(SchedulingExperience(eid=1, state=[0.0], action=1, reward=1.0)))
     await nc.publish(s.experience("n1", "farm"), encode(ScalingExperience(
         node="n1", pool="farm", observation=[0.0], action=1, reward=-0.25, next_observation=[0.0])))
@@ -129,7 +129,7 @@ async def test_feed_relays_the_brokers_own_telemetry(nc, prefix, feed):
     assert page.of("telemetry") == [telemetry().model_dump(mode="json")]
     scale = page.of("scale")
     assert [(c["target_workers"], c["previous"], c["policy"], c["model_version"]) for c in scale] == \
-        [(4, None, "kpa", 7), (6, 4, "kpa", 7), (5, 6, "manual", 7)]
+        [(4, None, "kpa", "online-7"), (6, 4, "kpa", "online-7"), (5, 6, "manual", "online-7")]
     assert page.of("weights") == [{"node": "n1", "model": "scaling-farm", "algorithm": "dqn", "version": 42,
                                    "at": pytest.approx(page.of("weights")[0]["at"])}]
     tick = page.of("tick")[-1]

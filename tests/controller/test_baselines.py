@@ -12,7 +12,7 @@ from controller.baselines import (
     ScalingPolicy,
     make_baseline,
 )
-from controller.env import ACTION_DELTAS, observation_from_telemetry
+from controller.features import ObservationBuilder, need_of, staffing
 
 from .conftest import make_scenario, telemetry
 
@@ -103,8 +103,16 @@ def test_rl_policy_adapter():
     policy = RLPolicy("scripted", agent, SC)
     t = telemetry(queue_length=4, arrival_rate=3.0)
     assert policy.decide(t, 7) == 8
-    np.testing.assert_array_equal(agent.seen[0][0], observation_from_telemetry(t, SC))
+    np.testing.assert_array_equal(agent.seen[0][0], ObservationBuilder(SC)(t))
     assert agent.seen[0][1] is False
     assert policy.last_action == 2 and isinstance(policy, ScalingPolicy)
     with pytest.raises(ValueError, match="3 actions"):
-        RLPolicy("scripted", agent, SC, deltas=ACTION_DELTAS["wide"])
+        RLPolicy("scripted", agent, SC, "wide")
+
+
+def test_rl_policy_with_target_actions_sizes_the_pool_from_the_need():
+    agent = ScriptedAgent()
+    agent.n_actions = 7
+    policy = RLPolicy("scripted", agent, SC, "target")
+    t = telemetry(queue_length=4, arrival_rate=3.0)
+    assert policy.decide(t, 7) == staffing(need_of(t, SC), 2.0)   # action 2: need + 2 sqrt(need)

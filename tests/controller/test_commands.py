@@ -5,7 +5,8 @@ from typer.testing import CliRunner
 
 from controller.baselines import BASELINES
 from controller.commands import BASELINE_NAMES, RL_NAMES, eval_scaling, train_scaling
-from controller.evaluation import RL_KINDS, rl_agents
+from controller.policies import model_for
+from controller.training import RL_KINDS, rl_agents, shipped_model, sidecar_of
 
 app = typer.Typer()
 app.command("eval")(eval_scaling)
@@ -14,22 +15,25 @@ runner = CliRunner(env={"COLUMNS": "400", "NO_COLOR": "1"})  # error boxes must 
 
 
 def test_help_lists_every_policy():
-    assert BASELINE_NAMES == tuple(BASELINES) and RL_NAMES == RL_KINDS
+    assert set(BASELINE_NAMES) == set(BASELINES) - {"fixed"} and RL_NAMES == RL_KINDS
     result = runner.invoke(app, ["eval", "--help"])
     assert result.exit_code == 0
-    assert "--json" in result.output and "--plots" in result.output
+    assert "--json" in result.output and "--plots" in result.output and "--markdown" in result.output
     assert runner.invoke(app, ["train", "--help"]).exit_code == 0
 
 
-def test_eval_writes_table_json_and_plots(tmp_path):
-    out, plots = tmp_path / "r.json", tmp_path / "plots"
-    result = runner.invoke(app, ["eval", "--scenario", "spike", "--episodes", "2", "--policies", "keda, fixed-3",
-                                 "--json", str(out), "--plots", str(plots)])
+def test_eval_writes_tables_targets_json_markdown_and_plots(tmp_path):
+    out, plots, md = tmp_path / "r.json", tmp_path / "plots", tmp_path / "t.md"
+    result = runner.invoke(app, ["eval", "--scenario", "spike", "--episodes", "2", "--policies", "keda, reactive-avg, sarsa",
+                                 "--json", str(out), "--plots", str(plots), "--markdown", str(md)])
     assert result.exit_code == 0, result.output
-    assert "keda" in result.output and "QoS %" in result.output
-    data = json.loads(out.read_text())
-    assert [p["name"] for p in data["policies"]] == ["keda", "fixed-3"] and data["episode_seeds"] == [0, 1]
-    assert (plots / "scaling-spike.png").is_file()
+    assert "keda" in result.output and "QoS %" in result.output and "oracle" in result.output
+    assert "RL targets" in result.output   # the shipped sarsa model, checked against the references
+    (data,) = json.loads(out.read_text())
+    names = [p["name"] for p in data["policies"]]
+    assert names[:3] == ["keda", "reactive-avg", "sarsa"] and data["episode_seeds"] == [0, 1]
+    assert any(n.startswith("oracle") for n in names) and any("smallest" in n for n in names)
+    assert (plots / "scaling-spike.png").is_file() and "| **sarsa** |" in md.read_text()
 
 
 def test_bad_input_is_a_clear_usage_error(tmp_path):
@@ -39,16 +43,21 @@ def test_bad_input_is_a_clear_usage_error(tmp_path):
     assert result.exit_code == 2 and "no such scenario file" in result.output
     result = runner.invoke(app, ["train", "alphago"])
     assert result.exit_code == 2 and "unknown agent" in result.output
+    result = runner.invoke(app, ["train", "dqn", "--action-mode", "huge"])
+    assert result.exit_code == 2 and "target" in result.output
 
 
-def test_eval_trains_missing_models_then_reuses_them(tmp_path):
+def test_train_writes_a_model_that_eval_then_prefers_over_the_shipped_one(tmp_path):
     assert "sarsa" in rl_agents()
-    args = ["eval", "--scenario", "steady", "--episodes", "1", "--policies", "sarsa", "--models-dir", str(tmp_path), "--train-steps", "200"]
-    result = runner.invoke(app, args)
+    model = tmp_path / "scaling-sarsa-mixed-target.npz"   # where eval and up look for your own model
+    result = runner.invoke(app, ["train", "sarsa", "--steps", "200", "--seed", "3", "--out", str(model)])
     assert result.exit_code == 0, result.output
-    model = tmp_path / "scaling-sarsa-steady-unit.pt"
-    stamp = model.stat().st_mtime_ns
-    assert runner.invoke(app, args).exit_code == 0
-    assert model.stat().st_mtime_ns == stamp  # loaded, not retrained
-    result = runner.invoke(app, ["train", "sarsa", "--scenario", "steady", "--steps", "100", "--out", str(tmp_path / "m.pt")])
-    assert result.exit_code == 0 and (tmp_path / "m.pt").is_file()
+    meta = json.loads(sidecar_of(model).read_text())
+    assert meta["seed"] == 3 and meta["steps"] == 200 and meta["workloads"] == "mixed"
+    assert model_for("sarsa", tmp_path) == (model, False)
+    assert model_for("sarsa", tmp_path / "elsewhere") == (shipped_model("sarsa"), True)
+    result = runner.invoke(app, ["eval", "--scenario", "steady", "--episodes", "1", "--policies", "sarsa",
+                                 "--no-references", "--models-dir", str(tmp_path), "--json", str(tmp_path / "r.json")])
+    assert result.exit_code == 0, result.output
+    (data,) = json.loads((tmp_path / "r.json").read_text())
+    assert [p["name"] for p in data["policies"]] == ["sarsa"]

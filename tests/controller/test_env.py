@@ -4,23 +4,18 @@ import pytest
 from gymnasium.utils.env_checker import check_env
 
 import controller
-from controller.env import (
-    OBSERVATION_FIELDS,
-    TRAINING_SEED_FLOOR,
-    FarmScalingEnv,
-    RewardConfig,
-    SimulatedFarm,
-    observation_from_telemetry,
-)
+from controller.env import TRAINING_SEED_FLOOR, FarmScalingEnv, RewardConfig, SimulatedFarm
 from controller.evaluation import run_episode
+from controller.features import N_REF, OBSERVATION_FIELDS, ObservationBuilder, ScalingActions, need_of, staffing
 from controller.scenario import load_scenario
 
 from .conftest import make_scenario, telemetry
 
 
-@pytest.mark.parametrize("mode", ["unit", "wide"])
-def test_check_env(mode):
-    env = gym.make(controller.ENV_ID, scenario="bursty", action_mode=mode)
+@pytest.mark.parametrize("scenario, mode", [("bursty", "unit"), ("bursty", "wide"), ("spike", "target"),
+                                            ("generated", "target")])
+def test_check_env(scenario, mode):
+    env = gym.make(controller.ENV_ID, scenario=scenario, action_mode=mode)
     check_env(env.unwrapped)
     env.close()
 
@@ -44,13 +39,22 @@ def rollout(env, seed, actions):
     return trace
 
 
-def test_same_seed_same_episode():
+@pytest.mark.parametrize("scenario", ["bursty", "generated"])
+def test_same_seed_same_episode(scenario):
     actions = [2, 2, 1, 0, 2, 1, 0, 0]
-    a = rollout(FarmScalingEnv("bursty"), 42, actions)
-    b = rollout(FarmScalingEnv("bursty"), 42, actions)
-    c = rollout(FarmScalingEnv("bursty"), 43, actions)
+    a = rollout(FarmScalingEnv(scenario, action_mode="target"), 42, actions)
+    b = rollout(FarmScalingEnv(scenario, action_mode="target"), 42, actions)
+    c = rollout(FarmScalingEnv(scenario, action_mode="target"), 43, actions)
     assert all(np.array_equal(x, y) for x, y in zip(a, b, strict=True))
     assert not all(np.array_equal(x, y) for x, y in zip(a, c, strict=True))
+
+
+def test_generated_workloads_change_every_episode_and_stay_in_training_seeds():
+    env = FarmScalingEnv("generated", action_mode="target")
+    names = {env.reset(seed=s)[1]["scenario"] for s in range(5)}
+    assert len(names) == 5 and all(int(n.removeprefix("generated-")) >= TRAINING_SEED_FLOOR for n in names)
+    with pytest.raises(ValueError, match="backend"):
+        FarmScalingEnv("generated", backend=SimulatedFarm(load_scenario("steady")))
 
 
 def test_episode_end_and_training_seeds():
@@ -83,30 +87,63 @@ def test_actions_move_the_target_within_bounds():
         FarmScalingEnv("bursty", action_mode="huge")
 
 
-def test_observation_formula():
+def test_target_actions_jump_to_square_root_staffing_or_keep():
+    sc = make_scenario(workers={"min": 1, "max": 30, "initial": 4})
+    env = FarmScalingEnv(sc, action_mode="target")
+    _, info = env.reset(seed=0)
+    need = need_of(info["telemetry"], sc)
+    _, _, _, _, info = env.step(4)  # need + 4 sqrt(need)
+    assert info["target"] == staffing(need, 4.0) and info["target"] > 4 and info["changed"]
+    _, _, _, _, kept = env.step(0)  # keep
+    assert (kept["target"], kept["changed"]) == (info["target"], False)
+
+
+def test_target_action_sizes_from_the_recent_need_or_the_peak_with_a_dead_band_on_shrinking():
+    sc = make_scenario()   # 2 s service, 5 s steps
+    observed = ObservationBuilder(sc)
+    for rate in (4.0, 1.0, 2.0):   # loads 8, 2, 4 workers
+        observed(telemetry(arrival_rate=rate))
+    assert (observed.need, observed.peak) == (4.0, 8.0)   # need: the last two periods; peak: the last six
+    actions = ScalingActions("target")
+    assert (actions.n, actions.keep) == (7, 0)
+    assert [actions.target(a, 1, observed) for a in range(7)] == [1, 6, 8, 10, 12, 11, 14]
+    assert actions.target(1, 7, observed) == 7     # 6 < 7: shrinking by one worker is within the dead band
+    assert actions.target(1, 9, observed) == 6     # a real shrink happens
+    assert actions.nearest(1, 10, observed) == 3 and actions.nearest(5, 5, observed) == 0
+    assert ScalingActions("unit").keep == 1 and ScalingActions("wide").nearest(5, 20, observed) == 8
+
+
+def test_observation_carries_the_trend():
     sc = make_scenario()  # constant 2 s service, deadline 4 s, 5 s steps, max 16 workers
+    build = ObservationBuilder(sc)
+    first = build(telemetry(arrival_rate=1.0, queue_length=0, workers_ready=4, completed=5, met_deadline=5))
     t = telemetry(queue_length=20, workers_ready=6, workers_starting=2, arrival_rate=3.0, throughput=2.5,
-                  latency_mean_s=2.0, latency_max_s=30.0, qos=0.5, completed=4, met_deadline=2)
-    obs = observation_from_telemetry(t, sc)
-    assert obs.dtype == np.float32 and obs.shape == (len(OBSERVATION_FIELDS),)
-    backlog, load = 20 * 2 / 5, 3.0 * 2
-    want = [backlog / 16, 6 / 16, 2 / 16, load / 16, 5 / 16, 0.5, 4.0, 0.5, (load + backlog - 8) / 16]
-    np.testing.assert_allclose(obs, want, rtol=1e-6)  # latency_max clipped at 4 deadlines
+                  latency_p95_s=30.0, qos=0.5, completed=4, met_deadline=2)
+    obs = build(t)
+    assert obs.dtype == np.float32 and obs.shape == first.shape == (len(OBSERVATION_FIELDS),)
+    fields = dict(zip(OBSERVATION_FIELDS, obs.tolist()))
+    load, backlog = 3.0 * 2, 20 * 2 / 5
+    want = {"load": load / N_REF, "load_trend": (load - 2) / N_REF, "load_peak": load / N_REF,
+            "load_spread": (load - 2) / N_REF, "backlog": backlog / N_REF, "backlog_growth": backlog / N_REF,
+            "ready": 6 / N_REF, "starting": 2 / N_REF, "headroom": (8 - load - backlog) / np.sqrt(load + backlog),
+            "qos": 0.5, "latency_p95": 30 / 4, "cold_start": 0.0, "capacity": 16 / N_REF, "deadline_slack": 1.0}
+    for name, value in want.items():
+        assert fields[name] == pytest.approx(value, rel=1e-5), name
+    build.reset()
+    np.testing.assert_array_equal(build(t)[1], 0.0)  # no history: no trend
 
 
-def test_reward_formula():
-    cfg = RewardConfig()
-    full = telemetry(workers_ready=16, completed=10, met_deadline=10, qos=1.0)
-    assert cfg.reward(full, 32, changed=False) == pytest.approx(-0.2 * 16 / 32)
-    assert cfg.reward(full, 32, changed=True) == pytest.approx(-0.1 - 0.02)
-    short = telemetry(workers_ready=0, workers_starting=0, completed=100, met_deadline=98, qos=0.98)
-    assert cfg.reward(short, 32, changed=False) == pytest.approx(-0.1)  # one target-gap of ten
-    awful = telemetry(workers_ready=0, completed=10, met_deadline=1, qos=0.1)
-    assert cfg.reward(awful, 32, changed=False) == pytest.approx(-1.0)  # saturated
+def test_reward_prices_worker_seconds_and_misses():
+    sc = make_scenario()  # mean service 2 s
+    cfg = RewardConfig(miss_cost=40, change_penalty=0.01)
+    full = telemetry(workers_ready=16, completed=10, met_deadline=10, qos=1.0, period_s=8.0)
+    assert cfg.reward(full, sc, changed=False) == pytest.approx(-16 / N_REF)
+    assert cfg.reward(full, sc, changed=True) == pytest.approx(-16 / N_REF - 0.01)
+    late = telemetry(workers_ready=4, workers_stopping=2, completed=10, met_deadline=8, qos=0.8, period_s=8.0)
+    assert cfg.reward(late, sc, changed=False) == pytest.approx(-(6 + 40 * 2 * 2 / 8) / N_REF)
     stalled = telemetry(workers_ready=0, queue_length=5, completed=0, qos=1.0)
-    assert cfg.qos_shortfall(stalled) == 1.0
-    idle = telemetry(workers_ready=0, queue_length=0, completed=0, qos=1.0)
-    assert cfg.qos_shortfall(idle) == 0.0
+    assert cfg.missed(stalled) == 5
+    assert cfg.missed(telemetry(queue_length=0, completed=0, qos=1.0)) == 0
 
 
 class Replay:

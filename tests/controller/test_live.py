@@ -1,47 +1,121 @@
-"""The live controller over a real nats-server: telemetry in, scale commands and experiences out."""
+"""The live controller over a real nats-server: telemetry in, scale commands and experiences out;
+with a real learner, the online weights pulled back into the policy and the rollback."""
 
 from __future__ import annotations
 
+import asyncio
 
+import numpy as np
 import pytest
 
 from broker.codec import decode, encode
 from broker.messages import ScaleCommand, ScalingExperience
 from broker.streams import ensure_node_streams
-from broker.subjects import Subjects
+from broker.subjects import Subjects, scaling_model
 from controller.baselines import RLPolicy, make_baseline
-from controller.live import LiveController, action_index
+from controller.features import ObservationBuilder
+from controller.live import LiveController
+from controller.online import SHIPPED
 from nodes.learner.algorithms import AGENTS
+from nodes.learner.client import RemotePolicy
+from nodes.learner.models import agent_from_weights
+from nodes.learner.service import LearnerService
+from nodes.learner.settings import LearnerSettings
 from support import Collector, wait_until
 
 from .conftest import make_scenario, telemetry
 
+SCENARIO = make_scenario(workers={"min": 1, "max": 16, "initial": 2})
+BURST = dict(node="n1", pool="farm", workers_ready=2, arrival_rate=4.0, queue_length=20, arrivals=32, completed=8,
+             met_deadline=2, qos=0.25, latency_mean_s=6.0, latency_max_s=9.0)
 
-def test_action_index_maps_changes_to_the_nearest_env_action():
-    assert [action_index(d, (-1, 0, 1)) for d in (-5, -1, 0, 1, 7)] == [0, 0, 1, 2, 2]
+
+def dqn(seed: int = 0):
+    return AGENTS["dqn"](obs_dim=14, n_actions=7, seed=seed)
 
 
 @pytest.mark.parametrize("policy_name", ["reactive-avg", "dqn"])
 async def test_controller_scales_on_telemetry_and_publishes_experiences(nc, prefix, policy_name):
     s = Subjects(prefix)
-    scenario = make_scenario(workers={"min": 1, "max": 16, "initial": 2})
     if policy_name == "dqn":
-        policy = RLPolicy("dqn", AGENTS["dqn"](obs_dim=9, n_actions=3, seed=0), scenario)
+        policy = RLPolicy("dqn", dqn(), SCENARIO, "target")
     else:
-        policy = make_baseline(policy_name, scenario)
+        policy = make_baseline(policy_name, SCENARIO)
     await ensure_node_streams(nc.jetstream(), s, "n1")
     async with Collector(nc, s.scale("n1", "farm")) as commands, \
             Collector(nc, s.experience("n1", "farm")) as experiences:
-        async with LiveController(nc, "n1", "farm", policy, scenario, prefix=prefix, policy_name=policy_name) as ctl:
+        # no learner runs here: an RL policy keeps its own weights
+        async with LiveController(nc, "n1", "farm", policy, SCENARIO, prefix=prefix, policy_name=policy_name) as ctl:
             await wait_until(lambda: len(commands.messages) >= 1)  # the initial target
-            burst = telemetry(node="n1", pool="farm", workers_ready=2, arrival_rate=4.0, queue_length=20,
-                              arrivals=32, completed=8, met_deadline=2, qos=0.25, latency_mean_s=6.0, latency_max_s=9.0)
             for _ in range(3):
-                await nc.publish(s.telemetry("n1", "farm"), encode(burst))
+                await nc.publish(s.telemetry("n1", "farm"), encode(telemetry(**BURST)))
             await wait_until(lambda: len(ctl.history) == 3 and len(experiences.messages) == 2)
-    targets = [decode(ScaleCommand, m.data).target_workers for m in commands.messages]
-    assert targets[0] == 2 and len(targets) == 4
+    targets = [decode(ScaleCommand, m.data) for m in commands.messages]
+    assert targets[0].target_workers == 2 and len(targets) == 4
     if policy_name == "reactive-avg":
-        assert targets[-1] > 2  # a burst makes the reactive controller add workers
+        assert targets[-1].target_workers > 2 and targets[-1].model_version == ""
+    else:
+        assert {t.model_version for t in targets} == {SHIPPED} and "did not answer" in ctl.learner_note
     exp = decode(ScalingExperience, experiences.messages[0].data)
-    assert len(exp.observation) == 9 and exp.action in (0, 1, 2) and exp.reward < 0 and exp.policy == policy_name
+    assert len(exp.observation) == 14 and 0 <= exp.action < 7 and exp.reward < 0 and exp.policy == policy_name
+
+
+@pytest.fixture
+def learner_settings(nats_server, prefix, tmp_path):
+    return LearnerSettings(node_ids=["n1"], nats_url=nats_server.url, prefix=prefix, data_dir=tmp_path,
+                           weights_period_s=0.05, checkpoint_period_s=0.5, scheduling_model=None)
+
+
+def acts_like(a, b, scenario=SCENARIO, n: int = 40) -> bool:
+    rng = np.random.default_rng(0)
+    build = ObservationBuilder(scenario)
+    observations = [build(telemetry(arrival_rate=float(r), queue_length=int(q), workers_ready=int(w)))
+                    for r, q, w in zip(rng.uniform(0, 8, n), rng.integers(0, 30, n), rng.integers(1, 16, n))]
+    return all(a.act(o) == b.act(o) for o in observations)
+
+
+async def learner_acts_like(remote: RemotePolicy, agent, timeout_s: float = 10.0) -> bool:
+    """Poll the learner's weights (bounded) until they act like ``agent``."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout_s
+    while loop.time() < deadline:
+        if acts_like(agent_from_weights(await remote.weights()), agent):
+            return True
+        await asyncio.sleep(0.1)
+    return False
+
+
+async def test_controller_seeds_the_learner_pulls_its_online_weights_and_rolls_back(nc, prefix, learner_settings):
+    s = Subjects(prefix)
+    shipped = dqn(seed=1)
+    policy = RLPolicy("dqn", shipped, SCENARIO, "target")
+    guard = {"reference_periods": 3, "trial_periods": 3, "min_tasks": 10}
+    async with LearnerService(nc, learner_settings), Collector(nc, s.scale("n1", "farm")) as commands:
+        remote = RemotePolicy(nc, "n1", scaling_model("farm"), prefix=prefix)
+        async with LiveController(nc, "n1", "farm", policy, SCENARIO, prefix=prefix, policy_name="dqn",
+                                  guard_options=guard) as ctl:
+            assert "learning online" in ctl.learner_note
+            seeded = await remote.weights()     # the learner continues from the controller's weights
+            assert seeded.algorithm == "dqn" and seeded.config["learning_starts"] == 32
+            assert not acts_like(AGENTS["dqn"](14, 7), shipped)   # (the comparison can fail: another net acts otherwise)
+            good = dict(BURST, completed=10, met_deadline=10, qos=1.0)
+            for i in range(40):                 # 40 periods: 39 experiences, past learning_starts
+                await nc.publish(s.telemetry("n1", "farm"), encode(telemetry(**good, time=100.0 + i)))
+                await wait_until(lambda i=i: len(ctl.history) == i + 1)
+            # the learner trained and published; the controller pulled the new weights into its policy
+            await wait_until(lambda: ctl.model_version.startswith("online-"), timeout_s=20)
+            online = ctl.policy.agent
+            assert online is not shipped and ctl.guard.online_version > ctl.guard.floor_version
+            assert acts_like(online, ctl.local.agent)
+            # the online weights now do far worse than the shipped model did: rolled back
+            bad = dict(BURST, completed=10, met_deadline=2, qos=0.2)
+            for i in range(3):
+                await nc.publish(s.telemetry("n1", "farm"), encode(telemetry(**bad, time=200.0 + i)))
+            await wait_until(lambda: ctl.guard.rollbacks == 1 and not ctl.guard.awaiting_reseed)
+            # the shipped weights decide again: the shipped agent, or the learner's copy of it reset at a
+            # newer version (the reset weights are published once; nothing has been trained on them yet)
+            assert acts_like(ctl.policy.agent, shipped)
+            assert await learner_acts_like(remote, shipped)   # the learner restarts from the shipped weights
+    versions = [decode(ScaleCommand, m.data).model_version for m in commands.messages]
+    first_online = next(i for i, v in enumerate(versions) if v.startswith("online-"))
+    assert versions[0] == SHIPPED and SHIPPED in versions[first_online:]   # rolled back after deciding online

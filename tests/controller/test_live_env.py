@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 
 import numpy as np
+import pytest
 from gymnasium.utils.passive_env_checker import (
     check_action_space,
     check_observation_space,
@@ -12,8 +13,10 @@ from gymnasium.utils.passive_env_checker import (
     env_step_passive_checker,
 )
 
-from controller.emitter import FarmEmitter
+from controller.baselines import make_baseline
+from controller.emitter import FarmEmitter, PoolMeter
 from controller.env import FarmScalingEnv
+from controller.live import LiveController
 from controller.live_env import LiveFarm
 from nodes.settings import PoolSpec
 from p2pfaas.top import watch
@@ -45,19 +48,26 @@ async def test_env_api_checks_pass_on_the_live_pool(node_factory, nats_server, p
                 env.unwrapped.backend.close()
 
         obs, steps, totals = await asyncio.to_thread(run)
-        assert obs.shape == (9,) and obs.dtype == np.float32
+        assert obs.shape == (14,) and obs.dtype == np.float32
         assert steps[-1][4]["target"] == 3
         assert node.pools["farm"].target == 3          # the env's actions reached the real pool
         assert totals.duration_s > 0
 
 
-async def test_emitter_runs_a_scenario_and_measures_qos(node_factory, nc, prefix):
+async def test_emitter_runs_a_scenario_and_measures_qos_and_the_pools_worker_seconds(node_factory, nc, prefix):
     async with node_factory(pools=POOLS, runtime="inprocess"):
         progress: list[float] = []
-        report = await FarmEmitter(nc, "n1", SCENARIO, seed=3, prefix=prefix, grace_s=10).run(
-            lambda fraction, _: progress.append(fraction))
+        async with PoolMeter(nc, "n1", "farm", prefix=prefix) as meter:
+            policy = make_baseline("fixed-2", SCENARIO)
+            async with LiveController(nc, "n1", "farm", policy, SCENARIO, prefix=prefix, policy_name="fixed-2"):
+                report = await FarmEmitter(nc, "n1", SCENARIO, seed=3, prefix=prefix, grace_s=10).run(
+                    lambda fraction, _: progress.append(fraction))
     assert report.submitted >= 5 and report.completed == report.submitted and report.lost == 0
     assert report.qos > 0.5 and progress and progress[-1] <= 1.0
+    totals = meter.totals()
+    assert totals is not None and totals.duration_s > 0 and 1.0 <= totals.mean_workers <= 2.0
+    assert totals.worker_seconds == pytest.approx(totals.mean_workers * totals.duration_s)
+    assert totals.max_workers == 2 and totals.scaling_actions == 1 and set(meter.policies) == {"fixed-2"}
 
 
 async def test_top_sees_nodes_and_pools(node_factory, nats_server, prefix):
@@ -65,3 +75,20 @@ async def test_top_sees_nodes_and_pools(node_factory, nats_server, prefix):
         view = await watch(nats_server.url, prefix, duration_s=1.0, live=False)
     assert "n1" in view.nodes and {("n1", "default"), ("n1", "farm")} <= set(view.pools)
     assert view.render() is not None
+
+
+async def test_top_shows_who_scales_a_pool_and_the_model_version(node_factory, nats_server, nc, prefix):
+    from controller.baselines import RLPolicy
+    from nodes.learner.algorithms import AGENTS
+
+    policy = RLPolicy("dqn", AGENTS["dqn"](14, 7), SCENARIO, "target")
+    async with node_factory(pools=POOLS, runtime="inprocess", telemetry_period_s=0.2), \
+            LiveController(nc, "n1", "farm", policy, SCENARIO, prefix=prefix, policy_name="dqn"):
+        view = await watch(nats_server.url, prefix, duration_s=1.0, live=False)
+    command = view.commands[("n1", "farm")]
+    assert (command.policy, command.model_version) == ("dqn", "shipped")   # (this node runs no learner)
+    from rich.console import Console
+    console = Console(width=200, record=True)
+    console.print(view.render())
+    text = console.export_text()
+    assert "scaled by" in text and "shipped" in text

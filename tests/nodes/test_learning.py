@@ -43,7 +43,7 @@ def rewards_of(collector) -> dict[int, SchedulingExperience]:
 
 
 async def test_rewards_and_headers_for_local_forwarded_and_rejected_requests(node_factory, nc, prefix):
-    learning = ("LearningScheduler", ["2", "1"])
+    learning = ("LearningScheduler", ["2", "1", "true", "false"])   # P2PFaaS's state
     async with cluster(node_factory, ("n1", learning, {}), ("n2", ("NoScheduler", ["true"]), {}),
                        task_type_deadlines={0: 5.0, 1: 0.1}) as (n1, _):
         script(n1, [1, 1, 3, 0])
@@ -119,6 +119,33 @@ async def test_unanswered_decisions_get_zero_after_deadline_and_grace(node_facto
     assert [decode(SchedulingExperience, m.data).eid for m in rewards.messages] == [1, 2, 3]
     assert waited >= 0.1 and not tracker.pending
     assert (tracker.stats.evicted, tracker.stats.timed_out, tracker.stats.met, tracker.stats.published) == (1, 1, 1, 3)
+
+
+async def test_with_no_slot_here_the_shipped_model_forwards_to_a_free_peer_instead_of_rejecting(
+        node_factory, nc, prefix):
+    """n1 has one slot and no queue, n2 two idle slots. P2PFaaS's state cannot see n2 and the table
+    never saw such a state, so it answers the safe default (run here): the second of two concurrent
+    requests is rejected. With peer loads in the state, the shipped table forwards it (greedy, no
+    training)."""
+    async def two_at_once(parameters: list[str], tag: str):
+        reply = await nc.request(Subjects(prefix).scheduler_config("n1", "set"),
+                                 orjson.dumps({"name": "LearningScheduler", "parameters": parameters}), timeout=5)
+        assert reply.headers["X-P2pfaas-Status"] == "200"
+        return await asyncio.gather(*(faas.invoke("n1", "sleep", b"0.5", req=f"{tag}{i}", timeout_s=20)
+                                      for i in range(2)))
+
+    async with cluster(node_factory, ("n1", ("NoScheduler", ["true"]), {"k": 1, "queue_enabled": False,
+                                                                       "learner": True}),
+                       ("n2", ("NoScheduler", ["true"]), {"k": 2})) as (n1, _), \
+            FaasClient(nc, client="dev1", prefix=prefix) as faas:
+        blind = await two_at_once(["1", "2", "false", "false"], "blind")
+        await wait_until(lambda: n1.scheduler.main.n_running + n1.scheduler.main.n_queued == 0, 10)
+        seeing = await two_at_once(["1", "2", "false", "true"], "seeing")
+    assert sorted(a.status for a in blind) == [200, 500]   # run here, no room: overloaded (P2PFaaS: 500 {code 400})
+    assert [a.status for a in seeing] == [200, 200]
+    assert sorted(a.executed_by for a in seeing) == ["n1", "n2"]
+    forwarded = next(a for a in seeing if a.executed_by == "n2")
+    assert forwarded.learning.state == [0.0, 0.0, 2.0, 0.0]   # type 0, none free here, n2 2+, no 2nd peer
 
 
 async def test_learned_policy_beats_a_random_policy(node_factory, nc, prefix):

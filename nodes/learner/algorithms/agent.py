@@ -138,6 +138,13 @@ def check_action(agent: Any, action: Any) -> int:
     return index
 
 
+def greedy_or_default(row: np.ndarray, default: int) -> int:
+    """The greedy action of a Q-row; where the default action ties for best (a row never
+    trained is all ties) the default wins, so an unseen state gets the safe answer, never 0."""
+    default = min(max(int(default), 0), len(row) - 1)
+    return default if row[default] >= row.max() else int(row.argmax())
+
+
 def linear_schedule(start: float, end: float, duration: int, step: int) -> float:
     """Linear interpolation from start to end over `duration` steps, then flat at end."""
     if duration <= 0:

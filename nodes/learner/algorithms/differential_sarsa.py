@@ -20,6 +20,7 @@ import numpy as np
 from .agent import (
     Progress,
     check_action,
+    greedy_or_default,
     interact,
     load_checkpoint,
     save_checkpoint,
@@ -48,6 +49,9 @@ class DifferentialSarsaConfig:
     """Whether epsilon decays at all."""
     window_size: int = 5
     """Contiguous EIDs the learner service collects before calling train_window()."""
+    default_action: int = 1
+    """The answer for a state never trained (and the winner of ties): P2PFaaS's 1, run here.
+    The original answered 0 (reject) there."""
 
 
 def state_key(obs: Any) -> State:
@@ -108,16 +112,16 @@ class DifferentialSarsa:
         """Greedy action; with explore, epsilon-greedy and epsilon decays (P2PFaaS's /act).
         Read `epsilon` before the call for the value the decision used."""
         row = self.q.get(state_key(obs))
+        default = min(self.config.default_action, self.n_actions - 1)
         if explore:
             self.inferences += 1
             c = self.config
             explored = self.rng.random() < self.epsilon
             if c.epsilon_decay_enabled and self.epsilon > c.epsilon_min:
                 self.epsilon = max(c.epsilon_min, self.epsilon * c.epsilon_decay)
-            if explored or row is None:
+            if explored:
                 return int(self.rng.integers(self.n_actions))
-            return int(self.rng.choice(np.flatnonzero(row == row.max())))
-        return 0 if row is None else int(row.argmax())
+        return default if row is None else greedy_or_default(row, default)
 
     def differential_update(self, state: State, action: int, reward: float, next_value: float) -> float:
         """delta = r - avg_r + Q(s',a') - Q(s,a); avg_r += beta*delta; Q(s,a) += alpha*delta."""
@@ -207,6 +211,8 @@ class DifferentialSarsa:
             raise ValueError("need actions_n >= 1, window_size >= 2 and 0 <= epsilon_min <= epsilon_start <= 1")
         if min(config.alpha, config.beta, config.epsilon_decay) <= 0:
             raise ValueError("alpha, beta and epsilon_decay must be > 0")
+        if config.default_action < 0:
+            raise ValueError("default_action must be >= 0")
         if actions_n != self.n_actions:  # new actions start at 0, removed ones are dropped
             self.q = {s: np.pad(row, (0, max(0, actions_n - len(row))))[:actions_n] for s, row in self.q.items()}
             self.n_actions = actions_n
@@ -235,6 +241,12 @@ class DifferentialSarsa:
         self.average_reward = float(state["average_reward"])
         self.epsilon = float(state["epsilon"])
         self.pending = None
+
+    def weights_state(self) -> dict:
+        return self._state()
+
+    def load_weights_state(self, state: dict) -> None:
+        self._load_state(state)
 
     def get_weights(self) -> bytes:
         return weights_to_bytes(self, self._state())

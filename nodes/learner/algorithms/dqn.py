@@ -174,11 +174,17 @@ class DoubleDQN:
 
     # -- weights and checkpoints ------------------------------------------------------
 
+    def weights_state(self) -> dict:
+        """What acting needs (get_weights() serialises it, portable files store it)."""
+        return {"q_network": self.q_network.state_dict(), "global_step": self.global_step}
+
     def get_weights(self) -> bytes:
-        return weights_to_bytes(self, {"q_network": self.q_network.state_dict(), "global_step": self.global_step})
+        return weights_to_bytes(self, self.weights_state())
 
     def set_weights(self, b: bytes) -> None:
-        state = weights_from_bytes(self, b)
+        self.load_weights_state(weights_from_bytes(self, b))
+
+    def load_weights_state(self, state: dict) -> None:
         try:
             self.q_network.load_state_dict(state["q_network"])
         except RuntimeError as exc:  # other hidden sizes

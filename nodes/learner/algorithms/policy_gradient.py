@@ -204,11 +204,17 @@ class PPO:
 
     # -- weights and checkpoints ------------------------------------------------------
 
+    def weights_state(self) -> dict:
+        """What acting needs (get_weights() serialises it, portable files store it)."""
+        return {"network": self.network.state_dict()}
+
     def get_weights(self) -> bytes:
-        return weights_to_bytes(self, {"network": self.network.state_dict()})
+        return weights_to_bytes(self, self.weights_state())
 
     def set_weights(self, b: bytes) -> None:
-        state = weights_from_bytes(self, b)
+        self.load_weights_state(weights_from_bytes(self, b))
+
+    def load_weights_state(self, state: dict) -> None:
         try:
             self.network.load_state_dict(state["network"])
         except RuntimeError as exc:  # other hidden sizes

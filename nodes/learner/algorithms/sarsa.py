@@ -13,6 +13,7 @@ from .agent import (
     IncompatibleWeights,
     Progress,
     check_action,
+    greedy_or_default,
     interact,
     linear_schedule,
     load_checkpoint,
@@ -52,6 +53,9 @@ class SarsaConfig:
     """Upper clip bound per dimension; values above fall in the last bin."""
     initial_q: float = 0.0
     """Value of a state-action pair never updated (> 0 is optimistic exploration)."""
+    default_action: int | None = None
+    """The answer for a state never trained (and the winner of ties): None = the middle action,
+    which is "keep" for -1/0/+1 and -4..+4 scaling actions."""
 
 
 class Discretiser:
@@ -108,15 +112,18 @@ class SarsaLambda:
             row = self.q[state] = np.full(self.n_actions, self.config.initial_q)
         return row
 
+    @property
+    def default_action(self) -> int:
+        chosen = self.config.default_action
+        return self.n_actions // 2 if chosen is None else min(int(chosen), self.n_actions - 1)
+
     def act(self, obs: np.ndarray, explore: bool = False) -> int:
         if explore and self.rng.random() < self.epsilon:
             return int(self.rng.integers(self.n_actions))
         row = self.q.get(self.discretise(obs))
-        if row is None:
-            return int(self.rng.integers(self.n_actions)) if explore else 0
-        if explore:  # random tie-break, so an untrained state does not always pick action 0
-            return int(self.rng.choice(np.flatnonzero(row == row.max())))
-        return int(row.argmax())
+        if row is None:  # never seen: the safe action, not whatever index 0 means
+            return self.default_action
+        return greedy_or_default(row, self.default_action)
 
     def _expected_value(self, state: State) -> float:
         """Value of `state` under the epsilon-greedy policy: the bootstrap when the real next
@@ -191,6 +198,12 @@ class SarsaLambda:
         self.traces.clear()
         self.pending = None
         self.global_step = int(state["global_step"])
+
+    def weights_state(self) -> dict:
+        return self._state()
+
+    def load_weights_state(self, state: dict) -> None:
+        self._load_state(state)
 
     def get_weights(self) -> bytes:
         return weights_to_bytes(self, self._state())

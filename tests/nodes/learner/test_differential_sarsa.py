@@ -17,9 +17,22 @@ def test_defaults_are_p2pfaas():
     agent = DifferentialSarsa()
     assert agent.parameters() == {
         "actions_n": 2, "alpha": 0.01, "beta": 0.01, "epsilon_start": 0.9, "epsilon_min": 0.1,
-        "epsilon_decay": 0.99, "epsilon_decay_enabled": True, "window_size": 5,
+        "epsilon_decay": 0.99, "epsilon_decay_enabled": True, "window_size": 5, "default_action": 1,
     }
     assert agent.epsilon == 0.9
+
+
+@pytest.mark.parametrize("explore", [False, True])
+def test_an_unseen_or_untrained_state_gets_the_safe_default_never_action_0(explore):
+    agent = DifferentialSarsa(n_actions=5, config=DifferentialSarsaConfig(epsilon_start=0.0, epsilon_min=0.0))
+    assert [agent.act([float(i), 0.0], explore=explore) for i in range(20)] == [1] * 20   # never seen: run here
+    agent.train_window([sample(1, (0, 1), 2, 1.0), sample(2, (7, 7), 3, 1.0)])  # (7, 7) only as a successor
+    assert (7.0, 7.0) in agent.q and agent.act([7, 7], explore=explore) == 1    # an all-zero row: still 1
+    assert agent.act([0, 1], explore=explore) == 2                               # a learned preference wins
+    agent.set_parameters({"default_action": 4})
+    assert agent.act([9, 9], explore=explore) == 4
+    with pytest.raises(ValueError):
+        agent.set_parameters({"default_action": -1})
 
 
 def test_average_reward_is_incremented_not_assigned():
@@ -45,7 +58,7 @@ def test_states_that_concatenate_alike_never_collide():
     agent.train_window([sample(1, (1, 2), 0, 5.0), sample(2, (1, 2, 0), 0, 0.0)])
     assert agent.q[(1.0, 2.0)][0] == 5.0 and agent.q[(1.0, 2.0, 0.0)][0] == 0.0
     assert agent.stats()["states"] == 4
-    assert agent.act([1, 23]) == 1 and agent.act([12, 3]) == 0
+    assert agent.act([1, 23]) == 1 and agent.q[(12.0, 3.0)].max() == 0.0
 
 
 def test_train_window_sorts_skips_gaps_and_duplicates():

@@ -63,3 +63,15 @@ def test_epsilon_follows_the_linear_schedule():
     for _ in range(10):
         agent.update([0.1], 0, 0.0, [0.1], False)
     assert agent.epsilon == pytest.approx(0.1)
+
+
+@pytest.mark.parametrize("explore", [False, True])
+def test_an_unseen_or_untrained_state_keeps_the_pool_never_removes_a_worker(explore):
+    agent = SarsaLambda(1, 3, SarsaConfig(bins=10, start_e=0.0, end_e=0.0))   # -1 / 0 / +1 worker
+    assert {agent.act([x / 10], explore=explore) for x in range(10)} == {1}   # the middle action: keep
+    agent.q[(5,)] = np.zeros(3)                                                # a row never updated
+    assert agent.act([0.55], explore=explore) == 1
+    agent.q[(5,)][2] = 0.3
+    assert agent.act([0.55], explore=explore) == 2
+    target_mode = SarsaLambda(1, 7, SarsaConfig(bins=10, default_action=0))   # "target" actions: 0 keeps
+    assert target_mode.act([0.5]) == 0 and target_mode.default_action == 0

@@ -32,7 +32,8 @@ FAST_DQN = {"learning_starts": 16, "batch_size": 16, "gamma": 0.0, "learning_rat
 def settings(nats_server, prefix, tmp_path):
     def make(**overrides) -> LearnerSettings:
         values = dict(node_ids=["n1"], nats_url=nats_server.url, prefix=prefix, data_dir=tmp_path,
-                      weights_period_s=0.05, checkpoint_period_s=0.2, scaling_parameters=FAST_DQN)
+                      weights_period_s=0.05, checkpoint_period_s=0.2, scaling_parameters=FAST_DQN,
+                      scaling_actions=3, scheduling_model=None)
         values.update(overrides)
         return LearnerSettings(**values)
     return make
@@ -55,7 +56,8 @@ def reference_table(samples: list[SchedulingExperience], parameters: dict) -> di
     slot, window = ModelSlot("scheduling", "dsarsa", 2, parameters=parameters), EidWindow(5, 1000)
     for s in samples:
         if window.add(LearnerTrainSample(eid=s.eid, state=s.state, action=s.action, reward=s.reward)):
-            slot.train_window(window.take())
+            for run in window.take():
+                slot.train_window(run)
     return slot.agent.q
 
 
@@ -124,14 +126,31 @@ async def test_act_round_trip_and_bad_requests(settings, nc, prefix):
 async def test_training_from_rewards_changes_the_policy(settings, nc, prefix):
     async with LearnerService(nc, settings(scheduling_parameters={"alpha": 0.2})):
         remote = RemotePolicy(nc, "n1", prefix=prefix)
-        assert (await remote.act(X, explore=False)).action == 0  # untrained: nothing preferred
+        assert (await remote.act(X, explore=False)).action == 1  # untrained: the safe default, run here
         samples = scheduling_samples(0, 200)
         await publish(nc, prefix, samples)
         stats = await stats_until(remote, lambda s: s.stream_seq == 200)
-        assert stats.experiences == 196 and stats.pending == 4  # windows of 5: the last EIDs wait
+        # windows of 5: the last 4 EIDs wait for their successor, EID 0 for a predecessor arriving late
+        assert stats.experiences == 196 and stats.pending == 5
         assert (await remote.act(X, explore=False)).action == 1
         assert (await remote.act(Y, explore=False)).action == 0
         assert same_table(table_of(await remote.weights()), reference_table(samples, {"alpha": 0.2}))
+
+
+async def test_a_reward_arriving_after_its_successor_is_still_trained(settings, nc, prefix):
+    """The EID-window defect: EID 10 published after 11..30 (its successor long trained) was dropped."""
+    async with LearnerService(nc, settings(scheduling_parameters={"alpha": 0.2})):
+        remote = RemotePolicy(nc, "n1", prefix=prefix)
+        samples = scheduling_samples(10, 21)
+        late, rest = samples[0], samples[1:]
+        await publish(nc, prefix, rest)
+        before = await stats_until(remote, lambda s: s.stream_seq == 20)
+        await publish(nc, prefix, [late])
+        after = await stats_until(remote, lambda s: s.stream_seq == 21)
+        # windows of 5: before it, 16 links were trained and 27 -> 28 -> 29 -> 30 waited; the late EID 10 made
+        # a window: every link of the 21 contiguous samples is trained, each once (the defect left 10 out)
+        assert (before.experiences, after.experiences, after.pending) == (16, 20, 2)
+        assert same_table(table_of(await remote.weights()), reference_table(rest + [late], {"alpha": 0.2}))
 
 
 async def test_scaling_experiences_train_a_per_pool_model(settings, nc, prefix):
@@ -291,4 +310,21 @@ async def test_shared_learner_keeps_each_node_apart(settings, nc, prefix):
         await publish(nc, prefix, scheduling_samples(0, 50), node="n2")
         await stats_until(n2, lambda s: s.stream_seq == 50)
         assert (await n1.stats()).experiences == 0 and (await n2.stats()).experiences == 48
-        assert (await n2.act(X, explore=False)).action == 1 and (await n1.act(X, explore=False)).action == 0
+        assert (await n2.act(Y, explore=False)).action == 0 and (await n1.act(Y, explore=False)).action == 1
+
+
+async def test_a_learning_scheduler_sized_model_starts_from_the_shipped_table(settings, nc, prefix):
+    from nodes.learner.algorithms.portable import load_portable
+    from nodes.learner.settings import SHIPPED_SCHEDULING_MODEL
+
+    shipped, meta = load_portable(SHIPPED_SCHEDULING_MODEL)
+    assert meta["purpose"] == "scheduling" and "train scheduling" in meta["command"] and "seed" in meta
+    async with LearnerService(nc, settings(node_ids=["n1", "n2"], scheduling_model=SHIPPED_SCHEDULING_MODEL)):
+        n1, n2 = RemotePolicy(nc, "n1", prefix=prefix), RemotePolicy(nc, "n2", prefix=prefix)
+        assert (await n1.stats()).agent["states"] == 0        # P2PFaaS's API: an empty 2-action table
+        await n1.set_parameters({"actions_n": shipped.n_actions})   # what a LearningScheduler does
+        await n2.set_parameters({"actions_n": 3})                    # another size: the table stays empty
+        assert (await n1.stats()).agent["states"] == len(shipped.q) and (await n2.stats()).agent["states"] == 0
+        assert same_table(table_of(await n1.weights()), shipped.q)
+        full_here = [0.0, 0.0, 2.0, 2.0]   # type 0, no free slot here, two peers with room: forward, never reject
+        assert (await n1.act(full_here, explore=False)).action >= 3

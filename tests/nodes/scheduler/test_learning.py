@@ -4,12 +4,13 @@ learning headers a node attaches, and the reward rule — on the in-memory view.
 from __future__ import annotations
 
 import random
+import time
 from dataclasses import replace
 
 import pytest
 
 from broker import headers as H
-from broker.messages import LearnerAction, LearningDecision
+from broker.messages import Heartbeat, LearnerAction, LearningDecision
 from nodes.scheduler.algorithms import build_algorithm
 from nodes.scheduler.base import Execute, Forward, Reject
 from nodes.scheduler.learning import (
@@ -60,13 +61,13 @@ def test_task_type_index_and_state_encoding():
 
 def test_parameters_defaults_round_trip_and_errors():
     s = build_algorithm("LearningScheduler", ["2"])
-    assert isinstance(s, LearningScheduler) and s.parameters() == ["2", "2", "true"] and s.n_actions == 5
-    assert s.describe() == "LearningScheduler(2, 2, true)"
-    assert build_algorithm("LearningScheduler", []).parameters() == ["1", "2", "true"]
-    s = build_algorithm("LearningScheduler", ["3", "4", "false"])
-    assert (s.num_task_types, s.max_peers, s.explore, s.n_actions) == (3, 4, False, 7)
+    assert isinstance(s, LearningScheduler) and s.parameters() == ["2", "2", "true", "true"] and s.n_actions == 5
+    assert s.describe() == "LearningScheduler(2, 2, true, true)"
+    assert build_algorithm("LearningScheduler", []).parameters() == ["1", "2", "true", "true"]
+    s = build_algorithm("LearningScheduler", ["3", "4", "false", "false"])
+    assert (s.num_task_types, s.max_peers, s.explore, s.peer_loads, s.n_actions) == (3, 4, False, False, 7)
     assert build_algorithm("LearningScheduler", s.parameters()).parameters() == s.parameters()
-    for bad in (["0"], ["x"], ["1", "-1"], ["1", "2", "maybe"], ["1", "2", "true", "9"]):
+    for bad in (["0"], ["x"], ["1", "-1"], ["1", "2", "maybe"], ["1", "2", "true", "9"], ["1", "2", "true", "true", "1"]):
         with pytest.raises(ValueError):
             build_algorithm("LearningScheduler", bad)
 
@@ -109,7 +110,7 @@ async def test_probe_and_forward_without_peers_runs_here(fake):
 async def test_schedule_encodes_state_sizes_model_and_records_decision(fake):
     ctx = ScriptedLearning([3], running={"c1.a"}, outstanding={"c1.a", "c1.b"}, types={"c1.a": 1, "c1.b": 0})
     view = view_with(fake, ctx, peer_loads={"p1": 0})
-    s = LearningScheduler(2, 1)
+    s = LearningScheduler(2, 1, peer_loads=False)   # P2PFaaS's state
     decision = await s.schedule(fake.request(task_type=1.0), view)
     assert decision == Forward("p1")
     assert ctx.sized == [4]
@@ -162,6 +163,41 @@ async def test_annotate_carries_own_or_origin_decision_and_drops_a_clients(fake)
     assert ctx.annotate("c1.r2", external, Execute(), forged) == forged
 
 
+def heartbeat(node: str, running: int, slots: int) -> Heartbeat:
+    return Heartbeat(node=node, running=running, parallel_running_functions_max=slots, time=time.time())
+
+
+async def test_peer_aware_state_from_heartbeats_forwards_to_a_peer_with_room(fake):
+    ctx = ScriptedLearning([4])
+    ctx.peer_loads.observe(heartbeat("p1", running=4, slots=4))
+    ctx.peer_loads.observe(heartbeat("p2", running=1, slots=6))
+    view = view_with(fake, ctx, load=fake.load(running=1, slots=4), peer_loads={"p1": 4, "p2": 1})
+    decision = await LearningScheduler(2, 2).schedule(fake.request(task_type=1.0), view)
+    assert ctx.states == [[1.0, 2.0, 0.0, 2.0]]    # 3 free here (2+), p1 full, p2 5 free (2+)
+    assert view.probed == []                        # a slot is free here: heartbeats are enough
+    assert decision == Forward("p2")
+    assert ctx.peer_loads.free_slots("p2") == 4     # our forward counts until p2's next heartbeat
+    ctx.peer_loads.observe(heartbeat("p2", running=2, slots=6))
+    assert ctx.peer_loads.free_slots("p2") == 4
+
+
+async def test_with_no_free_slot_here_peers_are_probed_and_a_failed_probe_is_a_full_peer(fake):
+    ctx = ScriptedLearning([3])
+    for peer in ("p1", "p2"):
+        ctx.peer_loads.observe(heartbeat(peer, running=0, slots=4))    # stale: both look idle
+    view = view_with(fake, ctx, load=fake.load(running=4, slots=4), peer_loads={"p1": 3, "p2": TimeoutError("slow")})
+    decision = await LearningScheduler(1, 2).schedule(fake.request(), view)
+    assert ctx.states == [[0.0, 0.0, 1.0, 0.0]]    # probed: p1 has one free slot, p2 did not answer
+    assert sorted(view.probed) == ["p1", "p2"] and decision == Forward("p1", probing_s=decision.probing_s)
+
+
+async def test_a_peer_without_heartbeat_or_beyond_the_view_has_no_known_room(fake):
+    ctx = ScriptedLearning([1])
+    view = view_with(fake, ctx, load=fake.load(running=0, slots=2), peer_loads={"p1": 0})
+    await LearningScheduler(1, 3).schedule(fake.request(), view)
+    assert ctx.states == [[0.0, 2.0, 0.0, 0.0, 0.0]]   # p1 never beat; the view has one peer of three
+
+
 def test_learning_decision_headers_round_trip():
     d = LearningDecision(eid=12, state=[1.0, 0.0, 2.0], action=4, eps=0.125)
     h = d.headers()
@@ -204,3 +240,16 @@ async def test_rewards_are_released_in_eid_order():
     await answer("b", 0.5)
     assert released() == [(1, 1.0), (2, 1.0)]
     assert not tracker.pending and tracker.stats.met == 2
+
+
+def test_membership_exposes_the_heartbeat_load_of_alive_peers_only():
+    from nodes.discovery.membership import MembershipView
+
+    view = MembershipView("me", period_s=1.0, suspect_after=3, remove_after=10)
+    view.observe(Heartbeat(node="a", running=3, queued=1, parallel_running_functions_max=6, queue_length_max=2,
+                           time=100.0), now=100.0)
+    load = view.load("a", now=101.0)
+    assert (load.running, load.queued, load.slots, load.queue_max, load.at, load.free_slots) == (3, 1, 6, 2, 100.0, 2)
+    assert view.loads(101.0) == {"a": load}
+    assert view.load("a", now=104.0) is None and view.loads(104.0) == {}   # suspected: not offered
+    assert view.load("nobody", now=101.0) is None

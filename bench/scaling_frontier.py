@@ -1,0 +1,88 @@
+"""What simple causal scaling rules can reach on each scenario, next to the hindsight references.
+
+    .venv/bin/python bench/scaling_frontier.py [--episodes 10] [--scenarios bursty,steady,spike,diurnal,generated]
+
+For every scenario: the QoS ceiling (the largest pool from the first decision on), the smallest
+fixed pool reaching 99 % and the instant-resize oracle (both chosen with hindsight), then a grid
+of causal rules (each target action of controller/features.py applied every period, and
+square-root staffing with hysteresis) and the cheapest rule that reaches 99 %. It shows which
+autoscaling targets a policy that cannot see the future can meet at all (docs/autoscaling.md).
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+
+from controller.baselines import RLPolicy
+from controller.evaluation import PolicySpec, evaluate
+from controller.features import ScalingActions, action_names, staffing
+
+QOS_TARGET = 99.0
+
+
+class Constant:
+    """An 'agent' that always answers the same target action."""
+
+    def __init__(self, action: int, n_actions: int) -> None:
+        self.action, self.n_actions = action, n_actions
+
+    def act(self, obs, explore: bool = False) -> int:
+        return self.action
+
+
+class Hysteresis:
+    """Square-root staffing of the recent peak need, changed only when the headroom leaves a band."""
+
+    def __init__(self, scenario, beta: float, low: float, high: float) -> None:
+        self.scenario, self.beta, self.low, self.high = scenario, beta, low, high
+        self.name = f"hysteresis beta {beta:g} band [{low:g}, {high:g}]"
+
+    def reset(self) -> None:
+        self.needs: list[float] = []
+
+    def decide(self, t, current: int) -> int:
+        sc = self.scenario
+        self.needs.append(t.arrival_rate * sc.mean_service_s + t.queue_length * sc.mean_service_s / sc.step_seconds)
+        need = max(self.needs[-2:])
+        headroom = (current - need) / math.sqrt(max(1.0, need))
+        return staffing(need, self.beta) if not self.low <= headroom <= self.high else current
+
+
+def rules() -> list[PolicySpec]:
+    n = ScalingActions("target").n
+    specs = [PolicySpec(f"always {name}", lambda sc, a=a: RLPolicy(name, Constant(a, n), sc, "target"), "rule")
+             for a, name in enumerate(action_names("target")) if a > 0]
+    for beta in (2.0, 3.0, 4.0):
+        for low, high in ((1.0, 4.0), (1.5, 6.0)):
+            specs.append(PolicySpec(f"hysteresis beta {beta:g} band [{low:g}, {high:g}]",
+                                    lambda sc, b=beta, lo=low, hi=high: Hysteresis(sc, b, lo, hi), "rule"))
+    return specs
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--episodes", type=int, default=10)
+    parser.add_argument("--scenarios", default="bursty,steady,spike,diurnal,generated")
+    args = parser.parse_args()
+    for scenario in args.scenarios.split(","):
+        report = evaluate(scenario, rules(), episodes=args.episodes, seed=0, references=True)
+        oracle = next(p for p in report.policies if p.name.startswith("oracle"))
+        oracle_workers = oracle.metrics["mean_workers"].mean
+        print(f"\n{scenario} ({args.episodes} episodes)")
+        print(f"{'policy':52} {'QoS %':>7} {'workers':>8} {'/oracle':>8} {'actions':>8}")
+        for p in report.policies:
+            m = p.metrics
+            print(f"{p.name:52} {m['qos_pct'].mean:7.2f} {m['mean_workers'].mean:8.2f} "
+                  f"{m['mean_workers'].mean / oracle_workers:8.2f} {m['scaling_actions'].mean:8.1f}")
+        passing = [p for p in report.policies if p.role == "rule" and p.metrics["qos_pct"].mean >= QOS_TARGET]
+        if passing:
+            best = min(passing, key=lambda p: p.metrics["mean_workers"].mean)
+            print(f"cheapest causal rule at >= {QOS_TARGET:g} %: {best.name}, "
+                  f"{best.metrics['mean_workers'].mean / oracle_workers:.2f}x the oracle's workers")
+        else:
+            print(f"no causal rule here reaches {QOS_TARGET:g} %")
+
+
+if __name__ == "__main__":
+    main()

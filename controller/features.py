@@ -1,0 +1,218 @@
+"""What a scaling agent sees, what its actions mean and what it is paid, in one place: the
+Gymnasium env, the evaluation and the live controller compute exactly the same (docs/autoscaling.md).
+
+Worker counts are in units of ``N_REF`` workers (not of a scenario's maximum), so one model
+can serve farms of any size; the scenario gives the mean service time, deadline and cold start.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+from dataclasses import dataclass
+from typing import Literal, Sequence
+
+import numpy as np
+
+from broker.messages import PoolTelemetry
+from controller.scenario import Scenario, UniformDist
+
+N_REF = 32.0          # worker counts are divided by this
+HISTORY = 6           # periods of arrival history the trend features look back on
+NEED_WINDOW = 2       # target actions size the pool for the highest need of this many periods
+DEAD_BAND = 0.15      # target actions leave the pool alone when it would shrink by less than this share
+
+OBSERVATION_FIELDS = (
+    "load",             # arrival rate x mean service: workers the arrivals keep busy
+    "load_trend",       # load minus the previous period's load (the arrival-rate slope, per period)
+    "load_peak",        # highest load of the last HISTORY periods
+    "load_spread",      # highest minus lowest load of the last HISTORY periods (how bursty)
+    "backlog",          # queue x mean service / step: workers needed to drain the queue in one period
+    "backlog_growth",   # backlog minus the previous period's backlog (queue growth)
+    "ready",            # workers serving
+    "starting",         # workers requested, still in their cold start
+    "headroom",         # (ready + starting - load - backlog) / sqrt(max(1, load + backlog)), sqrt-staffing units
+    "qos",              # fraction of the period's completed tasks that met their deadline (0 if stalled)
+    "latency_p95",      # the period's p95 latency / mean deadline
+    "cold_start",       # mean cold start / step
+    "capacity",         # workers.max
+    "deadline_slack",   # (mean deadline - mean service) / mean service
+)
+# the first eight fields and "capacity" are worker counts / N_REF
+OBSERVATION_LOW = np.array([0, -4, 0, 0, 0, -4, 0, 0, -8, 0, 0, 0, 0, 0], dtype=np.float32)
+OBSERVATION_HIGH = np.array([8, 4, 8, 8, 8, 4, 8, 8, 12, 1, 8, 4, 8, 10], dtype=np.float32)
+
+
+def mean_delay_s(delay) -> float:
+    """Mean of a cold-start or scale-down delay (a number, or a uniform/constant distribution)."""
+    if isinstance(delay, (int, float)):
+        return float(delay)
+    if isinstance(delay, UniformDist):
+        return (delay.low + delay.high) / 2
+    return float(delay.value)
+
+
+def need_of(t: PoolTelemetry, scenario: Scenario) -> float:
+    """Workers the period asks for: its arrivals' load plus draining its queue within one step."""
+    service = scenario.mean_service_s
+    return t.arrival_rate * service + t.queue_length * service / scenario.step_seconds
+
+
+class ObservationBuilder:
+    """Turns each period's telemetry into the float32 observation (``OBSERVATION_FIELDS``).
+
+    It remembers the last ``HISTORY`` periods for the trend fields: call ``reset()`` when an
+    episode (or a live control session) starts, then once per period, in order.
+    """
+
+    def __init__(self, scenario: Scenario) -> None:
+        self.scenario = scenario
+        service, deadline = scenario.mean_service_s, scenario.mean_deadline_s
+        self._constants = (
+            mean_delay_s(scenario.cold_start_seconds) / scenario.step_seconds,
+            scenario.workers.max / N_REF,
+            max(0.0, deadline - service) / service,
+        )
+        self.reset()
+
+    def reset(self) -> None:
+        self._loads: deque[float] = deque(maxlen=HISTORY)
+        self._needs: deque[float] = deque(maxlen=NEED_WINDOW)
+        self._backlog: float | None = None
+
+    @property
+    def need(self) -> float:
+        """The highest need (load + backlog, in workers) of the last ``NEED_WINDOW`` periods: what
+        target actions size the pool for (one noisy or oscillating period does not shrink it)."""
+        return max(self._needs) if self._needs else 0.0
+
+    @property
+    def peak(self) -> float:
+        """The highest load of the last ``HISTORY`` periods plus the current backlog: the size an
+        oscillating load needs to be held at."""
+        return (max(self._loads) if self._loads else 0.0) + (self._backlog or 0.0)
+
+    def __call__(self, t: PoolTelemetry) -> np.ndarray:
+        sc = self.scenario
+        service = sc.mean_service_s
+        load = t.arrival_rate * service
+        backlog = t.queue_length * service / sc.step_seconds
+        previous_load = self._loads[-1] if self._loads else load
+        previous_backlog = self._backlog if self._backlog is not None else backlog
+        self._loads.append(load)
+        self._backlog = backlog
+        need = load + backlog
+        self._needs.append(need)
+        provisioned = t.workers_ready + t.workers_starting
+        stalled = t.completed == 0 and t.queue_length > 0
+        raw = np.array(
+            [
+                load / N_REF,
+                (load - previous_load) / N_REF,
+                max(self._loads) / N_REF,
+                (max(self._loads) - min(self._loads)) / N_REF,
+                backlog / N_REF,
+                (backlog - previous_backlog) / N_REF,
+                t.workers_ready / N_REF,
+                t.workers_starting / N_REF,
+                (provisioned - need) / math.sqrt(max(1.0, need)),
+                0.0 if stalled else t.qos,
+                t.latency_p95_s / sc.mean_deadline_s,
+                *self._constants,
+            ],
+            dtype=np.float32,
+        )
+        return np.clip(raw, OBSERVATION_LOW, OBSERVATION_HIGH)
+
+
+# --------------------------------------------------------------------------- actions
+ActionMode = Literal["unit", "wide", "target"]
+ACTION_DELTAS: dict[str, tuple[int, ...]] = {"unit": (-1, 0, 1), "wide": tuple(range(-4, 5))}
+# "target": action 0 keeps the target; the others size it by square-root staffing, with a beta, of
+# the recent need (the last NEED_WINDOW periods) or of the peak load of the last HISTORY periods.
+TARGET_ACTIONS: tuple[tuple[str, float], ...] = (
+    ("need", 1.0), ("need", 2.0), ("need", 3.0), ("need", 4.0), ("peak", 1.0), ("peak", 2.0))
+ACTION_MODES: tuple[str, ...] = ("unit", "wide", "target")
+
+
+def staffing(need: float, beta: float) -> int:
+    """Square-root staffing: ``ceil(need + beta * sqrt(need))`` workers (Halfin-Whitt)."""
+    return math.ceil(need + beta * math.sqrt(max(need, 0.0)) - 1e-9)
+
+
+@dataclass(frozen=True)
+class ScalingActions:
+    """The meaning of a discrete action: a change of the target (``unit``: -1/0/+1, ``wide``:
+    -4..+4) or a target size (``target``: keep, or square-root staffing of the period's need
+    with one of ``TARGET_BETAS``, so one decision can jump to any size)."""
+
+    mode: str = "unit"
+
+    def __post_init__(self) -> None:
+        if self.mode not in ACTION_MODES:
+            raise ValueError(f"action_mode must be one of {', '.join(ACTION_MODES)}, got {self.mode!r}")
+
+    @property
+    def n(self) -> int:
+        return len(TARGET_ACTIONS) + 1 if self.mode == "target" else len(ACTION_DELTAS[self.mode])
+
+    @property
+    def keep(self) -> int:
+        """The action that leaves the target as it is (the safe answer for a state never seen)."""
+        return 0 if self.mode == "target" else ACTION_DELTAS[self.mode].index(0)
+
+    def target(self, action: int, current: int, observed: "ObservationBuilder") -> int:
+        """The target ``action`` asks for (the caller clamps it to the bounds)."""
+        if self.mode != "target":
+            return current + ACTION_DELTAS[self.mode][action]
+        if action == 0:
+            return current
+        basis, beta = TARGET_ACTIONS[action - 1]
+        wanted = staffing(observed.need if basis == "need" else observed.peak, beta)
+        if current - max(1.0, DEAD_BAND * current) < wanted < current:
+            return current   # a small shrink is not worth a change (hysteresis, as the HPA's tolerance)
+        return wanted
+
+    def nearest(self, current: int, wanted: int, observed: "ObservationBuilder") -> int:
+        """The action closest to a change another policy made (for its experiences)."""
+        if wanted == current:
+            return self.keep
+        candidates = [abs(self.target(a, current, observed) - wanted) for a in range(self.n)]
+        return int(np.argmin(candidates))
+
+
+def action_names(mode: str) -> Sequence[str]:
+    actions = ScalingActions(mode)
+    if mode == "target":
+        return ["keep", *(f"{basis}+{beta:g}sqrt" for basis, beta in TARGET_ACTIONS)]
+    return [f"{d:+d}" for d in ACTION_DELTAS[actions.mode]]
+
+
+# --------------------------------------------------------------------------- reward
+@dataclass(frozen=True, slots=True)
+class RewardConfig:
+    """``r = -(billed + miss_cost x missed x S / T) / N_REF - change_penalty x [target changed]``.
+
+    Both costs are worker-seconds: the period bills ``billed x T`` (ready + starting + stopping
+    workers for the period of ``T`` seconds), and a task that missed its deadline is priced at
+    ``miss_cost`` times the work it carried (``S``, the mean service time); dividing by ``T``
+    makes the sum a worker count.
+    """
+
+    miss_cost: float = 60.0
+    """A missed deadline costs this many times a task's mean service time in worker-seconds."""
+    change_penalty: float = 0.05
+    """Per decision that changes the target (0.05 = 1.6 workers for one period)."""
+
+    def missed(self, t: PoolTelemetry) -> float:
+        """Tasks of the period that missed their deadline; a stalled farm (a queue, nothing
+        completed) counts its queue, so it never looks perfect."""
+        if t.completed == 0 and t.queue_length > 0:
+            return float(t.queue_length)
+        return float(t.completed - t.met_deadline)
+
+    def reward(self, t: PoolTelemetry, scenario: Scenario, changed: bool) -> float:
+        billed = t.workers_ready + t.workers_starting + t.workers_stopping
+        period = t.period_s if t.period_s > 0 else scenario.step_seconds
+        missed_workers = self.missed(t) * scenario.mean_service_s / period
+        return -(billed + self.miss_cost * missed_workers) / N_REF - self.change_penalty * float(changed)

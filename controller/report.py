@@ -1,0 +1,191 @@
+"""Reading evaluation reports against the autoscaling targets (DESIGN.md section 7), as rich
+tables, Markdown (the README's) and JSON.
+
+The targets, for an RL policy on each scenario: QoS >= 99 %, mean workers <= 1.2x the
+instant-resize oracle's, fewer worker-seconds than the smallest fixed pool reaching 99 %, and
+fewer scaling actions than the reactive controllers. The QoS ceiling (the largest pool from the
+first decision on) shows where 99 % is out of reach for any policy.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import orjson
+
+from controller.evaluation import METRICS, EvalReport, PolicyReport
+
+QOS_TARGET_PCT = 99.0
+ORACLE_FACTOR = 1.2
+
+
+@dataclass(frozen=True)
+class TargetCheck:
+    scenario: str
+    policy: str
+    qos_pct: float
+    qos_ceiling_pct: float
+    workers_vs_oracle: float        # mean workers / the oracle's
+    worker_seconds: float
+    fixed_worker_seconds: float | None   # of the smallest fixed pool reaching 99 % (None: none does)
+    scaling_actions: float
+    reactive_actions: float
+
+    @property
+    def qos_ok(self) -> bool:
+        return self.qos_pct >= QOS_TARGET_PCT
+
+    @property
+    def workers_ok(self) -> bool:
+        return self.workers_vs_oracle <= ORACLE_FACTOR
+
+    @property
+    def cheaper_than_fixed(self) -> bool | None:
+        return None if self.fixed_worker_seconds is None else self.worker_seconds < self.fixed_worker_seconds
+
+    @property
+    def calmer_than_reactive(self) -> bool:
+        return self.scaling_actions < self.reactive_actions
+
+
+def _mean(p: PolicyReport, key: str) -> float:
+    return p.metrics[key].mean
+
+
+def _reference(report: EvalReport, word: str) -> PolicyReport | None:
+    return next((p for p in report.policies if p.role == "reference" and word in p.name), None)
+
+
+def target_checks(reports: Sequence[EvalReport]) -> list[TargetCheck]:
+    """One check per RL policy and scenario."""
+    out = []
+    for report in reports:
+        oracle, fixed, ceiling = (_reference(report, word) for word in ("oracle", "smallest", "ceiling"))
+        reactive = [p for p in report.policies if p.name.startswith("reactive")]
+        rl = [p for p in report.policies if p.role == "rl"]
+        if oracle is None or not rl or not reactive:
+            continue
+        fixed_ok = fixed is not None and _mean(fixed, "qos_pct") >= QOS_TARGET_PCT
+        checks = [TargetCheck(
+            scenario=report.scenario, policy=p.name, qos_pct=_mean(p, "qos_pct"),
+            qos_ceiling_pct=_mean(ceiling, "qos_pct") if ceiling else float("nan"),
+            workers_vs_oracle=_mean(p, "mean_workers") / _mean(oracle, "mean_workers"),
+            worker_seconds=_mean(p, "worker_seconds"),
+            fixed_worker_seconds=_mean(fixed, "worker_seconds") if fixed_ok else None,
+            scaling_actions=_mean(p, "scaling_actions"),
+            reactive_actions=min(_mean(r, "scaling_actions") for r in reactive),
+        ) for p in rl]
+        out.extend(checks)
+    return out
+
+
+def _mark(ok: bool | None) -> str:
+    return "n/a" if ok is None else ("yes" if ok else "no")
+
+
+TARGET_HEADERS = ("scenario", "RL policy", "QoS % (ceiling)", ">= 99 %", "workers / oracle", "<= 1.2", "worker-s (fixed 99 %)",
+                  "< fixed", "actions (reactive)", "< reactive")
+
+
+def target_rows(checks: Sequence[TargetCheck]) -> list[tuple[str, ...]]:
+    return [(
+        c.scenario, c.policy, f"{c.qos_pct:.2f} ({c.qos_ceiling_pct:.2f})", _mark(c.qos_ok),
+        f"{c.workers_vs_oracle:.2f}", _mark(c.workers_ok),
+        f"{c.worker_seconds:.0f} ({'-' if c.fixed_worker_seconds is None else f'{c.fixed_worker_seconds:.0f}'})",
+        _mark(c.cheaper_than_fixed), f"{c.scaling_actions:.1f} ({c.reactive_actions:.1f})", _mark(c.calmer_than_reactive),
+    ) for c in checks]
+
+
+def targets_table(checks: Sequence[TargetCheck]):
+    from rich.table import Table
+
+    table = Table(title="RL targets per scenario (ceiling: QoS of the largest pool from the first decision on, "
+                        "the most any policy can reach)")
+    for header in TARGET_HEADERS:
+        table.add_column(header, justify="left" if header in ("scenario", "RL policy") else "right")
+    for row in target_rows(checks):
+        table.add_row(*row)
+    return table
+
+
+def _cell(p: PolicyReport, key: str, fmt: str) -> str:
+    stat = p.metrics[key]
+    return fmt.format(stat.mean) if stat.std == 0 else f"{fmt.format(stat.mean)} ± {fmt.format(stat.std)}"
+
+
+def markdown_table(report: EvalReport) -> str:
+    headers = ["policy", *(title for title, _ in METRICS.values())]
+    lines = ["| " + " | ".join(headers) + " |", "|" + "---|" * len(headers)]
+    for p in report.policies:
+        name = f"**{p.name}**" if p.role == "rl" else p.name
+        lines.append("| " + " | ".join([name, *(_cell(p, k, fmt) for k, (_, fmt) in METRICS.items())]) + " |")
+    return "\n".join(lines)
+
+
+def markdown_report(reports: Sequence[EvalReport], episodes: int, seed: int) -> str:
+    parts = []
+    for report in reports:
+        parts.append(f"#### {report.scenario} ({episodes} episodes, seeds {seed}..{seed + episodes - 1})\n\n"
+                     f"{markdown_table(report)}\n")
+    checks = target_checks(reports)
+    if checks:
+        lines = ["| " + " | ".join(TARGET_HEADERS) + " |", "|" + "---|" * len(TARGET_HEADERS)]
+        lines += ["| " + " | ".join(row) + " |" for row in target_rows(checks)]
+        parts.append("#### RL targets\n\n" + "\n".join(lines) + "\n")
+    return "\n".join(parts)
+
+
+def write_reports(reports: Sequence[EvalReport], path: Path) -> Path:
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(orjson.dumps([r.model_dump() for r in reports], option=orjson.OPT_INDENT_2))
+    return path
+
+
+def write_summary_plot(reports: Sequence[EvalReport], path: Path, highlight: Sequence[str] = ("pg",)) -> Path:
+    """One small PNG for the README: workers over time on the first report's episode 0 for the
+    highlighted RL policy, the reactive baselines, the best fixed pool and the oracle (left), and
+    QoS against workers / the oracle's for every policy of every report (right)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig, (series, scatter) = plt.subplots(1, 2, figsize=(10.5, 3.8), layout="constrained")
+    first = reports[0]
+    shown = [p for p in first.policies
+             if p.name in highlight or p.name == "reactive-max" or p.role == "reference" and "ceiling" not in p.name]
+    for p in shown:
+        steps = p.episodes[0].steps
+        width = 2.2 if p.name in highlight else 1.2
+        series.step([s.time for s in steps], [s.ready + s.starting for s in steps], where="post",
+                    linewidth=width, label=p.name.split(" (")[0] + (" (hindsight)" if p.role == "reference" else ""))
+    t = [s.time for s in first.policies[0].episodes[0].steps]
+    series.plot(t, first.mean_load_workers, "k:", linewidth=1, label="load (arrivals x S)")
+    series.set(title=f"{first.scenario}, episode 0: workers (ready + starting)", xlabel="time s", ylabel="workers")
+    series.legend(fontsize="x-small", loc="upper left")
+    markers = {"rl": "o", "baseline": "s", "reference": "^"}
+    for i, report in enumerate(reports):
+        oracle = _reference(report, "oracle")
+        if oracle is None:
+            continue
+        for p in report.policies:
+            if "ceiling" in p.name:
+                continue
+            x = _mean(p, "mean_workers") / _mean(oracle, "mean_workers")
+            scatter.scatter(x, _mean(p, "qos_pct"), marker=markers.get(p.role, "o"), color=f"C{i}", s=28,
+                            edgecolors="black" if p.name in highlight else "none")
+        scatter.scatter([], [], color=f"C{i}", label=report.scenario)
+    scatter.axhline(QOS_TARGET_PCT, color="grey", linewidth=0.8, linestyle="--")
+    scatter.axvline(ORACLE_FACTOR, color="grey", linewidth=0.8, linestyle="--")
+    scatter.set(title="every policy: QoS vs workers / oracle's (o RL, s baseline, ^ hindsight; < 85 % not shown)",
+                xlabel="mean workers / instant-resize oracle's", ylabel="QoS %", ylim=(85, 100.5))
+    scatter.title.set_fontsize("small")
+    scatter.legend(fontsize="x-small", loc="lower right")
+    fig.savefig(path, dpi=90)
+    plt.close(fig)
+    return path

@@ -1,0 +1,160 @@
+"""RL scaling agents: hyper-parameters for the farm env, training (on generated workloads by
+default), portable model files with a JSON sidecar, and the models shipped in the package.
+
+The algorithms themselves live once, in nodes/learner/algorithms (DESIGN.md).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import platform
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+from controller.baselines import RLPolicy
+from controller.env import FarmScalingEnv, RewardConfig
+from controller.scenario import Scenario
+
+RL_KINDS = ("dqn", "pg", "sarsa")
+SHIPPED_DIR = Path(__file__).with_name("models")
+DEFAULT_WORKLOADS = "mixed"
+DEFAULT_ACTION_MODE = "target"
+DEFAULT_STEPS = {"dqn": 200_000, "pg": 300_000, "sarsa": 200_000}
+SIDECAR_SUFFIX = ".json"
+
+
+def rl_agents() -> dict[str, type]:
+    """The RL agent classes by kind; empty when the learner's algorithms are not installed."""
+    try:
+        from nodes.learner.algorithms import AGENTS
+    except ImportError:
+        return {}
+    return {kind: AGENTS[kind] for kind in RL_KINDS if kind in AGENTS}
+
+
+def agent_config(kind: str, agent_class: type, steps: int, action_mode: str) -> Any:
+    """Hyper-parameters for the scaling env (docs/autoscaling.md says why): a 10-period horizon,
+    exploration over the first third of training, long PPO rollouts and small steps (the returns
+    are noisy: a surge's misses dwarf a period's workers), and for tabular SARSA a grid on the
+    fields that drive the decision."""
+    from controller.features import ScalingActions
+
+    config_class = getattr(agent_class, "config_class", None)
+    if config_class is None:
+        return None
+    fields = {f.name for f in dataclasses.fields(config_class)}
+    values: dict[str, Any] = {"gamma": 0.9} if "gamma" in fields else {}
+    if "exploration_steps" in fields:
+        values["exploration_steps"] = max(1, steps // 3)
+    if kind == "dqn":
+        values.update(learning_starts=min(2_000, max(1, steps // 10)), buffer_size=100_000, learning_rate=1e-4,
+                      batch_size=128, train_frequency=4, target_network_frequency=2_000)
+    if kind == "pg":
+        values.update(num_steps=2048, learning_rate=1e-4, update_epochs=8)
+    if kind == "sarsa" and {"bins", "low", "high"} <= fields:
+        # Fields (controller/features.py): load, trend, peak, spread, backlog, growth, ready,
+        # starting, headroom, qos, p95, cold start, capacity, slack. One bin ignores a field.
+        values["bins"] = (1, 3, 1, 3, 2, 1, 1, 2, 8, 2, 1, 1, 1, 1)
+        values["low"] = (0, -0.03, 0, 0, 0, -1, 0, 0, -2, 0.95, 0, 0, 0, 0)
+        values["high"] = (1, 0.03, 1, 0.25, 0.05, 1, 1, 0.03, 6, 1, 1, 1, 1, 1)
+        values["default_action"] = ScalingActions(action_mode).keep
+    return config_class(**values)
+
+
+@contextlib.contextmanager
+def torch_threads(n: int):
+    """Small networks train several times faster on one thread, most of all on a busy machine."""
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(n)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
+
+
+def sidecar_of(path: Path) -> Path:
+    return Path(path).with_suffix(SIDECAR_SUFFIX)
+
+
+def shipped_model(kind: str) -> Path:
+    """The model of ``kind`` that ships with the package (``controller/models/scaling-<kind>.npz``)."""
+    return SHIPPED_DIR / f"scaling-{kind}.npz"
+
+
+def default_model_path(models_dir: Path, kind: str, workloads: str, action_mode: str) -> Path:
+    return Path(models_dir) / f"scaling-{kind}-{workloads}-{action_mode}.npz"
+
+
+@dataclasses.dataclass(frozen=True)
+class TrainedModel:
+    kind: str
+    path: Path
+    metrics: dict
+    metadata: dict
+
+
+def train_agent(
+    kind: str,
+    workloads: str | Scenario = DEFAULT_WORKLOADS,
+    steps: int | None = None,
+    seed: int = 0,
+    progress: Callable[[int, int], None] | None = None,
+    out: Path | None = None,
+    models_dir: Path = Path("data/models"),
+    action_mode: str = DEFAULT_ACTION_MODE,
+    command: str = "",
+    reward: RewardConfig | None = None,
+) -> TrainedModel:
+    """Train a ``kind`` agent on the simulator (``"generated"``: a new generated workload every
+    episode; or one scenario), on env-drawn seeds >= 2**32 that evaluation never uses, and
+    save it as a portable ``.npz`` with a JSON sidecar saying how it was made."""
+    agents = rl_agents()
+    if kind not in agents:
+        raise ValueError(f"unknown RL agent {kind!r}; available: {', '.join(agents) or 'none (nodes.learner.algorithms missing)'}")
+    from nodes.learner.algorithms.portable import save_portable
+
+    steps = steps or DEFAULT_STEPS[kind]
+    env = FarmScalingEnv(workloads, action_mode=action_mode, reward=reward)
+    name = workloads if isinstance(workloads, str) else workloads.name
+    agent_class = agents[kind]
+    agent = agent_class(env.observation_space.shape[0], int(env.action_space.n),
+                        config=agent_config(kind, agent_class, steps, action_mode), seed=seed)
+    started = time.perf_counter()
+    with torch_threads(1):
+        metrics = agent.learn(env, total_steps=steps, seed=seed, progress=progress)
+    returns = metrics.get("charts/episodic_return", [])
+    metadata = {
+        "kind": kind, "algorithm": agent.algorithm, "purpose": "scaling", "action_mode": action_mode,
+        "workloads": name, "steps": steps, "seed": seed, "reward": dataclasses.asdict(env.reward_config),
+        "command": command or f"p2pfaas train scaling {kind} --workloads {name} --steps {steps} --seed {seed} "
+                              f"--action-mode {action_mode}",
+        "train_seconds": round(time.perf_counter() - started, 1),
+        "episodes": len(returns),
+        "last_returns_mean": round(sum(returns[-50:]) / max(1, len(returns[-50:])), 4),
+        "created": time.strftime("%Y-%m-%d %H:%M:%S"), "python": platform.python_version(),
+    }
+    path = Path(out) if out is not None else default_model_path(models_dir, kind, name, action_mode)
+    save_portable(path, agent, metadata)
+    sidecar_of(path).write_bytes(orjson.dumps(metadata, option=orjson.OPT_INDENT_2 | orjson.OPT_SORT_KEYS))
+    return TrainedModel(kind=kind, path=path, metrics=metrics, metadata=metadata)
+
+
+def load_model(path: Path, config_overrides: dict[str, Any] | None = None) -> tuple[Any, dict[str, Any]]:
+    """(agent, metadata) of a portable model file."""
+    from nodes.learner.algorithms.portable import load_portable
+
+    return load_portable(path, config_overrides)
+
+
+def load_rl_policy(path: Path, scenario: Scenario, name: str | None = None, version: str = "") -> RLPolicy:
+    """A saved model as a ``ScalingPolicy`` on ``scenario`` (its action mode comes from the file)."""
+    agent, metadata = load_model(path)
+    kind = metadata.get("kind", agent.algorithm)
+    return RLPolicy(name or kind, agent, scenario, metadata.get("action_mode", "unit"), version=version)

@@ -1,0 +1,113 @@
+"""Generated workloads: a seeded family of farm scenarios for training and for evaluation on
+workloads no policy has seen (random phase lengths, load levels, patterns and cold starts).
+
+``generated_scenario(seed)`` is a pure function of the seed. Training draws seeds >= 2**32
+(``TRAINING_SEED_FLOOR``), evaluation uses seeds below, so they never meet.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+
+from controller.scenario import Scenario
+
+GENERATED_PREFIX = "generated"
+MIXED = "mixed"        # training: generated workloads, and the shipped scenarios (other seeds), half each
+
+
+def _service(rng: np.random.Generator) -> dict[str, Any]:
+    mean = float(rng.uniform(0.6, 2.0))
+    kind = rng.choice(["gamma", "lognormal", "exponential"], p=[0.5, 0.3, 0.2])
+    clamp = {"min": round(0.1 * mean, 3), "max": round(5 * mean, 3)}
+    if kind == "gamma":
+        shape = float(rng.uniform(2.0, 6.0))
+        return {"dist": "gamma", "shape": round(shape, 3), "scale": round(mean / shape, 4), **clamp}
+    if kind == "lognormal":
+        sigma = float(rng.uniform(0.3, 0.6))
+        return {"dist": "lognormal", "mu": round(math.log(mean) - sigma**2 / 2, 4), "sigma": round(sigma, 3), **clamp}
+    return {"dist": "exponential", "mean": round(mean, 3), **clamp}
+
+
+def _phases(rng: np.random.Generator, steps: int, step_s: float, max_load: float, mean_s: float) -> list[dict]:
+    """Phases covering ``steps + 1`` periods. The load (busy workers) walks in log space, with an
+    occasional surge or drop; within a phase it is constant, a sine or a short spike."""
+    phases: list[dict] = []
+    periods_left = steps + 1
+    load = float(rng.uniform(0.1, 0.45)) * max_load
+    while periods_left > 0:
+        length = min(periods_left, int(rng.integers(4, 15)))
+        if periods_left - length < 3:  # no stub of a phase at the end
+            length = periods_left
+        periods_left -= length
+        duration = length * step_s
+        rate = load / mean_s
+        pattern = rng.choice(["constant", "sine", "spike"], p=[0.55, 0.3, 0.15])
+        phase: dict[str, Any] = {"duration_s": duration, "rate_per_s": round(rate, 4)}
+        if pattern == "sine":
+            period = float(rng.integers(3, 13)) * step_s
+            amplitude = rate * float(rng.uniform(0.1, 0.45))
+            phase.update(pattern="sine", amplitude_per_s=round(amplitude, 4), period_s=period)
+        elif pattern == "spike" and length >= 4:
+            spike_len = int(rng.integers(1, min(4, length - 2) + 1))
+            start = int(rng.integers(1, length - spike_len))
+            spike_load = min(max_load, load * float(rng.uniform(1.5, 3.0)))
+            phase.update(pattern="spike", spike_rate_per_s=round(spike_load / mean_s, 4),
+                         spike_start_s=start * step_s, spike_duration_s=spike_len * step_s)
+        phases.append(phase)
+        jump = float(rng.uniform(1.8, 3.0)) if rng.random() < 0.2 else math.exp(float(rng.normal(0.0, 0.35)))
+        if rng.random() < 0.5 and jump > 1.5:
+            jump = 1 / jump  # surges and drops alike
+        load = float(np.clip(load * jump, 0.05 * max_load, max_load))
+    return phases
+
+
+def generated_scenario(seed: int) -> Scenario:
+    """One workload of the family (deterministic in ``seed``), named ``generated-<seed>``."""
+    rng = np.random.default_rng(np.random.SeedSequence(seed))
+    step = float(rng.choice([5.0, 8.0, 10.0]))
+    steps = int(rng.integers(30, 61))
+    max_workers = int(rng.choice([16, 32]))
+    service = _service(rng)
+    probe = Scenario.model_validate({  # the mean of the clamped service distribution
+        "name": "probe", "step_seconds": step, "workers": {"min": 1, "max": max_workers, "initial": 1},
+        "service_time": service, "deadline": {"factor": 2}, "phases": [{"duration_s": 3 * step, "rate_per_s": 1}],
+    })
+    mean_s = probe.mean_service_s
+    cold_low = float(rng.uniform(2.0, 7.0))
+    down_low = float(rng.uniform(1.0, 3.0))
+    # the busiest phase stays within ~70 % of the pool, so 99 % is reachable with workers.max
+    max_load = 0.7 * max_workers
+    data = {
+        "name": f"{GENERATED_PREFIX}-{seed}",
+        "description": "generated workload (controller/workloads.py)",
+        "step_seconds": step,
+        "max_steps": steps,
+        "workers": {"min": 1, "max": max_workers, "initial": int(rng.integers(2, max_workers // 2 + 1))},
+        "cold_start_seconds": {"dist": "uniform", "low": round(cold_low, 2), "high": round(cold_low + rng.uniform(1, 4), 2)},
+        "scale_down_seconds": {"dist": "uniform", "low": round(down_low, 2), "high": round(down_low + rng.uniform(0.5, 2), 2)},
+        "service_time": service,
+        "deadline": {"factor": float(rng.choice([2.0, 3.0])), "min": round(float(rng.uniform(0.5, 1.0)), 2),
+                     "max": round(10 * mean_s, 2)},
+        "phases": _phases(rng, steps, step, max_load, mean_s),
+    }
+    return Scenario.model_validate(data)
+
+
+def is_generated(name: str) -> bool:
+    return name == GENERATED_PREFIX or name.startswith(f"{GENERATED_PREFIX}-")
+
+
+def training_scenario(family: str, seed: int) -> Scenario:
+    """The scenario of a training episode: ``generated`` draws one from the seed; ``mixed`` takes a
+    shipped scenario for half the seeds (the episode's workload still comes from the seed)."""
+    from controller.scenario import load_scenario, shipped_scenarios
+
+    if family == MIXED:
+        rng = np.random.default_rng(np.random.SeedSequence([seed, 1]))
+        if rng.random() < 0.5:
+            shipped = shipped_scenarios()
+            return load_scenario(shipped[int(rng.integers(len(shipped)))])
+    return generated_scenario(seed)

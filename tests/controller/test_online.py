@@ -1,0 +1,72 @@
+"""ModelGuard: when the learner's online weights decide, and the rollback to the shipped model (pure)."""
+
+from __future__ import annotations
+
+from controller.baselines import RLPolicy
+from controller.online import SHIPPED, ModelGuard
+
+from .conftest import make_scenario, telemetry
+
+SC = make_scenario()
+
+
+class Agent:
+    n_actions = 3
+
+    def __init__(self, action: int) -> None:
+        self.action = action
+
+    def act(self, obs, explore=False):
+        return self.action
+
+
+def period(met: int, completed: int = 10):
+    return telemetry(completed=completed, met_deadline=met, qos=met / completed)
+
+
+def test_online_weights_decide_once_the_shipped_qos_is_known_then_newer_ones_follow():
+    shipped, online, newer = Agent(1), Agent(2), Agent(0)
+    policy = RLPolicy("dqn", shipped, SC)
+    guard = ModelGuard(policy, reference_periods=3, trial_periods=3, min_tasks=10)
+    guard.floor_version = 5
+    guard.offer(online, 5)                # the seeded version itself: not a candidate
+    assert guard.candidate is None
+    guard.offer(online, 9)
+    for _ in range(2):
+        assert not guard.observe(period(10))
+    assert policy.agent is shipped and policy.version == SHIPPED
+    guard.observe(period(10))             # third shipped period: the reference is known
+    assert policy.agent is online and policy.version == guard.version == "online-9"
+    guard.offer(newer, 12)
+    assert policy.agent is newer and policy.version == "online-12"
+
+
+def test_worse_online_weights_are_rolled_back_and_never_used_again():
+    shipped, online = Agent(1), Agent(2)
+    policy = RLPolicy("dqn", shipped, SC)
+    guard = ModelGuard(policy, reference_periods=2, trial_periods=2, min_tasks=10, tolerance=0.005)
+    guard.offer(online, 3)
+    guard.observe(period(10))
+    guard.observe(period(10))             # shipped: 100 %
+    assert policy.version == "online-3"
+    assert not guard.observe(period(9))   # one period judged is not enough
+    assert guard.observe(period(9))       # 90 % over two periods < 100 %: roll back
+    assert policy.agent is shipped and policy.version == SHIPPED and guard.rollbacks == 1
+    guard.offer(online, 4)                # trained before the learner was reset: refused
+    assert guard.candidate is None and guard.awaiting_reseed
+    guard.reseeded(6)                     # the learner restarts from the shipped weights at version 6
+    guard.offer(online, 6)
+    assert guard.candidate is None
+    guard.offer(online, 7)
+    assert guard.candidate == (online, 7) and policy.version == "online-7"
+
+
+def test_online_weights_that_do_as_well_keep_deciding():
+    policy = RLPolicy("dqn", Agent(1), SC)
+    guard = ModelGuard(policy, reference_periods=1, trial_periods=2, min_tasks=10)
+    guard.observe(period(9))              # shipped: 90 %
+    guard.offer(Agent(2), 7)
+    guard.observe(period(9))
+    for _ in range(5):
+        assert not guard.observe(period(9))   # 90 % is not below 90 %
+    assert policy.version == "online-7" and guard.rollbacks == 0
