@@ -143,26 +143,48 @@ class DirectAnswer(Contract):
 
 
 class WorkerCall(Contract):
-    """Node -> worker on ``<prefix>.<node>.worker.<name>`` (framed with the payload, see
-    :func:`broker.codec.frame`): run ``fn`` on the payload within ``timeout_s``; with ``answer``,
-    answer the caller directly too."""
+    """One call in a :class:`WorkerCalls` batch: run ``fn`` on its payload within ``timeout_s``;
+    with ``answer``, answer the caller directly too. ``id`` is the node's (echoed in the outcome),
+    ``size`` the payload's length in the batch's payload section."""
 
     fn: str
     timeout_s: float = Field(gt=0)
     answer: DirectAnswer | None = None
+    id: int = 0
+    size: int = Field(default=0, ge=0)
+
+
+class WorkerCalls(Contract):
+    """Node -> worker on ``<prefix>.<node>.worker.<name>``: the calls the node dispatched to this
+    worker in one turn of its loop, framed (:func:`broker.codec.frame`) with their payloads back to
+    back. The outcomes come back on the message's reply subject, as :class:`WorkerOutcomes`, in as
+    many messages as it takes (calls end at different times)."""
+
+    calls: list[WorkerCall] = Field(min_length=1)
 
 
 class WorkerOutcome(Contract):
-    """Worker -> node, the reply to a :class:`WorkerCall` (framed with the function's output).
+    """How call ``id`` ended; ``size``: its output's length in the batch's payload section.
 
     ``status``: 200 ok, 400 the function refused its input, 404 unknown function,
     500 it raised, 504 it overran its timeout (the worker then recycles itself)."""
 
+    id: int = 0
     status: int
     error: str | None = None
     execution_s: float = 0.0
     retiring: bool = False      # the worker exits after this answer (it recycles itself)
-    answered: bool = False      # the worker answered the caller itself (``WorkerCall.answer``)
+    answered: bool = False      # the worker answered the caller itself (``WorkerCall.answer``): no output here
+    size: int = Field(default=0, ge=0)
+
+
+class WorkerOutcomes(Contract):
+    """Worker -> node: the calls of one :class:`WorkerCalls` batch that ended in one turn of the
+    worker's loop, framed with their outputs back to back. ``error``: the batch itself was
+    unreadable (every call in it failed)."""
+
+    outcomes: list[WorkerOutcome] = Field(default_factory=list)
+    error: str | None = None
 
 
 class NodeGone(Contract):

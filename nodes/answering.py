@@ -68,7 +68,7 @@ class Answerer:
         if call.is_async:
             return None
         forwarded = call.request.external
-        return DirectAnswer(
+        return DirectAnswer.model_construct(   # from the node's own validated call: no second validation
             reply=call.reply, node=self.node, arrival=call.arrival, scheduling_s=call.scheduling_s,
             probing_s=call.probing_s, queueing_s=call.queueing_s, transit_s=call.transit_s, scheduler=call.scheduler,
             forwards=call.request.hops if forwarded else 0,

@@ -5,6 +5,11 @@ sees every answer, so running and queued counts are exact — P2PFaaS's own sema
 main pool has K slots (``slots``); a dedicated (autoscaled) pool has one slot per worker.
 A CPU-bound call takes a whole idle worker; a concurrent one (I/O-bound, async, inline)
 shares a worker with others of its kind, up to the function's concurrency.
+
+Calls go out in batches: what one turn of the node's loop dispatched to a worker leaves as one
+``WorkerCalls`` message (sent at the end of the turn), and the worker sends back what ended in
+one turn of its own loop as one ``WorkerOutcomes``: under load a worker wakes up once for many
+calls, and nats-server carries one message for them, not one each.
 """
 
 from __future__ import annotations
@@ -13,7 +18,7 @@ import asyncio
 import logging
 import time
 from collections import deque
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Awaitable, Callable
 
 from nats.aio.client import Client
@@ -22,7 +27,7 @@ from nats.aio.msg import Msg
 from broker import headers as H
 from broker.codec import frame, unframe
 from broker.errors import ContractError
-from broker.messages import DirectAnswer, WorkerCall, WorkerOutcome
+from broker.messages import DirectAnswer, WorkerCall, WorkerCalls, WorkerOutcome, WorkerOutcomes
 from broker.subjects import Subjects
 from functions.registry import FunctionRegistry
 from nodes.calls import Call
@@ -44,6 +49,7 @@ class WorkerSlot:
     running: int = 0
     limit: int = 1            # calls it may run at once, given the ones it runs (1: exclusive)
     stopping: bool = False
+    outbox: list[Call] = field(default_factory=list)   # dispatched this turn, sent at its end
 
 
 class Dispatcher:
@@ -59,8 +65,10 @@ class Dispatcher:
         self.workers: dict[str, WorkerSlot] = {}
         self.queue: deque[Call] = deque()
         self.running: dict[int, Call] = {}
-        self._tokens: dict[int, str] = {}
+        self._tokens: dict[int, str] = {}                   # call id -> its batch's reply token
+        self._batches: dict[str, dict[int, Call]] = {}      # reply token -> its calls still running
         self._timers: dict[int, asyncio.TimerHandle] = {}
+        self._sending: set[asyncio.Task] = set()
 
     # -- counts -----------------------------------------------------------------------
     @property
@@ -151,39 +159,74 @@ class Dispatcher:
         slot.running += 1
         call.worker, call.dispatched_at = slot.name, time.time()
         self.running[call.id] = call
-        timeout_s = call.timeout_s
+        loop = asyncio.get_running_loop()
+        self._timers[call.id] = loop.call_later(call.timeout_s + OVERRUN_GRACE_S, self._overrun, call)
+        if not slot.outbox:
+            loop.call_soon(self._send_batch, slot)
+        slot.outbox.append(call)
+
+    def _send_batch(self, slot: WorkerSlot) -> None:
+        """End of the turn: the calls dispatched to ``slot`` during it leave as one message."""
+        calls = [c for c in slot.outbox if self.running.get(c.id) is c]   # not ended meanwhile
+        slot.outbox = []
+        if not calls:
+            return
+        batch = {c.id: c for c in calls}
 
         async def on_reply(msg: Msg) -> None:
-            await self._on_outcome(call, msg)
+            await self._on_outcomes(token, batch, msg)
 
-        token, reply = self.inbox.expect(on_reply)
-        self._tokens[call.id] = token
-        self._timers[call.id] = asyncio.get_running_loop().call_later(
-            timeout_s + OVERRUN_GRACE_S, self._overrun, call)
+        token, reply = self.inbox.expect(on_reply, standing=True)
+        self._batches[token] = batch
+        for c in calls:
+            self._tokens[c.id] = token
+        # built from the node's own validated calls: no need to validate them again
+        orders = [WorkerCall.model_construct(fn=c.fn, timeout_s=c.timeout_s, answer=self._direct(c), id=c.id,
+                                             size=len(c.payload)) for c in calls]
+        data = frame(WorkerCalls.model_construct(calls=orders), b"".join(c.payload for c in calls))
+        task = asyncio.get_running_loop().create_task(self._publish(slot, reply, data, calls))
+        self._sending.add(task)
+        task.add_done_callback(self._sending.discard)
+
+    async def _publish(self, slot: WorkerSlot, reply: str, data: bytes, calls: list[Call]) -> None:
         try:
-            order = WorkerCall(fn=call.fn, timeout_s=timeout_s, answer=self._direct(call))
-            await self.nc.publish(slot.subject, frame(order, call.payload), reply=reply)
-        except Exception as exc:  # the connection is gone: the call cannot reach its worker
-            self._end(call)
-            await self._lost(call, f"could not reach worker {slot.name}: {exc}")
+            await self.nc.publish(slot.subject, data, reply=reply)
+        except Exception as exc:  # the connection is gone: the calls cannot reach their worker
+            for call in calls:
+                if self.running.get(call.id) is call:
+                    self._end(call)
+                    await self._lost(call, f"could not reach worker {slot.name}: {exc}")
 
-    async def _on_outcome(self, call: Call, msg: Msg) -> None:
-        if self.running.get(call.id) is not call:
-            return
-        self._end(call)
+    async def _on_outcomes(self, token: str, batch: dict[int, Call], msg: Msg) -> None:
         if not msg.data and (msg.headers or {}).get(H.NATS_STATUS) == "503":
-            # nobody listens on that worker's subject (it is exiting): the call never ran there
-            self.retire_worker(call.worker)
-            self.queue.appendleft(call)
+            # nobody listens on that worker's subject (it is exiting): the calls never ran there
+            waiting = [c for c in batch.values() if self.running.get(c.id) is c]
+            for call in waiting:
+                self._end(call)
+                self.retire_worker(call.worker)
+            self.queue.extendleft(reversed(waiting))
             return await self._pump()
         try:
-            outcome, output = unframe(WorkerOutcome, msg.data)
+            answer, outputs = unframe(WorkerOutcomes, msg.data)
         except ContractError as exc:
-            outcome, output = WorkerOutcome(status=500, error=f"unreadable worker answer: {exc}"), b""
-        if outcome.retiring:
-            self.retire_worker(call.worker)
+            answer, outputs = WorkerOutcomes(error=f"unreadable worker answer: {exc}"), b""
+        ended: list[tuple[Call, WorkerOutcome, bytes]] = []
+        if answer.error is not None:   # the whole batch failed
+            ended = [(c, WorkerOutcome(id=c.id, status=500, error=answer.error), b"")
+                     for c in batch.values() if self.running.get(c.id) is c]
+        offset = 0
+        for outcome in answer.outcomes:
+            output, offset = outputs[offset:offset + outcome.size], offset + outcome.size
+            call = batch.get(outcome.id)
+            if call is not None and self.running.get(call.id) is call:
+                ended.append((call, outcome, output))
+        for call, outcome, _ in ended:
+            self._end(call)
+            if outcome.retiring:
+                self.retire_worker(call.worker)
         await self._pump()
-        await self._done(call, outcome, output)
+        for call, outcome, output in ended:
+            await self._done(call, outcome, output)
 
     def _overrun(self, call: Call) -> None:
         """No answer past the timeout and its grace: the worker is stuck (or its answer lost);
@@ -201,8 +244,12 @@ class Dispatcher:
     def _end(self, call: Call) -> None:
         self.running.pop(call.id, None)
         token = self._tokens.pop(call.id, None)
-        if token is not None:
-            self.inbox.forget(token)
+        batch = self._batches.get(token) if token is not None else None
+        if batch is not None:
+            batch.pop(call.id, None)
+            if not batch:   # the batch's last call: its reply subject is done
+                del self._batches[token]
+                self.inbox.forget(token)
         timer = self._timers.pop(call.id, None)
         if timer is not None:
             timer.cancel()

@@ -19,7 +19,8 @@ class Inbox:
     def __init__(self, nc: Client) -> None:
         self.nc = nc
         self.prefix = ""
-        self._handlers: dict[str, ReplyHandler] = {}
+        self._handlers: dict[str, ReplyHandler] = {}   # one reply each
+        self._standing: dict[str, ReplyHandler] = {}   # every reply until forgotten
         self._tokens = itertools.count()
         self._sub = None
 
@@ -35,18 +36,22 @@ class Inbox:
             except Exception as exc:  # the connection may already be gone
                 log.debug("inbox unsubscribe: %s", exc)
         self._handlers.clear()
+        self._standing.clear()
 
-    def expect(self, handler: ReplyHandler) -> tuple[str, str]:
-        """(token, reply subject) for one request; the first reply goes to ``handler``."""
+    def expect(self, handler: ReplyHandler, *, standing: bool = False) -> tuple[str, str]:
+        """(token, reply subject) for one request; its first reply goes to ``handler`` (every
+        reply until :meth:`forget` when ``standing``: a batch answered in parts)."""
         token = str(next(self._tokens))
-        self._handlers[token] = handler
+        (self._standing if standing else self._handlers)[token] = handler
         return token, f"{self.prefix}.{token}"
 
     def forget(self, token: str) -> None:
         self._handlers.pop(token, None)
+        self._standing.pop(token, None)
 
     async def _on_reply(self, msg: Msg) -> None:
-        handler = self._handlers.pop(msg.subject[len(self.prefix) + 1:], None)
+        token = msg.subject[len(self.prefix) + 1:]
+        handler = self._handlers.pop(token, None) or self._standing.get(token)
         if handler is None:  # late (its call already ended: timeout, worker lost)
             return
         try:

@@ -2,8 +2,9 @@
 
 Runs as its own OS process (``python -m nodes.worker``, the default runtime) or as a task
 inside the node ("inprocess"). It subscribes to ``<prefix>.<node>.worker.<name>``; each
-message is a :class:`~broker.messages.WorkerCall` framed with the payload, and the reply is a
-:class:`~broker.messages.WorkerOutcome` framed with the output. The node decides who runs
+message is a :class:`~broker.messages.WorkerCalls` batch framed with the payloads, and the
+replies are :class:`~broker.messages.WorkerOutcomes` framed with the outputs (what ended in one
+turn of the loop; a direct call's caller is answered by the worker itself). The node decides who runs
 what (K, per-function concurrency); the worker only runs: CPU-bound functions one at a time
 in its own thread, I/O-bound ones in a thread pool, ``async def`` ones on its loop, trivial
 (inline) ones right in the message callback.
@@ -32,7 +33,7 @@ from broker.codec import encode, frame, unframe
 from broker.connection import close_quietly, connect, credentials_from_env
 from broker.errors import ContractError
 from broker.lifecycle import hard_exit_after, on_parent_gone, parent_gone, parent_pipe_watched, run_loop
-from broker.messages import NodeGone, WorkerCall, WorkerOutcome
+from broker.messages import NodeGone, WorkerCall, WorkerCalls, WorkerOutcome, WorkerOutcomes
 from broker.subjects import Subjects
 from functions.registry import FunctionInputError, FunctionRegistry, FunctionSpec, default_registry
 from nodes.settings import NodeSettings
@@ -61,6 +62,8 @@ class Worker:
         self.recycle = False
         self.nc: Client | None = None
         self._running: set[asyncio.Task] = set()
+        self._outbox: dict[str, tuple[list[WorkerOutcome], list[bytes]]] = {}   # reply -> outcomes ended this turn
+        self._sending: set[asyncio.Task] = set()
         # CPU-bound calls get one thread (one at a time); I/O-bound ones share a pool
         self._cpu = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"{name}-cpu")
         self._io: ThreadPoolExecutor | None = None
@@ -89,6 +92,7 @@ class Worker:
             await sub.unsubscribe()
             if self._running:  # finish what was dispatched (bounded by the caller's stop deadline)
                 await asyncio.wait(list(self._running), timeout=STOP_GRACE_S)
+            await self._flush_all()
         finally:
             await close_quietly(self.nc)
         return EXIT_RECYCLE if self.recycle else 0
@@ -122,13 +126,20 @@ class Worker:
         return asyncio.create_task(watchdog())
 
     async def _on_call(self, msg: Msg) -> None:
+        """A batch of calls (what the node dispatched to us in one turn of its loop)."""
         try:
-            call, payload = unframe(WorkerCall, msg.data)
+            batch, payloads = unframe(WorkerCalls, msg.data)
         except ContractError as exc:
-            return await self._reply(msg.reply, WorkerOutcome(status=400, error=f"malformed worker call: {exc}"))
+            return await self._publish_outcomes(msg.reply, WorkerOutcomes(error=f"malformed worker call: {exc}"), b"")
+        offset = 0
+        for call in batch.calls:
+            payload, offset = payloads[offset:offset + call.size], offset + call.size
+            await self._start(msg.reply, call, payload)
+
+    async def _start(self, reply: str, call: WorkerCall, payload: bytes) -> None:
         spec = self.registry.get(call.fn)
         if spec is None:
-            return await self._reply(msg.reply, WorkerOutcome(status=404, error=f"unknown function {call.fn!r} on worker"))
+            return await self._answer(reply, call, WorkerOutcome(status=404, error=f"unknown function {call.fn!r} on worker"), b"")
         if spec.inline and self.settings.speed >= 1.0:
             started = time.perf_counter()
             try:
@@ -136,8 +147,8 @@ class Worker:
                 outcome = WorkerOutcome(status=200, execution_s=time.perf_counter() - started)
             except Exception as exc:
                 output, outcome = b"", _failure(spec.name, exc, time.perf_counter() - started)
-            return await self._answer(msg.reply, call, outcome, _as_bytes(output))
-        task = asyncio.create_task(self._execute(msg.reply, spec, call, payload))
+            return await self._answer(reply, call, outcome, _as_bytes(output))
+        task = asyncio.create_task(self._execute(reply, spec, call, payload))
         self._running.add(task)
         task.add_done_callback(self._running.discard)
 
@@ -189,24 +200,54 @@ class Worker:
     async def _answer(self, reply: str, call: WorkerCall, outcome: WorkerOutcome, output: bytes) -> None:
         """A direct call's caller gets its answer from here (one hop less than through the node);
         the node still gets the outcome (without the output) for its counts and its slot. If the
-        caller's answer cannot go out, the node gets the output and answers instead."""
+        caller's answer cannot go out, the node gets the output and answers instead. Outcomes
+        ended in the same turn of the loop go to the node together."""
+        answered = False
         if call.answer is not None and self.nc is not None:
             body, headers = render_direct(call.answer, outcome.status, output, outcome.error, outcome.execution_s)
             try:
                 await self.nc.publish(call.answer.reply, body, headers=headers)
-                outcome, output = outcome.model_copy(update={"answered": True}), b""
+                answered, output = True, b""
             except Exception as exc:
                 log.warning("%s: could not answer %s directly: %s", self.name, call.fn, exc)
-        await self._reply(reply, outcome, output)
-
-    async def _reply(self, reply: str, outcome: WorkerOutcome, output: bytes = b"") -> None:
         if outcome.status != 200:
             log.warning("%s: call -> %d: %s", self.name, outcome.status, outcome.error)
+        final = WorkerOutcome.model_construct(id=call.id, status=outcome.status, error=outcome.error,
+                                              execution_s=outcome.execution_s, retiring=outcome.retiring,
+                                              answered=answered, size=len(output))
+        entry = self._outbox.get(reply)
+        if entry is None:
+            entry = self._outbox[reply] = ([], [])
+            asyncio.get_running_loop().call_soon(self._flush_outcomes, reply)
+        entry[0].append(final)
+        entry[1].append(output)
+
+    def _flush_outcomes(self, reply: str) -> None:
+        """End of the turn: what ended during it goes to the node as one message."""
+        entry = self._outbox.pop(reply, None)
+        if entry is None:
+            return
+        outcomes, outputs = entry
+        task = asyncio.get_running_loop().create_task(
+            self._publish_outcomes(reply, WorkerOutcomes.model_construct(outcomes=outcomes, error=None), b"".join(outputs)))
+        self._sending.add(task)
+        task.add_done_callback(self._sending.discard)
+
+    async def _publish_outcomes(self, reply: str, outcomes: WorkerOutcomes, outputs: bytes) -> None:
         if reply and self.nc is not None:
             try:
-                await self.nc.publish(reply, frame(outcome, output))
+                await self.nc.publish(reply, frame(outcomes, outputs))
             except Exception as exc:  # connection closed: the node sees the worker go and answers for it
                 log.warning("%s: could not answer: %s", self.name, exc)
+
+    async def _flush_all(self) -> None:
+        """Stopping: every outcome still waiting for the end of a turn, and those being sent, go out."""
+        for reply in list(self._outbox):
+            entry = self._outbox.pop(reply)
+            await self._publish_outcomes(reply, WorkerOutcomes.model_construct(outcomes=entry[0], error=None),
+                                         b"".join(entry[1]))
+        if self._sending:
+            await asyncio.wait(list(self._sending), timeout=2.0)
 
     async def announce_node_gone(self) -> None:
         """Our node died (we were orphaned): tell its callers, so they fail now, not at their timeout."""
