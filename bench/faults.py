@@ -60,7 +60,7 @@ def main() -> int:
     parser.add_argument("--faults", default=",".join(names), help=f"comma-separated subset of: {', '.join(names)}")
     parser.add_argument("--quick", action="store_true", help="short phases and one stack per mode (~2-3 min)")
     parser.add_argument("--seed", type=int, default=1, help="seeds the arrivals, payloads and the worker to kill")
-    parser.add_argument("--rate", type=float, help="calls per second per transport (default 8, quick 5)")
+    parser.add_argument("--rate", type=float, help="calls per second per transport (default 4: with 5 transports, ~55 %% of the node's K=4 slots)")
     parser.add_argument("--load-s", type=float, help="seconds of load under each fault (default 24, quick 6)")
     parser.add_argument("--disk-size", default="64m", help="size of the tmpfs of the disk-full fault")
     parser.add_argument("--share-stack", action="store_true", help="run the faults of a mode on one stack (--quick does)")

@@ -53,56 +53,63 @@ class NoFault(Fault):
         return "nothing to end"
 
 
-class KillPart(Fault):
+class Kill(Fault):
+    """kill -9 one process (``victim``); ``end`` waits until ``replaced`` says what took its place."""
+
+    killed: int | None = None
+    killed_at = 0.0
+
+    def victim(self, stack: UpStack, rng: random.Random) -> tuple[int, str]:
+        raise NotImplementedError
+
+    def replaced(self, stack: UpStack) -> str | None:
+        raise NotImplementedError
+
+    async def inject(self, stack: UpStack, rng: random.Random) -> str:
+        pid, what = self.victim(stack, rng)
+        os.kill(pid, signal.SIGKILL)
+        self.killed, self.killed_at = pid, time.monotonic()
+        return f"kill -9 {what}"
+
+    async def end(self, stack: UpStack) -> str:
+        while time.monotonic() < self.killed_at + RESTART_TIMEOUT_S:
+            if (done := self.replaced(stack)) is not None:
+                return f"{done} after {time.monotonic() - self.killed_at:.1f} s"
+            await asyncio.sleep(0.1)
+        return f"NOT replaced within {RESTART_TIMEOUT_S:g} s"
+
+
+class KillPart(Kill):
     """kill -9 one supervised part; the supervisor must start it again."""
 
     def __init__(self, name: str, part: str, title: str, **kw) -> None:
         super().__init__(name, title, **kw)
         self.part = part
-        self.killed: int | None = None
-        self.killed_at = 0.0
 
-    async def inject(self, stack: UpStack, rng: random.Random) -> str:
+    def victim(self, stack: UpStack, rng: random.Random) -> tuple[int, str]:
         pid = stack.pid_of(self.part)
         if pid is None:
             raise FaultError(f"{self.part} is not running (no live pid file)")
-        os.kill(pid, signal.SIGKILL)
-        self.killed, self.killed_at = pid, time.monotonic()
-        return f"kill -9 {self.part} (pid {pid})"
+        return pid, f"{self.part} (pid {pid})"
 
-    async def end(self, stack: UpStack) -> str:
-        deadline = self.killed_at + RESTART_TIMEOUT_S
-        while time.monotonic() < deadline:
-            pid = stack.pid_of(self.part)
-            if pid is not None and pid != self.killed:
-                return f"{self.part} restarted by up as pid {pid} after {time.monotonic() - self.killed_at:.1f} s"
-            await asyncio.sleep(0.1)
-        return f"{self.part} NOT restarted within {RESTART_TIMEOUT_S:g} s"
+    def replaced(self, stack: UpStack) -> str | None:
+        pid = stack.pid_of(self.part)
+        return f"{self.part} restarted by up as pid {pid}" if pid is not None and pid != self.killed else None
 
 
-class KillWorker(Fault):
+class KillWorker(Kill):
     """kill -9 one worker process of the (busy) node; its pool must replace it."""
 
-    killed: int | None = None
-    killed_at = 0.0
-
-    async def inject(self, stack: UpStack, rng: random.Random) -> str:
+    def victim(self, stack: UpStack, rng: random.Random) -> tuple[int, str]:
         pids = stack.worker_pids()
         if not pids:
             raise FaultError(f"node {NODE} has no running worker (no live pid file)")
         pid = rng.choice(pids)
-        os.kill(pid, signal.SIGKILL)
-        self.killed, self.killed_at = pid, time.monotonic()
-        return f"kill -9 worker pid {pid} (one of {len(pids)})"
+        return pid, f"worker pid {pid} (one of {len(pids)})"
 
-    async def end(self, stack: UpStack) -> str:
-        deadline = self.killed_at + RESTART_TIMEOUT_S
-        while time.monotonic() < deadline:
-            pids = stack.worker_pids()
-            if self.killed not in pids and len(pids) >= stack.k:
-                return f"{len(pids)} workers running again after {time.monotonic() - self.killed_at:.1f} s"
-            await asyncio.sleep(0.1)
-        return f"the pool did NOT get back to {stack.k} workers within {RESTART_TIMEOUT_S:g} s"
+    def replaced(self, stack: UpStack) -> str | None:
+        pids = stack.worker_pids()
+        return f"{len(pids)} workers running again" if self.killed not in pids and len(pids) >= stack.k else None
 
 
 class KillUp(Fault):

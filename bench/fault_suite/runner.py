@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import random
+import shutil
 import subprocess
 import time
 from dataclasses import asdict, dataclass, field
@@ -31,7 +32,7 @@ SUBJECTS = Subjects(PREFIX)
 @dataclass
 class Options:
     seed: int = 1
-    rate: float = 8.0             # calls per second per transport (Poisson arrivals)
+    rate: float = 4.0             # calls per second per transport (Poisson arrivals): ~55 % of K=4 with 5 transports
     load_s: float = 24.0          # load under the fault; the fault comes at a third of it
     after_s: float = 4.0          # load after recovery: every call must succeed
     recover_s: float = 90.0       # bound on recovery (healthz 200, every worker ready)
@@ -44,7 +45,7 @@ class Options:
 
     @classmethod
     def quick(cls, **kw) -> "Options":
-        return cls(**{"rate": 5.0, "load_s": 6.0, "after_s": 2.0, "recover_s": 60.0, "drain_s": 30.0,
+        return cls(**{"load_s": 6.0, "after_s": 2.0, "recover_s": 60.0, "drain_s": 30.0,
                       "direct_timeout_s": 15.0, **kw})
 
 
@@ -158,7 +159,9 @@ async def run_session(mode: str, faults: list[Fault], opts: Options, say: Callab
         notes = await stack.stop()
         if notes:
             reports[-1].events += notes
-        if mount is not None:
+        if mount is not None:   # the logs outlive the tmpfs
+            for src, dst in ((stack.data_dir / "logs", root / "logs"), (stack.data_dir / "nats", root / "nats")):
+                shutil.copytree(src, dst, dirs_exist_ok=True, ignore=shutil.ignore_patterns("jetstream"))
             subprocess.run(["umount", "-l", str(mount)], capture_output=True)
     return reports
 

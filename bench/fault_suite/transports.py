@@ -67,47 +67,51 @@ class Transport:
         await asyncio.gather(*self._tasks, return_exceptions=True)
 
 
-def _http_failure(exc: httpx.HTTPError) -> str | None:
-    """An HTTP failure that tells the caller at once that its call failed (refused), or None for
-    silence (a timeout: the call is lost unless answered otherwise)."""
-    if isinstance(exc, httpx.TimeoutException):
-        return None
-    if isinstance(exc, httpx.ConnectError):
-        return "connection refused (HTTP bridge down)"
-    return f"connection closed without an answer ({type(exc).__name__})"
+class HttpTransport(Transport):
+    """A transport over the node's HTTP bridge: one client, its failures sorted (refused or silent)."""
 
-
-class HttpDirect(Transport):
-    direct = True
-
-    def __init__(self, base_url: str, client: str, timeout_s: float) -> None:
-        super().__init__(HTTP_DIRECT, client)
+    def __init__(self, name: str, base_url: str, client: str, timeout_s: float) -> None:
+        super().__init__(name, client)
         self.http = httpx.AsyncClient(base_url=base_url, timeout=httpx.Timeout(timeout_s, connect=5.0),
                                       limits=httpx.Limits(max_connections=64))
 
-    async def _call(self, req: str, payload: bytes) -> None:
+    async def _post(self, req: str, path: str, payload: bytes) -> httpx.Response | None:
+        """The response, or None: then the call was refused (told at once) or met silence (a
+        timeout: lost unless answered otherwise)."""
         try:
-            response = await self.http.post(f"/function/{FUNCTION}", content=payload)
+            return await self.http.post(path, content=payload)
+        except httpx.TimeoutException:
+            return None
+        except httpx.ConnectError:
+            self.ledger.refused(req, "connection refused (HTTP bridge down)")
         except httpx.HTTPError as exc:
-            if (why := _http_failure(exc)) is not None:
-                self.ledger.refused(req, why)
-            return
-        self.ledger.answered(req, response.status_code, response.content)
+            self.ledger.refused(req, f"connection closed without an answer ({type(exc).__name__})")
+        return None
 
     async def close(self) -> None:
         await super().close()
         await self.http.aclose()
 
 
-class HttpAsync(Transport):
+class HttpDirect(HttpTransport):
+    direct = True
+
+    def __init__(self, base_url: str, client: str, timeout_s: float) -> None:
+        super().__init__(HTTP_DIRECT, base_url, client, timeout_s)
+
+    async def _call(self, req: str, payload: bytes) -> None:
+        response = await self._post(req, f"/function/{FUNCTION}", payload)
+        if response is not None:
+            self.ledger.answered(req, response.status_code, response.content)
+
+
+class HttpAsync(HttpTransport):
     """``POST /async-function`` (202 = accepted), then ``GET /result/{id}`` until answered."""
 
     POLL_S = 0.5
 
     def __init__(self, base_url: str, client: str, timeout_s: float) -> None:
-        super().__init__(HTTP_ASYNC, client)
-        self.http = httpx.AsyncClient(base_url=base_url, timeout=httpx.Timeout(timeout_s, connect=5.0),
-                                      limits=httpx.Limits(max_connections=64))
+        super().__init__(HTTP_ASYNC, base_url, client, timeout_s)
         self.call_ids: dict[str, str] = {}   # our request id -> the bridge's call id
         self._poller: asyncio.Task | None = None
 
@@ -115,11 +119,8 @@ class HttpAsync(Transport):
         self._poller = asyncio.create_task(self._poll())
 
     async def _call(self, req: str, payload: bytes) -> None:
-        try:
-            response = await self.http.post(f"/async-function/{FUNCTION}", content=payload)
-        except httpx.HTTPError as exc:
-            if (why := _http_failure(exc)) is not None:
-                self.ledger.refused(req, why)
+        response = await self._post(req, f"/async-function/{FUNCTION}", payload)
+        if response is None:
             return
         if response.status_code == 202:
             self.call_ids[req] = response.headers["x-call-id"]
@@ -155,7 +156,6 @@ class HttpAsync(Transport):
             self._poller.cancel()
             await asyncio.gather(self._poller, return_exceptions=True)
         await super().close()
-        await self.http.aclose()
 
 
 class NatsDirect(Transport):
