@@ -58,7 +58,7 @@ def main() -> int:
                                      formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
     names = list(all_faults())
     parser.add_argument("--faults", default=",".join(names), help=f"comma-separated subset of: {', '.join(names)}")
-    parser.add_argument("--quick", action="store_true", help="short phases and one stack per mode (~2-3 min)")
+    parser.add_argument("--quick", action="store_true", help="short phases and one stack per mode (~7 min)")
     parser.add_argument("--seed", type=int, default=1, help="seeds the arrivals, payloads and the worker to kill")
     parser.add_argument("--rate", type=float, help="calls per second per transport (default 4: with 5 transports, ~55 %% of the node's K=4 slots)")
     parser.add_argument("--load-s", type=float, help="seconds of load under each fault (default 24, quick 6)")
