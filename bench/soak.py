@@ -1,6 +1,10 @@
 """Soak: ``p2pfaas up`` under a steady load for minutes, with the memory of every process sampled.
 
 Run: .venv/bin/python bench/soak.py [--k 64] [--minutes 10] [--rate 200] [--json OUT]
+     .venv/bin/python bench/soak.py --k 16 --fn sleep --payload 0.1 --rate 80 --minutes 30   # half capacity
+
+With ``--fn sleep --payload S`` every call holds a slot S seconds, so the node's capacity is
+K / S calls per second and ``--rate`` says how full it runs (K 16, 0.1 s, 80/s: half).
 
 It starts its own ``p2pfaas up`` (one node, the controller and MQTT off, free ports, a temporary
 data dir), drives an open-loop load of direct HTTP calls (echo) at ``--rate`` per second, and
@@ -66,7 +70,8 @@ def rss_kib(pid: int) -> int | None:
     return None
 
 
-async def drive(url: str, rate: float, seconds: float, stats: Counter, latencies: list[float]) -> None:
+async def drive(url: str, rate: float, seconds: float, stats: Counter, latencies: list[float],
+                fn: str = "echo", payload: bytes = b"soak") -> None:
     """Open loop: a call every 1/rate s, whatever the previous ones do (bounded in flight)."""
     limits = httpx.Limits(max_connections=256, max_keepalive_connections=256)
     async with httpx.AsyncClient(timeout=30, limits=limits) as http:
@@ -75,7 +80,7 @@ async def drive(url: str, rate: float, seconds: float, stats: Counter, latencies
         async def one() -> None:
             started = time.perf_counter()
             try:
-                r = await http.post(f"{url}/function/echo", content=b"soak")
+                r = await http.post(f"{url}/function/{fn}", content=payload)
                 stats[r.status_code] += 1
                 if r.status_code == 200:
                     latencies.append(time.perf_counter() - started)
@@ -110,6 +115,8 @@ def main() -> int:
     parser.add_argument("--sample", type=float, default=30.0, help="seconds between RSS samples")
     parser.add_argument("--warmup", type=float, default=60.0, help="seconds before the reference RSS sample")
     parser.add_argument("--rss-tolerance", type=float, default=0.10)
+    parser.add_argument("--fn", default="echo", help="function called (echo; sleep holds a slot --payload seconds)")
+    parser.add_argument("--payload", default="soak", help="the call's body (for sleep: seconds)")
     parser.add_argument("--json", type=Path, help="write every sample here")
     args = parser.parse_args()
 
@@ -128,7 +135,11 @@ def main() -> int:
                 sys.exit("p2pfaas up did not come up")
             time.sleep(0.2)
         url = json.loads((data_dir / "endpoints.json").read_text())["http"]["n1"]
-        print(f"up with K={args.k}: {url}; {args.rate:g} calls/s for {args.minutes:g} min", flush=True)
+        load_note = ""
+        if args.fn == "sleep":
+            capacity = args.k / float(args.payload)
+            load_note = f" ({args.rate / capacity:.0%} of the node's capacity of {capacity:g} calls/s)"
+        print(f"up with K={args.k}: {url}; {args.rate:g} calls/s of {args.fn}{load_note} for {args.minutes:g} min", flush=True)
 
         stats: Counter = Counter()
         latencies: list[float] = []
@@ -136,7 +147,7 @@ def main() -> int:
         seconds = args.minutes * 60
 
         async def run() -> None:
-            load = asyncio.create_task(drive(url, args.rate, seconds, stats, latencies))
+            load = asyncio.create_task(drive(url, args.rate, seconds, stats, latencies, args.fn, args.payload.encode()))
             start = time.monotonic()
             while not load.done():
                 procs = tree(up.pid)
