@@ -12,7 +12,7 @@ import os
 
 from nats.js import JetStreamContext
 from nats.js.api import DiscardPolicy, RetentionPolicy, StorageType, StreamConfig
-from nats.js.errors import BadRequestError
+from nats.js.errors import BadRequestError, NotFoundError
 
 from broker.subjects import Subjects
 
@@ -66,16 +66,42 @@ def stream_replicas() -> int:
     return int(value)
 
 
+_COMPARED = ("subjects", "retention", "storage", "max_bytes", "max_msgs", "max_age", "duplicate_window", "discard",
+             "allow_direct", "num_replicas")
+
+
 async def _ensure(js: JetStreamContext, config: StreamConfig) -> None:
+    """Create the stream, or bring an existing one to ``config``. An existing stream that already
+    has it is left alone: adding it again would make nats-server reserve its ``max_bytes`` a
+    second time (error 10047 on a small disk) and every node and learner ensures the streams."""
     config.num_replicas = config.num_replicas or stream_replicas()
     try:
-        await js.add_stream(config)
-    except BadRequestError as exc:
-        # 10058: exists with a different config -> bring it to ours.
-        if exc.err_code == 10058:
-            await js.update_stream(config)
-        else:
-            raise
+        current = (await js.stream_info(config.name)).config
+    except NotFoundError:
+        try:
+            await js.add_stream(config)
+            return
+        except BadRequestError as exc:
+            if exc.err_code != 10058:   # 10058: made meanwhile by another node, with another config
+                raise
+    else:
+        # a duplicate window of 0 asks for the server's default (2 min), which the server then reports
+        wanted = {f: getattr(config, f, None) for f in _COMPARED}
+        if not wanted["duplicate_window"]:
+            wanted["duplicate_window"] = None
+        if all(_same(getattr(current, f, None), wanted[f]) for f in _COMPARED):
+            return
+    await js.update_stream(config)
+
+
+def _same(current, wanted) -> bool:
+    if wanted is None:
+        return True      # not ours to set: whatever the stream has
+    if isinstance(wanted, list):
+        return sorted(current or []) == sorted(wanted)
+    if isinstance(wanted, float) or isinstance(current, float):
+        return current is not None and abs(float(current) - float(wanted)) < 1e-6
+    return current == wanted
 
 
 async def ensure_shared_streams(js: JetStreamContext, subjects: Subjects) -> None:
