@@ -190,6 +190,11 @@ class MqttBridge:
         except (InvalidSubject, InvalidToken) as exc:
             await self._reject_raw(topic, 400, f"malformed topic {topic!r}: {exc}")
             return self._ack(message, "invalid")
+        if message.retain and not message.payload:
+            # the clearing of a retained request (ours, below, comes back to us as retained with
+            # retain-as-published): nothing to run and nothing to answer -- answering it would clear
+            # it again, and the broker and the bridge would ping-pong for ever
+            return self._ack(message, "retain_cleared")
         if message.retain:
             # a retained request would run again for every new session: refuse it, and clear it
             self._mqtt.publish(topic, b"", qos=1, retain=True)

@@ -142,11 +142,14 @@ async def test_answers_produced_while_the_bridge_is_down_reach_the_device(node_f
 
 
 async def test_retained_requests_are_refused(node_factory, mosquitto, nc, prefix):
-    async with node_factory(), MqttBridge(nc, mosquitto.url, prefix=prefix, client_id=f"bridge-{prefix}"):
+    async with node_factory(), MqttBridge(nc, mosquitto.url, prefix=prefix, client_id=f"bridge-{prefix}") as bridge:
         with device(mosquitto.port, prefix) as dev:
             dev.paho.publish(f"{prefix}/n1/request/echo/dev1/kept", b"x", qos=1, retain=True).wait_for_publish(10)
             rejection = await dev.answer("reject/dev1/kept")
+            await asyncio.sleep(1.0)   # the bridge's clearing comes back to it: once, not in a loop
+        seen = {outcome: bridge.messages.labels("to_nats", outcome)._value.get() for outcome in ("retained", "retain_cleared")}
     assert rejection["http_status"] == 400 and "retained" in rejection["reason"]
+    assert seen == {"retained": 1, "retain_cleared": 1}
 
 
 async def test_two_bridges_side_by_side_answer_each_request_once(node_factory, mosquitto, nc, prefix):
