@@ -8,7 +8,9 @@ Used by ``p2pfaas invoke --via nats``, the HTTP bridge, the farm emitter and the
         answer = await faas.expect("r1")                        # ... its result, when it comes
 
 A direct call fails fast: :class:`~broker.errors.NodeUnavailable` when no node listens, when
-the client has no broker connection, or when the node goes away mid-call.
+the client has no broker connection, when the node goes away mid-call or the connection drops
+mid-call (its answer would go to an inbox nobody holds); :class:`~broker.errors.NotPermitted`
+when the broker refuses the request.
 """
 
 from __future__ import annotations
@@ -26,7 +28,7 @@ from nats.js.errors import NotFoundError
 from broker import headers as H
 from broker.answers import Answer
 from broker.codec import decode
-from broker.connection import on_publish_refused
+from broker.connection import on_event, on_publish_refused
 from broker.errors import ContractError, InvalidSubject, NodeUnavailable, NotPermitted
 from broker.messages import NodeGone
 from broker.streams import results_stream
@@ -50,7 +52,7 @@ class FaasClient:
         self._tokens = itertools.count()
         self._inbox = ""
         self._subs: list = []
-        self._unlisten: Callable[[], None] | None = None
+        self._unlisten: list[Callable[[], None]] = []
 
     async def start(self) -> "FaasClient":
         self._inbox = self.nc.new_inbox()
@@ -59,13 +61,14 @@ class FaasClient:
                                  (self.subjects.rejects_of(self.client), self._on_answer),
                                  (self.subjects.all_gone(), self._on_gone)):
             self._subs.append(await self.nc.subscribe(subject, cb=handler))
-        self._unlisten = on_publish_refused(self.nc, self._on_refused)
+        self._unlisten = [on_publish_refused(self.nc, self._on_refused),
+                          on_event(self.nc, "disconnected", self._on_disconnected)]
         return self
 
     async def stop(self) -> None:
-        if self._unlisten is not None:
-            self._unlisten()
-            self._unlisten = None
+        for unlisten in self._unlisten:
+            unlisten()
+        self._unlisten = []
         for sub in self._subs:
             try:
                 await sub.unsubscribe()
@@ -127,6 +130,14 @@ class FaasClient:
             if node == gone.node and not fut.done():
                 del self._calls[token]
                 fut.set_exception(NodeUnavailable(f"node {node} went away during the call ({gone.reason or 'stopped'})"))
+
+    def _on_disconnected(self) -> None:
+        """The broker connection dropped: answers to the calls in flight went to an inbox nobody
+        held meanwhile, so they fail now (as an HTTP call whose connection broke), not at their timeout."""
+        for token, (fut, node, _) in list(self._calls.items()):
+            if not fut.done():
+                del self._calls[token]
+                fut.set_exception(NodeUnavailable(f"the connection to NATS dropped during the call to node {node}"))
 
     def _on_refused(self, subject: str) -> None:
         """The broker refused one of our publishes: a direct call on that subject fails now."""

@@ -8,7 +8,7 @@ import os
 import re
 import ssl
 import weakref
-from typing import Callable
+from typing import Callable, Literal
 
 import nats
 from nats.aio.client import Client
@@ -19,28 +19,40 @@ from broker.errors import BrokerUnavailable, NotPermitted
 log = logging.getLogger(__name__)
 
 _REFUSED = re.compile(r'permissions violation for publish to "([^"]+)"', re.IGNORECASE)
-# connection -> who wants to hear about the publishes the broker refused it
-_refusal_listeners: "weakref.WeakKeyDictionary[Client, list[Callable[[str], None]]]" = weakref.WeakKeyDictionary()
+Event = Literal["publish_refused", "disconnected", "reconnected"]
+# connection -> event -> who wants to hear about it
+_listeners: "weakref.WeakKeyDictionary[Client, dict[str, list[Callable[..., None]]]]" = weakref.WeakKeyDictionary()
 
 
-def on_publish_refused(nc: Client, listener: Callable[[str], None]) -> Callable[[], None]:
-    """Call ``listener(subject)`` whenever the broker refuses a publish of ``nc`` (a permissions
-    violation: the server says so asynchronously, so a request would otherwise wait for its
-    timeout). Returns the function that removes the listener."""
-    listeners = _refusal_listeners.setdefault(nc, [])
+def on_event(nc: Client, event: Event, listener: Callable[..., None]) -> Callable[[], None]:
+    """Call ``listener`` on ``event`` of a connection made by :func:`connect`: ``publish_refused``
+    (with the subject: a permissions violation, which the server reports asynchronously),
+    ``disconnected`` and ``reconnected`` (no argument). Returns the function that removes it."""
+    listeners = _listeners.setdefault(nc, {}).setdefault(event, [])
     listeners.append(listener)
     return lambda: listener in listeners and listeners.remove(listener)
 
 
+def on_publish_refused(nc: Client, listener: Callable[[str], None]) -> Callable[[], None]:
+    """Call ``listener(subject)`` whenever the broker refuses a publish of ``nc`` (a request would
+    otherwise wait for its timeout)."""
+    return on_event(nc, "publish_refused", listener)
+
+
+def _notify(nc: Client | None, event: Event, *args: str) -> None:
+    if nc is None:
+        return
+    for listener in list(_listeners.get(nc, {}).get(event, ())):
+        try:
+            listener(*args)
+        except Exception:  # one listener's bug does not keep the others from hearing it
+            log.exception("%s listener failed", event)
+
+
 def _publish_refused(nc: Client | None, exc: Exception) -> None:
     match = _REFUSED.search(str(exc))
-    if nc is None or match is None:
-        return
-    for listener in list(_refusal_listeners.get(nc, ())):
-        try:
-            listener(match.group(1))
-        except Exception:  # one listener's bug does not keep the others from hearing it
-            log.exception("publish refusal listener failed")
+    if match is not None:
+        _notify(nc, "publish_refused", match.group(1))
 
 
 async def request(nc: Client, subject: str, payload: bytes = b"", *, timeout_s: float,
@@ -100,9 +112,11 @@ async def connect(url: str | list[str], name: str, *, connect_timeout_s: float =
 
     async def on_disconnect() -> None:
         log.info("nats %s: disconnected", name)
+        _notify(connection[0] if connection else None, "disconnected")
 
     async def on_reconnect() -> None:
         log.info("nats %s: reconnected", name)
+        _notify(connection[0] if connection else None, "reconnected")
 
     try:
         # nats-py retries a failed first connect forever when reconnects are on:

@@ -187,6 +187,21 @@ class WorkerOutcomes(Contract):
     error: str | None = None
 
 
+class WorkerStatusRequest(Contract):
+    """Node -> worker on ``<prefix>.<node>.worker.<name>.status`` after the broker connection came
+    back: which of these calls do you still run? The worker first sends again the outcomes of those
+    it finished (they may have been lost with the broker), then answers :class:`WorkerStatus`."""
+
+    ids: list[int] = Field(max_length=100_000)
+
+
+class WorkerStatus(Contract):
+    """The calls of a :class:`WorkerStatusRequest` the worker still runs; the others it never got
+    or finished (their outcomes were sent again just before this answer)."""
+
+    running: list[int] = Field(default_factory=list)
+
+
 class NodeGone(Contract):
     """On ``<prefix>.<node>.gone``: the node stopped (``by`` is the node itself, or one of its
     workers that saw it die); callers waiting on it fail at once."""

@@ -188,6 +188,10 @@ class Subjects:
         """A worker's own dispatch subject: the node sends it calls (request/reply)."""
         return self._join(node, "worker", check_token(worker, "worker"))
 
+    def worker_status(self, node: str, worker: str) -> str:
+        """Request/reply: which of the node's calls a worker still runs (after a broker outage)."""
+        return self._join(node, "worker", check_token(worker, "worker"), "status")
+
     def gone(self, node: str) -> str:
         """Published when a node stops (by the node, or by its workers when it died): callers
         waiting on it fail at once instead of at their timeout."""

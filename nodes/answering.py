@@ -40,10 +40,14 @@ class Answerer:
         self.stats_of, self.released = stats_of, released
         self.on_answer: Callable[[str, int, float], None] | None = None   # (key, status, total_s): rewards
         self._stores: set[asyncio.Task] = set()
+        self._stopping = False
 
     # -- outcomes -----------------------------------------------------------------------
     async def executed(self, call: Call, status: int, output: bytes, error: str | None, execution_s: float) -> None:
         """A worker of this node ran the call (and did not answer a direct caller itself)."""
+        limit = self.output_limit()
+        if len(output) > limit:   # it could never be sent (nor stored): an error the caller can read instead
+            status, error, output = 500, f"{call.fn}: output of {len(output)} bytes exceeds the limit of {limit}", b""
         self.count_execution(call, status, execution_s)
         if not call.is_async:
             context = self.direct_context(call)
@@ -61,6 +65,11 @@ class Answerer:
                         timings=self._timings(call, execution_s, total_s), hop_timings=[hop],
                         learning=call.learning, **_output_fields(output if status == 200 else b""))
         self._store(call, self.subjects.result(call.inv.client, call.inv.request_id), encode(result))
+
+    def output_limit(self) -> int:
+        """Largest output an answer can carry: the broker's message limit, less room for the
+        headers, and for a stored answer's base64 and JSON (3/4 of it)."""
+        return output_limit(self.nc.max_payload)
 
     def direct_context(self, call: Call) -> DirectAnswer | None:
         """A direct call's side of its answer, handed to the worker that runs it (it answers the
@@ -174,14 +183,25 @@ class Answerer:
         task.add_done_callback(self._stores.discard)
 
     async def _store_then_ack(self, call: Call, subject: str, data: bytes) -> None:
+        """Retried until stored (JetStream unavailable, disk full): the task stays held meanwhile,
+        and running it again would give its caller a second, different answer -- the one answer
+        is kept and stored once the broker takes it (the message id makes a late double harmless).
+        Only a stopping node gives the task back."""
         assert call.held is not None
-        try:
-            await self.js.publish(subject, data, headers={H.MSG_ID: f"answer.{call.key}"},
-                                  stream=results_stream(self.subjects), timeout=STORE_TIMEOUT_S)
-        except Exception as exc:  # not stored: leave it unacked, the intake delivers it again
-            log.warning("%s: answer of %s not stored (%s); it will be delivered again", self.node, call.key, exc)
-            self.metrics.error("answer_not_stored")
-            return self.released(call, False)
+        delay = 0.5
+        while True:
+            try:
+                await self.js.publish(subject, data, headers={H.MSG_ID: f"answer.{call.key}"},
+                                      stream=results_stream(self.subjects), timeout=STORE_TIMEOUT_S)
+                break
+            except Exception as exc:  # not stored (yet)
+                self.metrics.error("answer_not_stored")
+                if self._stopping:
+                    log.warning("%s: answer of %s not stored (%s); it will be delivered again", self.node, call.key, exc)
+                    return self.released(call, False)
+                log.warning("%s: answer of %s not stored (%s); trying again in %.1f s", self.node, call.key, exc, delay)
+                await asyncio.sleep(delay)
+                delay = min(2 * delay, 15.0)
         try:
             await call.held.ack()
         except Exception as exc:  # answered and stored: a redelivery finds the answer and stops there
@@ -189,9 +209,13 @@ class Answerer:
         self.released(call, True)
 
     async def settle(self, timeout_s: float = 5.0) -> None:
-        """Wait for answers still being stored (the node is stopping)."""
+        """Wait for answers still being stored (the node is stopping); those that cannot be stored
+        by then are given back (delivered again to a node)."""
+        self._stopping = True
         if self._stores:
-            await asyncio.wait(list(self._stores), timeout=timeout_s)
+            _, pending = await asyncio.wait(list(self._stores), timeout=timeout_s)
+            for task in pending:
+                task.cancel()
 
     # -- bookkeeping ----------------------------------------------------------------------
     def _count(self, call: Call, status: int, execution_s: float, total_s: float) -> None:
@@ -203,6 +227,11 @@ class Answerer:
     def _timings(call: Call, execution_s: float, total_s: float, queueing_s: float | None = None) -> Timings:
         return Timings(scheduling_s=call.scheduling_s, queueing_s=call.queueing_s if queueing_s is None else queueing_s,
                        execution_s=execution_s, total_s=total_s, transit_s=call.transit_s)
+
+
+def output_limit(max_payload: int) -> int:
+    """Largest output an answer may carry on a connection whose broker takes ``max_payload`` bytes."""
+    return max(0, (max_payload - 64 * 1024) * 3 // 4)
 
 
 def _output_fields(output: bytes) -> dict[str, str]:

@@ -25,9 +25,10 @@ from nats.aio.client import Client
 from nats.aio.msg import Msg
 
 from broker import headers as H
-from broker.codec import frame, unframe
+from broker.codec import decode, encode, frame, unframe
 from broker.errors import ContractError
-from broker.messages import DirectAnswer, WorkerCall, WorkerCalls, WorkerOutcome, WorkerOutcomes
+from broker.messages import (DirectAnswer, WorkerCall, WorkerCalls, WorkerOutcome, WorkerOutcomes, WorkerStatus,
+                             WorkerStatusRequest)
 from broker.subjects import Subjects
 from functions.registry import FunctionRegistry
 from nodes.calls import Call
@@ -36,6 +37,8 @@ from nodes.inbox import Inbox
 log = logging.getLogger(__name__)
 
 OVERRUN_GRACE_S = 2.0   # past its timeout plus this, a silent worker is taken for stuck
+STATUS_TRIES = 8        # after a broker outage, a worker is asked this many times (it may reconnect later)
+STATUS_TIMEOUT_S = 2.0
 
 Done = Callable[[Call, WorkerOutcome, bytes], Awaitable[None]]
 Lost = Callable[[Call, str], Awaitable[None]]
@@ -227,6 +230,68 @@ class Dispatcher:
         await self._pump()
         for call, outcome, output in ended:
             await self._done(call, outcome, output)
+
+    # -- after a broker outage ----------------------------------------------------------
+    async def reconcile(self, before: float) -> None:
+        """The broker connection came back: a call dispatched before ``before`` may have been lost
+        with the broker on its way to its worker, or its outcome on the way back. Each worker is
+        asked which of them it still runs; it first sends again the outcomes it already sent, and
+        the calls it neither runs nor finished are lost (an async one is delivered again, a direct
+        one answered 500) instead of holding their slot until their timeout."""
+        by_worker: dict[str, list[Call]] = {}
+        for call in self.running.values():
+            if call.dispatched_at <= before:
+                by_worker.setdefault(call.worker, []).append(call)
+        await asyncio.gather(*(self._reconcile_worker(worker, calls) for worker, calls in by_worker.items()))
+
+    async def _reconcile_worker(self, worker: str, calls: list[Call]) -> None:
+        status = await self._ask_status(worker, [c.id for c in calls])
+        if status is None:
+            if worker in self.workers:
+                log.warning("%s: worker %s does not answer after the broker outage; replacing it", self.pool, worker)
+                self._kill_worker(worker)   # the pool replaces it; lose_worker answers its calls
+            return
+        still = set(status.running)
+        lost = [c for c in calls if self.running.get(c.id) is c and c.id not in still]
+        if lost:
+            log.warning("%s: %d call(s) of worker %s were lost with the broker connection", self.pool, len(lost), worker)
+        for call in lost:
+            self._end(call)
+            await self._lost(call, "the call or its outcome was lost with the broker connection")
+        if lost:
+            await self._pump()
+
+    async def _ask_status(self, worker: str, ids: list[int]) -> WorkerStatus | None:
+        """The worker's answer through the node's inbox (the outcomes it sends again come on the same
+        subscription first, so they are counted before its answer is read); None if it never answers."""
+        loop = asyncio.get_running_loop()
+        delay = 0.5
+        for _ in range(STATUS_TRIES):
+            if worker not in self.workers:
+                return None
+            answer: asyncio.Future[Msg] = loop.create_future()
+
+            async def on_reply(msg: Msg, answer=answer) -> None:
+                if not answer.done():
+                    answer.set_result(msg)
+
+            token, reply = self.inbox.expect(on_reply)
+            try:
+                await self.nc.publish(self.subjects.worker_status(self.node, worker),
+                                      encode(WorkerStatusRequest(ids=ids)), reply=reply)
+                msg = await asyncio.wait_for(answer, STATUS_TIMEOUT_S)
+                if msg.data:
+                    return decode(WorkerStatus, msg.data)
+            except ContractError as exc:
+                log.warning("%s: unreadable status of worker %s: %s", self.pool, worker, exc)
+                return None
+            except Exception as exc:  # no answer yet: the worker (or our connection) may still be reconnecting
+                log.debug("%s: status of %s: %r", self.pool, worker, exc)
+            finally:
+                self.inbox.forget(token)
+            await asyncio.sleep(delay)   # nobody answered (it has not reconnected yet): again
+            delay = min(2 * delay, 4.0)
+        return None
 
     def _overrun(self, call: Call) -> None:
         """No answer past the timeout and its grace: the worker is stuck (or its answer lost);

@@ -15,7 +15,7 @@ from nats.js.errors import APIError, ServiceUnavailableError
 from prometheus_client import generate_latest
 
 from broker.codec import decode, decode_update, encode
-from broker.connection import close_quietly, connect
+from broker.connection import close_quietly, connect, on_event
 from broker.control import ControlError, ControlServer
 from broker.lifecycle import end_strays
 from broker.errors import ContractError
@@ -70,6 +70,8 @@ class Node:
         self.learner: LearnerService | None = None
         self._peers = peers
         self._subs: list = []
+        self._unlisten = lambda: None
+        self._reconciling: set[asyncio.Task] = set()
         self.control: ControlServer | None = None
         self.started_at = time.time()
 
@@ -131,12 +133,16 @@ class Node:
         for name in self.pools:
             self._subs.append(await self.nc.subscribe(s.scale(node, name), cb=self._on_scale))
         self._telemetry = asyncio.create_task(self._publish_telemetry(), name=f"{node}-telemetry")
+        self._unlisten = on_event(self.nc, "reconnected", self._on_reconnected)
         log.info("node %s up: K=%d queue=%d scheduler=%s", node,
                  self.store.node.parallel_running_functions_max, self.store.node.queue_length_max,
                  scheduler.algorithm.describe())
         return self
 
     async def stop(self) -> None:
+        self._unlisten()
+        for task in self._reconciling:
+            task.cancel()
         if self._telemetry:
             self._telemetry.cancel()
             await asyncio.gather(self._telemetry, return_exceptions=True)
@@ -207,6 +213,23 @@ class Node:
                 await pool.start(self.store.node.parallel_running_functions_max)
             else:
                 await pool.start(self.settings.pools[name].initial)
+
+    def _on_reconnected(self) -> None:
+        """Back on the broker after an outage: calls (or their outcomes) that were on the wire
+        when it went are found and run again or answered (Dispatcher.reconcile); the scheduler
+        checks the async calls it receives again for answers already stored."""
+        at = time.time()
+        if self.scheduler is not None:
+            self.scheduler.reconnected()
+        for dispatcher in self._dispatchers.values():
+            task = asyncio.get_running_loop().create_task(dispatcher.reconcile(at))
+            self._reconciling.add(task)
+            task.add_done_callback(self._reconciled)
+
+    def _reconciled(self, task: asyncio.Task) -> None:
+        self._reconciling.discard(task)
+        if not task.cancelled() and task.exception() is not None:
+            log.error("node %s: reconciling after the broker outage failed: %r", self.settings.node_id, task.exception())
 
     def _activity(self) -> tuple[str, dict[str, int]]:
         """For heartbeats: the algorithm and the forwards per peer since the previous heartbeat."""

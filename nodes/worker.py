@@ -23,25 +23,30 @@ import os
 import signal
 import sys
 import time
+from collections import OrderedDict
 from concurrent.futures import ThreadPoolExecutor
 
 from nats.aio.client import Client
 from nats.aio.msg import Msg
 
 from broker.answers import render_direct
-from broker.codec import encode, frame, unframe
+from broker.codec import decode, encode, frame, unframe
 from broker.connection import close_quietly, connect, credentials_from_env
 from broker.errors import ContractError
 from broker.lifecycle import hard_exit_after, on_parent_gone, parent_gone, parent_pipe_watched, run_loop
-from broker.messages import NodeGone, WorkerCall, WorkerCalls, WorkerOutcome, WorkerOutcomes
+from broker.messages import (NodeGone, WorkerCall, WorkerCalls, WorkerOutcome, WorkerOutcomes, WorkerStatus,
+                             WorkerStatusRequest)
 from broker.subjects import Subjects
 from functions.registry import FunctionInputError, FunctionRegistry, FunctionSpec, default_registry
+from nodes.answering import output_limit
 from nodes.settings import NodeSettings
 
 log = logging.getLogger(__name__)
 
 DEFAULT_POOL = "default"
 EXIT_RECYCLE = 3        # a function overran its timeout: the process exits so its thread dies with it
+SENT_KEPT = 4096        # outcomes remembered for a node that asks again after a broker outage,
+SENT_BYTES = 32 << 20   # and at most this many bytes of their outputs
 STOP_GRACE_S = 10.0     # a stopping worker finishes its calls this long, then exits regardless
 WORKER_CREDENTIALS = "P2PFAAS_WORKER_NATS"   # _USER / _PASSWORD: the identity of a node's workers
 
@@ -63,6 +68,11 @@ class Worker:
         self.nc: Client | None = None
         self._running: set[asyncio.Task] = set()
         self._outbox: dict[str, tuple[list[WorkerOutcome], list[bytes]]] = {}   # reply -> outcomes ended this turn
+        self._active: set[int] = set()                  # ids of the calls running here
+        # the last outcomes sent, by call id, with their reply subject: sent again when the node asks
+        # after a broker outage (an outcome in flight when nats-server died is lost with it)
+        self._sent: OrderedDict[int, tuple[str, WorkerOutcome, bytes]] = OrderedDict()
+        self._sent_bytes = 0
         self._sending: set[asyncio.Task] = set()
         # CPU-bound calls get one thread (one at a time); I/O-bound ones share a pool
         self._cpu = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"{name}-cpu")
@@ -81,6 +91,7 @@ class Worker:
         self.nc = await connect(self.settings.nats_servers, f"{self.settings.node_id}-{self.name}",
                                 credentials=credentials_from_env(WORKER_CREDENTIALS) or credentials_from_env())
         sub = await self.nc.subscribe(self.subjects.worker(self.settings.node_id, self.name), cb=self._on_call)
+        await self.nc.subscribe(self.subjects.worker_status(self.settings.node_id, self.name), cb=self._on_status)
         watch = await self._watch_node() if self.watch_node else None
         await self.nc.flush()
         if ready is not None and not ready.done():
@@ -137,6 +148,7 @@ class Worker:
             await self._start(msg.reply, call, payload)
 
     async def _start(self, reply: str, call: WorkerCall, payload: bytes) -> None:
+        self._active.add(call.id)
         spec = self.registry.get(call.fn)
         if spec is None:
             return await self._answer(reply, call, WorkerOutcome(status=404, error=f"unknown function {call.fn!r} on worker"), b"")
@@ -203,6 +215,11 @@ class Worker:
         caller's answer cannot go out, the node gets the output and answers instead. Outcomes
         ended in the same turn of the loop go to the node together."""
         answered = False
+        limit = output_limit(self.nc.max_payload) if self.nc is not None else len(output)
+        if len(output) > limit:   # no message could carry it: the caller gets an error it can read
+            outcome = WorkerOutcome(status=500, execution_s=outcome.execution_s, retiring=outcome.retiring,
+                                    error=f"{call.fn}: output of {len(output)} bytes exceeds the limit of {limit}")
+            output = b""
         if call.answer is not None and self.nc is not None:
             body, headers = render_direct(call.answer, outcome.status, output, outcome.error, outcome.execution_s)
             try:
@@ -215,6 +232,8 @@ class Worker:
         final = WorkerOutcome.model_construct(id=call.id, status=outcome.status, error=outcome.error,
                                               execution_s=outcome.execution_s, retiring=outcome.retiring,
                                               answered=answered, size=len(output))
+        self._active.discard(call.id)
+        self._remember(call.id, reply, final, output)
         entry = self._outbox.get(reply)
         if entry is None:
             entry = self._outbox[reply] = ([], [])
@@ -239,6 +258,36 @@ class Worker:
                 await self.nc.publish(reply, frame(outcomes, outputs))
             except Exception as exc:  # connection closed: the node sees the worker go and answers for it
                 log.warning("%s: could not answer: %s", self.name, exc)
+
+    def _remember(self, call_id: int, reply: str, outcome: WorkerOutcome, output: bytes) -> None:
+        """Keep a sent outcome for a node that may ask again (bounded in count and bytes)."""
+        self._sent[call_id] = (reply, outcome, output)
+        self._sent_bytes += len(output)
+        while self._sent and (len(self._sent) > SENT_KEPT or self._sent_bytes > SENT_BYTES):
+            _, (_, _, dropped) = self._sent.popitem(last=False)
+            self._sent_bytes -= len(dropped)
+
+    async def _on_status(self, msg: Msg) -> None:
+        """The node's connection came back: outcomes it may have missed go again, then the ids
+        of its calls still running here."""
+        try:
+            asked = decode(WorkerStatusRequest, msg.data)
+        except ContractError as exc:
+            log.warning("%s: malformed status request: %s", self.name, exc)
+            return
+        again: dict[str, tuple[list[WorkerOutcome], list[bytes]]] = {}
+        for call_id in asked.ids:
+            sent = self._sent.get(call_id)
+            if sent is not None:
+                outcomes, outputs = again.setdefault(sent[0], ([], []))
+                outcomes.append(sent[1])
+                outputs.append(sent[2])
+        for reply, (outcomes, outputs) in again.items():
+            await self._publish_outcomes(reply, WorkerOutcomes.model_construct(outcomes=outcomes, error=None),
+                                         b"".join(outputs))
+        running = [i for i in asked.ids if i in self._active]
+        if msg.reply and self.nc is not None:
+            await self.nc.publish(msg.reply, encode(WorkerStatus(running=running)))
 
     async def _flush_all(self) -> None:
         """Stopping: every outcome still waiting for the end of a turn, and those being sent, go out."""

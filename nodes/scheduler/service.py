@@ -92,6 +92,10 @@ class SchedulerService:
         self._subs: list = []
         self._deciding: set[asyncio.Task] = set()
         self._recent: OrderedDict[str, None] = OrderedDict()
+        self._holding: dict[str, Call] = {}    # async calls taken and not yet released, by key
+        self._started_at = time.time()
+        self._last_seq = 0        # highest intake stream sequence taken
+        self._doubtful_seq = 0    # intake messages up to this one may have run before an outage
 
     # -- SchedulingView -----------------------------------------------------------------
     def local_load(self) -> LocalLoad:
@@ -180,7 +184,21 @@ class SchedulerService:
             await self._refuse_raw("", inv, subject=msg.subject)
             return await msg.ack()
         key = inv.call_key
-        if key in self._recent or (meta.num_delivered > 1 and await self._answered(inv)):
+        seq = meta.sequence.stream
+        self._last_seq = max(self._last_seq, seq)
+        holding = self._holding.get(key)
+        if holding is not None:
+            # delivered again while this node still runs it (its keep-alive was lost in a broker
+            # outage): the same task, not a second one -- the new delivery is the one to acknowledge
+            if holding.held is not None and holding.held.reply != msg.reply:
+                self.intake.release(holding.held)
+                self.intake.hold(msg)
+                holding.held = msg
+            return
+        # a redelivery says so (num_delivered), except after nats-server lost its consumer state
+        # in a crash: then anything stored before our start or taken before the outage may have run
+        doubtful = meta.num_delivered > 1 or stored_at < self._started_at or seq <= self._doubtful_seq
+        if key in self._recent or (doubtful and await self._answered(inv)):
             log.info("%s: %s already answered; dropping the duplicate", self.node_id, key)
             return await msg.ack()
         self.intake.hold(msg)
@@ -189,16 +207,23 @@ class SchedulerService:
             return await self.answerer.refused(self._bare(inv, stored_at, held=msg), call.code, call.http_status,
                                                call.reason, call.kind)
         call.held, call.waited_s = msg, max(0.0, now - stored_at)
+        self._holding[key] = call
         if meta.num_delivered >= self.settings.max_deliver:
             return await self.answerer.dead_letter(
                 call, f"its worker or node failed {meta.num_delivered - 1} times while running it")
         await self.schedule(call)
+
+    def reconnected(self) -> None:
+        """Back on the broker after an outage: intake messages taken so far may come again."""
+        self._doubtful_seq = self._last_seq
 
     def released(self, call: Call, answered: bool) -> None:
         """An async call's message was acknowledged after its answer was stored (``answered``),
         or handed back to be delivered again."""
         assert call.held is not None
         self.intake.release(call.held)
+        if self._holding.get(call.key) is call:
+            del self._holding[call.key]
         if answered:
             self._recent[call.key] = None
             if len(self._recent) > RECENT:
