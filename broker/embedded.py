@@ -126,6 +126,7 @@ class NatsServer(ManagedProcess):
     # two accounts with MQTT devices mapped onto the durable subjects (docs/architecture.md)
     accounts: str | None = None
     tls: tuple[str, str] | None = None   # (certificate, key) files: clients and MQTT over TLS
+    max_store_bytes: int | None = None   # JetStream's file store limit (None: nats-server's, 75 % of the free disk)
 
     @property
     def url(self) -> str:
@@ -150,7 +151,8 @@ class NatsServer(ManagedProcess):
             f'server_name: "p2pfaas-{self.port}"',
             f'listen: "{self.host}:{self.port}"',
             f"max_payload: {self.max_payload}",
-            f'jetstream {{ store_dir: "{(self.data_dir / "jetstream").resolve()}" }}',
+            f'jetstream {{ store_dir: "{(self.data_dir / "jetstream").resolve()}"'
+            + (f", max_file_store: {self.max_store_bytes}" if self.max_store_bytes else "") + " }",
             "include ./accounts.conf",   # identities (broker.auth); rewritten and reloaded when they change
         ]
         open_deployment = self.accounts is None

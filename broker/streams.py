@@ -12,7 +12,7 @@ import os
 
 from nats.js import JetStreamContext
 from nats.js.api import DiscardPolicy, RetentionPolicy, StorageType, StreamConfig
-from nats.js.errors import BadRequestError, NotFoundError
+from nats.js.errors import APIError, BadRequestError, NotFoundError
 
 from broker.subjects import Subjects
 
@@ -30,6 +30,12 @@ ASYNC_MAX_MSGS = 1_000_000
 RESULT_MAX_BYTES = 512 * MIB
 DEADLETTER_MAX_BYTES = 128 * MIB
 EXPERIENCE_MAX_BYTES = 256 * MIB
+# On a store too small for these (nats-server reserves a stream's max_bytes when it is made:
+# error 10047), a stream takes this share of the room the store still has (docs/security.md):
+# the intake and the answers a third each, dead letters and each node's experiences an eighth
+ASYNC_SHARE, RESULT_SHARE, DEADLETTER_SHARE, EXPERIENCE_SHARE = 1 / 3, 1 / 3, 1 / 8, 1 / 8
+MIN_STREAM_BYTES = MIB
+INSUFFICIENT_STORAGE = 10047
 
 
 def stream_names(subjects: Subjects) -> str:
@@ -70,28 +76,61 @@ _COMPARED = ("subjects", "retention", "storage", "max_bytes", "max_msgs", "max_a
              "allow_direct", "num_replicas")
 
 
-async def _ensure(js: JetStreamContext, config: StreamConfig) -> None:
+async def _ensure(js: JetStreamContext, config: StreamConfig, share: float) -> None:
     """Create the stream, or bring an existing one to ``config``. An existing stream that already
     has it is left alone: adding it again would make nats-server reserve its ``max_bytes`` a
-    second time (error 10047 on a small disk) and every node and learner ensures the streams."""
+    second time (error 10047 on a small disk) and every node and learner ensures the streams.
+    When the store has no room for ``max_bytes``, the stream gets ``share`` of the room it has."""
     config.num_replicas = config.num_replicas or stream_replicas()
+    current: StreamConfig | None = None
     try:
         current = (await js.stream_info(config.name)).config
     except NotFoundError:
         try:
-            await js.add_stream(config)
-            return
+            return await _fitted(js, js.add_stream, config, share, None)
         except BadRequestError as exc:
             if exc.err_code != 10058:   # 10058: made meanwhile by another node, with another config
                 raise
     else:
-        # a duplicate window of 0 asks for the server's default (2 min), which the server then reports
+        # a duplicate window of 0 asks for the server's default (2 min), which the server then reports;
+        # a stream fitted to a small store keeps its size (asking for more would fail again)
         wanted = {f: getattr(config, f, None) for f in _COMPARED}
         if not wanted["duplicate_window"]:
             wanted["duplicate_window"] = None
+        if current.max_bytes and wanted["max_bytes"] and 0 < current.max_bytes < wanted["max_bytes"]:
+            wanted["max_bytes"] = None
         if all(_same(getattr(current, f, None), wanted[f]) for f in _COMPARED):
             return
-    await js.update_stream(config)
+    await _fitted(js, js.update_stream, config, share, current)
+
+
+async def _fitted(js: JetStreamContext, make, config: StreamConfig, share: float, current: StreamConfig | None) -> None:
+    """``make(config)`` (add or update); if the store cannot reserve ``config.max_bytes``, the
+    largest size it can is found by halving, and the stream takes ``share`` of it (at least
+    MIN_STREAM_BYTES, and never less than it already has)."""
+    wanted = config.max_bytes
+    try:
+        await make(config)
+        return
+    except APIError as exc:
+        if exc.err_code != INSUFFICIENT_STORAGE or not wanted or wanted <= MIN_STREAM_BYTES:
+            raise
+    size = wanted
+    while True:
+        size //= 2
+        config.max_bytes = max(size, MIN_STREAM_BYTES)
+        try:
+            await make(config)
+            break
+        except APIError as exc:
+            if exc.err_code != INSUFFICIENT_STORAGE or size <= MIN_STREAM_BYTES:
+                raise
+    kept = max(MIN_STREAM_BYTES, int(size * share), (current.max_bytes or 0) if current else 0)
+    if kept < config.max_bytes:
+        config.max_bytes = kept
+        await js.update_stream(config)   # made at the size that fitted: down to its share
+    log.warning("stream %s: the JetStream store has room for about %d MiB, not %d MiB: limited to %d MiB",
+                config.name, size // MIB, wanted // MIB, config.max_bytes // MIB)
 
 
 def _same(current, wanted) -> bool:
@@ -115,7 +154,7 @@ async def ensure_shared_streams(js: JetStreamContext, subjects: Subjects) -> Non
         discard=DiscardPolicy.NEW,
         max_bytes=ASYNC_MAX_BYTES,
         max_msgs=ASYNC_MAX_MSGS,
-    ))
+    ), ASYNC_SHARE)
     await _ensure(js, StreamConfig(
         name=results_stream(subjects),
         subjects=[subjects.all_results(), subjects.all_rejects()],
@@ -124,14 +163,14 @@ async def ensure_shared_streams(js: JetStreamContext, subjects: Subjects) -> Non
         max_bytes=RESULT_MAX_BYTES,
         duplicate_window=DUPLICATE_WINDOW_S,
         allow_direct=True,
-    ))
+    ), RESULT_SHARE)
     await _ensure(js, StreamConfig(
         name=deadletter_stream(subjects),
         subjects=[subjects.all_deadletters()],
         storage=StorageType.FILE,
         max_age=DEADLETTER_MAX_AGE_S,
         max_bytes=DEADLETTER_MAX_BYTES,
-    ))
+    ), DEADLETTER_SHARE)
 
 
 async def ensure_node_streams(js: JetStreamContext, subjects: Subjects, node: str) -> None:
@@ -143,4 +182,4 @@ async def ensure_node_streams(js: JetStreamContext, subjects: Subjects, node: st
         storage=StorageType.FILE,
         max_age=EXPERIENCE_MAX_AGE_S,
         max_bytes=EXPERIENCE_MAX_BYTES,
-    ))
+    ), EXPERIENCE_SHARE)

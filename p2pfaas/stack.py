@@ -6,8 +6,10 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import shutil
 import signal
 import sys
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
@@ -29,6 +31,10 @@ log = logging.getLogger(__name__)
 MqttMode = Literal["nats", "mosquitto", "off"]
 FARM_POOL = "farm"
 FARM_FUNCTION = "sleep"
+# nats-server's log when a stream could not write (disk full); the error stays until a restart
+STORE_ERRORS = (b"Critical write error", b"failed to store a msg")
+HEAL_FREE_BYTES = 16 * 1024 * 1024   # free space on the store's disk before nats-server is restarted
+HEAL_PERIOD_S = 2.0
 
 
 class NodeSpec(BaseModel):
@@ -221,6 +227,7 @@ class Stack:
         self.auth: AuthStore | None = None
         self.tls: TlsFiles | None = None
         self._watch: asyncio.Task | None = None
+        self._heal: asyncio.Task | None = None
 
     async def start(self) -> Endpoints:
         try:
@@ -260,6 +267,7 @@ class Stack:
                                       stop_timeout_s=10))
             ep.notes += server.notes
             nats_url = server.url
+            self._heal = asyncio.create_task(self._heal_store(server), name="jetstream-heal")
             if server.mqtt_port is not None:
                 scheme = "mqtts" if s.tls else "mqtt"
                 ep.mqtt_url, ep.mqtt_via = f"{scheme}://{s.host}:{server.mqtt_port}", "nats-server MQTT listener"
@@ -395,11 +403,48 @@ class Stack:
                 self.supervisor.signal("mosquitto", signal.SIGHUP)
             log.info("identities changed: brokers reloaded")
 
+    async def _heal_store(self, server: NatsServer, period_s: float = HEAL_PERIOD_S) -> None:
+        """After its disk was full, nats-server keeps failing the writes of the streams that hit
+        it even once there is room again (the store's write error is kept until a restart). When
+        its log says a write failed and the disk has room again, it is restarted: a clean stop on
+        the same store; clients reconnect and carry on (docs/security.md, "A full disk")."""
+        path, store = server.log_path, server.data_dir
+        offset = path.stat().st_size if path.exists() else 0
+        failing_since: float | None = None
+        while True:
+            await asyncio.sleep(period_s)
+            try:
+                size = path.stat().st_size
+                if size < offset:   # a new log
+                    offset = 0
+                with open(path, "rb") as f:
+                    f.seek(offset)
+                    chunk = f.read(size - offset)
+                offset = size
+                free = shutil.disk_usage(store).free
+            except OSError:
+                continue
+            if failing_since is None and any(e in chunk for e in STORE_ERRORS):
+                failing_since = time.monotonic()
+                log.error("nats-server could not write its store (disk full?); it is restarted once the disk "
+                          "has %d MiB free (now %d MiB)", HEAL_FREE_BYTES >> 20, free >> 20)
+            if failing_since is None or free < HEAL_FREE_BYTES:
+                continue
+            note = (f"nats-server restarted: its store failed writes (disk full) and the disk has "
+                    f"{free >> 20} MiB free again ({time.monotonic() - failing_since:.0f} s after the first failure)")
+            log.warning(note)
+            self.endpoints.notes.append(note)
+            failing_since = None
+            self.supervisor.signal("nats-server", signal.SIGTERM)   # the supervisor starts it again
+            await asyncio.sleep(period_s)
+            offset = path.stat().st_size if path.exists() else 0
+
     async def stop(self) -> None:
         """Controller and bridges first (no new work), then the nodes (they finish theirs), then
         the brokers; every step bounded."""
-        if self._watch is not None:
-            self._watch.cancel()
+        for task in (self._watch, self._heal):
+            if task is not None:
+                task.cancel()
         order = ["controller", *[f"http-{n}" for n in self.node_ids], "mqtt-bridge",
                  *[f"node-{n}" for n in self.node_ids], "mosquitto", "nats-server"]
         await self.supervisor.stop_all(order)

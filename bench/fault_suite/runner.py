@@ -118,8 +118,10 @@ def make_transports(names: list[str], stack: UpStack, nc, tag: str, opts: Option
         T.HTTP_ASYNC: lambda: T.HttpAsync(stack.http_url, "http-n1", opts.direct_timeout_s),
         T.NATS_DIRECT: lambda: T.NatsDirect(nc, f"{tag}nd", PREFIX, opts.direct_timeout_s),
         T.NATS_ASYNC: lambda: T.NatsAsync(nc, f"{tag}na", PREFIX),
-        T.MQTT_NATS: lambda: T.MqttDevice(T.MQTT_NATS, "127.0.0.1", stack.mqtt_port, f"{tag}mq", PREFIX),
-        T.MQTT_MOSQUITTO: lambda: T.MqttDevice(T.MQTT_MOSQUITTO, "127.0.0.1", stack.mqtt_port, f"{tag}mq", PREFIX),
+        T.MQTT_NATS: lambda: T.MqttDevice(T.MQTT_NATS, "127.0.0.1", stack.mqtt_port, f"{tag}mq", PREFIX,
+                                          stack.device(f"{tag}mq")),
+        T.MQTT_MOSQUITTO: lambda: T.MqttDevice(T.MQTT_MOSQUITTO, "127.0.0.1", stack.mqtt_port, f"{tag}mq", PREFIX,
+                                               stack.device(f"{tag}mq")),
     }
     return [made[name]() for name in names]
 
@@ -173,7 +175,7 @@ def _bound(opts: Options) -> float:
 
 async def _run_fault(stack: UpStack, fault: Fault, names: list[str], report: FaultReport, opts: Options, tag: str,
                      say: Callable[[str], None]) -> None:
-    nc = await connect(stack.nats_url, f"fault-suite-{tag}")
+    nc = await connect(stack.nats_url, f"fault-suite-{tag}", credentials=stack.operator())
     transports = make_transports(names, stack, nc, tag, opts)
     lookup = FaasClient(nc, client=f"{tag}lk", prefix=PREFIX)
     started = time.monotonic()

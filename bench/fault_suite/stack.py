@@ -13,6 +13,7 @@ from pathlib import Path
 
 import httpx
 
+from broker.auth import OPERATOR, AuthStore
 from broker.embedded import free_port
 from broker.lifecycle import end_strays
 
@@ -94,6 +95,22 @@ class UpStack:
             raise RuntimeError(f"p2pfaas up moved to other ports than asked: {self.endpoints}")
         if not await self.healthy(deadline - time.monotonic()):
             raise RuntimeError(f"node {NODE} not healthy {timeout_s:g} s after start")
+
+    # -- identities: the stack is secure (docs/security.md); the suite is its operator on NATS,
+    # and each MQTT transport a device of its own (up reloads the brokers when one is added)
+    @property
+    def auth(self) -> AuthStore:
+        return AuthStore(self.data_dir / "auth")
+
+    def operator(self) -> tuple[str, str]:
+        """The operator's NATS user and password."""
+        creds = self.auth.service(OPERATOR)
+        return creds.user, creds.password
+
+    def device(self, name: str) -> tuple[str, str]:
+        """A device's MQTT user and password (made on first use)."""
+        creds = self.auth.device(name)
+        return creds.user, creds.password
 
     def up_log_tail(self, lines: int = 4) -> str:
         """The last lines of up's output that say something (rich's traceback frames left out)."""

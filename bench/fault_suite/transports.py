@@ -233,7 +233,7 @@ class MqttDevice(Transport):
     """A device: QoS 1 requests (PUBACK = accepted), QoS 1 subscriptions to its results and
     rejects, a persistent session (clean_session false) that survives broker restarts."""
 
-    def __init__(self, name: str, host: str, port: int, client: str, prefix: str) -> None:
+    def __init__(self, name: str, host: str, port: int, client: str, prefix: str, credentials: tuple[str, str]) -> None:
         super().__init__(name, client)
         self.subjects, self.prefix = Subjects(prefix), prefix
         self.host, self.port = host, port
@@ -242,7 +242,8 @@ class MqttDevice(Transport):
         self._loop: asyncio.AbstractEventLoop | None = None
         self.mqtt = mqtt.Client(mqtt.CallbackAPIVersion.VERSION2, client_id=f"{client}-device",
                                 clean_session=False, protocol=mqtt.MQTTv311)
-        self.mqtt.reconnect_delay_set(0.2, 2.0)
+        self.mqtt.username_pw_set(*credentials)   # a new identity: up reloads the brokers within ~1 s,
+        self.mqtt.reconnect_delay_set(0.2, 2.0)    # a refused first connect is tried again
         self.mqtt.max_inflight_messages_set(100)
         self.mqtt.on_connect = self._on_connect
         self.mqtt.on_subscribe = self._on_subscribe

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
-from broker.streams import async_stream, ensure_node_streams, ensure_shared_streams
+from broker.connection import close_quietly, connect
+from broker.embedded import NatsServer
+from broker.streams import (MIB, async_stream, deadletter_stream, ensure_node_streams, ensure_shared_streams,
+                            experiences_stream, results_stream)
 from broker.subjects import Subjects
 
 
@@ -36,3 +39,30 @@ async def test_ensuring_existing_streams_changes_nothing(nc, prefix):
     await ensure_shared_streams(js, s)
     assert calls == [f"update {async_stream(s)}"]
     assert (await js.stream_info(async_stream(s))).config.max_msgs != 10
+
+
+async def test_streams_fit_a_small_store(tmp_path):
+    """On a store too small for the streams' max_bytes (nats-server reserves them: error 10047),
+    each stream takes its share of the room there is, and ensuring them again (every node, every
+    restart) keeps them as they are."""
+    server = NatsServer(data_dir=tmp_path / "nats", port=None, max_store_bytes=48 * MIB)
+    await server.start()
+    nc = await connect(server.url, "small-store")
+    try:
+        js, s = nc.jetstream(), Subjects("small")
+        await ensure_node_streams(js, s, "n1")
+        await ensure_node_streams(js, s, "n2")
+        names = [async_stream(s), results_stream(s), deadletter_stream(s), experiences_stream(s, "n1"),
+                 experiences_stream(s, "n2")]
+        sizes = {name: (await js.stream_info(name)).config.max_bytes for name in names}
+        assert sum(sizes.values()) <= 48 * MIB, sizes
+        assert all(size >= MIB for size in sizes.values()), sizes
+        assert sizes[async_stream(s)] >= 8 * MIB and sizes[results_stream(s)] >= 8 * MIB, sizes
+        await ensure_node_streams(js, s, "n1")
+        assert {name: (await js.stream_info(name)).config.max_bytes for name in names} == sizes
+        # and they take work: a task stored in the fitted intake
+        ack = await js.publish(s.async_request("n1", "echo", "c1", "r1"), b"x", stream=async_stream(s))
+        assert ack.seq == 1
+    finally:
+        await close_quietly(nc)
+        await server.stop()

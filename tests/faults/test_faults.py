@@ -27,18 +27,9 @@ pytestmark = [pytest.mark.nats, pytest.mark.mosquitto, pytest.mark.timeout(600)]
 SEED = 7
 
 KNOWN_DEFECTS = {
-    "nats-server": "a worker call or outcome in flight when nats-server dies is never retried: the call keeps its "
-                   "slot until the function's timeout (sleep: 3600 s; nodes/dispatch.py); a message redelivered "
-                   "with num_delivered 1 after the crash runs twice (nodes/scheduler/service.py take_async)",
-    "mqtt-bridge": "answers published while the bridge is down never reach the device (broker/mqtt_bridge.py "
-                   "subscribes core NATS, no replay from the results stream)",
-    "up": "Mosquitto (running as user mosquitto) survives up's kill -9 and cannot write its store; direct NATS "
-          "calls wait for their whole timeout when the connection drops (broker/client.py)",
-    "mosquitto": "Mosquitto cannot write its persistence store (Permission denied: it drops root for user "
-                 "mosquitto; broker/embedded.py), so a kill -9 loses what it PUBACKed",
-    "disk-full": "up cannot start on a small disk: re-ensuring an existing stream reserves its max_bytes again "
-                 "(err 10047, broker/streams.py _ensure); on a disk big enough, the streams keep failing after the "
-                 "space is freed (nats-server's sticky write error) while /healthz says 200",
+    "disk-full": "nats-server's own MQTT listener PUBACKs a QoS 1 request that JetStream could not store (its "
+                 "PUBACK does not wait for the stream); through Mosquitto + the bridge none is lost "
+                 "(docs/security.md, 'A full disk')",
 }
 
 
