@@ -41,6 +41,7 @@ class Answerer:
         self.on_answer: Callable[[str, int, float], None] | None = None   # (key, status, total_s): rewards
         self._stores: set[asyncio.Task] = set()
         self._stopping = False
+        self.unstored = 0   # answers waiting for JetStream to take them (disk full, broker away)
 
     # -- outcomes -----------------------------------------------------------------------
     async def executed(self, call: Call, status: int, output: bytes, error: str | None, execution_s: float) -> None:
@@ -188,20 +189,27 @@ class Answerer:
         is kept and stored once the broker takes it (the message id makes a late double harmless).
         Only a stopping node gives the task back."""
         assert call.held is not None
-        delay = 0.5
-        while True:
-            try:
-                await self.js.publish(subject, data, headers={H.MSG_ID: f"answer.{call.key}"},
-                                      stream=results_stream(self.subjects), timeout=STORE_TIMEOUT_S)
-                break
-            except Exception as exc:  # not stored (yet)
-                self.metrics.error("answer_not_stored")
-                if self._stopping:
-                    log.warning("%s: answer of %s not stored (%s); it will be delivered again", self.node, call.key, exc)
-                    return self.released(call, False)
-                log.warning("%s: answer of %s not stored (%s); trying again in %.1f s", self.node, call.key, exc, delay)
-                await asyncio.sleep(delay)
-                delay = min(2 * delay, 15.0)
+        delay, waiting = 0.5, False
+        try:
+            while True:
+                try:
+                    await self.js.publish(subject, data, headers={H.MSG_ID: f"answer.{call.key}"},
+                                          stream=results_stream(self.subjects), timeout=STORE_TIMEOUT_S)
+                    break
+                except Exception as exc:  # not stored (yet)
+                    self.metrics.error("answer_not_stored")
+                    if self._stopping:
+                        log.warning("%s: answer of %s not stored (%s); it will be delivered again", self.node, call.key, exc)
+                        return self.released(call, False)
+                    if not waiting:
+                        waiting = True
+                        self.unstored += 1   # /healthz says so meanwhile
+                    log.warning("%s: answer of %s not stored (%s); trying again in %.1f s", self.node, call.key, exc, delay)
+                    await asyncio.sleep(delay)
+                    delay = min(2 * delay, 15.0)
+        finally:
+            if waiting:
+                self.unstored -= 1
         try:
             await call.held.ack()
         except Exception as exc:  # answered and stored: a redelivery finds the answer and stops there

@@ -345,6 +345,7 @@ class Node:
             "scheduler": self.scheduler.algorithm.describe(), "functions": self.registry.names(),
             "workers": {"ready": self.pool.ready, "starting": self.pool.starting, "stopping": self.pool.stopping} if self.pool else {},
             "intake": "ok" if self.scheduler.intake.healthy else "down",
+            "answers_unstored": self.scheduler.answerer.unstored,
             "uptime_s": time.time() - self.started_at,
         })
 

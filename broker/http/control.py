@@ -84,7 +84,7 @@ def control_router(bridge: "HttpBridge") -> APIRouter:
     async def peer_list() -> Response:
         return await ask(subjects.peers(node))
 
-    @router.get("/healthz", summary="Health: broker connected, node answering, its async intake pulling")
+    @router.get("/healthz", summary="Health: broker connected, node answering, its async intake pulling, its answers stored")
     async def healthz() -> Response:
         if not bridge.nc.is_connected:
             return error(503, "not connected to NATS")
@@ -95,6 +95,8 @@ def control_router(bridge: "HttpBridge") -> APIRouter:
         info = orjson.loads(data) if status == 200 else {}
         if info.get("intake", "ok") != "ok":
             return error(503, f"node {node}: its async intake cannot pull from JetStream")
+        if info.get("answers_unstored", 0):
+            return error(503, f"node {node}: {info['answers_unstored']} answer(s) waiting for JetStream to store them")
         return JSONResponse({"status": "ok", "node": info})
 
     @router.get("/metrics", summary="Prometheus metrics (bridge + node)")

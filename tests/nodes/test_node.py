@@ -12,12 +12,15 @@ import time
 
 import orjson
 import pytest
+from nats.js.api import DiscardPolicy
 
 from broker import codes
 from broker import headers as H
 from broker.codec import decode
+from broker.control import control_request
 from broker.errors import NodeUnavailable
 from broker.messages import NodeConfiguration, Rejection, Result
+from broker.streams import results_stream
 from broker.subjects import Subjects
 from support import Collector, wait_until
 
@@ -310,3 +313,31 @@ async def test_node_process_killed_mid_call_fails_the_direct_call_at_once(nats_s
         if proc.returncode is None:
             proc.kill()
         await proc.wait()
+
+
+async def test_an_answer_jetstream_refuses_is_kept_and_reported_until_stored(node_factory, faas, nc, prefix):
+    """The answers stream refuses writes (as on a full disk): the async task's answer waits in the
+    node (a live subscriber may already have it: the publish reaches subscribers even when the
+    stream refuses it), its health info says so (the bridge's /healthz answers 503), and once the
+    stream takes writes again the answer is stored -- the task is not run a second time."""
+    js, s = nc.jetstream(), Subjects(prefix)
+    async with node_factory() as node:
+        assert (await faas.call_async("n1", "echo", b"first", req="first", timeout_s=20)).status == 200
+        info = await js.stream_info(results_stream(s))
+        config, original = info.config, (info.config.max_msgs, info.config.discard)
+        config.max_msgs, config.discard = info.state.messages, DiscardPolicy.NEW   # full: refuses new answers
+        await js.update_stream(config)
+        answering = asyncio.create_task(faas.call_async("n1", "echo", b"held", req="held", timeout_s=60))
+        await wait_until(lambda: node.scheduler.answerer.unstored == 1, timeout_s=20)
+        status, data = await control_request(nc, s.info("n1"), b"", 5.0)
+        assert status == 200 and orjson.loads(data)["answers_unstored"] == 1
+        assert await faas.stored_answer("dev1", "held") is None
+        config.max_msgs, config.discard = original
+        await js.update_stream(config)
+        answer = await asyncio.wait_for(answering, 40)
+        assert answer.status == 200 and answer.output == b"held"
+        await wait_until(lambda: node.scheduler.answerer.unstored == 0, timeout_s=20)
+        stored = await faas.stored_answer("dev1", "held")
+        assert stored is not None and stored.output == b"held"
+        executed = node.metrics.invocations("echo")
+    assert executed == 2   # "first" and "held", each run once
