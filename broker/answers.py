@@ -230,3 +230,9 @@ class Answer:
         if kind == "result":
             return cls.of_result(decode(Result, data))
         return cls.of_rejection(decode(Rejection, data))
+
+
+def output_limit(max_payload: int) -> int:
+    """Largest output an answer may carry on a connection whose broker takes ``max_payload`` bytes:
+    room for the headers, and for a stored answer's base64 inside its JSON (3/4 of the rest)."""
+    return max(0, (max_payload - 64 * 1024) * 3 // 4)

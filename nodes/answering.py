@@ -17,7 +17,7 @@ from typing import Callable
 from nats.aio.client import Client
 
 from broker import headers as H
-from broker.answers import Answer, answer_headers, error_body, render_direct
+from broker.answers import Answer, answer_headers, error_body, output_limit, render_direct
 from broker.codec import encode
 from broker.messages import DirectAnswer, HopTiming, Rejection, Result, Timings
 from broker.streams import deadletter_stream, results_stream
@@ -235,11 +235,6 @@ class Answerer:
     def _timings(call: Call, execution_s: float, total_s: float, queueing_s: float | None = None) -> Timings:
         return Timings(scheduling_s=call.scheduling_s, queueing_s=call.queueing_s if queueing_s is None else queueing_s,
                        execution_s=execution_s, total_s=total_s, transit_s=call.transit_s)
-
-
-def output_limit(max_payload: int) -> int:
-    """Largest output an answer may carry on a connection whose broker takes ``max_payload`` bytes."""
-    return max(0, (max_payload - 64 * 1024) * 3 // 4)
 
 
 def _output_fields(output: bytes) -> dict[str, str]:

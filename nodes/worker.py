@@ -29,7 +29,7 @@ from concurrent.futures import ThreadPoolExecutor
 from nats.aio.client import Client
 from nats.aio.msg import Msg
 
-from broker.answers import render_direct
+from broker.answers import output_limit, render_direct
 from broker.codec import decode, encode, frame, unframe
 from broker.connection import close_quietly, connect, credentials_from_env
 from broker.errors import ContractError
@@ -38,7 +38,6 @@ from broker.messages import (NodeGone, WorkerCall, WorkerCalls, WorkerOutcome, W
                              WorkerStatusRequest)
 from broker.subjects import Subjects
 from functions.registry import FunctionInputError, FunctionRegistry, FunctionSpec, default_registry
-from nodes.answering import output_limit
 from nodes.settings import NodeSettings
 
 log = logging.getLogger(__name__)

@@ -4,6 +4,8 @@ match pyproject.toml, and `p2pfaas image build` works (and fails clearly without
 from __future__ import annotations
 
 import re
+import subprocess
+import sys
 import tomllib
 from pathlib import Path
 
@@ -24,6 +26,21 @@ def test_worker_requirements_are_pyproject_dependencies_with_the_same_bounds():
     assert lines
     for line in lines:
         assert declared.get(requirement_name(line)) == line, f"{line!r} differs from pyproject.toml"
+
+
+def test_the_worker_imports_only_its_requirements():
+    """The worker image has only docker/worker-requirements.txt: ``nodes.worker`` must import with
+    every other dependency of the project missing (no engine needed to find that out)."""
+    absent = ["prometheus_client", "torch", "numpy", "fastapi", "starlette", "uvicorn", "httpx", "gymnasium",
+              "rich", "typer", "paho", "yaml", "matplotlib", "stable_baselines3"]
+    code = ("import sys\n"
+            "class Absent:\n"
+            "    def find_spec(self, name, path=None, target=None):\n"
+            f"        if name.split('.')[0] in {absent!r}: raise ModuleNotFoundError(name)\n"
+            "sys.meta_path.insert(0, Absent())\n"
+            "import nodes.worker\n")
+    done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
 
 
 def test_worker_image_has_no_torch_and_runs_unprivileged(docker_client, worker_image):
