@@ -55,6 +55,7 @@ async def test_killing_a_worker_or_nats_server_loses_no_call(tmp_path):
     await run_faults("nats", ["worker", "nats-server"], tmp_path)
 
 
+@pytest.mark.slow   # a minute; the default run covers both elsewhere (tests/nodes/test_node.py, tests/broker/test_mqtt.py)
 async def test_killing_the_node_or_the_mqtt_bridge_loses_no_call(tmp_path):
     await run_faults("mosquitto", ["node", "mqtt-bridge"], tmp_path)
 
