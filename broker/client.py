@@ -23,7 +23,9 @@ from typing import Callable
 
 from nats.aio.client import Client
 from nats.aio.msg import Msg
-from nats.js.errors import NotFoundError
+from nats.errors import NoRespondersError
+from nats.errors import TimeoutError as NatsTimeout
+from nats.js.errors import NoStreamResponseError, NotFoundError
 
 from broker import headers as H
 from broker.answers import Answer
@@ -148,14 +150,26 @@ class FaasClient:
 
     # -- async calls --------------------------------------------------------------------
     async def submit(self, node: str, fn: str, payload: bytes, req: str, headers: dict[str, str] | None = None,
-                     timeout_s: float = 5.0) -> None:
+                     timeout_s: float = 5.0, retry_for_s: float = 0.0) -> None:
         """Durably store the call (returns once JetStream has it); the answer comes on
-        ``<prefix>.result|reject.<client>.<req>`` (see :meth:`expect`)."""
+        ``<prefix>.result|reject.<client>.<req>`` (see :meth:`expect`). A store that got no
+        acknowledgement (JetStream electing a leader, a broker restarting) is tried again for up
+        to ``retry_for_s`` with the same message id (a store that did happen is not doubled)."""
         subject = self.subjects.async_request(node, fn, self.client, req)
         hdrs = {H.MSG_ID: f"{self.client}.{req}", H.SENT_AT: repr(time.time())}
         if headers:
             hdrs.update(headers)
-        await self.js.publish(subject, payload, headers=hdrs, timeout=timeout_s)
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + retry_for_s
+        while True:
+            attempt_s = timeout_s if retry_for_s <= 0 else max(0.5, min(timeout_s, deadline - loop.time()))
+            try:
+                await self.js.publish(subject, payload, headers=hdrs, timeout=attempt_s)
+                return
+            except (NatsTimeout, asyncio.TimeoutError, NoRespondersError, NoStreamResponseError):
+                if loop.time() + 0.25 >= deadline:
+                    raise
+                await asyncio.sleep(0.25)
 
     def expect(self, req: str) -> "asyncio.Future[Answer]":
         """A future for the answer of async call ``req`` (call it before :meth:`submit`)."""

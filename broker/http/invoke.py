@@ -25,6 +25,9 @@ if TYPE_CHECKING:
     from broker.http_bridge import HttpBridge
 
 FUNCTION_PATH = "/function/"
+# an async call whose store got no acknowledgement (JetStream electing a leader after a server
+# died, a restart) is tried again this long before the caller gets 503 "not accepted"
+SUBMIT_PATIENCE_S = 6.0
 _CALLER = {name.lower().encode(): name for name in H.CALLER_HEADERS}
 _OCTETS = (b"content-type", b"application/octet-stream")
 _JSON = (b"content-type", b"application/json")
@@ -165,7 +168,8 @@ def invoke_router(bridge: "HttpBridge") -> APIRouter:
         call_id = bridge.new_call_id()
         fut = bridge.faas.expect(call_id)
         try:
-            await bridge.faas.submit(bridge.node, fn, body, call_id, _caller_headers(request.headers.raw)[0])
+            await bridge.faas.submit(bridge.node, fn, body, call_id, _caller_headers(request.headers.raw)[0],
+                                     retry_for_s=SUBMIT_PATIENCE_S)
         except Exception as exc:  # not stored: the caller must know it was not accepted
             bridge.faas.forget(call_id)
             return error(503, f"call not accepted (not stored): {exc}", **{H.RETRY_AFTER: "1"})

@@ -9,6 +9,7 @@ import signal
 import subprocess
 import sys
 import time
+import warnings
 from pathlib import Path
 
 import pytest
@@ -56,9 +57,12 @@ class UpRuns:
             if proc.poll() is None:
                 proc.send_signal(signal.SIGINT)
                 try:
-                    proc.wait(60)
+                    proc.communicate(timeout=60)   # reading its output: a full pipe must not hold up its stop
                 except subprocess.TimeoutExpired:
                     proc.kill()
+                    out, _ = proc.communicate()
+                    # not this test's subject, but worth seeing in the run's warnings summary
+                    warnings.warn(f"p2pfaas up did not stop within 60 s of SIGINT; its output ended: {out[-2000:]}")
 
 
 def wait_endpoints(proc: subprocess.Popen, data_dir: Path, timeout_s: float = 60) -> dict:

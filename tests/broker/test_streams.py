@@ -2,6 +2,13 @@
 
 from __future__ import annotations
 
+import asyncio
+
+import pytest
+from nats.errors import TimeoutError as NatsTimeout
+from nats.js.errors import NoStreamResponseError
+
+from broker.client import FaasClient
 from broker.connection import close_quietly, connect
 from broker.embedded import NatsServer
 from broker.streams import (MIB, async_stream, deadletter_stream, ensure_node_streams, ensure_shared_streams,
@@ -66,3 +73,19 @@ async def test_streams_fit_a_small_store(tmp_path):
     finally:
         await close_quietly(nc)
         await server.stop()
+
+
+async def test_a_submit_without_acknowledgement_is_tried_again_within_its_patience(nc, prefix):
+    """No stream answers yet (as while JetStream elects a leader): a submit with patience is
+    stored once the stream is there, once; without patience it fails at its timeout."""
+    js, s = nc.jetstream(), Subjects(prefix)
+    async with FaasClient(nc, client="dev1", prefix=prefix) as faas:
+        with pytest.raises((NoStreamResponseError, NatsTimeout)):
+            await faas.submit("n1", "echo", b"x", "impatient", timeout_s=0.5)
+        waiting = asyncio.create_task(faas.submit("n1", "echo", b"x", "patient", timeout_s=0.5, retry_for_s=10.0))
+        await asyncio.sleep(1.5)   # a few attempts go unanswered
+        assert not waiting.done()
+        await ensure_shared_streams(js, s)
+        await asyncio.wait_for(waiting, 10)
+    info = await js.stream_info(async_stream(s))
+    assert info.state.messages == 1   # the patient call, stored once
