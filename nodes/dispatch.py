@@ -37,6 +37,7 @@ from nodes.inbox import Inbox
 log = logging.getLogger(__name__)
 
 OVERRUN_GRACE_S = 2.0   # past its timeout plus this, a silent worker is taken for stuck
+OVERRUN_SWEEP_S = 0.5   # how often running calls are checked for that (one timer per pool, not per call)
 STATUS_TRIES = 8        # after a broker outage, a worker is asked this many times (it may reconnect later)
 STATUS_TIMEOUT_S = 2.0
 
@@ -70,7 +71,7 @@ class Dispatcher:
         self.running: dict[int, Call] = {}
         self._tokens: dict[int, str] = {}                   # call id -> its batch's reply token
         self._batches: dict[str, dict[int, Call]] = {}      # reply token -> its calls still running
-        self._timers: dict[int, asyncio.TimerHandle] = {}
+        self._sweep: asyncio.TimerHandle | None = None     # armed while calls run
         self._sending: set[asyncio.Task] = set()
 
     # -- counts -----------------------------------------------------------------------
@@ -163,7 +164,8 @@ class Dispatcher:
         call.worker, call.dispatched_at = slot.name, time.time()
         self.running[call.id] = call
         loop = asyncio.get_running_loop()
-        self._timers[call.id] = loop.call_later(call.timeout_s + OVERRUN_GRACE_S, self._overrun, call)
+        if self._sweep is None:
+            self._sweep = loop.call_later(OVERRUN_SWEEP_S, self._sweep_overruns)
         if not slot.outbox:
             loop.call_soon(self._send_batch, slot)
         slot.outbox.append(call)
@@ -293,6 +295,15 @@ class Dispatcher:
             delay = min(2 * delay, 4.0)
         return None
 
+    def _sweep_overruns(self) -> None:
+        """Every OVERRUN_SWEEP_S while calls run: those past their timeout and its grace are overruns."""
+        self._sweep = None
+        now = time.time()
+        for call in [c for c in self.running.values() if now > c.dispatched_at + c.timeout_s + OVERRUN_GRACE_S]:
+            self._overrun(call)
+        if self.running:
+            self._sweep = asyncio.get_running_loop().call_later(OVERRUN_SWEEP_S, self._sweep_overruns)
+
     def _overrun(self, call: Call) -> None:
         """No answer past the timeout and its grace: the worker is stuck (or its answer lost);
         it is killed (the pool replaces it) and the call answered 504."""
@@ -315,9 +326,6 @@ class Dispatcher:
             if not batch:   # the batch's last call: its reply subject is done
                 del self._batches[token]
                 self.inbox.forget(token)
-        timer = self._timers.pop(call.id, None)
-        if timer is not None:
-            timer.cancel()
         slot = self.workers.get(call.worker)
         if slot is not None:
             slot.running = max(0, slot.running - 1)

@@ -4,7 +4,8 @@ Runs as its own OS process (``python -m nodes.worker``, the default runtime) or 
 inside the node ("inprocess"). It subscribes to ``<prefix>.<node>.worker.<name>``; each
 message is a :class:`~broker.messages.WorkerCalls` batch framed with the payloads, and the
 replies are :class:`~broker.messages.WorkerOutcomes` framed with the outputs (what ended in one
-turn of the loop; a direct call's caller is answered by the worker itself). The node decides who runs
+turn of the loop; a direct call's caller is answered by the worker itself, right after the node
+has its outcome). The node decides who runs
 what (K, per-function concurrency); the worker only runs: CPU-bound functions one at a time
 in its own thread, I/O-bound ones in a thread pool, ``async def`` ones on its loop, trivial
 (inline) ones right in the message callback.
@@ -25,6 +26,7 @@ import sys
 import time
 from collections import OrderedDict
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
 
 from nats.aio.client import Client
 from nats.aio.msg import Msg
@@ -34,8 +36,8 @@ from broker.codec import decode, encode, frame, unframe
 from broker.connection import close_quietly, connect, credentials_from_env
 from broker.errors import ContractError
 from broker.lifecycle import hard_exit_after, on_parent_gone, parent_gone, parent_pipe_watched, run_loop
-from broker.messages import (NodeGone, WorkerCall, WorkerCalls, WorkerOutcome, WorkerOutcomes, WorkerStatus,
-                             WorkerStatusRequest)
+from broker.messages import (DirectAnswer, NodeGone, WorkerCall, WorkerCalls, WorkerOutcome, WorkerOutcomes,
+                             WorkerStatus, WorkerStatusRequest)
 from broker.subjects import Subjects
 from functions.registry import FunctionInputError, FunctionRegistry, FunctionSpec, default_registry
 from nodes.settings import NodeSettings
@@ -66,7 +68,7 @@ class Worker:
         self.recycle = False
         self.nc: Client | None = None
         self._running: set[asyncio.Task] = set()
-        self._outbox: dict[str, tuple[list[WorkerOutcome], list[bytes]]] = {}   # reply -> outcomes ended this turn
+        self._outbox: dict[str, _Ended] = {}   # reply -> the calls that ended this turn
         self._active: set[int] = set()                  # ids of the calls running here
         # the last outcomes sent, by call id, with their reply subject: sent again when the node asks
         # after a broker outage (an outcome in flight when nats-server died is lost with it)
@@ -209,47 +211,63 @@ class Worker:
             self._cpu = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"{self.name}-cpu")
 
     async def _answer(self, reply: str, call: WorkerCall, outcome: WorkerOutcome, output: bytes) -> None:
-        """A direct call's caller gets its answer from here (one hop less than through the node);
-        the node still gets the outcome (without the output) for its counts and its slot. If the
-        caller's answer cannot go out, the node gets the output and answers instead. Outcomes
-        ended in the same turn of the loop go to the node together."""
-        answered = False
+        """A call ended. Its outcome goes to the node, with the others that ended in the same turn
+        of the loop, as one message; a direct call's caller gets its answer from here (one hop less
+        than through the node), rendered and sent right after that message is written: the node
+        frees the slots while this worker renders the answers, instead of after (under load a
+        slot's round trip, not CPU, bounded a K=16 node: bench/README.md)."""
         limit = output_limit(self.nc.max_payload) if self.nc is not None else len(output)
         if len(output) > limit:   # no message could carry it: the caller gets an error it can read
             outcome = WorkerOutcome(status=500, execution_s=outcome.execution_s, retiring=outcome.retiring,
                                     error=f"{call.fn}: output of {len(output)} bytes exceeds the limit of {limit}")
             output = b""
-        if call.answer is not None and self.nc is not None:
-            body, headers = render_direct(call.answer, outcome.status, output, outcome.error, outcome.execution_s)
-            try:
-                await self.nc.publish(call.answer.reply, body, headers=headers)
-                answered, output = True, b""
-            except Exception as exc:
-                log.warning("%s: could not answer %s directly: %s", self.name, call.fn, exc)
         if outcome.status != 200:
             log.warning("%s: call -> %d: %s", self.name, outcome.status, outcome.error)
+        direct = call.answer is not None and self.nc is not None
+        kept = b"" if direct else output   # the node answers an async call (it stores the answer)
         final = WorkerOutcome.model_construct(id=call.id, status=outcome.status, error=outcome.error,
                                               execution_s=outcome.execution_s, retiring=outcome.retiring,
-                                              answered=answered, size=len(output))
+                                              answered=direct, size=len(kept))
         self._active.discard(call.id)
-        self._remember(call.id, reply, final, output)
+        self._remember(call.id, reply, final, kept)
         entry = self._outbox.get(reply)
         if entry is None:
-            entry = self._outbox[reply] = ([], [])
+            entry = self._outbox[reply] = _Ended()
             asyncio.get_running_loop().call_soon(self._flush_outcomes, reply)
-        entry[0].append(final)
-        entry[1].append(output)
+        entry.outcomes.append(final)
+        entry.outputs.append(kept)
+        if direct:
+            entry.answers.append((call.answer, outcome, output))
 
     def _flush_outcomes(self, reply: str) -> None:
-        """End of the turn: what ended during it goes to the node as one message."""
+        """End of the turn: what ended during it goes to the node as one message, then the answers."""
         entry = self._outbox.pop(reply, None)
         if entry is None:
             return
-        outcomes, outputs = entry
-        task = asyncio.get_running_loop().create_task(
-            self._publish_outcomes(reply, WorkerOutcomes.model_construct(outcomes=outcomes, error=None), b"".join(outputs)))
+        task = asyncio.get_running_loop().create_task(self._send_ended(reply, entry))
         self._sending.add(task)
         task.add_done_callback(self._sending.discard)
+
+    async def _send_ended(self, reply: str, entry: "_Ended", *, stopping: bool = False) -> None:
+        """The outcomes, then the answers. A lone answer goes first (in the same write as its
+        outcome): the node's work on the outcome would only delay it on a busy machine."""
+        outcomes = WorkerOutcomes.model_construct(outcomes=entry.outcomes, error=None)
+        if len(entry.answers) == 1:
+            await self._send_answers(entry.answers)
+            return await self._publish_outcomes(reply, outcomes, b"".join(entry.outputs))
+        await self._publish_outcomes(reply, outcomes, b"".join(entry.outputs))
+        if entry.answers:
+            if not stopping:
+                await asyncio.sleep(0)   # nats-py's flusher writes the outcomes now, before the answers are rendered
+            await self._send_answers(entry.answers)
+
+    async def _send_answers(self, answers: list[tuple[DirectAnswer, WorkerOutcome, bytes]]) -> None:
+        for ctx, outcome, output in answers:
+            body, headers = render_direct(ctx, outcome.status, output, outcome.error, outcome.execution_s)
+            try:
+                await self.nc.publish(ctx.reply, body, headers=headers)   # type: ignore[union-attr]
+            except Exception as exc:  # the connection is closed: the caller's FaasClient fails the call on its own
+                log.error("%s: the answer to a call of %s could not be sent: %s", self.name, ctx.node, exc)
 
     async def _publish_outcomes(self, reply: str, outcomes: WorkerOutcomes, outputs: bytes) -> None:
         if reply and self.nc is not None:
@@ -291,9 +309,7 @@ class Worker:
     async def _flush_all(self) -> None:
         """Stopping: every outcome still waiting for the end of a turn, and those being sent, go out."""
         for reply in list(self._outbox):
-            entry = self._outbox.pop(reply)
-            await self._publish_outcomes(reply, WorkerOutcomes.model_construct(outcomes=entry[0], error=None),
-                                         b"".join(entry[1]))
+            await self._send_ended(reply, self._outbox.pop(reply), stopping=True)
         if self._sending:
             await asyncio.wait(list(self._sending), timeout=2.0)
 
@@ -307,6 +323,14 @@ class Worker:
             await asyncio.wait_for(self.nc.flush(), 1.0)
         except Exception as exc:
             log.debug("%s: could not announce node gone: %s", self.name, exc)
+
+
+@dataclass(slots=True)
+class _Ended:
+    """The calls that ended in one turn of the loop, for one node (reply subject)."""
+    outcomes: list[WorkerOutcome] = field(default_factory=list)
+    outputs: list[bytes] = field(default_factory=list)           # async calls' outputs, for the node
+    answers: list[tuple[DirectAnswer, WorkerOutcome, bytes]] = field(default_factory=list)   # direct calls'
 
 
 def _failure(fn: str, exc: Exception, execution_s: float) -> WorkerOutcome:
