@@ -215,7 +215,8 @@ class Worker:
         of the loop, as one message; a direct call's caller gets its answer from here (one hop less
         than through the node), rendered and sent right after that message is written: the node
         frees the slots while this worker renders the answers, instead of after (under load a
-        slot's round trip, not CPU, bounded a K=16 node: bench/README.md)."""
+        slot's round trip, not CPU, bounded a K=16 node: bench/README.md). The turn's first answer
+        goes at once, before its outcome: a call alone is not delayed."""
         limit = output_limit(self.nc.max_payload) if self.nc is not None else len(output)
         if len(output) > limit:   # no message could carry it: the caller gets an error it can read
             outcome = WorkerOutcome(status=500, execution_s=outcome.execution_s, retiring=outcome.retiring,
@@ -231,13 +232,19 @@ class Worker:
         self._active.discard(call.id)
         self._remember(call.id, reply, final, kept)
         entry = self._outbox.get(reply)
+        first = entry is None
         if entry is None:
             entry = self._outbox[reply] = _Ended()
             asyncio.get_running_loop().call_soon(self._flush_outcomes, reply)
         entry.outcomes.append(final)
         entry.outputs.append(kept)
-        if direct:
-            entry.answers.append((call.answer, outcome, output))
+        if not direct:
+            return
+        answer = (call.answer, outcome, output)
+        if first:   # the turn's first answer goes at once: a call alone waits for nothing
+            await self._send_answers([answer])   # type: ignore[list-item]
+        else:
+            entry.answers.append(answer)   # type: ignore[arg-type]
 
     def _flush_outcomes(self, reply: str) -> None:
         """End of the turn: what ended during it goes to the node as one message, then the answers."""
@@ -249,12 +256,8 @@ class Worker:
         task.add_done_callback(self._sending.discard)
 
     async def _send_ended(self, reply: str, entry: "_Ended", *, stopping: bool = False) -> None:
-        """The outcomes, then the answers. A lone answer goes first (in the same write as its
-        outcome): the node's work on the outcome would only delay it on a busy machine."""
+        """The outcomes, then the answers still to send (all but the turn's first)."""
         outcomes = WorkerOutcomes.model_construct(outcomes=entry.outcomes, error=None)
-        if len(entry.answers) == 1:
-            await self._send_answers(entry.answers)
-            return await self._publish_outcomes(reply, outcomes, b"".join(entry.outputs))
         await self._publish_outcomes(reply, outcomes, b"".join(entry.outputs))
         if entry.answers:
             if not stopping:
