@@ -10,8 +10,10 @@ import ssl
 import weakref
 from typing import Callable, Literal
 
-from nats.aio.client import Client
+from nats import errors as nats_errors
+from nats.aio.client import _CRLF_, _HEADER_KEY_RE, _HEADER_VALUE_NEWLINES, NATS_HDR_LINE, Client
 from nats.aio.msg import Msg
+from nats.protocol import command as nats_command
 
 from broker.errors import BrokerUnavailable, NotPermitted
 
@@ -24,18 +26,35 @@ _listeners: "weakref.WeakKeyDictionary[Client, dict[str, list[Callable[..., None
 
 
 _HEADER_WS = " \t\n\r\x0b\x0c"   # what bytes.strip() strips
+_HEADER_START = bytes(NATS_HDR_LINE) + _CRLF_
+_HEADER_NAMES: dict[str, bytes] = {}   # header name -> its validated b"Name: " (names repeat on every call)
+_HEADER_NAMES_MAX = 1024
 
 
 class NatsClient(Client):
-    """nats-py's client with a faster reader of message headers (every connection :func:`connect`
-    makes is one).
+    """nats-py's client with a faster reader and writer of message headers (every connection
+    :func:`connect` makes is one).
 
-    nats-py parses each header line as bytes and tests every character of its name on its own;
-    a direct call's answer carries about ten headers (P2PFaaS's), so its caller (the HTTP bridge,
-    ``FaasClient``) spent some 20-30 µs per call reading them (bench/README.md). This reader
-    decodes an all-ASCII block once and gives exactly what nats-py's gives for any input
-    (tests/broker/test_connection.py compares the two on random blocks); a block with other
-    bytes goes to nats-py's own."""
+    nats-py parses each header line as bytes and tests every character of its name on its own,
+    and checks every name against its pattern on every publish; a direct call's answer carries
+    about ten headers (P2PFaaS's), so the worker writing them and the caller reading them (the
+    HTTP bridge, ``FaasClient``) spent some 20-30 µs each per call (bench/README.md). The reader
+    decodes an all-ASCII block once (a block with other bytes goes to nats-py's own); the
+    writer checks a name once and keeps its encoding. Both give exactly nats-py's result for any
+    input (tests/broker/test_connection.py compares them on random headers)."""
+
+    async def _send_publish(self, subject: str, reply: str, payload: bytes, payload_size: int,
+                            headers: dict | None) -> None:
+        if not headers:
+            return await super()._send_publish(subject, reply, payload, payload_size, headers)
+        if subject == "":
+            raise nats_errors.BadSubjectError
+        command = nats_command.hpub_cmd(subject, reply, _encode_headers(headers), payload)
+        self.stats["out_msgs"] += 1
+        self.stats["out_bytes"] += payload_size
+        await self._send_command(command)
+        if self._flush_queue is not None and self._flush_queue.empty():
+            await self._flush_pending()
 
     @staticmethod
     def _parse_header_lines(raw: bytes) -> dict[str, str]:
@@ -50,6 +69,26 @@ class NatsClient(Client):
                     continue
                 out[key] = value.strip(_HEADER_WS)
         return out
+
+
+def _encode_headers(headers: dict) -> bytes:
+    """nats-py's header block for ``headers`` (empty names skipped, a bad name BadHeaderError, CR
+    and LF in a value made spaces), with each name's check and encoding done once."""
+    parts = [_HEADER_START]
+    for name, value in headers.items():
+        encoded = _HEADER_NAMES.get(name)
+        if encoded is None:
+            key = name.strip()
+            if not key:
+                continue
+            if not _HEADER_KEY_RE.fullmatch(key):
+                raise nats_errors.BadHeaderError(key)
+            encoded = key.encode() + b": "
+            if len(_HEADER_NAMES) < _HEADER_NAMES_MAX:
+                _HEADER_NAMES[name] = encoded
+        parts += (encoded, value.strip().translate(_HEADER_VALUE_NEWLINES).encode(), _CRLF_)
+    parts.append(_CRLF_)
+    return b"".join(parts)
 
 
 def on_event(nc: Client, event: Event, listener: Callable[..., None]) -> Callable[[], None]:

@@ -5,6 +5,8 @@ from __future__ import annotations
 import asyncio
 import random
 
+import pytest
+from nats import errors as nats_errors
 from nats.aio.client import Client
 
 from broker.connection import NatsClient
@@ -45,3 +47,37 @@ async def test_headers_survive_the_wire(nc, prefix):
         assert await asyncio.wait_for(got, 5) == sent
     finally:
         await sub.unsubscribe()
+
+
+async def _written(client: Client, headers: dict) -> bytes | type[Exception]:
+    """The command ``client`` would write for one publish with ``headers`` (or the error it raises)."""
+    sent: list[bytes] = []
+
+    async def capture(command: bytes, priority: bool = False) -> None:
+        sent.append(command)
+
+    client._send_command = capture      # type: ignore[method-assign]
+    client._flush_queue = None          # not connected: nothing to kick
+    try:
+        await client._send_publish("a.b", "_INBOX.x", b"payload", 7, headers)
+    except nats_errors.BadHeaderError as exc:
+        return type(exc)
+    return sent[0]
+
+
+async def test_header_writer_gives_what_nats_py_gives():
+    """Every publish with headers writes the bytes nats-py would, and refuses the names it refuses."""
+    rnd = random.Random(4)
+    names = ["X-P2pfaas-Status", "Nats-Msg-Id", " Padded ", "", "   ", "bad name", "bad:name", "Caf\u00e9", "ok_~!#"]
+    values = ["200", "", " spaced ", "a\r\nInjected: yes", "\n", "cr\u00e8me", "[0.000466]", "\t"]
+    ours, theirs = NatsClient(), Client()
+    for _ in range(3000):
+        headers = {rnd.choice(names): rnd.choice(values) for _ in range(rnd.randint(0, 6))}
+        for _ in range(2):   # the second time the names come from the writer's memory
+            assert await _written(ours, headers) == await _written(theirs, headers), headers
+    assert await _written(ours, {"bad name": "x"}) is nats_errors.BadHeaderError
+
+
+@pytest.mark.parametrize("headers", [None, {}])
+async def test_publish_without_headers_is_nats_pys(headers):
+    assert await _written(NatsClient(), headers) == await _written(Client(), headers)
