@@ -4,9 +4,9 @@ Runs as its own OS process (``python -m nodes.worker``, the default runtime) or 
 inside the node ("inprocess"). It subscribes to ``<prefix>.<node>.worker.<name>``; each
 message is a :class:`~broker.messages.WorkerCalls` batch framed with the payloads, and the
 replies are :class:`~broker.messages.WorkerOutcomes` framed with the outputs (what ended in one
-turn of the loop; a direct call's caller is answered by the worker itself, right after the node
-has its outcome). The node decides who runs
-what (K, per-function concurrency); the worker only runs: CPU-bound functions one at a time
+turn of the loop, written before the answers of the calls after the turn's first; a direct call's
+caller is answered by the worker itself). The node decides who runs what (K, per-function
+concurrency); the worker only runs: CPU-bound functions one at a time
 in its own thread, I/O-bound ones in a thread pool, ``async def`` ones on its loop, trivial
 (inline) ones right in the message callback.
 
