@@ -21,7 +21,6 @@ DEFAULT_PREFIX = "faas"
 
 _KNOWN_GOOD: set[str] = set()   # names seen valid (functions, clients, nodes repeat on every call)
 _KNOWN_GOOD_MAX = 4096
-_UNIQUE = frozenset({"request id"})   # never seen twice: not worth remembering
 
 
 def check_token(value: str, what: str = "token") -> str:
@@ -29,7 +28,7 @@ def check_token(value: str, what: str = "token") -> str:
         return value
     if not isinstance(value, str) or not TOKEN_RE.match(value):
         raise InvalidToken(f"invalid {what} {value!r}: must match [A-Za-z0-9_-]{{1,64}}")
-    if what not in _UNIQUE and len(_KNOWN_GOOD) < _KNOWN_GOOD_MAX:
+    if what != "request id" and len(_KNOWN_GOOD) < _KNOWN_GOOD_MAX:   # ids never come twice
         _KNOWN_GOOD.add(value)
     return value
 

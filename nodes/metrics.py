@@ -23,26 +23,26 @@ class LoopHistogram:
 
     def __init__(self, name: str, documentation: str, labelnames: Sequence[str], buckets: Sequence[float],
                  registry: CollectorRegistry) -> None:
-        self.name, self.documentation, self.labelnames = name, documentation, tuple(labelnames)
-        # what prometheus_client's own metrics say of themselves (tests/compose/test_monitoring.py
+        # named as prometheus_client's own metrics name them (tests/compose/test_monitoring.py
         # checks the dashboards against these)
-        self._name, self._type, self._labelnames = name, "histogram", self.labelnames
+        self._name, self._documentation, self._type = name, documentation, "histogram"
+        self._labelnames = tuple(labelnames)
         self.bounds = [float(b) for b in buckets if b != float("inf")] + [float("inf")]
         self._series: dict[tuple[str, ...], _Series] = {}
         registry.register(self)
 
     def labels(self, **labels: str) -> "_Series":
-        key = tuple(str(labels[name]) for name in self.labelnames)
+        key = tuple(str(labels[name]) for name in self._labelnames)
         series = self._series.get(key)
         if series is None:
             series = self._series[key] = _Series(self.bounds)
         return series
 
     def describe(self) -> list[HistogramMetricFamily]:
-        return [HistogramMetricFamily(self.name, self.documentation, labels=self.labelnames)]
+        return [HistogramMetricFamily(self._name, self._documentation, labels=self._labelnames)]
 
     def collect(self) -> Iterator[HistogramMetricFamily]:
-        family = HistogramMetricFamily(self.name, self.documentation, labels=self.labelnames)
+        family = self.describe()[0]
         for key, series in list(self._series.items()):
             cumulative, buckets = 0, []
             for bound, count in zip(self.bounds, list(series.counts)):
