@@ -252,7 +252,7 @@ class Bench:
         summary: dict[str, Any] = {}
         for label, front in (("http", {"bridges": bridges}), ("direct", {"loadgen": [self.loadgen.pid]}),
                              ("async", {"loadgen": [self.loadgen.pid]}), ("mqtt", {"devices": [self.devices.pid]})):
-            self.log(f"profiling {label} ({seconds:g} s under load, py-spy --gil)")
+            self.log(f"profiling {label} ({seconds:g} s under load, py-spy --native)")
             start_at = time.time() + 1.5
             end_at = start_at + seconds + 1.0
             load = self._load(label, start_at, end_at)

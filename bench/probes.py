@@ -171,8 +171,9 @@ def py_spy() -> str | None:
 
 
 async def record_profiles(targets: dict[str, list[int]], out_dir: Path, label: str, duration_s: float) -> dict[str, list[Path]]:
-    """py-spy (GIL-holding samples: where each process spends its CPU) of every pid, in the background;
-    returns once every recorder finished."""
+    """py-spy of every pid (``--native``: C frames included, idle waits left out), in the background;
+    returns once every recorder finished. (``--gil`` was tried and misleads here: it blames the time
+    another thread holds the GIL on whatever frame waits for it, e.g. ``StreamWriter.writelines``.)"""
     from parties import die_with_parent
 
     binary = py_spy()
@@ -185,7 +186,7 @@ async def record_profiles(targets: dict[str, list[int]], out_dir: Path, label: s
             out = out_dir / f"{label}-{kind.replace(' ', '_')}-{pid}.collapsed"
             files.setdefault(kind, []).append(out)
             spies.append(await asyncio.create_subprocess_exec(
-                binary, "record", "--pid", str(pid), "--gil", "--nonblocking", "--rate", "200", "--format", "raw",
+                binary, "record", "--pid", str(pid), "--native", "--rate", "200", "--format", "raw",
                 "-o", str(out), "-d", str(max(1, round(duration_s))), stdout=asyncio.subprocess.DEVNULL,
                 stderr=asyncio.subprocess.DEVNULL, preexec_fn=die_with_parent))
     for spy in spies:

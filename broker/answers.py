@@ -200,14 +200,7 @@ class Answer:
     # -- async answers -------------------------------------------------------------
     @classmethod
     def of_result(cls, result: Result) -> "Answer":
-        headers = answer_headers(status=result.status, scheduler=result.scheduler, executed_by=result.executed_by,
-                                 hops=result.hop_timings or [HopTiming(node=result.executed_by,
-                                                                       total_s=result.timings.total_s,
-                                                                       scheduling_s=result.timings.scheduling_s)],
-                                 execution_s=result.timings.execution_s, queueing_s=result.timings.queueing_s,
-                                 transit_s=result.timings.transit_s, forwards=result.hops, peers=result.peers,
-                                 peer_ips=result.peer_ips,
-                                 learning=result.learning)
+        headers = _ResultHeaders(result)
         if result.status != 200:
             return cls(result.status, error_body(codes.for_status(result.status), result.error or "function failed"), headers)
         if result.output_b64 is not None:
@@ -230,6 +223,40 @@ class Answer:
         if kind == "result":
             return cls.of_result(decode(Result, data))
         return cls.of_rejection(decode(Rejection, data))
+
+
+class _ResultHeaders(Mapping[str, str]):
+    """The P2PFaaS headers of a stored result, rendered when first read: a caller that only
+    wants the output (a device, the farm emitter) does not pay for them."""
+
+    __slots__ = ("_result", "_headers")
+
+    def __init__(self, result: Result) -> None:
+        self._result: Result = result
+        self._headers: dict[str, str] | None = None
+
+    def _rendered(self) -> dict[str, str]:
+        if self._headers is None:
+            r = self._result
+            self._headers = answer_headers(
+                status=r.status, scheduler=r.scheduler, executed_by=r.executed_by,
+                hops=r.hop_timings or [HopTiming(node=r.executed_by, total_s=r.timings.total_s,
+                                                 scheduling_s=r.timings.scheduling_s)],
+                execution_s=r.timings.execution_s, queueing_s=r.timings.queueing_s, transit_s=r.timings.transit_s,
+                forwards=r.hops, peers=r.peers, peer_ips=r.peer_ips, learning=r.learning)
+        return self._headers
+
+    def __getitem__(self, name: str) -> str:
+        return self._rendered()[name]
+
+    def __iter__(self):
+        return iter(self._rendered())
+
+    def __len__(self) -> int:
+        return len(self._rendered())
+
+    def __repr__(self) -> str:
+        return repr(self._rendered())
 
 
 def output_limit(max_payload: int) -> int:

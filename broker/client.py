@@ -21,11 +21,12 @@ import os
 import time
 from typing import Callable
 
+import orjson
 from nats.aio.client import Client
 from nats.aio.msg import Msg
 from nats.errors import NoRespondersError
 from nats.errors import TimeoutError as NatsTimeout
-from nats.js.errors import NoStreamResponseError, NotFoundError
+from nats.js.errors import APIError, NoStreamResponseError, NotFoundError
 
 from broker import headers as H
 from broker.answers import Answer
@@ -51,6 +52,7 @@ class FaasClient:
         self.subjects = Subjects(prefix)
         self._waiting: dict[str, asyncio.Future[Answer]] = {}            # async answers by request id
         self._calls: dict[str, tuple[asyncio.Future[Answer], str, str]] = {}  # by token: (future, node, subject)
+        self._stores: dict[str, asyncio.Future[Msg]] = {}   # async calls' JetStream acknowledgements, by token
         self._tokens = itertools.count()
         self._inbox = ""
         self._subs: list = []
@@ -77,10 +79,11 @@ class FaasClient:
             except Exception:  # the connection may already be closed
                 pass
         self._subs.clear()
-        for fut in [*self._waiting.values(), *(entry[0] for entry in self._calls.values())]:
+        for fut in [*self._waiting.values(), *(entry[0] for entry in self._calls.values()), *self._stores.values()]:
             fut.cancel()
         self._waiting.clear()
         self._calls.clear()
+        self._stores.clear()
 
     async def __aenter__(self) -> "FaasClient":
         return await self.start()
@@ -112,8 +115,14 @@ class FaasClient:
             self._calls.pop(token, None)
 
     async def _on_reply(self, msg: Msg) -> None:
-        entry = self._calls.pop(msg.subject.rpartition(".")[2], None)
-        if entry is None or entry[0].done():
+        token = msg.subject.rpartition(".")[2]
+        entry = self._calls.pop(token, None)
+        if entry is None:
+            stored = self._stores.pop(token, None)
+            if stored is not None and not stored.done():
+                stored.set_result(msg)
+            return
+        if entry[0].done():
             return
         fut, node, _ = entry
         headers = msg.headers or {}
@@ -164,12 +173,33 @@ class FaasClient:
         while True:
             attempt_s = timeout_s if retry_for_s <= 0 else max(0.5, min(timeout_s, deadline - loop.time()))
             try:
-                await self.js.publish(subject, payload, headers=hdrs, timeout=attempt_s)
-                return
+                return await self._store(subject, payload, hdrs, attempt_s)
             except (NatsTimeout, asyncio.TimeoutError, NoRespondersError, NoStreamResponseError):
                 if loop.time() + 0.25 >= deadline:
                     raise
                 await asyncio.sleep(0.25)
+
+    async def _store(self, subject: str, payload: bytes, headers: dict[str, str], timeout_s: float) -> None:
+        """``js.publish`` through this client's inbox (a timer, not a task and a timeout per call);
+        the same errors: nats' TimeoutError, NoStreamResponseError, APIError."""
+        token = f"s{next(self._tokens)}"
+        loop = asyncio.get_running_loop()
+        fut: asyncio.Future[Msg] = loop.create_future()
+        self._stores[token] = fut
+        timer = loop.call_later(timeout_s, _expire_store, fut)
+        try:
+            await self.nc.publish(subject, payload, reply=f"{self._inbox}.{token}", headers=headers)
+            ack = await fut
+        finally:
+            timer.cancel()
+            self._stores.pop(token, None)
+        if not ack.data:
+            if (ack.headers or {}).get(H.NATS_STATUS) == "503":
+                raise NoStreamResponseError   # no stream takes this subject (or JetStream is away)
+            raise APIError(description=f"empty JetStream acknowledgement ({dict(ack.headers or {})})")
+        reply = orjson.loads(ack.data)
+        if "error" in reply:
+            raise APIError.from_error(reply["error"])
 
     def expect(self, req: str) -> "asyncio.Future[Answer]":
         """A future for the answer of async call ``req`` (call it before :meth:`submit`)."""
@@ -185,10 +215,12 @@ class FaasClient:
         """Submit durably and wait for the answer; asyncio.TimeoutError after ``timeout_s``."""
         req = req or new_request_id()
         fut = self.expect(req)
+        timer = asyncio.get_running_loop().call_later(timeout_s, _expire, fut, timeout_s)
         try:
             await self.submit(node, fn, payload, req, headers)
-            return await asyncio.wait_for(fut, timeout_s)
+            return await fut
         finally:
+            timer.cancel()
             self.forget(req)
 
     async def _on_answer(self, msg: Msg) -> None:
@@ -214,6 +246,11 @@ class FaasClient:
                 continue
             return Answer.of_stored(kind, raw.data or b"")
         return None
+
+
+def _expire_store(fut: asyncio.Future) -> None:
+    if not fut.done():
+        fut.set_exception(NatsTimeout())
 
 
 def _expire(fut: asyncio.Future, timeout_s: float) -> None:

@@ -19,12 +19,14 @@ def encode(message: BaseModel) -> bytes:
 
 
 def decode(contract: type[M], data: bytes) -> M:
-    """Parse ``data`` as ``contract``; ContractError with a readable reason otherwise."""
+    """Parse ``data`` as ``contract``; ContractError with a readable reason otherwise.
+    (pydantic parses the JSON itself: half the cost of ``orjson.loads`` and a validation.)"""
     try:
-        return contract.model_validate(orjson.loads(data))
-    except orjson.JSONDecodeError as exc:
-        raise ContractError(f"{contract.__name__}: not valid JSON ({exc})") from None
+        return contract.model_validate_json(data)
     except ValidationError as exc:
+        errors = exc.errors()
+        if errors and errors[0]["type"] == "json_invalid":
+            raise ContractError(f"{contract.__name__}: not valid JSON ({errors[0]['msg']})") from None
         problems = "; ".join(
             f"{'.'.join(str(p) for p in e['loc']) or '<root>'}: {e['msg']}" for e in exc.errors()
         )

@@ -50,9 +50,11 @@ LEARNER_EPS = "X-P2pfaas-Eps"
 
 # p2pfaas's own (NATS message headers)
 MSG_ID = "Nats-Msg-Id"
+EXPECTED_STREAM = "Nats-Expected-Stream"   # JetStream stores it only in the stream named
 STATUS = "X-P2pfaas-Status"                # HTTP-like status of an answer or control reply
 RETRY_AFTER = "Retry-After"
 NATS_STATUS = "Status"                     # nats-server's own status line (503: no responders)
+NATS_DESCRIPTION = "Description"           # ... and its text (nats-py keys it by an enum equal to this)
 SENT_AT = "X-P2pfaas-Sent-At"              # unix time the caller sent the request (transit)
 SERVICE_ERROR = "Nats-Service-Error"       # the NATS services' standard error headers (control plane)
 SERVICE_ERROR_CODE = "Nats-Service-Error-Code"

@@ -2,6 +2,10 @@
 headers and the output as body; an async call stored on its result/reject subject, once per
 request id, and only then its intake message acknowledged.
 
+An answer is stored by a publish whose JetStream acknowledgement comes to the node's inbox
+(one timer per store, no task): the intake message is acknowledged from there. Only a store
+that fails or gets no acknowledgement in time goes to the retry loop (a task, patient).
+
 Every answer is counted here (metrics, pool telemetry) and offered to the LearningScheduler's
 rewards, so the node sees every outcome of every decision it took.
 """
@@ -14,7 +18,9 @@ import logging
 import time
 from typing import Callable
 
+import orjson
 from nats.aio.client import Client
+from nats.aio.msg import Msg
 
 from broker import headers as H
 from broker.answers import Answer, answer_headers, error_body, output_limit, render_direct
@@ -23,6 +29,7 @@ from broker.messages import DirectAnswer, HopTiming, Rejection, Result, Timings
 from broker.streams import deadletter_stream, results_stream
 from broker.subjects import Subjects
 from nodes.calls import Call
+from nodes.inbox import Inbox
 from nodes.metrics import NodeMetrics
 from nodes.telemetry import PoolStats
 
@@ -33,13 +40,17 @@ STORE_TIMEOUT_S = 5.0
 
 class Answerer:
     def __init__(self, node: str, nc: Client, subjects: Subjects, metrics: NodeMetrics,
-                 stats_of: Callable[[str], PoolStats | None], released: Callable[[Call, bool], None]) -> None:
+                 stats_of: Callable[[str], PoolStats | None], released: Callable[[Call, bool], None],
+                 inbox: Inbox) -> None:
         self.node, self.nc, self.js, self.subjects = node, nc, nc.jetstream(), subjects
+        self.inbox = inbox
         self.ip = ""   # this node's IP address, as P2PFaaS lists it (X-P2pfaas-Peers-List-Ip)
         self.metrics = metrics
         self.stats_of, self.released = stats_of, released
         self.on_answer: Callable[[str, int, float], None] | None = None   # (key, status, total_s): rewards
-        self._stores: set[asyncio.Task] = set()
+        self._stores: set[asyncio.Task] = set()                        # stores being retried
+        self._acking: dict[str, tuple[Call, asyncio.TimerHandle]] = {}   # stores awaiting their ack, by token
+        self._results_stream = results_stream(subjects)
         self._stopping = False
         self.unstored = 0   # answers waiting for JetStream to take them (disk full, broker away)
 
@@ -55,17 +66,19 @@ class Answerer:
             assert context is not None
             return await self._reply(call, *render_direct(context, status, output, error, execution_s))
         total_s = time.time() - call.arrival
-        hop = HopTiming(node=self.node, arrival=call.arrival, scheduling_s=call.scheduling_s,
-                        probing_s=call.probing_s, total_s=total_s)
+        # built from the node's own validated call (model_construct: no second validation)
+        hop = HopTiming.model_construct(node=self.node, arrival=call.arrival, scheduling_s=call.scheduling_s,
+                                        probing_s=call.probing_s, total_s=total_s)
         forwarded = call.request.external
         peers = [*call.request.peers, self.node] if forwarded else []
         ips = [*call.peer_ips, *[""] * (len(call.request.peers) - len(call.peer_ips)), self.ip] if forwarded else []
-        result = Result(request_id=call.inv.request_id, client=call.inv.client, fn=call.fn, status=status,
-                        error=error, executed_by=self.node, origin=peers[0] if peers else self.node,
-                        hops=call.request.hops if forwarded else 0, peers=peers, peer_ips=ips, scheduler=call.scheduler,
-                        timings=self._timings(call, execution_s, total_s), hop_timings=[hop],
-                        learning=call.learning, **_output_fields(output if status == 200 else b""))
-        self._store(call, self.subjects.result(call.inv.client, call.inv.request_id), encode(result))
+        result = Result.model_construct(
+            request_id=call.inv.request_id, client=call.inv.client, fn=call.fn, status=status, error=error,
+            executed_by=self.node, origin=peers[0] if peers else self.node, hops=call.request.hops if forwarded else 0,
+            peers=peers, peer_ips=ips, scheduler=call.scheduler, timings=self._timings(call, execution_s, total_s),
+            hop_timings=[hop], learning=call.learning, finished_at=time.time(),   # every field given: pydantic's
+            **_output_fields(output if status == 200 else b""))                   # default factories are slow
+        await self._store(call, self.subjects.result(call.inv.client, call.inv.request_id), encode(result))
 
     def output_limit(self) -> int:
         """Largest output an answer can carry: the broker's message limit, less room for the
@@ -109,7 +122,7 @@ class Answerer:
                             scheduler=call.scheduler,
                             timings=self._timings(call, timings.execution_s, total_s, timings.queueing_s),
                             hop_timings=hops, learning=call.learning, **_output_fields(answer.output))
-            return self._store(call, self.subjects.result(call.inv.client, call.inv.request_id), encode(result))
+            return await self._store(call, self.subjects.result(call.inv.client, call.inv.request_id), encode(result))
         headers = {k: v for k, v in answer.headers.items() if k not in H.LEARNING}
         headers[H.SCHEDULER] = call.scheduler   # P2PFaaS reports the origin's algorithm
         if H.TIMING_TOTAL in headers:           # the peer ran it: this node's timings go in front
@@ -135,7 +148,7 @@ class Answerer:
             rejection = Rejection(request_id=call.inv.request_id, client=call.inv.client, fn=call.fn, code=code,
                                   http_status=http_status, reason=reason, node=self.node,
                                   retry_after_s=retry_after_s, scheduler=call.scheduler, learning=call.learning)
-            return self._store(call, self.subjects.reject(call.inv.client, call.inv.request_id), encode(rejection))
+            return await self._store(call, self.subjects.reject(call.inv.client, call.inv.request_id), encode(rejection))
         headers = {H.STATUS: str(http_status), H.SCHEDULER: call.scheduler, H.REJECTED_BY: self.node}
         if retry_after_s is not None:
             headers[H.RETRY_AFTER] = str(max(1, round(retry_after_s)))
@@ -176,12 +189,56 @@ class Answerer:
         except Exception as exc:  # the caller cannot be reached any more
             log.warning("%s: answer to %s not sent: %s", self.node, call.key, exc)
 
-    def _store(self, call: Call, subject: str, data: bytes) -> None:
-        """Store the answer, then acknowledge the intake message (in the background: the
-        JetStream round trip must not hold up the answers that follow)."""
+    async def _store(self, call: Call, subject: str, data: bytes) -> None:
+        """Store the answer; its acknowledgement (to the node's inbox) acknowledges the intake
+        message. The JetStream round trip holds up nothing: the answers that follow go out meanwhile."""
+        if self._stopping:
+            return self._retry_store(call, subject, data)
+        loop = asyncio.get_running_loop()
+
+        async def on_ack(msg: Msg) -> None:
+            entry = self._acking.pop(token, None)
+            if entry is None:   # too late: the retry loop has it
+                return
+            entry[1].cancel()
+            problem = _store_problem(msg)
+            if problem is not None:
+                log.warning("%s: answer of %s not stored (%s)", self.node, call.key, problem)
+                self.metrics.error("answer_not_stored")
+                return self._retry_store(call, subject, data)
+            await self._ack(call)
+
+        def on_timeout() -> None:
+            if self._acking.pop(token, None) is not None:
+                self.inbox.forget(token)
+                self._retry_store(call, subject, data)
+
+        token, reply = self.inbox.expect(on_ack)
+        self._acking[token] = (call, loop.call_later(STORE_TIMEOUT_S, on_timeout))
+        try:
+            await self.nc.publish(subject, data, reply=reply,
+                                  headers={H.MSG_ID: f"answer.{call.key}", H.EXPECTED_STREAM: self._results_stream})
+        except Exception as exc:  # not connected: the retry loop waits for the broker
+            entry = self._acking.pop(token, None)
+            if entry is not None:
+                entry[1].cancel()
+                self.inbox.forget(token)
+                log.warning("%s: answer of %s not stored (%s)", self.node, call.key, exc)
+                self._retry_store(call, subject, data)
+
+    def _retry_store(self, call: Call, subject: str, data: bytes) -> None:
         task = asyncio.get_running_loop().create_task(self._store_then_ack(call, subject, data))
         self._stores.add(task)
         task.add_done_callback(self._stores.discard)
+
+    async def _ack(self, call: Call) -> None:
+        """The answer is stored: the intake message is done with."""
+        assert call.held is not None
+        try:
+            await call.held.ack()
+        except Exception as exc:  # answered and stored: a redelivery finds the answer and stops there
+            log.warning("%s: ack of %s failed: %s", self.node, call.key, exc)
+        self.released(call, True)
 
     async def _store_then_ack(self, call: Call, subject: str, data: bytes) -> None:
         """Retried until stored (JetStream unavailable, disk full): the task stays held meanwhile,
@@ -194,7 +251,7 @@ class Answerer:
             while True:
                 try:
                     await self.js.publish(subject, data, headers={H.MSG_ID: f"answer.{call.key}"},
-                                          stream=results_stream(self.subjects), timeout=STORE_TIMEOUT_S)
+                                          stream=self._results_stream, timeout=STORE_TIMEOUT_S)
                     break
                 except Exception as exc:  # not stored (yet)
                     self.metrics.error("answer_not_stored")
@@ -210,18 +267,23 @@ class Answerer:
         finally:
             if waiting:
                 self.unstored -= 1
-        try:
-            await call.held.ack()
-        except Exception as exc:  # answered and stored: a redelivery finds the answer and stops there
-            log.warning("%s: ack of %s failed: %s", self.node, call.key, exc)
-        self.released(call, True)
+        await self._ack(call)
 
     async def settle(self, timeout_s: float = 5.0) -> None:
         """Wait for answers still being stored (the node is stopping); those that cannot be stored
         by then are given back (delivered again to a node)."""
         self._stopping = True
+        deadline = asyncio.get_running_loop().time() + timeout_s
+        while self._acking and asyncio.get_running_loop().time() < deadline:
+            await asyncio.sleep(0.02)   # acknowledgements on their way (a round trip each)
+        for token, (call, timer) in list(self._acking.items()):   # no acknowledgement: delivered again
+            timer.cancel()
+            self.inbox.forget(token)
+            del self._acking[token]
+            log.warning("%s: answer of %s not acknowledged by JetStream; it will be delivered again", self.node, call.key)
+            self.released(call, False)
         if self._stores:
-            _, pending = await asyncio.wait(list(self._stores), timeout=timeout_s)
+            _, pending = await asyncio.wait(list(self._stores), timeout=max(0.0, deadline - asyncio.get_running_loop().time()))
             for task in pending:
                 task.cancel()
 
@@ -233,12 +295,29 @@ class Answerer:
 
     @staticmethod
     def _timings(call: Call, execution_s: float, total_s: float, queueing_s: float | None = None) -> Timings:
-        return Timings(scheduling_s=call.scheduling_s, queueing_s=call.queueing_s if queueing_s is None else queueing_s,
-                       execution_s=execution_s, total_s=total_s, transit_s=call.transit_s)
+        return Timings.model_construct(scheduling_s=call.scheduling_s,
+                                       queueing_s=call.queueing_s if queueing_s is None else queueing_s,
+                                       execution_s=float(execution_s), total_s=total_s, transit_s=call.transit_s)
 
 
-def _output_fields(output: bytes) -> dict[str, str]:
+def _store_problem(ack: Msg) -> str | None:
+    """Why a JetStream publish acknowledgement says the message was not stored; None if it was
+    (a duplicate was stored before: the same answer, kept once)."""
+    if not ack.data:
+        status = (ack.headers or {}).get(H.NATS_STATUS, "")
+        return f"no stream answered ({status})" if status else "an empty acknowledgement"
     try:
-        return {"output": output.decode()}
+        reply = orjson.loads(ack.data)
+    except orjson.JSONDecodeError:
+        return f"an unreadable acknowledgement: {ack.data[:80]!r}"
+    if not isinstance(reply, dict) or "error" in reply or "seq" not in reply:
+        error = reply.get("error") if isinstance(reply, dict) else reply
+        return f"JetStream refused it: {error}"
+    return None
+
+
+def _output_fields(output: bytes) -> dict[str, str | None]:
+    try:
+        return {"output": output.decode(), "output_b64": None}
     except UnicodeDecodeError:
-        return {"output_b64": base64.b64encode(output).decode()}
+        return {"output": None, "output_b64": base64.b64encode(output).decode()}

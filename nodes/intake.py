@@ -4,6 +4,11 @@ Each message is held (unacknowledged, kept alive with ``in_progress``) until its
 stored, so a node that dies mid-call loses nothing: JetStream delivers the message again.
 The consumer is durable (``node-<id>``, filter ``<prefix>.async.<id>.>``) with explicit acks
 and ``max_deliver``; the last delivery of a call is dead-lettered by the service, not run.
+
+Pulling: one pull request at a time (``batch`` messages, expiring after ``PULL_EXPIRES_S``)
+stays open on the consumer, and its messages arrive on a subscription with a callback, each
+taken as it comes. (nats-py's ``fetch`` reads a batch with one task, uuid and timer per
+message and ends at the first pause; a task costs here about what taking the call does.)
 """
 
 from __future__ import annotations
@@ -12,6 +17,8 @@ import asyncio
 import logging
 import random
 import time
+
+import orjson
 from typing import Awaitable, Callable
 
 from nats.aio.client import Client
@@ -20,13 +27,16 @@ from nats.errors import TimeoutError as NatsTimeout
 from nats.js.api import AckPolicy, ConsumerConfig
 from nats.js.errors import BadRequestError, NotFoundError
 
+from broker import headers as H
 from broker.streams import async_stream
 from broker.subjects import Subjects
 
 log = logging.getLogger(__name__)
 
-BATCH = 256             # messages per pull
+BATCH = 256             # messages per pull request
 HOLD_LIMIT = 10_000     # messages held at once (running, queued in memory, being answered)
+PULL_EXPIRES_S = 1.0    # an open pull request ends after this (nats-server answers 408)
+PULL_GRACE_S = 2.0      # no word on a pull request by its expiry plus this: JetStream is away
 
 
 def consumer_name(node: str) -> str:
@@ -43,6 +53,10 @@ class AsyncIntake:
         self._room = asyncio.Event()
         self._tasks: list[asyncio.Task] = []
         self._sub = None
+        self._next_subject = ""                 # the consumer's pull API subject
+        self._asked = 0                         # messages the open pull request may still bring
+        self._ended = asyncio.Event()           # the open pull request is done (full, expired, refused)
+        self._refusal = ""                      # why nats-server ended it, when not full or expired
 
     async def start(self) -> "AsyncIntake":
         """Starts in the background: direct calls need no JetStream, so a node whose JetStream is
@@ -63,7 +77,8 @@ class AsyncIntake:
                 raise
             await self.js.delete_consumer(stream, config.durable_name)
             await self.js.add_consumer(stream, config)
-        self._sub = await self.js.pull_subscribe_bind(durable=config.durable_name, stream=stream)
+        self._next_subject = f"{self.js._prefix}.CONSUMER.MSG.NEXT.{stream}.{config.durable_name}"
+        self._sub = await self.nc.subscribe(self.nc.new_inbox(), cb=self._on_message)
 
     async def stop(self) -> None:
         """Stop pulling; what is still held is handed back at once (a restarted node takes it)."""
@@ -103,26 +118,47 @@ class AsyncIntake:
                 self._room.clear()
                 await self._room.wait()
                 continue
+            self._asked, self._refusal = min(BATCH, room), ""
+            self._ended.clear()
+            request = orjson.dumps({"batch": self._asked, "expires": int(PULL_EXPIRES_S * 1e9)})
             try:
-                msgs = await self._sub.fetch(min(BATCH, room), timeout=1.0)
-            except (NatsTimeout, asyncio.TimeoutError):
-                self.healthy = True
-                continue
+                await self.nc.publish(self._next_subject, request, reply=self._sub.subject)
+                await asyncio.wait_for(self._ended.wait(), PULL_EXPIRES_S + PULL_GRACE_S)
+                if not self._refusal:
+                    self.healthy = True
+                    continue
+                problem = self._refusal
+            except asyncio.TimeoutError:
+                problem = "no answer to a pull request"
             except asyncio.CancelledError:
                 raise
-            except Exception as exc:  # broker blip (JetStream down, reconnecting): retry, say so
-                if self.healthy:
-                    log.warning("%s: async intake cannot pull (%s); retrying", self.node, exc)
-                self.healthy = False
-                await asyncio.sleep(0.5)
-                continue
-            self.healthy = True
-            for msg in msgs:
-                try:
-                    await self._take(msg)
-                except Exception:  # never let one message stop the intake
-                    log.exception("%s: async call on %s failed to start", self.node, msg.subject)
-                    self.release(msg)
+            except Exception as exc:  # not connected (reconnecting)
+                problem = str(exc)
+            # a broker blip (JetStream down, reconnecting, a leader election): retry, say so
+            if self.healthy:
+                log.warning("%s: async intake cannot pull (%s); retrying", self.node, problem)
+            self.healthy = False
+            await asyncio.sleep(0.5)
+
+    async def _on_message(self, msg: Msg) -> None:
+        """A message of the open pull request, or nats-server's word that it ended."""
+        if not msg.data and msg.headers and H.NATS_STATUS in msg.headers:
+            status = msg.headers[H.NATS_STATUS]
+            if status == "100":       # idle heartbeat (not asked for)
+                return
+            if status not in ("404", "408"):   # 404 no messages, 408 expired: the normal ends
+                text = next((v for k, v in msg.headers.items() if k == H.NATS_DESCRIPTION), "")
+                self._refusal = f"{status} {text}".strip()
+            self._ended.set()
+            return
+        self._asked -= 1
+        if self._asked <= 0:
+            self._ended.set()
+        try:
+            await self._take(msg)
+        except Exception:  # never let one message stop the intake
+            log.exception("%s: async call on %s failed to start", self.node, msg.subject)
+            self.release(msg)
 
     async def _keep_alive(self) -> None:
         """Held messages are not delivered again while their call is queued or running."""

@@ -91,7 +91,8 @@ class Node:
             assert scheduler is not None
             scheduler.released(call, answered)
 
-        answerer = Answerer(self.settings.node_id, self.nc, self.subjects, self.metrics, self.stats.get, released)
+        answerer = Answerer(self.settings.node_id, self.nc, self.subjects, self.metrics, self.stats.get, released,
+                            self.inbox)
         answerer.ip = self.settings.machine_ip
         dispatchers = self._start_dispatchers(answerer)
         peers = self._peers
