@@ -18,7 +18,7 @@ from pydantic import BaseModel, ConfigDict
 
 from controller.baselines import FixedSize, RLPolicy, ScalingPolicy
 from controller.env import TRAINING_SEED_FLOOR, FarmBackend, RewardConfig, SimulatedFarm
-from controller.oracle import ORACLE_BETAS, InstantResizeOracle, smallest_passing
+from controller.oracle import ORACLE_BETAS, InstantResizeOracle, LookaheadOracle, smallest_passing
 from controller.scenario import Scenario, load_scenario
 from controller.simulator import EpisodeTotals, FarmSimulator
 from controller.workloads import GENERATED_PREFIX, generated_scenario
@@ -181,18 +181,28 @@ def _mean_qos(report: PolicyReport) -> float:
 
 
 def tune_oracle(workloads: list[tuple[Scenario, int]], qos_target: float = 0.99,
-                reward: RewardConfig | None = None) -> PolicyReport:
-    """The instant-resize oracle with the smallest beta whose mean QoS reaches the target."""
+                reward: RewardConfig | None = None, oracle: type[InstantResizeOracle] = InstantResizeOracle,
+                label: str = "oracle") -> PolicyReport:
+    """The oracle (instant-resize unless told) with the smallest beta whose mean QoS reaches the
+    target; the largest beta when none does (its name then says so)."""
     runs: dict[float, PolicyReport] = {}
 
     def run(beta: float) -> PolicyReport:
         if beta not in runs:
-            runs[beta] = run_policy(PolicySpec("oracle", lambda sc: InstantResizeOracle(sc, beta)), workloads, reward)
+            runs[beta] = run_policy(PolicySpec(label, lambda sc: oracle(sc, beta)), workloads, reward)
         return runs[beta]
 
     beta = smallest_passing(ORACLE_BETAS, lambda b: _mean_qos(run(b)) >= qos_target)
+    missed = beta is None
     beta = ORACLE_BETAS[-1] if beta is None else beta
-    return run(beta).model_copy(update={"name": f"oracle (beta {beta:g}, hindsight)", "role": "reference"})
+    name = f"{label} (beta {beta:g}, hindsight{', below the target' if missed else ''})"
+    return run(beta).model_copy(update={"name": name, "role": "reference"})
+
+
+def tune_lookahead_oracle(workloads: list[tuple[Scenario, int]], qos_target: float = 0.99,
+                          reward: RewardConfig | None = None) -> PolicyReport:
+    """The lookahead oracle (perfect forecast, real cold starts), tuned like the instant one."""
+    return tune_oracle(workloads, qos_target, reward, LookaheadOracle, "lookahead oracle")
 
 
 def best_fixed_pool(workloads: list[tuple[Scenario, int]], qos_target: float = 0.99,

@@ -6,6 +6,10 @@ an instant-resize oracle that knows each step's arrivals, and the best fixed poo
   plus the current backlog, and the farm it runs on resizes instantly (no cold start, no
   scale-down delay). Its one knob, ``beta``, is the smallest that reaches the QoS target on the evaluated
   episodes (``tune_oracle``): no causal policy with cold starts can do better on average.
+* ``LookaheadOracle``: knows the arrival rate of the coming steps as far as the longest cold
+  start reaches, but runs on the real farm (it pays every cold start and scale-down delay, as a
+  policy does). The best a policy with a perfect forecast can do; what lies between it and a
+  causal policy is the forecast, what lies between it and the instant oracle is the cold start.
 * ``best_fixed_size``: the smallest pool that, never scaling, reaches the QoS target.
 """
 
@@ -47,6 +51,34 @@ class InstantResizeOracle:
         sc, now = self.scenario, self.simulator.now
         rate = float(sc.rate_at(now + sc.step_seconds * (np.arange(RATE_SAMPLES) + 0.5) / RATE_SAMPLES).mean())
         need = rate * sc.mean_service_s + t.queue_length * sc.mean_service_s / sc.step_seconds
+        return staffing(need, self.beta)
+
+
+def longest_delay(delay) -> float:
+    """The longest draw of a cold-start delay (a number, or the top of its distribution)."""
+    if isinstance(delay, (int, float)):
+        return float(delay)
+    return float(getattr(delay, "high", getattr(delay, "value", 0.0)))
+
+
+class LookaheadOracle(InstantResizeOracle):
+    """Sizes the pool for the busiest of the steps its new workers could still serve if started
+    now (the next step and every step the longest cold start reaches into), on a farm with cold
+    starts: square-root staffing of that need plus the backlog, with the same ``beta`` knob."""
+
+    instant_resize = False
+
+    def __init__(self, scenario: Scenario, beta: float = 1.0, name: str | None = None) -> None:
+        super().__init__(scenario, beta, name or f"lookahead oracle (beta {beta:g})")
+        self.horizon_steps = 1 + int(np.ceil(longest_delay(scenario.cold_start_seconds) / scenario.step_seconds))
+
+    def decide(self, t: PoolTelemetry, current_target: int) -> int:
+        if self.simulator is None:
+            raise RuntimeError("the oracle needs the simulator: evaluation.run_episode binds it")
+        sc, now = self.scenario, self.simulator.now
+        offsets = sc.step_seconds * (np.arange(RATE_SAMPLES) + 0.5) / RATE_SAMPLES
+        peak = max(float(sc.rate_at(now + k * sc.step_seconds + offsets).mean()) for k in range(self.horizon_steps))
+        need = peak * sc.mean_service_s + t.queue_length * sc.mean_service_s / sc.step_seconds
         return staffing(need, self.beta)
 
 

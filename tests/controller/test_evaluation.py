@@ -16,7 +16,7 @@ from controller.evaluation import (
     write_json,
     write_plots,
 )
-from controller.oracle import ORACLE_BETAS, InstantResizeOracle
+from controller.oracle import ORACLE_BETAS, InstantResizeOracle, LookaheadOracle
 from controller.report import markdown_report, target_checks
 from controller.scenario import load_scenario
 from controller.training import load_model, load_rl_policy, rl_agents, sidecar_of, train_agent
@@ -126,6 +126,18 @@ def test_oracle_anticipates_each_steps_rate_and_resizes_instantly():
     assert all(s.starting == 0 for s in result.steps)              # no cold start, despite 20 s in the scenario
     slow = run_episode(TWO_PHASES, make_baseline("fixed-12", TWO_PHASES), seed=3)
     assert any(s.starting > 0 for s in slow.steps)                  # the others wait for their workers
+
+
+def test_lookahead_oracle_asks_for_workers_a_cold_start_ahead_and_waits_for_them():
+    oracle = LookaheadOracle(TWO_PHASES, beta=0.0)
+    assert oracle.horizon_steps == 5                                # the next step + 20 s of cold start
+    result = run_episode(TWO_PHASES, oracle, seed=3)
+    targets = {round(s.time): s.target for s in result.steps}
+    # the decision at 5 s sees [5, 30) (rate 2); the one at 10 s sees [10, 35): the jump to 12/s at 30 s
+    assert targets[10] <= 4 and targets[15] >= 12
+    assert any(s.starting > 0 for s in result.steps)               # it pays the cold start, as a policy does
+    late = run_episode(TWO_PHASES, InstantResizeOracle(TWO_PHASES, beta=0.0), seed=3)
+    assert {round(s.time): s.target for s in late.steps}[15] <= 4  # the instant oracle needs no head start
 
 
 def test_references_are_the_smallest_that_reach_the_target():
