@@ -33,6 +33,7 @@ from broker.answers import Answer
 from broker.codec import decode
 from broker.connection import on_event, on_publish_refused
 from broker.errors import ContractError, InvalidSubject, NodeUnavailable, NotPermitted
+from broker.lifecycle import OnItsLoop
 from broker.messages import NodeGone
 from broker.streams import results_stream
 from broker.subjects import Subjects, check_token
@@ -44,7 +45,7 @@ def new_request_id() -> str:
     return os.urandom(16).hex()   # as uuid4().hex (32 hex digits), a fifth of the cost
 
 
-class FaasClient:
+class FaasClient(OnItsLoop):
     def __init__(self, nc: Client, client: str = "cli", prefix: str = "faas") -> None:
         self.nc = nc
         self.js = nc.jetstream()
@@ -59,6 +60,7 @@ class FaasClient:
         self._unlisten: list[Callable[[], None]] = []
 
     async def start(self) -> "FaasClient":
+        self._loop = asyncio.get_running_loop()   # the connection's (OnItsLoop)
         self._inbox = self.nc.new_inbox()
         for subject, handler in ((f"{self._inbox}.*", self._on_reply),
                                  (self.subjects.results_of(self.client), self._on_answer),
@@ -100,7 +102,7 @@ class FaasClient:
             raise NodeUnavailable(f"not connected to NATS: cannot reach node {node}")
         subject = self.subjects.request(node, fn, self.client, req or new_request_id())
         token = str(next(self._tokens))
-        loop = asyncio.get_running_loop()
+        loop = self.loop
         fut: asyncio.Future[Answer] = loop.create_future()
         self._calls[token] = (fut, node, subject)
         timer = loop.call_later(timeout_s, _expire, fut, timeout_s)
@@ -168,7 +170,7 @@ class FaasClient:
         hdrs = {H.MSG_ID: f"{self.client}.{req}", H.SENT_AT: repr(time.time())}
         if headers:
             hdrs.update(headers)
-        loop = asyncio.get_running_loop()
+        loop = self.loop
         deadline = loop.time() + retry_for_s
         while True:
             attempt_s = timeout_s if retry_for_s <= 0 else max(0.5, min(timeout_s, deadline - loop.time()))
@@ -183,7 +185,7 @@ class FaasClient:
         """``js.publish`` through this client's inbox (a timer, not a task and a timeout per call);
         the same errors: nats' TimeoutError, NoStreamResponseError, APIError."""
         token = f"s{next(self._tokens)}"
-        loop = asyncio.get_running_loop()
+        loop = self.loop
         fut: asyncio.Future[Msg] = loop.create_future()
         self._stores[token] = fut
         timer = loop.call_later(timeout_s, _expire_store, fut)
@@ -203,7 +205,7 @@ class FaasClient:
 
     def expect(self, req: str) -> "asyncio.Future[Answer]":
         """A future for the answer of async call ``req`` (call it before :meth:`submit`)."""
-        fut = asyncio.get_running_loop().create_future()
+        fut = self.loop.create_future()
         self._waiting[req] = fut
         return fut
 
@@ -215,7 +217,7 @@ class FaasClient:
         """Submit durably and wait for the answer; asyncio.TimeoutError after ``timeout_s``."""
         req = req or new_request_id()
         fut = self.expect(req)
-        timer = asyncio.get_running_loop().call_later(timeout_s, _expire, fut, timeout_s)
+        timer = self.loop.call_later(timeout_s, _expire, fut, timeout_s)
         try:
             await self.submit(node, fn, payload, req, headers)
             return await fut

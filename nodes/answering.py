@@ -25,6 +25,7 @@ from nats.aio.msg import Msg
 from broker import headers as H
 from broker.answers import Answer, answer_headers, error_body, output_limit, render_direct
 from broker.codec import encode
+from broker.lifecycle import OnItsLoop
 from broker.messages import DirectAnswer, HopTiming, Rejection, Result, Timings
 from broker.streams import deadletter_stream, results_stream
 from broker.subjects import Subjects
@@ -38,7 +39,7 @@ log = logging.getLogger(__name__)
 STORE_TIMEOUT_S = 5.0
 
 
-class Answerer:
+class Answerer(OnItsLoop):
     def __init__(self, node: str, nc: Client, subjects: Subjects, metrics: NodeMetrics,
                  stats_of: Callable[[str], PoolStats | None], released: Callable[[Call, bool], None],
                  inbox: Inbox) -> None:
@@ -184,7 +185,7 @@ class Answerer:
         message. The JetStream round trip holds up nothing: the answers that follow go out meanwhile."""
         if self._stopping:
             return self._retry_store(call, subject, data)
-        loop = asyncio.get_running_loop()
+        loop = self.loop
 
         async def on_ack(msg: Msg) -> None:
             entry = self._acking.pop(token, None)

@@ -27,6 +27,7 @@ from nats.aio.msg import Msg
 from broker import headers as H
 from broker.codec import decode, encode, frame, unframe
 from broker.errors import ContractError
+from broker.lifecycle import OnItsLoop
 from broker.messages import (DirectAnswer, WorkerCall, WorkerCalls, WorkerOutcome, WorkerOutcomes, WorkerStatus,
                              WorkerStatusRequest)
 from broker.subjects import Subjects
@@ -56,7 +57,7 @@ class WorkerSlot:
     outbox: list[Call] = field(default_factory=list)   # dispatched this turn, sent at its end
 
 
-class Dispatcher:
+class Dispatcher(OnItsLoop):
     def __init__(self, pool: str, nc: Client, subjects: Subjects, node: str, registry: FunctionRegistry,
                  inbox: Inbox, done: Done, lost: Lost, *, slots: int | None = None,
                  kill_worker: Callable[[str], None] = lambda name: None,
@@ -163,7 +164,7 @@ class Dispatcher:
         slot.running += 1
         call.worker, call.dispatched_at = slot.name, time.time()
         self.running[call.id] = call
-        loop = asyncio.get_running_loop()
+        loop = self.loop
         if self._sweep is None:
             self._sweep = loop.call_later(OVERRUN_SWEEP_S, self._sweep_overruns)
         if not slot.outbox:
@@ -189,7 +190,7 @@ class Dispatcher:
         orders = [WorkerCall.model_construct(fn=c.fn, timeout_s=c.timeout_s, answer=self._direct(c), id=c.id,
                                              size=len(c.payload)) for c in calls]
         data = frame(WorkerCalls.model_construct(calls=orders), b"".join(c.payload for c in calls))
-        task = asyncio.get_running_loop().create_task(self._publish(slot, reply, data, calls))
+        task = self.loop.create_task(self._publish(slot, reply, data, calls))
         self._sending.add(task)
         task.add_done_callback(self._sending.discard)
 
@@ -302,7 +303,7 @@ class Dispatcher:
         for call in [c for c in self.running.values() if now > c.dispatched_at + c.timeout_s + OVERRUN_GRACE_S]:
             self._overrun(call)
         if self.running:
-            self._sweep = asyncio.get_running_loop().call_later(OVERRUN_SWEEP_S, self._sweep_overruns)
+            self._sweep = self.loop.call_later(OVERRUN_SWEEP_S, self._sweep_overruns)
 
     def _overrun(self, call: Call) -> None:
         """No answer past the timeout and its grace: the worker is stuck (or its answer lost);

@@ -35,7 +35,7 @@ from broker.answers import output_limit, render_direct
 from broker.codec import decode, encode, frame, unframe
 from broker.connection import close_quietly, connect, credentials_from_env
 from broker.errors import ContractError
-from broker.lifecycle import hard_exit_after, on_parent_gone, parent_gone, parent_pipe_watched, run_loop
+from broker.lifecycle import OnItsLoop, hard_exit_after, on_parent_gone, parent_gone, parent_pipe_watched, run_loop
 from broker.messages import (DirectAnswer, NodeGone, WorkerCall, WorkerCalls, WorkerOutcome, WorkerOutcomes,
                              WorkerStatus, WorkerStatusRequest)
 from broker.subjects import Subjects
@@ -52,7 +52,7 @@ STOP_GRACE_S = 10.0     # a stopping worker finishes its calls this long, then e
 WORKER_CREDENTIALS = "P2PFAAS_WORKER_NATS"   # _USER / _PASSWORD: the identity of a node's workers
 
 
-class Worker:
+class Worker(OnItsLoop):
     def __init__(self, settings: NodeSettings, registry: FunctionRegistry, name: str,
                  pool: str = DEFAULT_POOL, *, process: bool = False, watch_node: bool = False) -> None:
         """``watch_node``: end when the node's heartbeats stop or it says it is gone (a worker
@@ -235,7 +235,7 @@ class Worker:
         first = entry is None
         if entry is None:
             entry = self._outbox[reply] = _Ended()
-            asyncio.get_running_loop().call_soon(self._flush_outcomes, reply)
+            self.loop.call_soon(self._flush_outcomes, reply)
         entry.outcomes.append(final)
         entry.outputs.append(kept)
         if not direct:
@@ -251,7 +251,7 @@ class Worker:
         entry = self._outbox.pop(reply, None)
         if entry is None:
             return
-        task = asyncio.get_running_loop().create_task(self._send_ended(reply, entry))
+        task = self.loop.create_task(self._send_ended(reply, entry))
         self._sending.add(task)
         task.add_done_callback(self._sending.discard)
 
