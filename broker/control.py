@@ -12,6 +12,8 @@ import asyncio
 import logging
 from typing import Awaitable, Callable
 
+import orjson
+
 from nats.aio.client import Client
 from nats.aio.msg import Msg
 from nats.errors import NoRespondersError
@@ -81,3 +83,25 @@ async def control_request(nc: Client, subject: str, body: bytes = b"", timeout_s
         raise NodeUnavailable(f"nobody answered on {subject} ({type(exc).__name__})") from None
     status = (msg.headers or {}).get(H.STATUS, "200")
     return (int(status) if status.isdigit() else 500), msg.data
+
+
+def node_health(node: str, status: int, body: bytes) -> tuple[dict, str | None]:
+    """A node's answer on its info subject, judged: (its info, None) when healthy, else (what
+    could be read, why not). An error answer is unhealthy (a node whose info handler fails is
+    not well), and so is one whose async intake cannot pull or whose answers wait to be stored.
+    The bridge's ``/healthz`` and the containers' health check (p2pfaas.healthcheck) both ask this."""
+    try:
+        info = orjson.loads(body) if body else {}
+    except orjson.JSONDecodeError:
+        info = {}
+    if not isinstance(info, dict):
+        info = {}
+    if status != 200:
+        return info, f"node {node}: its info request failed ({status}: {info.get('message', 'no message')})"
+    if info.get("node") != node:
+        return info, f"node {node}: its info does not name it ({info.get('node')!r})"
+    if info.get("intake", "ok") != "ok":
+        return info, f"node {node}: its async intake cannot pull from JetStream"
+    if info.get("answers_unstored", 0):
+        return info, f"node {node}: {info['answers_unstored']} answer(s) waiting for JetStream to store them"
+    return info, None

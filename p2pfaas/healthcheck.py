@@ -8,22 +8,31 @@ import os
 import sys
 import urllib.request
 
+from broker import headers as H
+
 TIMEOUT_S = 3.0
 
 
 async def node_answers(node: str) -> bool:
+    """The node answers its info request, and the answer says it is well (broker.control.node_health:
+    not an error, its async intake pulling, no answer waiting to be stored)."""
     import nats
 
+    from broker.control import node_health
     from broker.subjects import Subjects
 
     servers = [os.environ.get("P2PFAAS_NATS_URL", "nats://127.0.0.1:4222"),
                *filter(None, os.environ.get("P2PFAAS_SEEDS", "").split(","))]
     nc = await nats.connect(servers, connect_timeout=TIMEOUT_S, allow_reconnect=False, name=f"healthcheck-{node}")
     try:
-        await nc.request(Subjects(os.environ.get("P2PFAAS_PREFIX", "faas")).info(node), b"", timeout=TIMEOUT_S)
-        return True
+        msg = await nc.request(Subjects(os.environ.get("P2PFAAS_PREFIX", "faas")).info(node), b"", timeout=TIMEOUT_S)
     finally:
         await nc.close()
+    status = (msg.headers or {}).get(H.STATUS, "200")
+    _, problem = node_health(node, int(status) if status.isdigit() else 500, msg.data)
+    if problem is not None:
+        print(f"unhealthy: {problem}", file=sys.stderr)
+    return problem is None
 
 
 def http_healthy(url: str) -> bool:

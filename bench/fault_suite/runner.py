@@ -58,11 +58,13 @@ class FaultReport:
     events: list[str] = field(default_factory=list)
     healthz: int = 0
     error: str | None = None
+    unchecked: list[str] = field(default_factory=list)   # checks that could not be made (a MISS: not proven)
     logs: str = ""
 
     def misses(self) -> list[str]:
         """Why this run is not a PASS (empty: PASS)."""
         out = [f"error: {self.error}"] if self.error else []
+        out += [f"not checked: {what}" for what in self.unchecked]
         for row in self.rows:
             if row.lost:
                 out.append(f"{row.transport}: {row.lost} lost")
@@ -207,7 +209,7 @@ async def _run_fault(stack: UpStack, fault: Fault, names: list[str], report: Fau
         event(f"load after recovery sent; its answers: waited {waited:.1f} s")
         for t in transports:
             await t.settle(lookup)
-        await _count_stored_duplicates(nc, transports)
+        report.unchecked += await _count_stored_duplicates(nc, transports)
         report.rows = [t.ledger.row() for t in transports]
         if any(row.lost for row in report.rows):
             for line in await _diagnose(nc, transports):
@@ -232,18 +234,24 @@ async def _drain(transports: list[T.Transport], timeout_s: float) -> float:
     return time.monotonic() - started
 
 
-async def _count_stored_duplicates(nc, transports: list[T.Transport]) -> None:
-    """More than one answer kept in the results stream for one request id is a duplicate."""
+async def _count_stored_duplicates(nc, transports: list[T.Transport]) -> list[str]:
+    """More than one answer kept in the results stream for one request id is a duplicate.
+    Returns what could not be checked (the stream could not be read): the run is then a MISS,
+    since no duplicate found is not the same as none there."""
+    unchecked = []
     for t in transports:
         if t.direct:
             continue
         keys = t.answer_keys() if isinstance(t, T.HttpAsync) else {req: req for req in t.ledger.calls}
         try:
             counts = await T.stored_answer_counts(nc, PREFIX, t.client)
-        except Exception as exc:   # the stream cannot be read: the report says so, the counts stay live-only
+        except Exception as exc:   # the stream cannot be read: the report says so (a MISS)
             log.warning("results stream of %s: %s", t.client, exc)
+            unchecked.append(f"{t.name}: answers stored per request id (results stream unreadable: "
+                             f"{type(exc).__name__} {exc})")
             continue
         t.ledger.stored_duplicates |= {req for req, key in keys.items() if counts.get(key, 0) > 1}
+    return unchecked
 
 
 async def _diagnose(nc, transports: list[T.Transport]) -> list[str]:

@@ -13,7 +13,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from broker import headers as H
 from broker.answers import SCHEDULER_NAME, VERSION
-from broker.control import control_request
+from broker.control import control_request, node_health
 from broker.errors import NodeUnavailable
 from broker.http.invoke import error
 from broker.messages import NodeConfiguration, SchedulerConfiguration
@@ -92,11 +92,9 @@ def control_router(bridge: "HttpBridge") -> APIRouter:
             status, data = await control_request(bridge.nc, subjects.info(node), b"", bridge.control_timeout_s)
         except NodeUnavailable:
             return error(503, f"node {node} not answering")
-        info = orjson.loads(data) if status == 200 else {}
-        if info.get("intake", "ok") != "ok":
-            return error(503, f"node {node}: its async intake cannot pull from JetStream")
-        if info.get("answers_unstored", 0):
-            return error(503, f"node {node}: {info['answers_unstored']} answer(s) waiting for JetStream to store them")
+        info, problem = node_health(node, status, data)
+        if problem is not None:
+            return error(503, problem)
         return JSONResponse({"status": "ok", "node": info})
 
     @router.get("/metrics", summary="Prometheus metrics (bridge + node)")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pydantic
 import pytest
 
 from broker.codec import decode, encode
@@ -28,5 +29,6 @@ def test_invalid_payloads_name_the_problem(data, fragment):
 
 def test_contracts_are_frozen():
     cmd = ScaleCommand(node="n1", pool="fib", target_workers=3)
-    with pytest.raises(Exception):
+    with pytest.raises(pydantic.ValidationError, match="frozen"):
         cmd.target_workers = 4  # type: ignore[misc]
+    assert cmd.target_workers == 3

@@ -137,3 +137,43 @@ async def test_bridge_answers_503_when_node_is_down(nc, prefix, node_factory):
         async with node_factory():
             r = await eventually(lambda: http.get(f"/result/{call_id}"), lambda r: r.status_code == 200)
         assert r.content == b"x"
+
+
+async def test_health_is_503_when_the_node_answers_its_info_request_with_an_error(nc, prefix, nats_server):
+    """A node whose info handler fails answers 500 on its info subject: not healthy, for the
+    bridge's /healthz and for the containers' health check alike (one judgement: node_health)."""
+    from broker.control import ControlError, ControlServer
+    from broker.subjects import Subjects
+    from p2pfaas.healthcheck import node_answers
+
+    answers = {"info": b""}
+
+    async def info(_: bytes) -> bytes:
+        if not answers["info"]:
+            raise RuntimeError("the node's info handler is broken")
+        if answers["info"] == b"refuse":
+            raise ControlError(503, "not ready")
+        return answers["info"]
+
+    server = ControlServer(nc)
+    await server.serve(Subjects(prefix).info("n1"), info)
+    env = {"P2PFAAS_NATS_URL": nats_server.url, "P2PFAAS_PREFIX": prefix}
+    try:
+        with pytest.MonkeyPatch.context() as mp:
+            for name, value in env.items():
+                mp.setenv(name, value)
+            async with serving(HttpBridge(nc, "n1", prefix=prefix, control_timeout_s=2)) as http:
+                for broken, why in ((b"", "500"), (b"refuse", "503: not ready")):
+                    answers["info"] = broken
+                    r = await http.get("/healthz")
+                    assert r.status_code == 503 and why in r.json()["message"], r.text
+                    assert await node_answers("n1") is False
+                answers["info"] = orjson.dumps({"node": "n1", "intake": "ok", "answers_unstored": 0})
+                r = await http.get("/healthz")
+                assert r.status_code == 200 and r.json()["node"]["node"] == "n1"
+                assert await node_answers("n1") is True
+                answers["info"] = orjson.dumps({"node": "n1", "intake": "unhealthy", "answers_unstored": 0})
+                assert "intake" in (await http.get("/healthz")).json()["message"]
+                assert await node_answers("n1") is False
+    finally:
+        await server.stop()

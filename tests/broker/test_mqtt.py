@@ -107,8 +107,13 @@ async def test_mosquitto_clients_like_the_readme(node_factory, mqtt_port, prefix
             "stdbuf", "-oL", "mosquitto_sub", "-p", str(mqtt_port), "-q", "1", "-t", f"{prefix}/result/dev1/#", "-C", "1", "-W", "30", "-d",
             stdout=asyncio.subprocess.PIPE)
         assert sub.stdout is not None
-        while b"SUBACK" not in await asyncio.wait_for(sub.stdout.readline(), 10):
-            pass
+        for _ in range(50):   # its debug lines until the SUBACK (bounded: a dead mosquitto_sub fails here)
+            line = await asyncio.wait_for(sub.stdout.readline(), 10)
+            assert line, f"mosquitto_sub ended before its SUBACK (exit {await sub.wait()})"
+            if b"SUBACK" in line:
+                break
+        else:
+            pytest.fail("no SUBACK in mosquitto_sub's first 50 lines")
         pub = await asyncio.create_subprocess_exec(
             "mosquitto_pub", "-p", str(mqtt_port), "-q", "1", "-t", f"{prefix}/n1/request/fib/dev1/r1", "-m", "25")
         assert await asyncio.wait_for(pub.wait(), 10) == 0

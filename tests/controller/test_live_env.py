@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import io
 
 import numpy as np
 import pytest
@@ -22,6 +23,14 @@ from nodes.settings import PoolSpec
 from p2pfaas.top import watch
 
 from .conftest import make_scenario
+
+
+def rendered(renderable) -> str:
+    """What ``p2pfaas top`` prints, as text."""
+    from rich.console import Console
+    console = Console(width=200, record=True, file=io.StringIO())
+    console.print(renderable)
+    return console.export_text()
 
 SCENARIO = make_scenario(step_seconds=0.3, max_steps=6, workers={"min": 1, "max": 3, "initial": 1},
                          service_time={"dist": "constant", "value": 0.05},
@@ -74,7 +83,8 @@ async def test_top_sees_nodes_and_pools(node_factory, nats_server, prefix):
     async with node_factory(pools=POOLS, runtime="inprocess", heartbeat_period_s=0.2, telemetry_period_s=0.2):
         view = await watch(nats_server.url, prefix, duration_s=1.0, live=False)
     assert "n1" in view.nodes and {("n1", "default"), ("n1", "farm")} <= set(view.pools)
-    assert view.render() is not None
+    text = rendered(view.render())
+    assert "n1" in text and "farm" in text and "default" in text, text
 
 
 async def test_top_shows_who_scales_a_pool_and_the_model_version(node_factory, nats_server, nc, prefix):
@@ -87,8 +97,5 @@ async def test_top_shows_who_scales_a_pool_and_the_model_version(node_factory, n
         view = await watch(nats_server.url, prefix, duration_s=1.0, live=False)
     command = view.commands[("n1", "farm")]
     assert (command.policy, command.model_version) == ("dqn", "shipped")   # (this node runs no learner)
-    from rich.console import Console
-    console = Console(width=200, record=True)
-    console.print(view.render())
-    text = console.export_text()
+    text = rendered(view.render())
     assert "scaled by" in text and "shipped" in text

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import signal
 
 import docker
@@ -48,9 +49,9 @@ async def test_kill_and_signal_like_a_process(runtime, nats_server, prefix):
     await first.wait_ready(60)
     await second.wait_ready(60)
     first.kill()
-    assert await first.wait() == 128 + signal.SIGKILL
+    assert await asyncio.wait_for(first.wait(), 30) == 128 + signal.SIGKILL
     second.send_signal(signal.SIGTERM)
-    assert await second.wait() == 0
+    assert await asyncio.wait_for(second.wait(), 30) == 0
     assert second.stop_requested and not first.stop_requested
 
 
@@ -60,7 +61,7 @@ async def test_a_worker_that_cannot_connect_exits_before_ready(runtime, prefix):
     with pytest.raises(WorkerExited) as info:
         await worker.wait_ready(60)
     assert info.value.code not in (0, None)
-    assert await worker.wait() == info.value.code
+    assert await asyncio.wait_for(worker.wait(), 30) == info.value.code
 
 
 async def test_strays_are_adopted_or_removed_and_nobody_elses_touched(docker_client, worker_image, prefix):
@@ -92,7 +93,7 @@ async def test_strays_are_adopted_or_removed_and_nobody_elses_touched(docker_cli
         assert {c.id for c in others} <= remaining
 
         adopted[0].kill()                                    # the adopted one is fully ours again
-        assert await adopted[0].wait() == 128 + signal.SIGKILL
+        assert await asyncio.wait_for(adopted[0].wait(), 30) == 128 + signal.SIGKILL
         assert fn_of_adopted.id not in {c.id for c in docker_client.containers.list(all=True)}
     finally:
         for container in [*running, exited, fn_of_adopted, fn_of_removed, *others]:

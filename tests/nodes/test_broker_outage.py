@@ -28,7 +28,7 @@ TASKS = 40
 async def crash_and_restart(server: NatsServer, down_s: float = 0.5) -> None:
     assert server.proc is not None
     server.proc.kill()
-    await server.proc.wait()
+    await asyncio.wait_for(server.proc.wait(), 10)
     await asyncio.sleep(down_s)
     await server.start()
 

@@ -21,6 +21,7 @@ EXAMPLES = {
     "PowerOfNSchedulerTau": (["1", "2", "true", "1", "0.25s"], "PowerOfNSchedulerTau(1, 2, true, 1, 250ms)"),
     "RoundRobinWithMasterScheduler": (["false", "n9", "true"], "RoundRobinWithMasterScheduler(false, n9, true)"),
     "RejectScheduler": ([], "RejectScheduler"),
+    "LearningScheduler": (["2", "3", "false", "true"], "LearningScheduler(2, 3, false, true)"),
 }
 
 
@@ -28,13 +29,12 @@ async def test_every_algorithm_over_nats_then_persisted(node_factory, nc, prefix
     s = Subjects(prefix)
     async with node_factory(data_dir=tmp_path, runtime="inprocess") as node:
         for name in known_algorithms():
-            parameters, printed = EXAMPLES.get(name, ([], None))
+            parameters, printed = EXAMPLES[name]   # every algorithm has its example: a new one must add it
             body = orjson.dumps({"name": name, "parameters": parameters})
             reply = await nc.request(s.scheduler_config("n1", "set"), body, timeout=5)
             assert reply.headers["X-P2pfaas-Status"] == "200", (name, reply.data)
             assert node.scheduler.algorithm.name == name
-            if printed:
-                assert node.scheduler.algorithm.describe() == printed
+            assert node.scheduler.algorithm.describe() == printed
             current = decode(SchedulerConfiguration, (await nc.request(s.scheduler_config("n1", "get"), b"", timeout=5)).data)
             assert current.name == name
         for bad in (b'{"name": "Nope", "parameters": []}', b'{"name": "ForwardScheduler", "parameters": ["-1"]}', b"{"):

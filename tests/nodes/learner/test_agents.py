@@ -4,6 +4,7 @@ through update()), deterministically, and its model survives save/load and get/s
 from __future__ import annotations
 
 import dataclasses
+import inspect
 
 import numpy as np
 import pytest
@@ -71,7 +72,21 @@ def test_toy_environments_follow_gymnasium(queue_env, delayed_env):
 
 @pytest.mark.parametrize("name", NAMES)
 def test_every_agent_follows_the_protocol(name):
-    assert isinstance(make(name), Agent)
+    """Not only the names (a runtime-checkable Protocol checks no more): every method takes the
+    Protocol's parameters, in its order, with its defaults, and the dimensions are the ones asked."""
+    agent = make(name)
+    assert isinstance(agent, Agent)
+    for method in ("act", "learn", "update", "save", "get_weights", "set_weights"):
+        want = inspect.signature(getattr(Agent, method)).parameters
+        got = inspect.signature(getattr(type(agent), method)).parameters
+        assert [(p.name, p.default) for p in list(got.values())[:len(want)]] == \
+               [(p.name, p.default) for p in want.values()], (name, method, list(got))
+        assert all(p.default is not inspect.Parameter.empty or p.kind is p.VAR_KEYWORD
+                   for p in list(got.values())[len(want):]), (name, method, "extra parameters need defaults")
+    assert (agent.obs_dim, agent.n_actions) == (1, 2)
+
+
+def test_the_registry_holds_every_algorithm():
     assert set(AGENTS) == {"dqn", "pg", "sarsa", "dsarsa"}
 
 

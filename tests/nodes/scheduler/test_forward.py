@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import random
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -50,12 +51,13 @@ async def test_never_forwards_to_a_visited_node(fake):
 async def walk(fake, algorithms, views, origin: str):
     """Follow a request through the cluster; returns the path and the final decision."""
     req, node, path = fake.request(), origin, [origin]
-    while True:
+    for _ in range(4 * len(algorithms) + 8):   # bounded: a chain that never ends fails, not hangs
         decision = await algorithms[node].schedule(req, views[node])
         if not isinstance(decision, Forward):
             return path, decision
         req, node = fake.forwarded(req, by=node), decision.peer
         path.append(node)
+    pytest.fail(f"the forwarding chain did not end: {path}")
 
 
 @settings(max_examples=60, deadline=None)

@@ -145,6 +145,7 @@ async def test_chain_on_a_line_follows_falling_load_up_to_max_hops(fake, max_hop
     while isinstance(decision := await sched.schedule(req, views[node]), Forward):
         req, node = fake.forwarded(req, by=node), decision.peer
         path.append(node)
+        assert len(path) <= len(ids) + max_hops, f"the forwarding chain did not end: {path}"
     assert path == expected
 
 
