@@ -9,6 +9,7 @@ Errors carry the JSON body ``{code, message}`` (P2PFaaS's catalogue in ``code``)
 from __future__ import annotations
 
 import base64
+import math
 import time
 from dataclasses import dataclass, field
 from typing import Mapping, Sequence
@@ -92,9 +93,32 @@ def name_list(text: str | None) -> list[str]:
 def _float_list(text: str | None) -> list[float]:
     try:
         values = orjson.loads(text) if text else []
-        return [float(v) for v in values] if isinstance(values, list) else []
+        return [_finite(float(v)) for v in values] if isinstance(values, list) else []
     except (orjson.JSONDecodeError, TypeError, ValueError):
         return []
+
+
+def _float(text: str | None) -> float:
+    """A timing header's seconds; 0 for what is not a finite number (a peer's garbage is not
+    a reason to lose its answer)."""
+    try:
+        return _finite(float(text)) if text else 0.0
+    except (TypeError, ValueError):
+        return 0.0
+
+
+def _finite(value: float) -> float:
+    return value if math.isfinite(value) else 0.0
+
+
+def status_of(text: str | None, default: int = 200) -> int:
+    """An answer's ``X-P2pfaas-Status`` (or a peer's status code) as an HTTP status: what is not
+    one (not digits, outside 100-599) is 500 -- an HTTP server cannot send it, and a caller
+    must still get an answer."""
+    if text is None:
+        return default
+    text = str(text)
+    return int(text) if text.isascii() and text.isdigit() and 100 <= int(text) <= 599 else 500
 
 
 @dataclass(frozen=True, slots=True)
@@ -192,9 +216,9 @@ class Answer:
         return Timings(
             scheduling_s=hops[0].scheduling_s if hops else 0.0,
             total_s=hops[0].total_s if hops else 0.0,
-            execution_s=float(self.headers.get(H.TIMING_EXECUTION, 0.0) or 0.0),
-            queueing_s=float(self.headers.get(H.TIMING_QUEUEING, 0.0) or 0.0),
-            transit_s=float(self.headers.get(H.TIMING_TRANSIT, 0.0) or 0.0),
+            execution_s=_float(self.headers.get(H.TIMING_EXECUTION)),
+            queueing_s=_float(self.headers.get(H.TIMING_QUEUEING)),
+            transit_s=_float(self.headers.get(H.TIMING_TRANSIT)),
         )
 
     # -- async answers -------------------------------------------------------------

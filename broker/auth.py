@@ -164,7 +164,8 @@ def controller_permissions() -> dict:
 
 def device_permissions(name: str) -> dict:
     """Checked on the subject after the account's mapping: a request is already the async subject."""
-    return _permissions(publish=[f"*.async.*.*.{name}.*"],
+    malformed = ["*.async.*" + ".*" * levels for levels in MALFORMED_REQUEST_LEVELS]   # refused by the node
+    return _permissions(publish=[f"*.async.*.*.{name}.*", *malformed],
                         subscribe=[f"*.result.{name}", f"*.result.{name}.>", f"*.reject.{name}", f"*.reject.{name}.>"])
 
 
@@ -178,13 +179,29 @@ def _user(creds: Credentials, permissions: dict | None, **extra) -> dict:
     return user
 
 
+# request topics of another shape than <p>/<node>/request/<fn>/<client>/<req>: 1 to 4 levels after
+# "request" but 3 (a level short, levels too many) are mapped onto the node's async subjects as well,
+# so the node's intake refuses them (logged, counted, a rejection on <p>/reject/invalid): a device's
+# mistake is never lost in silence (a shape with no level after "request" is not a request topic)
+MALFORMED_REQUEST_LEVELS = (1, 2, 4, 5, 6)
+
+
+def device_request_mappings() -> dict[str, str]:
+    """The DEVICES account's mappings: request topics (every shape above) onto async subjects."""
+    mappings = {}
+    for levels in (3, *MALFORMED_REQUEST_LEVELS):
+        wild = ".".join(f"{{{{wildcard({i})}}}}" for i in range(3, 3 + levels))
+        mappings["*.*.request" + ".*" * levels] = f"{{{{wildcard(1)}}}}.async.{{{{wildcard(2)}}}}.{wild}"
+    return mappings
+
+
 def nats_accounts(store: AuthStore | None, nodes: list[str]) -> str:
     """The ``accounts`` block of the embedded nats-server. Without a store: one open deployment
     (no_auth_user), as the tests' own servers run; with one: every identity with its permissions."""
     devices_account = {
         "jetstream": "enabled",
         # a device's request topic <p>/<node>/request/<fn>/<client>/<req> becomes the durable subject
-        "mappings": {"*.*.request.*.*.*": "{{wildcard(1)}}.async.{{wildcard(2)}}.{{wildcard(3)}}.{{wildcard(4)}}.{{wildcard(5)}}"},
+        "mappings": device_request_mappings(),
         "exports": [{"stream": "*.async.>"}],
         "imports": [{"stream": {"account": "FAAS", "subject": "*.result.>"}},
                     {"stream": {"account": "FAAS", "subject": "*.reject.>"}}],

@@ -24,15 +24,16 @@ from typing import Callable
 import orjson
 from nats.aio.client import Client
 from nats.aio.msg import Msg
+from nats.errors import Error as NatsError
 from nats.errors import NoRespondersError
 from nats.errors import TimeoutError as NatsTimeout
 from nats.js.errors import APIError, NoStreamResponseError, NotFoundError
 
 from broker import headers as H
-from broker.answers import Answer
+from broker.answers import Answer, status_of
 from broker.codec import decode
 from broker.connection import on_event, on_publish_refused
-from broker.errors import ContractError, InvalidSubject, NodeUnavailable, NotPermitted
+from broker.errors import BrokerUnavailable, ContractError, InvalidSubject, NodeUnavailable, NotPermitted
 from broker.lifecycle import OnItsLoop
 from broker.messages import NodeGone
 from broker.streams import results_stream
@@ -42,7 +43,21 @@ __all__ = ["Answer", "FaasClient", "new_request_id"]
 
 
 def new_request_id() -> str:
-    return os.urandom(16).hex()   # as uuid4().hex (32 hex digits), a fifth of the cost
+    """32 hex digits, unique: this process's 64 random bits, then a counter. (os.urandom per id
+    was a getrandom system call per call: 5 % of a client's CPU under load.) Ids are names, not
+    secrets: who may read an answer is the broker's permissions on its subject (docs/security.md)."""
+    return f"{_ids_prefix}{next(_ids):016x}"
+
+
+def _new_id_prefix() -> None:
+    """A process's own start for its request ids (again in a forked child: never its parent's)."""
+    global _ids_prefix, _ids
+    _ids_prefix, _ids = os.urandom(8).hex(), itertools.count()
+
+
+_ids_prefix, _ids = "", itertools.count()
+_new_id_prefix()
+os.register_at_fork(after_in_child=_new_id_prefix)
 
 
 class FaasClient(OnItsLoop):
@@ -131,8 +146,7 @@ class FaasClient(OnItsLoop):
         if headers.get(H.NATS_STATUS) == "503" and not msg.data:
             fut.set_exception(NodeUnavailable(f"node {node} is not running (nobody answers its requests)"))
             return
-        status = headers.get(H.STATUS, "200")
-        fut.set_result(Answer(int(status) if status.isdigit() else 500, msg.data, headers))
+        fut.set_result(Answer(status_of(headers.get(H.STATUS)), msg.data, headers))
 
     async def _on_gone(self, msg: Msg) -> None:
         try:
@@ -239,13 +253,17 @@ class FaasClient(OnItsLoop):
             fut.set_exception(exc)
 
     async def stored_answer(self, client: str, req: str) -> Answer | None:
-        """A result/rejection kept in the results stream (bounded age), or None."""
+        """A result/rejection kept in the results stream (bounded age), or None; BrokerUnavailable
+        when the stream cannot be read now (the HTTP bridge answers 503 with Retry-After)."""
         for kind, subject in (("result", self.subjects.result(client, req)),
                               ("reject", self.subjects.reject(client, req))):
             try:
                 raw = await self.js.get_last_msg(results_stream(self.subjects), subject)
             except NotFoundError:
                 continue
+            except (NatsError, asyncio.TimeoutError) as exc:   # JetStream away, busy, or no connection
+                raise BrokerUnavailable(f"the stored answers cannot be read now ({type(exc).__name__}: {exc}); "
+                                        "try again") from None
             return Answer.of_stored(kind, raw.data or b"")
         return None
 

@@ -21,7 +21,7 @@ from nats.errors import TimeoutError as NatsTimeout
 
 from broker import codes
 from broker import headers as H
-from broker.answers import error_body
+from broker.answers import error_body, status_of
 from broker.connection import request
 from broker.errors import ContractError, NodeUnavailable
 
@@ -81,8 +81,7 @@ async def control_request(nc: Client, subject: str, body: bytes = b"", timeout_s
         msg = await request(nc, subject, body, timeout_s=timeout_s)   # NotPermitted: at once
     except (NatsTimeout, NoRespondersError, asyncio.TimeoutError) as exc:
         raise NodeUnavailable(f"nobody answered on {subject} ({type(exc).__name__})") from None
-    status = (msg.headers or {}).get(H.STATUS, "200")
-    return (int(status) if status.isdigit() else 500), msg.data
+    return status_of((msg.headers or {}).get(H.STATUS)), msg.data
 
 
 def node_health(node: str, status: int, body: bytes) -> tuple[dict, str | None]:

@@ -23,16 +23,14 @@ from urllib.parse import urlsplit
 
 import httpx
 from fastapi import Depends, FastAPI, Request
-from fastapi.responses import JSONResponse
 from nats.aio.client import Client
 from prometheus_client import CollectorRegistry, Counter, Histogram
 
-from broker import headers as H
 from broker.answers import VERSION, Answer
 from broker.client import FaasClient
-from broker.errors import FaasError, Forbidden, PayloadTooLarge, Unauthorized
+from broker.errors import ContractError, FaasError, Forbidden, PayloadTooLarge, Unauthorized
 from broker.http.control import control_router
-from broker.http.invoke import FastInvoke, answer_response, error, invoke_router
+from broker.http.invoke import FastInvoke, answer_response, faas_error, invoke_router
 from broker.http.discovery import discovery_app
 from broker.http.learner import learner_app, learner_router
 from broker.http.openfaas import openfaas_router
@@ -152,8 +150,14 @@ class HttpBridge:
         """Callbacks go only to the hosts the operator allowed (a bridge must not POST anywhere)."""
         if not url:
             return
-        host = (urlsplit(url).hostname or "").lower()
-        if urlsplit(url).scheme not in ("http", "https") or host not in self.callback_hosts:
+        try:
+            parts = urlsplit(url)
+            parts.port                       # a port that is not a number raises here
+            httpx.URL(url)                   # and what httpx could not send to
+        except (ValueError, httpx.InvalidURL) as exc:
+            raise ContractError(f"X-Callback-Url {url[:200]!r} is not a URL: {exc}") from None
+        host = (parts.hostname or "").lower()
+        if parts.scheme not in ("http", "https") or host not in self.callback_hosts:
             allowed = ", ".join(sorted(self.callback_hosts)) or "none"
             raise Forbidden(f"callback to {host or url!r} not allowed (allowed hosts: {allowed}; "
                             "p2pfaas up --callback-host HOST)")
@@ -182,8 +186,8 @@ class HttpBridge:
         try:
             async with httpx.AsyncClient(timeout=10.0) as client:
                 await client.post(url, content=response.body, headers=dict(response.headers.items()))
-        except httpx.HTTPError as exc:
-            log.warning("callback %s for %s failed: %s", url, call_id, exc)
+        except Exception as exc:   # whatever goes wrong, said (the background task must not die silently)
+            log.warning("callback %s for %s failed: %r", url, call_id, exc)
 
     def count(self, route: str, status: int, seconds: float) -> None:
         """One request in the bridge's metrics (children looked up once per route and status)."""
@@ -207,12 +211,7 @@ class HttpBridge:
         api = FastAPI(title="p2pfaas HTTP bridge", version=VERSION, lifespan=lifespan,
                       description="P2PFaaS-compatible REST entrypoint of a p2pfaas node, bridged to NATS.")
 
-        @api.exception_handler(FaasError)
-        async def faas_error(request: Request, exc: FaasError) -> JSONResponse:
-            headers = {H.RETRY_AFTER: "1"} if exc.http_status == 503 else {}
-            if exc.http_status == 401:
-                headers = {"WWW-Authenticate": "Bearer"}
-            return error(exc.http_status, str(exc), **headers)
+        api.add_exception_handler(FaasError, faas_error)   # type: ignore[arg-type]
 
         api.add_middleware(RequestMetrics, bridge=self)
         api.include_router(invoke_router(self))

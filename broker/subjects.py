@@ -137,6 +137,14 @@ class Subjects:
     def all_async(self) -> str:
         return f"{self.prefix}.async.>"
 
+    def stored_async_of(self, token: str) -> str:
+        """The async calls stored for the node token ``token`` as read off a stored subject -- one
+        that may name no valid node (reserved, too long, odd characters: calls no node will ever
+        take, which the sweeper refuses). A subject's token holds no dot or wildcard."""
+        if not token or any(c in token for c in ".*> \t\r\n"):
+            raise InvalidToken(f"not a subject token: {token!r}")
+        return f"{self.prefix}.async.{token}.>"
+
     def parse_invocation(self, subject: str) -> Invocation:
         """Parse a request/forward/async subject; InvalidSubject/InvalidToken says what is wrong."""
         parts = subject.split(".")

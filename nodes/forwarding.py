@@ -21,7 +21,7 @@ from nats.aio.client import Client
 from nats.aio.msg import Msg
 
 from broker import headers as H
-from broker.answers import Answer
+from broker.answers import Answer, status_of
 from broker.codec import decode
 from broker.errors import ContractError
 from broker.messages import NodeGone
@@ -137,8 +137,11 @@ class Forwarder:
         if headers.get(H.NATS_STATUS) == "503" and not msg.data:
             log.info("%s: peer %s does not listen; running %s here", self.node, pending.peer, call.key)
             return await self._run_here(call)
-        status = headers.get(H.STATUS, "200")
-        await self.answerer.relayed(call, Answer(int(status) if status.isdigit() else 500, msg.data, headers))
+        try:
+            await self.answerer.relayed(call, Answer(status_of(headers.get(H.STATUS)), msg.data, headers))
+        except Exception as exc:  # whatever the peer sent, the caller gets an answer
+            log.warning("%s: the answer of peer %s to %s could not be relayed: %r", self.node, pending.peer, call.key, exc)
+            await self._failed(pending, f"peer {pending.peer} answered something unreadable ({type(exc).__name__}: {exc})")
 
     def _expire(self, call_id: int) -> None:
         pending = self.pending.get(call_id)

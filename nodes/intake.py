@@ -14,6 +14,7 @@ message and ends at the first pause; a task costs here about what taking the cal
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import logging
 import random
 import time
@@ -29,7 +30,8 @@ from nats.js.errors import BadRequestError, NotFoundError
 
 from broker import headers as H
 from broker.streams import async_stream
-from broker.subjects import Subjects
+from broker.errors import InvalidToken
+from broker.subjects import TOKEN_RE, Subjects, check_node
 
 log = logging.getLogger(__name__)
 
@@ -204,12 +206,20 @@ class UnknownNodeSweeper:
         await asyncio.sleep(self.period_s * (0.5 + random.random()))   # nodes do not all sweep at once
         while True:
             try:
-                for node in await self.unknown_nodes():
-                    await self.drain(node)
+                unknown = await self.unknown_nodes()
             except asyncio.CancelledError:
                 raise
             except Exception as exc:  # JetStream busy or down: the next sweep tries again
                 log.debug("%s: sweep skipped: %s", self.node, exc)
+                unknown = set()
+            for node in sorted(unknown):   # one node's trouble never keeps the others' calls waiting
+                try:
+                    await self.drain(node)
+                except asyncio.CancelledError:
+                    raise
+                except Exception as exc:
+                    log.warning("%s: the stored calls to unknown node %r were not refused this sweep: %r",
+                                self.node, node, exc)
             await asyncio.sleep(self.period_s)
 
     async def unknown_nodes(self) -> set[str]:
@@ -239,8 +249,15 @@ class UnknownNodeSweeper:
         stream = async_stream(self.subjects)
         name = f"sweep-{node}"[:64]
         try:
+            check_node(node)
+            why = f"no node {node!r}: it has never been started (calls to it are refused after {self.unknown_after_s:g} s)"
+        except InvalidToken as exc:   # a name no node can have (reserved, too long): never served
+            why = f"no node {node!r} can exist: {exc}"
+            if not TOKEN_RE.match(node):   # a consumer's name takes no such token (a '/', say)
+                name = f"sweep-x{hashlib.sha256(node.encode()).hexdigest()[:24]}"
+        try:
             await self.js.add_consumer(stream, ConsumerConfig(
-                durable_name=name, ack_policy=AckPolicy.EXPLICIT, filter_subject=self.subjects.async_of(node),
+                durable_name=name, ack_policy=AckPolicy.EXPLICIT, filter_subject=self.subjects.stored_async_of(node),
                 inactive_threshold=60.0))
         except BadRequestError as exc:   # the node appeared meanwhile, or another node sweeps it
             log.debug("%s: not sweeping %s: %s", self.node, node, exc)
@@ -253,8 +270,7 @@ class UnknownNodeSweeper:
                 except (NatsTimeout, asyncio.TimeoutError):
                     break
                 for msg in msgs:
-                    await self._refuse(msg, f"no node {node!r}: it has never been started (calls to it are refused "
-                                            f"after {self.unknown_after_s:g} s)")
+                    await self._refuse(msg, why)
                     await msg.ack()
             await sub.unsubscribe()
         finally:

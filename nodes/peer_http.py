@@ -16,7 +16,7 @@ import orjson
 
 from broker import codes
 from broker import headers as H
-from broker.answers import Answer, error_body
+from broker.answers import Answer, error_body, status_of
 from nodes.calls import Call
 PROBE_HEADERS = {H.USER_AGENT: H.USER_AGENT_MACHINE}
 
@@ -56,7 +56,7 @@ def answer_of(status: int, content: bytes, *, node: str, ip: str) -> Answer:
         reply = orjson.loads(content)
         peers = reply.get("peers_list") or []
         body = base64.b64decode(reply.get("body") or "")
-        status = int(reply.get("status_code") or status)
+        status = status_of(str(reply.get("status_code") or status))
     except (orjson.JSONDecodeError, AttributeError, binascii.Error, TypeError, ValueError):
         return Answer(500, error_body(codes.PEER_RESPONSE_NIL, f"unreadable answer from a P2PFaaS peer: {content[:100]!r}"),
                       {H.STATUS: "500"})

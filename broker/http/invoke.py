@@ -18,7 +18,7 @@ from fastapi.responses import JSONResponse, Response
 from broker import codes
 from broker import headers as H
 from broker.answers import VERSION, Answer, error_body
-from broker.errors import NodeUnavailable, NotPermitted, Unauthorized
+from broker.errors import FaasError, NodeUnavailable, NotPermitted, Unauthorized
 from broker.subjects import TOKEN_RE, check_token
 
 if TYPE_CHECKING:
@@ -52,14 +52,21 @@ def error(status: int, message: str, **headers: str) -> JSONResponse:
                         headers=headers or None)
 
 
+async def faas_error(request: Request, exc: FaasError) -> JSONResponse:
+    """Every app's one handler of p2pfaas's errors: their HTTP status and ``{code, message}``
+    (503 with Retry-After, 401 with the Bearer challenge)."""
+    headers = {H.RETRY_AFTER: "1"} if exc.http_status == 503 else {}
+    if exc.http_status == 401:
+        headers = {"WWW-Authenticate": "Bearer"}
+    return error(exc.http_status, str(exc), **headers)
+
+
 def port_app(title: str, hello: str) -> FastAPI:
     """The app of one of P2PFaaS's other ports (discovery, learner): ``GET /`` answers ``hello``
-    (the same on every node, as its clients compare it), a node that does not answer is 503."""
+    (the same on every node, as its clients compare it); errors as on the main port (a node that
+    does not answer is 503, a body too large 413, a missing token 401)."""
     app = FastAPI(title=title, version=VERSION)
-
-    @app.exception_handler(NodeUnavailable)
-    async def unavailable(request: Request, exc: NodeUnavailable) -> Response:
-        return error(503, str(exc), **{H.RETRY_AFTER: "1"})
+    app.add_exception_handler(FaasError, faas_error)   # type: ignore[arg-type]
 
     @app.get("/", summary="Name and version (the same on every node)")
     async def greet() -> Response:

@@ -20,7 +20,7 @@ from nats.errors import TimeoutError as NatsTimeout
 
 from broker import codes
 from broker import headers as H
-from broker.answers import Answer, error_body
+from broker.answers import Answer, error_body, status_of
 from broker.connection import request as nats_request
 from broker.errors import NotPermitted
 from broker.subjects import check_token, machine_token
@@ -84,7 +84,7 @@ def peer_router(bridge: "HttpBridge") -> APIRouter:
             msg = await nats_request(bridge.nc, subject, payload, timeout_s=bridge.invoke_timeout_s + 5.0,
                                      headers=headers)
             status = (msg.headers or {}).get(H.STATUS, "200")
-            answer = Answer(int(status) if status.isdigit() else 500, msg.data, msg.headers or {})
+            answer = Answer(status_of(status), msg.data, msg.headers or {})
         except NoRespondersError:
             answer = Answer(503, error_body(codes.GENERIC, f"node {bridge.node} is not running"))
         except (NatsTimeout, TimeoutError):

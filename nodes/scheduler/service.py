@@ -347,9 +347,10 @@ class SchedulerService:
         try:
             await self.nc.jetstream().publish(self.subjects.async_request(inv.node, inv.fn, inv.client, inv.request_id),
                                               msg.data, headers=headers, timeout=5.0)
-        except Exception as exc:
-            log.warning("%s: %s could not be stored as an async call: %s", self.node_id, inv.call_key, exc)
-            self.metrics.error("not_stored")
+        except Exception as exc:   # the intake is full or away: the client is told (its reject subject)
+            await self._refuse_raw("", Refusal(codes.GENERIC, 503, f"{inv.fn}: not stored, try again later "
+                                                                  f"({type(exc).__name__}: {exc})", "not_stored"),
+                                   subject=msg.subject)
 
 
 class PeerSource:

@@ -81,3 +81,43 @@ async def test_header_writer_gives_what_nats_py_gives():
 @pytest.mark.parametrize("headers", [None, {}])
 async def test_publish_without_headers_is_nats_pys(headers):
     assert await _written(NatsClient(), headers) == await _written(Client(), headers)
+
+
+async def test_publishes_are_flushed_without_a_future_each(nc, prefix):
+    """A burst of publishes, with and without headers, all reach a subscriber without a forced
+    flush; the flusher is handed tokens that are already done, never a Future per publish; a
+    forced flush (nats-py's PING/PONG) still works."""
+    assert isinstance(nc, NatsClient)
+    n, got = 2_000, []
+    done = asyncio.Event()
+
+    async def on_msg(msg) -> None:
+        got.append(msg.data)
+        if len(got) == n:
+            done.set()
+
+    subject = f"{prefix}.flush.check"
+    sub = await nc.subscribe(subject, cb=on_msg)
+    await nc.flush()
+    queue = nc._flush_queue
+    assert queue is not None
+    kicks: list[object] = []
+    put = queue.put_nowait
+
+    def spy(item) -> None:
+        kicks.append(item)
+        put(item)
+
+    queue.put_nowait = spy   # type: ignore[method-assign]
+    try:
+        for i in range(n):
+            await nc.publish(subject, str(i).encode(), headers={"X-N": str(i)} if i % 2 else None)
+            if i % 500 == 0:
+                await asyncio.sleep(0)   # let the flusher run: later publishes kick it again
+        await asyncio.wait_for(done.wait(), 10)
+    finally:
+        del queue.put_nowait
+        await sub.unsubscribe()
+    assert got == [str(i).encode() for i in range(n)]
+    assert kicks and not any(isinstance(k, asyncio.Future) for k in kicks)
+    await asyncio.wait_for(nc.flush(), 5)

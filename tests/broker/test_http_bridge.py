@@ -87,6 +87,11 @@ async def test_async_invoke_result_and_callback(http):
         assert (await http.get("/result/unknown123")).status_code == 404
         pending = await http.post("/async-function/sleep", content=b"1")
         assert (await http.get(f"/result/{pending.headers[H.CALL_ID]}")).status_code == 202
+        for bad in ("http://[::1", "http://127.0.0.1:abc/cb", "http://127.0.0.1:99999/cb"):   # no URL: 400 at once
+            r = await http.post("/async-function/fib", content=b"20", headers={H.CALLBACK_URL: bad})
+            assert r.status_code == 400 and "X-Callback-Url" in r.json()["message"], (bad, r.text)
+        r = await http.post("/async-function/fib", content=b"20", headers={H.CALLBACK_URL: "http://10.9.9.9/cb"})
+        assert r.status_code == 403   # a URL, to a host the operator did not allow
     finally:
         server.should_exit = True
         await task
@@ -177,3 +182,39 @@ async def test_health_is_503_when_the_node_answers_its_info_request_with_an_erro
                 assert await node_answers("n1") is False
     finally:
         await server.stop()
+
+
+async def test_result_is_503_when_the_stored_answers_cannot_be_read():
+    """A broker without JetStream (or with JetStream away): /result says 503 + Retry-After and
+    FaasClient.stored_answer raises BrokerUnavailable -- not a plain 500, not "unknown"."""
+    import subprocess
+
+    from broker.client import FaasClient
+    from broker.connection import close_quietly, connect
+    from broker.embedded import find_binary
+    from broker.errors import BrokerUnavailable
+
+    port = free_port()
+    server = subprocess.Popen([find_binary("nats-server"), "-a", "127.0.0.1", "-p", str(port)],
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)   # no -js
+    try:
+        for _ in range(100):   # until it listens (bounded: 10 s)
+            try:
+                nc = await connect(f"nats://127.0.0.1:{port}", "no-jetstream")
+                break
+            except Exception:
+                await asyncio.sleep(0.1)
+        else:
+            pytest.fail("nats-server without JetStream did not start")
+        try:
+            async with FaasClient(nc, client="http-n1", prefix="nojs") as faas:
+                with pytest.raises(BrokerUnavailable, match="cannot be read now"):
+                    await faas.stored_answer("http-n1", "abc123")
+            async with serving(HttpBridge(nc, "n1", prefix="nojs", control_timeout_s=1)) as http:
+                r = await http.get("/result/abc123")
+                assert r.status_code == 503 and r.headers["Retry-After"] and "try again" in r.json()["message"], r.text
+        finally:
+            await close_quietly(nc)
+    finally:
+        server.terminate()
+        server.wait(10)

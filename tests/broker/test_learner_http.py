@@ -125,3 +125,21 @@ async def test_unknown_model_404_and_no_learner_503(http, nc, prefix):
         r = await other.get("/learner/train", headers={"X-P2pfaas-Learning-Eid": "1", STATE: "1",
                                                        "X-P2pfaas-Learning-Action": "0", "X-P2pfaas-Learning-Reward": "1"})
         assert r.status_code == 503 and r.json()["code"] == 1  # no stream for n9: nothing stored
+
+
+async def test_p2pfaas_learner_and_discovery_ports_answer_errors_with_their_status(nc, prefix):
+    """The learner (19020) and discovery (19000) ports answer a body too large 413 and a change
+    without the operator's token 401, as the main port does (not a plain 500)."""
+    bridge = HttpBridge(nc, "n1", prefix=prefix, max_payload_bytes=1024, operator_token="secret")
+    async with serving(bridge):
+        for app in (bridge.learner_app, bridge.discovery_app):
+            async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://port") as port:
+                assert (await port.get("/")).status_code == 200
+        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=bridge.learner_app),
+                                     base_url="http://learner") as learner:
+            r = await learner.post("/train_batch", content=b"[" + b" " * 4096 + b"]",
+                                   headers={"Authorization": "Bearer secret"})
+            assert r.status_code == 413 and r.json()["code"] == 4 and "limit" in r.json()["message"]
+            r = await learner.get("/train", headers={"X-P2pfaas-Learning-Eid": "1", STATE: "1",
+                                                     "X-P2pfaas-Learning-Action": "0", "X-P2pfaas-Learning-Reward": "1"})
+            assert r.status_code == 401 and r.headers["WWW-Authenticate"] == "Bearer" and r.json()["message"]

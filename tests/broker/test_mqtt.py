@@ -92,11 +92,21 @@ async def test_device_bad_input_gets_rejections(node_factory, mqtt_port, prefix)
             assert (await dev.answer("result/dev1/r5"))["output"] == "55"  # still serving
 
 
-async def test_topic_a_level_short_is_rejected_through_the_bridge(node_factory, mosquitto, nc, prefix):
-    async with node_factory(), MqttBridge(nc, mosquitto.url, prefix=prefix, client_id=f"bridge-{prefix}"):
-        with device(mosquitto.port, prefix) as dev:
-            dev.publish("n1/request/fib/dev1", b"1")  # a level short
-            assert (await dev.answer("reject/invalid"))["code"] == 4
+async def test_request_topics_of_another_shape_are_rejected_not_lost(node_factory, mqtt_port, prefix):
+    """A level short or one too many: no client and request id can be read off such a topic, so
+    the rejection goes to <prefix>/reject/invalid (logged and counted), through nats-server's
+    MQTT listener as through Mosquitto and the bridge."""
+    async with node_factory():
+        with device(mqtt_port, prefix) as dev:
+            dev.publish("n1/request/fib/dev1", b"1")          # a level short
+            first = await dev.answer("reject/invalid")
+            dev.answers.clear()
+            dev.publish("n1/request/fib/dev1/r1/extra", b"1")  # a level too many
+            second = await dev.answer("reject/invalid")
+            dev.publish("n1/request/fib/dev1/r2", b"20")       # and a good one still runs
+            result = await dev.answer("result/dev1/r2")
+    assert first["code"] == 4 and second["code"] == 4 and first["reason"] and second["reason"]
+    assert result["output"] == "6765"
 
 
 async def test_mosquitto_clients_like_the_readme(node_factory, mqtt_port, prefix):
@@ -125,11 +135,14 @@ async def test_mosquitto_clients_like_the_readme(node_factory, mqtt_port, prefix
 async def test_request_to_a_node_that_never_existed_is_refused_not_kept_forever(node_factory, mqtt_port, prefix):
     async with node_factory(unknown_node_after_s=1.0):
         with device(mqtt_port, prefix) as dev:
+            dev.publish("result/request/echo/dev1/lost0", b"x")   # a name no node can have (reserved)
             dev.publish("nosuchnode/request/echo/dev1/lost1", b"x")
+            reserved = await dev.answer("reject/dev1/lost0", timeout_s=30)
             rejection = await dev.answer("reject/dev1/lost1", timeout_s=30)
             dev.publish("n1/request/echo/dev1/fine", b"x")        # and the node itself still serves
             result = await dev.answer("result/dev1/fine")
     assert rejection["http_status"] == 404 and rejection["code"] == 3 and "never been started" in rejection["reason"]
+    assert reserved["http_status"] in (400, 404) and "reserved" in reserved["reason"], reserved
     assert result["output"] == "x"
 
 

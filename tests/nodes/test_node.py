@@ -341,3 +341,23 @@ async def test_an_answer_jetstream_refuses_is_kept_and_reported_until_stored(nod
         assert stored is not None and stored.output == b"held"
         executed = node.metrics.invocations("echo")
     assert executed == 2   # "first" and "held", each run once
+
+
+async def test_a_call_without_reply_the_intake_cannot_store_is_rejected_to_its_client(node_factory, faas, nc, prefix):
+    """A call published with no reply subject is stored as an async call; when the intake refuses
+    it (full), its client hears so on its reject subject (503, retry), never silence."""
+    from broker.streams import async_stream
+    s, js = Subjects(prefix), nc.jetstream()
+    async with node_factory(k=1, queue=4) as node:
+        held = asyncio.create_task(faas.call_async("n1", "sleep", b"1.5", req="held", timeout_s=30))
+        await wait_until(lambda: node.scheduler.main.n_running == 1, timeout_s=20)
+        config = (await js.stream_info(async_stream(s))).config
+        config.max_msgs = 1                      # the held call's message fills the intake
+        await js.update_stream(config)
+        async with Collector(nc, s.reject("dev1", "noreply")) as rejects:
+            await nc.publish(s.request("n1", "echo", "dev1", "noreply"), b"x")   # no reply subject
+            await asyncio.wait_for(rejects.event.wait(), 10)
+        rejection = decode(Rejection, rejects.messages[0].data)
+        assert rejection.http_status == 503 and "not stored" in rejection.reason and rejection.request_id == "noreply"
+        assert errors_of(node).get("not_stored", 0) >= 1
+        assert (await asyncio.wait_for(held, 30)).status == 200   # the call that was stored still runs
