@@ -57,6 +57,7 @@ class Forwarder:
         self.peers = peers
         self.pending: dict[int, Pending] = {}
         self._over_http: set[asyncio.Task] = set()
+        self._failing: set[asyncio.Task] = set()   # forwards of a removed peer being answered
         self._http_requests = itertools.count(1)
         self._sub = None
 
@@ -156,9 +157,21 @@ class Forwarder:
             gone = decode(NodeGone, msg.data)
         except ContractError:
             return
-        for pending in [p for p in self.pending.values() if p.peer == gone.node]:
+        await self._fail_peer(gone.node, f"peer {gone.node} went away during the call ({gone.reason or 'stopped'})")
+
+    def peer_removed(self, peer: str) -> None:
+        """Discovery forgot ``peer`` (silent for its removal periods: dead, or cut off without a
+        word): what was forwarded to it fails now, not at the call's timeout."""
+        if any(p.peer == peer for p in self.pending.values()):
+            task = asyncio.get_running_loop().create_task(
+                self._fail_peer(peer, f"peer {peer} stopped answering heartbeats during the call (removed by discovery)"))
+            self._failing.add(task)
+            task.add_done_callback(self._failing.discard)
+
+    async def _fail_peer(self, peer: str, reason: str) -> None:
+        for pending in [p for p in self.pending.values() if p.peer == peer]:
             self._end(pending)
-            await self._failed(pending, f"peer {gone.node} went away during the call ({gone.reason or 'stopped'})")
+            await self._failed(pending, reason)
 
     async def _failed(self, pending: Pending, reason: str) -> None:
         self.answerer.metrics.error("forward_failed")

@@ -101,6 +101,8 @@ class Node:
                                                       activity=self._activity)
         self.scheduler = scheduler = SchedulerService(self.settings, self.nc, self.registry, self.store,
                                                       self.metrics, answerer, self.inbox, dispatchers, peers)
+        if self.discovery:   # a peer that falls silent: what was forwarded to it fails then, not at its timeout
+            self.discovery.on_removed.append(scheduler.forwarder.peer_removed)
         main = dispatchers[DEFAULT_POOL]
         scheduler.learning = LearningContext.for_node(self.nc, self.settings, main.keys)
         answerer.on_answer = scheduler.learning.rewards.observe

@@ -66,6 +66,7 @@ class DiscoveryService:
         self._subs: list = []
         self._task: asyncio.Task | None = None
         self._alive: list[str] = []   # last logged alive list (to log changes once)
+        self.on_removed: list[Callable[[str], None]] = []   # told of each peer forgotten (the forwarder)
         self.machines = MachineTable(lambda: settings.machine_ip, self._is_nats_peer, settings.machine_dead_polls)
         self.poller = MachinePoller(self.machines, self.identity, port=settings.peer_discovery_port,
                                     period_s=settings.machine_poll_period_s, timeout_s=settings.machine_poll_timeout_s)
@@ -251,6 +252,8 @@ class DiscoveryService:
             now = self._clock()
             for node in self.view.sweep(now):
                 log.info("%s: peer %s removed (silent for %d periods)", self.node_id, node, self.settings.remove_after)
+                for listener in self.on_removed:
+                    listener(node)
             self._log_changes(now)
 
     def _log_changes(self, now: float) -> None:

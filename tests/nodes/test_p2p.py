@@ -115,6 +115,23 @@ async def test_peer_going_away_mid_call_fails_a_direct_call_and_reruns_an_async_
         assert decode(Result, results.messages[0].data).status == 200
 
 
+async def test_peer_falling_silent_fails_its_forwarded_call_when_discovery_removes_it(node_factory, faas):
+    """A peer cut off without a word (no ``gone``: its host died, the network split): once
+    discovery removes it (silent for ``remove_after`` periods), the direct call forwarded to it
+    fails with "forward failed" at once, not at its 30 s timeout."""
+    quick = dict(suspect_after=3, remove_after=6)   # 0.1 s heartbeats: removed after 0.6 s of silence
+    async with cluster(node_factory, ("n1", ("ForwardScheduler", ["1"]), quick),
+                       ("n2", ("NoScheduler", ["true"]), quick)) as (n1, n2):
+        call = asyncio.create_task(faas.invoke("n1", "sleep", b"8", timeout_s=30))
+        await wait_until(lambda: n2.scheduler.main.n_running == 1, 10)
+        await n2.discovery.stop()                   # n2 still runs the call, but says nothing more
+        started = asyncio.get_running_loop().time()
+        answer = await asyncio.wait_for(call, 15)
+        waited = asyncio.get_running_loop().time() - started
+    assert answer.status == 500 and answer.code == 403 and "removed by discovery" in answer.message, answer.message
+    assert waited < 6   # before the call itself could have ended (8 s), let alone its timeout
+
+
 async def test_peer_stopping_gracefully_finishes_the_forwarded_call(node_factory, faas):
     async with node_factory(node_id="n1", scheduler=("ForwardScheduler", ["1"]), **FAST) as n1:
         async with node_factory(node_id="n2", **FAST) as n2:
