@@ -209,19 +209,24 @@ class MqttBridge:
             await self._reject(inv.client, inv.request_id, inv.fn, 400, f"devices publish requests, not {inv.kind}s: {topic!r}")
             return self._ack(message, "invalid")
         headers = {H.MSG_ID: inv.call_key, H.SENT_AT: repr(time.time())}
-        subject = self.subjects.async_request(inv.node, inv.fn, inv.client, inv.request_id)
+        await self._store(self.subjects.async_request(inv.node, inv.fn, inv.client, inv.request_id),
+                          message.payload, headers)
+        self._ack(message, "ok")
+
+    async def _store(self, subject: str, data: bytes, headers: dict[str, str] | None = None,
+                     stream: str | None = None) -> None:
+        """Store on JetStream, patiently: while it is electing a leader or down, the device's message
+        stays unacknowledged and the store is tried again (a message id makes a retry of a store
+        that did happen harmless). A request and a rejection alike: neither is ever dropped."""
         for attempt in itertools.count():
             try:
-                await self.js.publish(subject, message.payload, headers=headers, timeout=5.0)
-                break
+                await self.js.publish(subject, data, headers=headers, timeout=5.0, stream=stream)
+                return
             except (NatsTimeout, asyncio.TimeoutError, NoRespondersError, JetStreamError) as exc:
-                # JetStream is electing a leader or down: keep the device's message unacknowledged and
-                # try again (the message id makes a retry of a store that did happen harmless)
                 delay = RETRY_S[min(attempt, len(RETRY_S) - 1)]
                 log.warning("MQTT bridge: JetStream did not store %s (%s); retrying in %g s", subject, exc, delay)
                 self.messages.labels("to_nats", "retried").inc()
                 await asyncio.sleep(delay)
-        self._ack(message, "ok")
 
     def _ack(self, message: mqtt.MQTTMessage, outcome: str) -> None:
         self.messages.labels("to_nats", outcome).inc()
@@ -232,8 +237,8 @@ class MqttBridge:
         log.warning("MQTT bridge refused %s/%s: %s", client, req, reason)
         rejection = Rejection(request_id=req, client=client, fn=fn, code=codes.for_status(status), http_status=status,
                               reason=reason, node="mqtt-bridge")
-        await self.js.publish(self.subjects.reject(client, req), encode(rejection),
-                              headers={H.MSG_ID: f"answer.{client}.{req}"}, stream=results_stream(self.subjects))
+        await self._store(self.subjects.reject(client, req), encode(rejection),
+                          {H.MSG_ID: f"answer.{client}.{req}"}, results_stream(self.subjects))
 
     async def _reject_raw(self, topic: str, status: int, reason: str) -> None:
         parts = topic.split("/")
@@ -243,7 +248,7 @@ class MqttBridge:
         log.warning("MQTT bridge refused %r: %s", topic, reason)
         rejection = Rejection(request_id="invalid", client="invalid", fn="?", code=codes.for_status(status), http_status=status,
                               reason=reason, node="mqtt-bridge")
-        await self.js.publish(self.subjects.invalid(), encode(rejection), stream=results_stream(self.subjects))
+        await self._store(self.subjects.invalid(), encode(rejection), None, results_stream(self.subjects))
 
     # -- NATS -> devices ------------------------------------------------------------
     async def _answers_consumer(self):
