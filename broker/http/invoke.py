@@ -78,6 +78,16 @@ def port_app(title: str, hello: str) -> FastAPI:
 async def direct_call(bridge: "HttpBridge", fn: str, body: bytes, headers: dict[str, str]) -> tuple[Answer, str]:
     """One direct call through the node; errors of the path itself become answers too."""
     call_id = bridge.new_call_id()
+    asked = headers.get(H.TIMEOUT)
+    if asked is not None:   # a function timeout the bridge would not wait for: said now, not as a 504 later
+        try:
+            too_long = float(asked) > bridge.invoke_timeout_s
+        except ValueError:
+            too_long = False   # not a number: the node answers 400 with its reason
+        if too_long:
+            return Answer(400, error_body(codes.INPUT_NOT_VALID, (
+                f"{H.TIMEOUT} {asked} exceeds the {bridge.invoke_timeout_s:g} s this bridge waits for a direct "
+                f"call: ask for less, or call /async-function/{fn} (its result is kept)"))), call_id
     try:
         answer = await bridge.faas.invoke(bridge.node, fn, body, req=call_id, headers=headers,
                                           timeout_s=bridge.invoke_timeout_s)

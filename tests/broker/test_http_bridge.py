@@ -50,6 +50,8 @@ async def test_errors_map_to_statuses_with_json_bodies(http):
         assert set(r.json()) == {"code", "message"} and r.json()["message"] and r.json()["code"] == code, path
     r = await http.post("/function/sleep", content=b"3", headers={H.TIMEOUT: "0.2"})
     assert r.status_code == 504 and "timeout" in r.json()["message"]
+    r = await http.post("/function/sleep", content=b"0.1", headers={H.TIMEOUT: "30"})   # the bridge waits 5 s
+    assert r.status_code == 400 and "/async-function/sleep" in r.json()["message"] and r.json()["code"] == 4
     r = await http.post("/function/echo", content=b"x", headers={H.REJECT: "true"})
     assert r.status_code == 503 and r.headers["Retry-After"] and r.json()["code"] == 401
 
