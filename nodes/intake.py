@@ -29,6 +29,7 @@ from nats.js.api import AckPolicy, ConsumerConfig
 from nats.js.errors import BadRequestError, NotFoundError
 
 from broker import headers as H
+from broker.connection import on_event
 from broker.streams import async_stream
 from broker.errors import InvalidToken
 from broker.subjects import TOKEN_RE, Subjects, check_node
@@ -59,13 +60,22 @@ class AsyncIntake:
         self._asked = 0                         # messages the open pull request may still bring
         self._ended = asyncio.Event()           # the open pull request is done (full, expired, refused)
         self._refusal = ""                      # why nats-server ended it, when not full or expired
+        self._unlisten: Callable[[], None] = lambda: None
+        self.pulls_after_reconnect = 0          # pull requests made at once after a reconnect
 
     async def start(self) -> "AsyncIntake":
         """Starts in the background: direct calls need no JetStream, so a node whose JetStream is
         slow or down still serves them (``healthy`` says when async calls are being taken)."""
         self._tasks = [asyncio.create_task(self._pull(), name=f"{self.node}-intake"),
                        asyncio.create_task(self._keep_alive(), name=f"{self.node}-intake-keepalive")]
+        self._unlisten = on_event(self.nc, "reconnected", self._on_reconnected)
         return self
+
+    def _on_reconnected(self) -> None:
+        """Back on the broker: the open pull request may have gone with a restarted nats-server
+        (no word comes for it then); pull again now rather than at its expiry plus grace."""
+        self.pulls_after_reconnect += 1
+        self._ended.set()
 
     async def _bind(self) -> None:
         stream = async_stream(self.subjects)
@@ -84,6 +94,7 @@ class AsyncIntake:
 
     async def stop(self) -> None:
         """Stop pulling; what is still held is handed back at once (a restarted node takes it)."""
+        self._unlisten()
         for task in self._tasks:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
