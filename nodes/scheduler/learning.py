@@ -179,7 +179,8 @@ class LearningContext:
 
     # -- the learner ----------------------------------------------------------------
     async def _begin(self) -> None:
-        """On the first decision: answers subscribed, weights fetched (a node that never learns pays nothing)."""
+        """On the first decision: peers' heartbeats subscribed (their loads), rewards and weights started (a node
+        that never learns pays nothing)."""
         if self._begun:
             return
         async with self._lock:
