@@ -18,6 +18,11 @@ class Contract(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
 
+# a number that must be finite: what feeds a model or a policy (one NaN or Infinity in a reward
+# or an observation would poison every weight it trains; JSON parsers accept both literals)
+FiniteFloat = Annotated[float, Field(allow_inf_nan=False)]
+
+
 class HopTiming(Contract):
     """Timings of one node on a request's path (P2PFaaS ``peers_list`` entry).
 
@@ -363,12 +368,12 @@ class PoolTelemetry(Contract):
     arrivals: int              # tasks that arrived in the period
     completed: int             # tasks finished in the period
     met_deadline: int          # of those, how many met their deadline
-    arrival_rate: float        # arrivals / period_s
-    throughput: float          # completed / period_s
-    latency_mean_s: float
-    latency_p95_s: float
-    latency_max_s: float
-    qos: float                 # met_deadline / completed (1.0 when nothing completed)
+    arrival_rate: FiniteFloat        # arrivals / period_s
+    throughput: FiniteFloat          # completed / period_s
+    latency_mean_s: FiniteFloat
+    latency_p95_s: FiniteFloat
+    latency_max_s: FiniteFloat
+    qos: FiniteFloat                 # met_deadline / completed (1.0 when nothing completed)
 
 
 class ScaleCommand(Contract):
@@ -426,10 +431,10 @@ class ScalingExperience(Contract):
 
     node: str
     pool: str
-    observation: list[float]
+    observation: list[FiniteFloat]
     action: int
-    reward: float
-    next_observation: list[float]
+    reward: FiniteFloat
+    next_observation: list[FiniteFloat]
     done: bool = False
     policy: str = ""
     at: float = Field(default_factory=time.time)
@@ -446,7 +451,6 @@ Status = Literal["ok", "error"]
 
 
 # -- learner (docs/learner.md) ------------------------------------------------------
-FiniteFloat = Annotated[float, Field(allow_inf_nan=False)]
 
 
 def _state_from_text(value: Any) -> Any:

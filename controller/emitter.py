@@ -9,6 +9,7 @@ scale commands meanwhile: worker-seconds, workers, scaling actions and the decid
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 import uuid
 from dataclasses import dataclass, field
@@ -26,6 +27,10 @@ from broker.subjects import Subjects
 from controller.live_env import TelemetryTotals
 from controller.scenario import Scenario
 from controller.simulator import EpisodeTotals
+
+log = logging.getLogger(__name__)
+
+SUBMIT_PATIENCE_S = 6.0   # a store JetStream did not acknowledge (a leader election) is tried again this long
 
 
 @dataclass
@@ -75,7 +80,13 @@ class FarmEmitter:
                 fut = faas.expect(req)
                 try:
                     await faas.submit(self.node, self.fn, f"{service[i]:.4f}".encode(), req,
-                                      {H.DEADLINE: f"{deadlines[i]:.4f}"})
+                                      {H.DEADLINE: f"{deadlines[i]:.4f}"}, retry_for_s=SUBMIT_PATIENCE_S)
+                except Exception as exc:   # not stored (JetStream away, no permission): refused, said, counted
+                    log.warning("farm emitter: task %s not submitted: %s: %s", req, type(exc).__name__, exc)
+                    report.errors += 1
+                    faas.forget(req)
+                    return
+                try:
                     answer: Answer = await asyncio.wait_for(fut, horizon / self.speed + self.grace_s)
                 except asyncio.TimeoutError:
                     report.lost += 1

@@ -16,15 +16,18 @@ import base64
 import dataclasses
 import logging
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Callable
 
 import numpy as np
 from nats.aio.client import Client
 from nats.aio.msg import Msg
 
+from broker import headers as H
 from broker.codec import decode, encode
 from broker.errors import ContractError
-from broker.messages import LearnerWeights, PoolTelemetry, ScaleCommand, ScalingExperience
+from broker.messages import (ErrorBody, LearnerWeights, PolicySwitch, PolicySwitched, PoolTelemetry, ScaleCommand,
+                             ScalingExperience)
 from broker.subjects import Subjects, scaling_model
 from controller.baselines import RLPolicy, ScalingPolicy
 from controller.features import ObservationBuilder, RewardConfig, ScalingActions
@@ -74,6 +77,7 @@ class LiveController:
     history: list[ControlStep] = field(default_factory=list)
     learn_online: bool = True                # RL policies: seed the learner, pull its weights, guard them
     guard_options: dict[str, Any] = field(default_factory=dict)   # ModelGuard keyword arguments
+    models_dir: Path = Path("data/models")  # where a policy switched to at run time is looked up
 
     def __post_init__(self) -> None:
         self.subjects = Subjects(self.prefix)
@@ -88,6 +92,8 @@ class LiveController:
         self.learner_note = ""
         self._previous: tuple[np.ndarray, int, bool] | None = None
         self._sub = None
+        self._switch_sub = None
+        self._reseeding = False
         self._lock = asyncio.Lock()
         self._tasks: set[asyncio.Task] = set()
         self.stepped = asyncio.Event()
@@ -103,12 +109,14 @@ class LiveController:
             await self._connect_learner()
         await self._publish_target("initial")
         self._sub = await self.nc.subscribe(self.subjects.telemetry(self.node, self.pool), cb=self._on_telemetry)
+        self._switch_sub = await self.nc.subscribe(self.subjects.pool_policy(self.node, self.pool), cb=self._on_switch)
         return self
 
     async def stop(self) -> None:
-        if self._sub is not None:
-            await self._sub.unsubscribe()
-            self._sub = None
+        for sub in (self._sub, self._switch_sub):
+            if sub is not None:
+                await sub.unsubscribe()
+        self._sub = self._switch_sub = None
         for task in list(self._tasks):
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
@@ -156,16 +164,69 @@ class LiveController:
             self.guard.offer(agent, weights.version)
 
     async def _reseed_learner(self) -> None:
-        from nodes.learner.client import LearnerError, RemotePolicy
+        from nodes.learner.client import RemotePolicy
 
-        remote = RemotePolicy(self.nc, self.node, scaling_model(self.pool), prefix=self.prefix, timeout_s=5.0)
+        if self.guard is None:
+            return
+        self._reseeding = True
         try:
+            remote = RemotePolicy(self.nc, self.node, scaling_model(self.pool), prefix=self.prefix, timeout_s=5.0)
             stats = await remote.set_weights(online_weights(self.node, self.pool, self.guard.shipped))
-        except LearnerError as exc:  # the shipped weights go on deciding; no online version is taken
-            log.warning("controller %s/%s: learner not reset to the shipped model (online learning stops): %s",
+        except Exception as exc:  # LearnerError, a broker error: the shipped weights go on deciding, no online
+            # version is taken; the next period tries again
+            log.warning("controller %s/%s: learner not reset to the shipped model (tried again next period): %s",
                         self.node, self.pool, exc)
             return
+        finally:
+            self._reseeding = False
         self.guard.reseeded(stats.experiences)
+
+    # -- switching policy at run time (the dashboard's control) -------------------------
+    async def _on_switch(self, msg: Msg) -> None:
+        """A ``PolicySwitch``: answered ``PolicySwitched`` once the new policy decides the next
+        period, or 400 with the reason (the old policy keeps deciding)."""
+        from controller.policies import resolve_policy
+
+        try:
+            switch = decode(PolicySwitch, msg.data)
+            if (switch.node, switch.pool) != (self.node, self.pool):
+                raise ValueError(f"this controller scales {self.node}/{self.pool}, not {switch.node}/{switch.pool}")
+            policy, name, note = await asyncio.to_thread(resolve_policy, switch.policy, self.scenario, self.models_dir)
+        except (ContractError, ValueError) as exc:
+            log.warning("controller %s/%s: policy switch refused: %s", self.node, self.pool, exc)
+            return await self._reply(msg, 400, encode(ErrorBody(code=400, message=str(exc))))
+        async with self._lock:   # between two control steps
+            previous = self.policy_name
+            await self._use(policy, name)
+        log.info("controller %s/%s: policy %s -> %s (asked by %s)", self.node, self.pool, previous, name,
+                 switch.requested_by or "?")
+        notes = "; ".join(n for n in (note, self.learner_note) if n)
+        await self._reply(msg, 200, encode(PolicySwitched(node=self.node, pool=self.pool, policy=name,
+                                                          previous=previous, note=notes)))
+
+    async def _use(self, policy: ScalingPolicy, name: str) -> None:
+        """Decide with ``policy`` from the next period on: its own actions, its own guard and
+        online learning (RL), and no experience that would pair one policy's step with the other's."""
+        if self.local is not None:
+            await self.local.stop()
+            self.local = None
+        rl = isinstance(policy, RLPolicy)
+        self.policy, self.policy_name = policy, name
+        self.actions = policy.actions if rl else ScalingActions("target")
+        self.guard = ModelGuard(policy, **self.guard_options) if rl and self.learn_online else None
+        self.learner_note = ""
+        self._previous = None
+        policy.reset()
+        if self.guard is not None:
+            await self._connect_learner()
+
+    async def _reply(self, msg: Msg, status: int, body: bytes) -> None:
+        if not msg.reply:
+            return
+        try:
+            await self.nc.publish(msg.reply, body, headers={H.STATUS: str(status)})
+        except Exception as exc:  # the connection is gone: the asker's timeout tells it
+            log.warning("controller %s/%s: policy switch answer not sent: %r", self.node, self.pool, exc)
 
     # -- control steps ----------------------------------------------------------------
     async def _on_telemetry(self, msg: Msg) -> None:
@@ -175,12 +236,17 @@ class LiveController:
             log.warning("controller: bad telemetry on %s: %s", msg.subject, exc)
             return
         async with self._lock:  # one step at a time, in order
-            await self.step(telemetry)
+            try:
+                await self.step(telemetry)
+            except Exception:   # one bad period (a policy's bug, a broker blip) must not end the control loop
+                log.exception("controller %s/%s: control step failed; the target stays %d", self.node, self.pool,
+                              self.target)
 
     async def step(self, telemetry: PoolTelemetry) -> int:
         bounds = self.scenario.workers
-        if self.guard is not None and self.guard.observe(telemetry):
-            self._background(self._reseed_learner())
+        if self.guard is not None and (self.guard.observe(telemetry)
+                                       or (self.guard.awaiting_reseed and not self._reseeding)):
+            self._background(self._reseed_learner())   # a rollback; or a re-seed that failed, tried again
         obs = self.observe(telemetry)
         wanted = self.policy.decide(telemetry, self.target)
         target = min(bounds.max, max(bounds.min, int(wanted)))
@@ -197,10 +263,8 @@ class LiveController:
             experience = ScalingExperience(node=self.node, pool=self.pool, observation=prev_obs.tolist(),
                                            action=prev_action, reward=reward, next_observation=obs.tolist(),
                                            policy=self.policy_name)
-            try:
-                await self.js.publish(self.subjects.experience(self.node, self.pool), encode(experience), timeout=2.0)
-            except Exception as exc:  # learning data is best effort; control goes on
-                log.warning("controller: experience not stored: %s", exc)
+            # stored in the background: while JetStream is away (2 s per try) the scale command is not late
+            self._background(self._store_experience(experience))
         self._previous = (obs, action, changed)
         self.target = target
         self.history.append(ControlStep(telemetry, target, reward, self.model_version))
@@ -209,6 +273,12 @@ class LiveController:
             self.on_step(self.history[-1])
         self.stepped.set()
         return target
+
+    async def _store_experience(self, experience: ScalingExperience) -> None:
+        try:
+            await self.js.publish(self.subjects.experience(self.node, self.pool), encode(experience), timeout=2.0)
+        except Exception as exc:  # learning data is best effort; control goes on
+            log.warning("controller: experience not stored: %s", exc)
 
     def _background(self, coro) -> None:
         task = asyncio.create_task(coro)

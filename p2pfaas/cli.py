@@ -598,7 +598,7 @@ def controller_cmd(
     async def start():
         nc = await connect(url, f"controller-{node_id}-{pool}")
         controller = LiveController(nc, node_id, pool, chosen, sc, prefix=prefix, policy_name=name, on_step=show,
-                                    learn_online=learn_online)
+                                    learn_online=learn_online, models_dir=models_dir)
         await controller.start()
         return nc, controller
 

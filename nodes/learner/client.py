@@ -16,10 +16,8 @@ from nats.errors import NoRespondersError
 from nats.errors import TimeoutError as NatsTimeout
 
 from broker.codec import decode, encode
-from broker.errors import ContractError
 from broker.messages import LearnerAction, LearnerActRequest, LearnerParameters, LearnerStats, LearnerWeights
 from broker.subjects import SCHEDULING_MODEL, LearnerVerb, Subjects
-from nodes.learner.algorithms import IncompatibleWeights
 from nodes.learner.models import agent_from_weights
 from nodes.learner.service import STATUS_HEADER
 
@@ -152,14 +150,22 @@ class LocalPolicy:
     async def _on_weights(self, msg: Msg) -> None:
         try:
             await self._apply(decode(LearnerWeights, msg.data))
-        except (ContractError, IncompatibleWeights, KeyError, ValueError) as exc:
-            log.warning("local policy %s/%s: weights refused, keeping the previous ones: %s", self.node, self.model, exc)
+        except Exception as exc:  # malformed, incompatible, corrupt: whatever it is, the previous weights act
+            log.warning("local policy %s/%s: weights refused, keeping the previous ones: %s: %s", self.node, self.model,
+                        type(exc).__name__, exc)
 
     async def _apply(self, weights: LearnerWeights) -> None:
         shape = (weights.algorithm, weights.obs_dim, weights.n_actions, orjson.dumps(weights.config))
         if self.agent is not None and shape == self._shape:
             epsilon = getattr(self.agent, "epsilon", None)
-            self.agent.set_weights(base64.b64decode(weights.weights_b64))
+            try:
+                self.agent.set_weights(base64.b64decode(weights.weights_b64))
+            except Exception:
+                # a load that fails half-way has overwritten some tensors of the agent that acts (the
+                # controller holds this very object): the last good weights go back in first
+                if self.weights is not None:
+                    self.agent.set_weights(base64.b64decode(self.weights.weights_b64))
+                raise
             if weights.algorithm == "dsarsa" and epsilon is not None:
                 self.agent.epsilon = epsilon  # exploration stays the copy's own
         else:

@@ -17,7 +17,7 @@ import orjson
 
 from broker.messages import LearnerTrainSample, LearnerWeights
 from nodes.learner.algorithms import AGENTS
-from nodes.learner.algorithms.agent import IncompatibleWeights, config_from_dict
+from nodes.learner.algorithms.agent import config_from_dict
 
 log = logging.getLogger(__name__)
 
@@ -26,6 +26,9 @@ log = logging.getLogger(__name__)
 STRUCTURAL = frozenset({"actions_n", "hidden_sizes", "buffer_size", "bins", "low", "high", "num_steps"})
 MANIFEST = "learner.json"
 FORMAT_VERSION = 1
+
+
+MAX_PARAMETER = 1e15   # no hyper-parameter is larger; a larger one would not fit the checkpoint's manifest
 
 
 def _parse_text(name: str, text: str) -> Any:
@@ -43,8 +46,9 @@ def _coerce(name: str, default: Any, value: Any) -> Any:
     if isinstance(value, str):
         value = _parse_text(name, value)
     if isinstance(value, (list, tuple)):
-        if not value or not all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in value):
-            raise ValueError(f"{name}: {value!r} is not a list of numbers")
+        if not value or not all(isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+                                and abs(v) <= MAX_PARAMETER for v in value):
+            raise ValueError(f"{name}: {value!r} is not a list of finite numbers")
         return tuple(value)
     if isinstance(default, bool) or isinstance(value, bool):
         if not (isinstance(default, bool) and isinstance(value, bool)):
@@ -54,8 +58,8 @@ def _coerce(name: str, default: Any, value: Any) -> Any:
         if default is not None:
             raise ValueError(f"{name}: may not be null")
         return None
-    if not isinstance(value, (int, float)) or not math.isfinite(value):
-        raise ValueError(f"{name}: {value!r} is not a finite number")
+    if not isinstance(value, (int, float)) or not math.isfinite(value) or abs(value) > MAX_PARAMETER:
+        raise ValueError(f"{name}: {value!r} is not a finite number of at most {MAX_PARAMETER:.0e} in size")
     if isinstance(default, int):
         if value != int(value):
             raise ValueError(f"{name}: {value!r} is not an integer")
@@ -372,7 +376,7 @@ class CheckpointStore:
             return Restored(slots, window, int(manifest["stream_seq"]), int(manifest["malformed"]),
                             [int(e) for e in manifest.get("window_trained", [])],
                             [int(e) for e in manifest.get("window_fed", [])])
-        except (OSError, KeyError, TypeError, ValueError, IncompatibleWeights) as exc:
+        except Exception as exc:   # unreadable, corrupt, of another shape (RuntimeError, AttributeError ...)
             # a checkpoint we cannot read is not a reason to stay down: the stream replays
             log.error("learner checkpoint %s unreadable (%s): starting from an empty model", path, exc)
             self.files = {}

@@ -189,12 +189,12 @@ class NodeLearner:
                     await self._handle(msg)
                     await asyncio.sleep(0)  # a DQN step takes ~1 ms: let act requests in between
                 await self._publish_weights()
-            except Exception as exc:  # disconnected, reconnecting: try again shortly
+                if loop.time() - last_checkpoint >= self.settings.checkpoint_period_s:
+                    last_checkpoint = loop.time()
+                    self.checkpoint()
+            except Exception as exc:  # disconnected, reconnecting: try again shortly (the loop never ends on one error)
                 log.warning("learner %s: %s: %s", self.node, type(exc).__name__, exc)
                 await asyncio.sleep(FETCH_TIMEOUT_S)
-            if loop.time() - last_checkpoint >= self.settings.checkpoint_period_s:
-                self.checkpoint()
-                last_checkpoint = loop.time()
 
     async def _handle(self, msg: Msg) -> None:
         seq = msg.metadata.sequence.stream
@@ -277,8 +277,9 @@ class NodeLearner:
         try:
             self.store.commit(self.slots, self.window.samples.values(), self.stream_seq, self.malformed,
                               self.window.trained, self.window.fed)
-        except OSError as exc:  # disk full, permissions: keep serving, the stream still holds it all
-            log.error("learner %s: checkpoint failed (retried next period): %s", self.node, exc)
+        except Exception as exc:  # disk full, permissions, a value the manifest cannot hold: keep serving,
+            # the stream still holds it all
+            log.error("learner %s: checkpoint failed (retried next period): %s: %s", self.node, type(exc).__name__, exc)
             return
         self.checkpoint_seq = self.stream_seq
 
@@ -296,8 +297,14 @@ class NodeLearner:
             except Exception as exc:
                 log.exception("learner %s: %s failed", self.node, msg.subject)
                 status, body = 500, encode(ErrorBody(code=500, message=f"{type(exc).__name__}: {exc}"))
+            if msg.reply and len(body) > self.nc.max_payload:   # e.g. a grown table's weights: say so, not silence
+                status, body = 413, encode(ErrorBody(code=413, message=(
+                    f"the answer is {len(body)} bytes, over the broker's message limit of {self.nc.max_payload}")))
             if msg.reply:  # no header means 200: the act hot path stays a plain reply
-                await self.nc.publish(msg.reply, body, headers={STATUS_HEADER: str(status)} if status != 200 else None)
+                try:
+                    await self.nc.publish(msg.reply, body, headers={STATUS_HEADER: str(status)} if status != 200 else None)
+                except Exception as exc:  # the connection is gone: the caller's timeout tells it
+                    log.warning("learner %s: answer on %s not sent: %r", self.node, msg.subject, exc)
         return serve
 
     def _act(self, slot: ModelSlot, data: bytes) -> bytes:

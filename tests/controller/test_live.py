@@ -119,3 +119,34 @@ async def test_controller_seeds_the_learner_pulls_its_online_weights_and_rolls_b
     versions = [decode(ScaleCommand, m.data).model_version for m in commands.messages]
     first_online = next(i for i, v in enumerate(versions) if v.startswith("online-"))
     assert versions[0] == SHIPPED and SHIPPED in versions[first_online:]   # rolled back after deciding online
+
+
+async def test_the_controller_switches_policy_on_request_and_refuses_what_it_cannot_run(nc, prefix, tmp_path):
+    """A PolicySwitch (the dashboard's control) on faas.<node>.policy.<pool>: the controller answers
+    PolicySwitched and its next decisions carry the new policy; an unknown policy, a malformed
+    request or another pool is a 400 with the reason, and the old policy keeps deciding."""
+    from broker import headers as H
+    from broker.messages import ErrorBody, PolicySwitch, PolicySwitched
+
+    s = Subjects(prefix)
+    await ensure_node_streams(nc.jetstream(), s, "n1")
+    ask = lambda body: nc.request(s.pool_policy("n1", "farm"), body, timeout=10)   # noqa: E731
+    async with Collector(nc, s.scale("n1", "farm")) as commands:
+        async with LiveController(nc, "n1", "farm", make_baseline("reactive-avg", SCENARIO), SCENARIO, prefix=prefix,
+                                  policy_name="reactive-avg", models_dir=tmp_path) as ctl:
+            reply = await ask(encode(PolicySwitch(node="n1", pool="farm", policy="fixed-5", requested_by="test")))
+            assert reply.headers[H.STATUS] == "200"
+            switched = decode(PolicySwitched, reply.data)
+            assert (switched.policy, switched.previous) == ("fixed-5", "reactive-avg")
+            await nc.publish(s.telemetry("n1", "farm"), encode(telemetry(**BURST)))
+            await wait_until(lambda: len(ctl.history) == 1)
+            for body, why in ((encode(PolicySwitch(node="n1", pool="farm", policy="nosuchpolicy")), "unknown policy"),
+                              (encode(PolicySwitch(node="n1", pool="other", policy="kpa")), "not n1/other"),
+                              (b"{not json", "JSON")):
+                reply = await ask(body)
+                assert reply.headers[H.STATUS] == "400" and why in decode(ErrorBody, reply.data).message, body
+            await nc.publish(s.telemetry("n1", "farm"), encode(telemetry(**BURST)))
+            await wait_until(lambda: len(ctl.history) == 2)
+            assert ctl.policy_name == "fixed-5"
+    last = decode(ScaleCommand, commands.messages[-1].data)
+    assert (last.policy, last.target_workers) == ("fixed-5", 5)

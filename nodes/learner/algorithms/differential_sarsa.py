@@ -9,6 +9,7 @@ so (1, 23) and (12, 3) are different states (the original concatenated "123" for
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -73,7 +74,10 @@ def _coerce(kind: type, value: Any) -> Any:
         if value.strip().lower() not in {"true", "false", "1", "0"}:
             raise ValueError(f"not a boolean: {value!r}")
         return value.strip().lower() in {"true", "1"}
-    return kind(value)
+    out = kind(value)
+    if kind in (int, float) and (not math.isfinite(out) or abs(out) > 1e15):   # the checkpoint must hold it
+        raise ValueError(f"not a finite number of at most 1e15 in size: {value!r}")
+    return out
 
 
 class DifferentialSarsa:

@@ -4,6 +4,7 @@ stream, weights and LocalPolicy, run-time parameters, restarts, SIGKILL, malform
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import signal
 import statistics
 import sys
@@ -211,10 +212,12 @@ async def test_parameters_at_run_time(settings, nc, prefix):
         assert changed["alpha"] == 0.5 and changed["epsilon_decay_enabled"] is False and changed["actions_n"] == 4
         assert await remote.parameters() == changed
         assert {(await remote.act([1.0])).eps for _ in range(3)} == {0.9}  # no decay any more
-        for bad in ({"alpha": "abc"}, {"no_such": 1}, {"window_size": 1}):
+        # a number the checkpoint could not hold (it stopped the learner's loop once) or NaN: refused
+        for bad in ({"alpha": "abc"}, {"no_such": 1}, {"window_size": 1}, {"window_size": "1" * 25},
+                    {"alpha": "nan"}, {"alpha": "1e400"}):
             with pytest.raises(LearnerError) as err:
                 await remote.set_parameters(bad)
-            assert err.value.status == 400
+            assert err.value.status == 400, bad
         assert await remote.parameters() == changed  # refused changes change nothing
         reply = await nc.request(Subjects(prefix).learner("n1", "scheduling", "parameters.set"), b"[1, 2]", timeout=2)
         assert reply.headers[STATUS_HEADER] == "400"
@@ -227,6 +230,10 @@ async def test_parameters_at_run_time(settings, nc, prefix):
             await fib.set_parameters({"hidden_sizes": [32, 32]})
         rebuilt = await fib.set_parameters({"hidden_sizes": [32, 32], "reset": True})
         assert rebuilt["hidden_sizes"] == [32, 32] and (await fib.weights()).config["hidden_sizes"] == [32, 32]
+        for bad in ({"learning_starts": "1e300"}, {"learning_rate": "NaN"}, {"hidden_sizes": [1e300]}):
+            with pytest.raises(LearnerError) as err:
+                await fib.set_parameters(bad)
+            assert err.value.status == 400, bad
 
 
 async def test_restart_keeps_the_model_and_the_stream_position(settings, nc, prefix, tmp_path):
@@ -296,9 +303,12 @@ async def test_malformed_experiences_do_not_stop_the_service(settings, nc, prefi
             node="n1", pool="other", observation=A, action=0, reward=0.0, next_observation=A)))
         await js.publish(s.experience("n1", "fib"), encode(ScalingExperience(
             node="n1", pool="fib", observation=[1.0, 2.0, 3.0], action=0, reward=0.0, next_observation=A)))
+        # one Infinity in a reward would make every weight NaN: refused as malformed (JSON parsers take it)
+        await js.publish(s.experience("n1", "fib"), b'{"node": "n1", "pool": "fib", "observation": ' +
+                         str(A).encode() + b', "action": 0, "reward": Infinity, "next_observation": ' + str(A).encode() + b'}')
         await publish(nc, prefix, scheduling_samples(0, 10))
-        stats = await stats_until(remote, lambda st: st.stream_seq == 16)
-        assert stats.malformed == 6 and stats.experiences == 8
+        stats = await stats_until(remote, lambda st: st.stream_seq == 17)
+        assert stats.malformed == 7 and stats.experiences == 8
         info = await js.consumer_info(experiences_stream(s, "n1"), DURABLE)
         assert info.num_ack_pending == 0 and info.num_redelivered == 0 and info.num_pending == 0
         assert (await remote.act(X)).action in (0, 1)
@@ -328,3 +338,37 @@ async def test_a_learning_scheduler_sized_model_starts_from_the_shipped_table(se
         assert same_table(table_of(await n1.weights()), shipped.q)
         full_here = [0.0, 0.0, 2.0, 2.0]   # type 0, no free slot here, two peers with room: forward, never reject
         assert (await n1.act(full_here, explore=False)).action >= 3
+
+
+async def test_local_policy_keeps_acting_with_the_last_good_weights_when_new_ones_fail_half_way(nc, prefix):
+    """Weights of the right shape whose last tensor is wrong: loading them fails after the first
+    tensors were copied into the agent that acts (the controller holds that very object); the
+    last good weights go back in, and the agent acts as before."""
+    import base64
+
+    import torch
+
+    from broker.messages import LearnerWeights
+    from nodes.learner.algorithms import AGENTS
+    from nodes.learner.algorithms.agent import IncompatibleWeights, from_bytes, to_bytes
+
+    good_agent = AGENTS["dqn"](obs_dim=3, n_actions=4, seed=1)
+    other = AGENTS["dqn"](obs_dim=3, n_actions=4, seed=2)
+
+    def weights(agent, data: bytes | None = None, version: int = 1) -> LearnerWeights:
+        return LearnerWeights(node="n1", model="scaling-fib", algorithm="dqn", obs_dim=3, n_actions=4,
+                              config=dataclasses.asdict(good_agent.config), version=version,
+                              weights_b64=base64.b64encode(data or agent.get_weights()).decode())
+
+    broken = from_bytes(other.get_weights())
+    last = list(broken["state"]["q_network"])[-1]
+    broken["state"]["q_network"][last] = torch.zeros(7)   # the wrong size: load_state_dict fails there
+    local = LocalPolicy(nc, "n1", "scaling-fib", prefix=prefix)
+    await local._apply(weights(good_agent))
+    acting = local.agent
+    before = {k: v.clone() for k, v in acting.q_network.state_dict().items()}
+    with pytest.raises(IncompatibleWeights):
+        await local._apply(weights(other, to_bytes(broken), version=2))
+    assert local.agent is acting and local.weights.version == 1
+    after = acting.q_network.state_dict()
+    assert all(torch.equal(before[k], after[k]) for k in before)   # not half other's
