@@ -17,7 +17,7 @@ import orjson
 
 from broker.messages import LearnerTrainSample, LearnerWeights
 from nodes.learner.algorithms import AGENTS
-from nodes.learner.algorithms.agent import config_from_dict
+from nodes.learner.algorithms.agent import MAX_PARAMETER, config_from_dict
 
 log = logging.getLogger(__name__)
 
@@ -26,9 +26,6 @@ log = logging.getLogger(__name__)
 STRUCTURAL = frozenset({"actions_n", "hidden_sizes", "buffer_size", "bins", "low", "high", "num_steps"})
 MANIFEST = "learner.json"
 FORMAT_VERSION = 1
-
-
-MAX_PARAMETER = 1e15   # no hyper-parameter is larger; a larger one would not fit the checkpoint's manifest
 
 
 def _parse_text(name: str, text: str) -> Any:

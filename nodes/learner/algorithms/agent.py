@@ -43,6 +43,9 @@ class IncompatibleWeights(ValueError):
     """Weights or a checkpoint made by another algorithm or for other dimensions."""
 
 
+MAX_PARAMETER = 1e15   # no hyper-parameter is larger; a larger one would not fit a checkpoint's manifest
+
+
 def to_bytes(payload: dict[str, Any]) -> bytes:
     buffer = io.BytesIO()
     torch.save(payload, buffer)

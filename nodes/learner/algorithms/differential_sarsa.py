@@ -19,6 +19,7 @@ import gymnasium as gym
 import numpy as np
 
 from .agent import (
+    MAX_PARAMETER,
     Progress,
     check_action,
     greedy_or_default,
@@ -75,8 +76,8 @@ def _coerce(kind: type, value: Any) -> Any:
             raise ValueError(f"not a boolean: {value!r}")
         return value.strip().lower() in {"true", "1"}
     out = kind(value)
-    if kind in (int, float) and (not math.isfinite(out) or abs(out) > 1e15):   # the checkpoint must hold it
-        raise ValueError(f"not a finite number of at most 1e15 in size: {value!r}")
+    if kind in (int, float) and (not math.isfinite(out) or abs(out) > MAX_PARAMETER):   # the checkpoint must hold it
+        raise ValueError(f"not a finite number of at most {MAX_PARAMETER:.0e} in size: {value!r}")
     return out
 
 
