@@ -24,6 +24,12 @@ from nodes.settings import NodeSettings
 from nodes.worker import DEFAULT_POOL, EXIT_RECYCLE, STOP_GRACE_S, WORKER_CREDENTIALS, Worker
 
 log = logging.getLogger(__name__)
+# what functions print: always in the node's log, whatever its level (as a FaaS shows a function's logs)
+output_log = logging.getLogger("functions.output")
+output_log.setLevel(logging.INFO)
+READY_LINE = b"READY"
+OUTPUT_CHUNK = 65536     # read as it comes: a worker never blocks on a full pipe, whatever it prints
+OUTPUT_LINE_MAX = 4096   # longer lines are cut in the log (the function's output is not)
 
 
 def worker_identity() -> dict[str, str]:
@@ -151,7 +157,9 @@ class WorkerPool:
 
     async def _run_process(self, handle: WorkerHandle) -> None:
         env = child_env(P2PFAAS_NODE_SETTINGS=self.settings.model_dump_json(),
-                        P2PFAAS_WORKER_NAME=handle.name, P2PFAAS_WORKER_POOL=self.name, **worker_identity())
+                        P2PFAAS_WORKER_NAME=handle.name, P2PFAAS_WORKER_POOL=self.name,
+                        PYTHONUNBUFFERED="1",   # what a function prints reaches the log when it prints it
+                        **worker_identity())
         code: int | None = None
         try:
             handle.proc = await asyncio.create_subprocess_exec(
@@ -164,13 +172,34 @@ class WorkerPool:
             if handle.state == "stopping":
                 handle.signal(signal.SIGTERM)
             assert handle.proc.stdout is not None
-            line = await handle.proc.stdout.readline()
-            if line.strip() == b"READY":
-                await self._became_ready(handle)
+            await self._read_output(handle, handle.proc.stdout)
             code = await handle.proc.wait()
         finally:
             remove_pid_file(self._pid_file(handle))
             await self._exited(handle, code)
+
+    async def _read_output(self, handle: WorkerHandle, stdout: asyncio.StreamReader) -> None:
+        """Until the worker closes its stdout: its READY line makes it ready; everything else on it
+        (what functions and the modules they import print) goes to the node's log line by line,
+        a line cut at OUTPUT_LINE_MAX bytes. Read in chunks, not lines: a worker that printed more
+        than a pipe holds, or a line longer than a stream reader's limit, would otherwise block in
+        ``print`` and overrun its calls."""
+        head, extra = b"", 0   # the current line's first OUTPUT_LINE_MAX bytes, and how many more it has
+        while chunk := await stdout.read(OUTPUT_CHUNK):
+            *ended, rest = chunk.split(b"\n")
+            for piece in ended:
+                await self._output_line(handle, *_grown(head, extra, piece))
+                head, extra = b"", 0
+            head, extra = _grown(head, extra, rest)
+        if head or extra:
+            await self._output_line(handle, head, extra)
+
+    async def _output_line(self, handle: WorkerHandle, line: bytes, extra: int) -> None:
+        if handle.state == "starting" and not extra and line.strip() == READY_LINE:
+            return await self._became_ready(handle)
+        if line or extra:
+            cut = f" [{extra} more bytes]" if extra else ""
+            output_log.info("%s: %s%s", handle.name, line.decode(errors="replace").rstrip("\r"), cut)
 
     def _pid_file(self, handle: WorkerHandle):
         """Under the node's run directory: a later start of the node ends a worker it left behind."""
@@ -253,3 +282,9 @@ class WorkerPool:
         for task in pending:
             task.cancel()
         await asyncio.gather(*pending, return_exceptions=True)
+
+
+def _grown(head: bytes, extra: int, piece: bytes) -> tuple[bytes, int]:
+    """A line's kept head and its count of bytes beyond it, after ``piece`` of it came."""
+    room = OUTPUT_LINE_MAX - len(head)
+    return head + piece[:room], extra + max(0, len(piece) - room)

@@ -4,6 +4,7 @@ durability of async calls, redelivery, and direct calls that fail fast."""
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 import signal
 import sys
@@ -31,6 +32,13 @@ def user_functions(tmp_path, monkeypatch):
     (tmp_path / "userfns.py").write_text(textwrap.dedent("""
         import time
 
+        print("userfns imported")   # a module that prints when imported: its workers still become ready
+
+        def chatty(payload: bytes) -> bytes:
+            print("x" * int(payload))   # one line longer than a stream reader's 64 KiB limit
+            print("chatty done")
+            return b"ok"
+
         def explode(payload: bytes) -> bytes:
             raise RuntimeError("boom " + payload.decode())
 
@@ -45,7 +53,8 @@ def user_functions(tmp_path, monkeypatch):
     """))
     monkeypatch.setenv("PYTHONPATH", f"{tmp_path}{os.pathsep}{os.environ.get('PYTHONPATH', '')}")
     monkeypatch.syspath_prepend(str(tmp_path))
-    return [("explode", "userfns:explode"), ("shout", "userfns:shout"), ("span", "userfns:span")]
+    return [("explode", "userfns:explode"), ("shout", "userfns:shout"), ("span", "userfns:span"),
+            ("chatty", "userfns:chatty")]
 
 
 def spans(answers) -> list[tuple[float, float]]:
@@ -167,6 +176,23 @@ async def test_concurrent_function_shares_a_worker_cpu_bound_does_not(node_facto
     assert all(a.status == 200 for a in cpu)
     first, second = sorted(a.timings.queueing_s for a in cpu)
     assert second >= 0.1                    # a CPU-bound one waits for the whole worker
+
+
+async def test_what_functions_print_goes_to_the_log_and_never_blocks_their_worker(node_factory, faas, user_functions,
+                                                                                    caplog):
+    """A function that prints more than a pipe holds (80 KiB a call, in a line beyond a stream
+    reader's limit) runs on: its worker's output is read as it comes and logged line by line
+    (before, the worker blocked in ``print`` once the pipe was full and its calls overran)."""
+    caplog.set_level(logging.INFO, logger="functions.output")
+    logged = lambda text: [r.getMessage() for r in caplog.records if r.name == "functions.output" and text in r.getMessage()]  # noqa: E731
+    async with node_factory(k=1, queue=20, functions=user_functions, runtime="process") as node:
+        assert len(node.pool.workers) == 1
+        answers = [await faas.invoke("n1", "chatty", b"81920", timeout_s=10) for _ in range(8)]   # 640 KiB in all
+        await wait_until(lambda: len(logged("chatty done")) == 8, timeout_s=10)
+    assert [a.status for a in answers] == [200] * 8 and {a.output for a in answers} == {b"ok"}
+    assert logged("userfns imported")                     # printed at import, before READY
+    long_lines = logged("more bytes]")
+    assert len(long_lines) == 8 and all(m.startswith("n1-w") and "[77824 more bytes]" in m for m in long_lines)
 
 
 async def test_noscheduler_loss_rejects_when_slots_and_queue_full(node_factory, faas):
