@@ -147,7 +147,11 @@ class PoolMeter:
             command = decode(ScaleCommand, msg.data)
         except ContractError:
             return
-        self.recorded.targets.append(command.target_workers)
+        recorded = self.recorded
+        if not recorded.targets and recorded.samples:   # the first command changes the pool from its size then
+            last = recorded.samples[-1]
+            recorded.targets.append(last.workers_ready + last.workers_starting)
+        recorded.targets.append(command.target_workers)
         key = f"{command.policy or '?'} {command.model_version}".strip()
         self.policies[key] = self.policies.get(key, 0) + 1
 

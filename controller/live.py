@@ -15,6 +15,7 @@ import asyncio
 import base64
 import dataclasses
 import logging
+from collections import deque
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
@@ -35,6 +36,8 @@ from controller.online import ModelGuard
 from controller.scenario import Scenario
 
 log = logging.getLogger(__name__)
+
+HISTORY_KEPT = 1000   # control steps kept in memory (2 h 13 min at 8 s periods)
 
 # Online training of a seeded model: no exploration of its own (the controller acts greedily),
 # training from the first few dozen live experiences, small steps.
@@ -74,7 +77,8 @@ class LiveController:
     actions: ScalingActions | None = None    # default: the RL policy's, else "target"
     policy_name: str = ""
     on_step: Callable[[ControlStep], None] | None = None   # e.g. the CLI's log line
-    history: list[ControlStep] = field(default_factory=list)
+    # the last HISTORY_KEPT steps (a supervised controller runs for days: ~1.7 kB a step)
+    history: deque[ControlStep] = field(default_factory=lambda: deque(maxlen=HISTORY_KEPT))
     learn_online: bool = True                # RL policies: seed the learner, pull its weights, guard them
     guard_options: dict[str, Any] = field(default_factory=dict)   # ModelGuard keyword arguments
     models_dir: Path = Path("data/models")  # where a policy switched to at run time is looked up
@@ -82,7 +86,8 @@ class LiveController:
     def __post_init__(self) -> None:
         self.subjects = Subjects(self.prefix)
         self.js = self.nc.jetstream()
-        self.target = self.scenario.workers.initial
+        self.target = self.scenario.workers.initial   # until the pool's first telemetry says how large it is
+        self._adopted = False
         rl = isinstance(self.policy, RLPolicy)
         if self.actions is None:
             self.actions = self.policy.actions if rl else ScalingActions("target")
@@ -107,7 +112,9 @@ class LiveController:
         self.observe.reset()
         if self.guard is not None:
             await self._connect_learner()
-        await self._publish_target("initial")
+        # no target of our own yet: a controller restarted by the supervisor while its pool is at 30
+        # workers takes the pool over as it is (its first telemetry), instead of cutting it back to
+        # the scenario's initial size and cold-starting the difference again
         self._sub = await self.nc.subscribe(self.subjects.telemetry(self.node, self.pool), cb=self._on_telemetry)
         self._switch_sub = await self.nc.subscribe(self.subjects.pool_policy(self.node, self.pool), cb=self._on_switch)
         return self
@@ -154,7 +161,7 @@ class LiveController:
             self.local = LocalPolicy(self.nc, self.node, model, prefix=self.prefix, on_update=self._on_weights)
             await self.local.start()
             self.learner_note = f"learning online through {self.node}'s learner (model {model})"
-        except LearnerError as exc:
+        except Exception as exc:   # LearnerError, a broker error: the policy's own weights go on deciding
             self.learner_note = f"no online learning: the learner of {self.node} did not answer ({exc})"
             log.warning("controller %s/%s: %s", self.node, self.pool, self.learner_note)
 
@@ -166,12 +173,13 @@ class LiveController:
     async def _reseed_learner(self) -> None:
         from nodes.learner.client import RemotePolicy
 
-        if self.guard is None:
+        guard = self.guard   # a policy switch may replace it while the learner answers
+        if guard is None:
             return
         self._reseeding = True
         try:
             remote = RemotePolicy(self.nc, self.node, scaling_model(self.pool), prefix=self.prefix, timeout_s=5.0)
-            stats = await remote.set_weights(online_weights(self.node, self.pool, self.guard.shipped))
+            stats = await remote.set_weights(online_weights(self.node, self.pool, guard.shipped))
         except Exception as exc:  # LearnerError, a broker error: the shipped weights go on deciding, no online
             # version is taken; the next period tries again
             log.warning("controller %s/%s: learner not reset to the shipped model (tried again next period): %s",
@@ -179,7 +187,8 @@ class LiveController:
             return
         finally:
             self._reseeding = False
-        self.guard.reseeded(stats.experiences)
+        if self.guard is guard:   # else another policy decides now and has seeded the learner itself
+            guard.reseeded(stats.experiences)
 
     # -- switching policy at run time (the dashboard's control) -------------------------
     async def _on_switch(self, msg: Msg) -> None:
@@ -197,7 +206,12 @@ class LiveController:
             return await self._reply(msg, 400, encode(ErrorBody(code=400, message=str(exc))))
         async with self._lock:   # between two control steps
             previous = self.policy_name
-            await self._use(policy, name)
+            try:
+                await self._use(policy, name)
+            except Exception as exc:   # a bug: the asker hears it, not a timeout
+                log.exception("controller %s/%s: switch to %s failed", self.node, self.pool, name)
+                return await self._reply(msg, 500, encode(ErrorBody(code=500, message=(
+                    f"switch to {name} failed: {type(exc).__name__}: {exc}; deciding now: {self.policy_name}"))))
         log.info("controller %s/%s: policy %s -> %s (asked by %s)", self.node, self.pool, previous, name,
                  switch.requested_by or "?")
         notes = "; ".join(n for n in (note, self.learner_note) if n)
@@ -207,9 +221,7 @@ class LiveController:
     async def _use(self, policy: ScalingPolicy, name: str) -> None:
         """Decide with ``policy`` from the next period on: its own actions, its own guard and
         online learning (RL), and no experience that would pair one policy's step with the other's."""
-        if self.local is not None:
-            await self.local.stop()
-            self.local = None
+        local, self.local = self.local, None
         rl = isinstance(policy, RLPolicy)
         self.policy, self.policy_name = policy, name
         self.actions = policy.actions if rl else ScalingActions("target")
@@ -217,8 +229,13 @@ class LiveController:
         self.learner_note = ""
         self._previous = None
         policy.reset()
+        if local is not None:   # the old policy's weights subscription
+            try:
+                await local.stop()
+            except Exception as exc:  # the connection is going: nothing more will come on it anyway
+                log.warning("controller %s/%s: the old policy's weights subscription: %r", self.node, self.pool, exc)
         if self.guard is not None:
-            await self._connect_learner()
+            await self._connect_learner()   # never fails: without a learner the policy's weights decide
 
     async def _reply(self, msg: Msg, status: int, body: bytes) -> None:
         if not msg.reply:
@@ -244,6 +261,9 @@ class LiveController:
 
     async def step(self, telemetry: PoolTelemetry) -> int:
         bounds = self.scenario.workers
+        if not self._adopted:   # the pool as it is now: our current target
+            self._adopted = True
+            self.target = min(bounds.max, max(bounds.min, telemetry.workers_ready + telemetry.workers_starting))
         if self.guard is not None and (self.guard.observe(telemetry)
                                        or (self.guard.awaiting_reseed and not self._reseeding)):
             self._background(self._reseed_learner())   # a rollback; or a re-seed that failed, tried again

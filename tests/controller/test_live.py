@@ -46,18 +46,51 @@ async def test_controller_scales_on_telemetry_and_publishes_experiences(nc, pref
             Collector(nc, s.experience("n1", "farm")) as experiences:
         # no learner runs here: an RL policy keeps its own weights
         async with LiveController(nc, "n1", "farm", policy, SCENARIO, prefix=prefix, policy_name=policy_name) as ctl:
-            await wait_until(lambda: len(commands.messages) >= 1)  # the initial target
             for _ in range(3):
                 await nc.publish(s.telemetry("n1", "farm"), encode(telemetry(**BURST)))
             await wait_until(lambda: len(ctl.history) == 3 and len(experiences.messages) == 2)
     targets = [decode(ScaleCommand, m.data) for m in commands.messages]
-    assert targets[0].target_workers == 2 and len(targets) == 4
+    assert len(targets) == 3   # one per period: none of its own before the pool's first telemetry
     if policy_name == "reactive-avg":
         assert targets[-1].target_workers > 2 and targets[-1].model_version == ""
     else:
         assert {t.model_version for t in targets} == {SHIPPED} and "did not answer" in ctl.learner_note
     exp = decode(ScalingExperience, experiences.messages[0].data)
     assert len(exp.observation) == 14 and 0 <= exp.action < 7 and exp.reward < 0 and exp.policy == policy_name
+
+
+class Keeps:
+    """A policy that keeps whatever target it is given (and remembers it)."""
+    name = "keeps"
+
+    def __init__(self) -> None:
+        self.given: list[int] = []
+
+    def reset(self) -> None:
+        self.given.clear()
+
+    def decide(self, t, current_target: int) -> int:
+        self.given.append(current_target)
+        return current_target
+
+
+async def test_a_restarted_controller_takes_the_pool_over_as_it_is(nc, prefix):
+    """Restarted (by up's supervisor) while its pool runs 9 workers, 2 of them still starting,
+    the controller sends nothing until the pool's telemetry says so, then decides from 9:
+    before, it sent the scenario's initial size (2) at once and the pool lost 7 workers."""
+    s = Subjects(prefix)
+    await ensure_node_streams(nc.jetstream(), s, "n1")
+    policy = Keeps()
+    async with Collector(nc, s.scale("n1", "farm")) as commands:
+        async with LiveController(nc, "n1", "farm", policy, SCENARIO, prefix=prefix, policy_name="keeps") as ctl:
+            await nc.flush()
+            await asyncio.sleep(0.3)   # the window in which a command of its own would have come
+            assert commands.messages == []
+            await nc.publish(s.telemetry("n1", "farm"), encode(telemetry(**dict(BURST, workers_ready=7),
+                                                                         workers_starting=2)))
+            await wait_until(lambda: len(commands.messages) == 1)
+    command = decode(ScaleCommand, commands.messages[0].data)
+    assert policy.given == [9] and (command.target_workers, command.reason) == (9, "kept") and ctl.target == 9
 
 
 @pytest.fixture
