@@ -75,22 +75,29 @@ class Supervisor:
         return child
 
     async def _spawn(self, child: Child) -> None:
+        """Start the child and wait until it is ready. When this raises, the process it started
+        has been ended: a half-started child must not run on unsupervised."""
         spec = child.spec
         self.log_dir.mkdir(parents=True, exist_ok=True)
         log_path = self.log_dir / f"{spec.name}.log"
         with open(log_path, "ab") as out:
-            child.proc = await asyncio.create_subprocess_exec(
+            proc = child.proc = await asyncio.create_subprocess_exec(
                 *spec.argv, env=child_env(**spec.env), stdin=asyncio.subprocess.PIPE,
                 stdout=asyncio.subprocess.PIPE if spec.ready == "line" else out, stderr=out,
                 preexec_fn=die_with_parent_preexec, start_new_session=True)
         child.started_at = time.monotonic()
-        write_pid_file(self.run_dir / f"{spec.name}.pid", child.proc.pid)
+        child.drain = None
         try:
+            write_pid_file(self.run_dir / f"{spec.name}.pid", proc.pid)
             await asyncio.wait_for(self._ready(child, log_path), spec.ready_timeout_s)
-        except (asyncio.TimeoutError, BrokerUnavailable) as exc:
-            tail = log_path.read_text(errors="replace")[-2000:] if log_path.exists() else ""
+        except Exception as exc:
+            if proc.stdout is not None and child.drain is None:   # its pipe emptied, or it cannot end
+                child.drain = asyncio.create_task(_copy_to(proc.stdout, log_path))
             await self._terminate(child)
-            raise BrokerUnavailable(f"{spec.name} did not start ({exc or 'timeout'}); its log {log_path}:\n{tail}") from None
+            if not isinstance(exc, (asyncio.TimeoutError, BrokerUnavailable)):
+                raise
+            raise BrokerUnavailable(f"{spec.name} did not start ({exc or 'timeout'}); its log {log_path}:\n"
+                                    f"{_tail(log_path)}") from None
 
     async def _ready(self, child: Child, log_path: Path) -> None:
         proc, spec = child.proc, child.spec
@@ -119,7 +126,9 @@ class Supervisor:
 
     async def _watch(self, child: Child) -> None:
         """Restart a child that dies (unless we are stopping), with a growing backoff when it
-        keeps dying at once."""
+        keeps dying at once. A restart that fails, whatever the error (it never got ready, no
+        process or pid file could be made: EAGAIN, a full disk), is tried again after the next
+        backoff: if this task ended, the part would stay down and nobody would be told."""
         quick_deaths = 0
         while True:
             assert child.proc is not None
@@ -129,19 +138,29 @@ class Supervisor:
                 return
             lived = time.monotonic() - child.started_at
             quick_deaths = 0 if lived > STABLE_AFTER_S else quick_deaths + 1
-            delay = RESTART_BACKOFF_S[min(quick_deaths, len(RESTART_BACKOFF_S) - 1)]
+            delay = _backoff(quick_deaths)
             note = f"{child.spec.name} exited (code {code}) after {lived:.0f} s; restarting in {delay:g} s"
             log.warning(note)
             self.notes.append(note)
-            await asyncio.sleep(delay)
-            if self._stopping:
-                return
-            try:
-                await self._spawn(child)
-                child.restarts += 1
-                log.warning("%s restarted (restart %d)", child.spec.name, child.restarts)
-            except BrokerUnavailable as exc:
-                log.error("%s", exc)
+            while True:
+                await asyncio.sleep(delay)
+                if self._stopping:
+                    return
+                try:
+                    await self._spawn(child)
+                except BrokerUnavailable as exc:   # it never got ready; the message has its log's tail
+                    log.error("%s", exc)
+                except Exception as exc:
+                    log.error("%s could not be restarted: %s: %s", child.spec.name, type(exc).__name__, exc)
+                else:
+                    break
+                if self._stopping:
+                    return
+                quick_deaths += 1
+                delay = _backoff(quick_deaths)
+                log.warning("%s: trying again in %g s", child.spec.name, delay)
+            child.restarts += 1
+            log.warning("%s restarted (restart %d)", child.spec.name, child.restarts)
 
     async def stop(self, names: list[str]) -> None:
         """Stop these children in this order (each bounded by its stop timeout)."""
@@ -202,6 +221,19 @@ class Supervisor:
 
     def pids(self) -> dict[str, int]:
         return {name: c.pid for name, c in self.children.items() if c.pid is not None}
+
+
+def _backoff(quick_deaths: int) -> float:
+    return RESTART_BACKOFF_S[min(quick_deaths, len(RESTART_BACKOFF_S) - 1)]
+
+
+def _tail(path: Path, size: int = 2000) -> str:
+    try:
+        with open(path, "rb") as f:
+            f.seek(max(0, f.seek(0, 2) - size))
+            return f.read().decode(errors="replace")
+    except OSError:
+        return ""
 
 
 async def _copy_to(stream: asyncio.StreamReader, path: Path) -> None:
