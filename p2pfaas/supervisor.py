@@ -25,6 +25,7 @@ log = logging.getLogger(__name__)
 READY_LINE = b"READY"
 RESTART_BACKOFF_S = (0.5, 1.0, 2.0, 5.0, 10.0)   # after the n-th quick death in a row
 STABLE_AFTER_S = 30.0                             # a child that lived this long starts the backoff afresh
+COPY_CHUNK_BYTES = 65536                          # a child's stdout is copied to its log in reads of this size
 
 
 @dataclass
@@ -116,7 +117,10 @@ class Supervisor:
             return
         assert proc.stdout is not None
         while True:
-            line = await proc.stdout.readline()
+            try:
+                line = await proc.stdout.readline()
+            except ValueError:   # a line over the reader's limit (64 KiB): not READY, and skipped
+                continue
             if not line:
                 await proc.wait()
                 raise BrokerUnavailable(f"exited with code {proc.returncode}")
@@ -237,8 +241,27 @@ def _tail(path: Path, size: int = 2000) -> str:
 
 
 async def _copy_to(stream: asyncio.StreamReader, path: Path) -> None:
-    """Keep reading a child's stdout (a full pipe would block it) into its log."""
-    with open(path, "ab") as out:
-        while line := await stream.readline():
-            out.write(line)
-            out.flush()
+    """Keep reading a child's stdout into its log to its end, in chunks whatever the length of
+    its lines (``readline`` fails on one over 64 KiB). A pipe nobody reads blocks the child, and
+    on Python 3.11 ``wait()`` returns only once the pipe is read to its end: a log that cannot be
+    written (a full disk) loses that output, never the reading."""
+    try:
+        out = open(path, "ab", buffering=0)   # unbuffered: a failed write leaves nothing pending
+    except OSError as exc:
+        out = None
+        log.error("%s cannot be opened (%s); this child's output is dropped", path, exc)
+    writing = True
+    try:
+        while chunk := await stream.read(COPY_CHUNK_BYTES):
+            if out is None:
+                continue
+            try:
+                out.write(chunk)
+                writing = True
+            except OSError as exc:
+                if writing:   # said once per failing spell
+                    log.error("%s cannot be written (%s); this child's output is dropped meanwhile", path, exc)
+                writing = False
+    finally:
+        if out is not None:
+            out.close()

@@ -1,11 +1,12 @@
 """The supervisor with real child processes: a restart that fails is tried again (the watcher
-outlives any error)."""
+outlives any error), and a child's stdout is drained whatever the length of its lines."""
 
 from __future__ import annotations
 
 import asyncio
 import errno
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -15,9 +16,25 @@ from p2pfaas.supervisor import ChildSpec, Supervisor
 from stack_processes import alive
 from support import wait_until
 
+LONG = 200_000   # one line of this many bytes: over the 64 KiB a StreamReader's readline takes
+
 
 def python(code: str) -> list[str]:
     return [sys.executable, "-c", code]
+
+
+# READY, then sleeps; the first run (no marker file yet) exits 3 after one long line instead
+ONCE_LONG_THEN_SLEEPS = f"""
+import os, sys, time
+marker = sys.argv[1]
+print("READY", flush=True)
+if not os.path.exists(marker):
+    open(marker, "w").close()
+    sys.stdout.write("x" * {LONG} + "\\n")
+    sys.stdout.flush()
+    sys.exit(3)
+time.sleep(600)
+"""
 
 
 @pytest.fixture
@@ -63,5 +80,54 @@ async def test_a_restart_that_fails_once_is_tried_again(sup, monkeypatch, failin
             await wait_until(lambda: not alive(half_started[0]), timeout_s=10)
         sup.kill("sleeper")         # and the watcher still restarts it after that
         await wait_until(lambda: child.restarts == 2 and child.pid is not None, timeout_s=20)
+    finally:
+        await _stopped(sup)
+
+
+async def test_a_long_line_and_what_follows_reach_the_log(sup):
+    code = (f"import sys\nprint('READY', flush=True)\nsys.stdout.write('y' * {LONG} + '\\n')\n"
+            "for i in range(20000): print('line', i)\n")
+    child = await sup.start(ChildSpec("talker", python(code), restart=False))
+    try:
+        await asyncio.wait_for(child.watcher, 20)   # its exit noticed: it was never blocked on its stdout
+        assert child.proc.returncode == 0
+        log = (sup.log_dir / "talker.log").read_bytes()
+        assert b"y" * LONG + b"\n" in log and log.endswith(b"line 19999\n")
+    finally:
+        await _stopped(sup)
+
+
+async def test_a_child_that_exits_after_a_long_line_is_restarted(sup, tmp_path):
+    child = await sup.start(ChildSpec("once", python(ONCE_LONG_THEN_SLEEPS) + [str(tmp_path / "ran")]))
+    try:
+        await wait_until(lambda: child.restarts == 1 and child.pid is not None, timeout_s=20)
+        assert "exited (code 3)" in sup.notes[0]
+        assert b"x" * LONG in (sup.log_dir / "once.log").read_bytes()
+    finally:
+        await _stopped(sup)
+
+
+async def test_a_long_line_before_ready_is_skipped(sup):
+    code = f"import sys, time\nsys.stdout.write('z' * {LONG} + '\\n')\nprint('READY', flush=True)\ntime.sleep(600)\n"
+    child = await sup.start(ChildSpec("early", python(code), ready_timeout_s=20))
+    try:
+        assert child.pid is not None and alive(child.pid)
+    finally:
+        await _stopped(sup)
+
+
+@pytest.mark.parametrize("log_file", ["/dev/full", "a directory"])
+async def test_the_output_is_drained_when_the_log_cannot_be_written(sup, monkeypatch, tmp_path, log_file):
+    """A full disk (/dev/full) or a log that cannot be opened loses the output; the child still
+    runs to its end and its exit is noticed."""
+    target = Path(log_file) if log_file.startswith("/") else tmp_path / log_file
+    if not target.exists():
+        target.mkdir()
+    real_copy = supervisor._copy_to
+    monkeypatch.setattr(supervisor, "_copy_to", lambda stream, path: real_copy(stream, target))
+    code = f"import sys\nprint('READY', flush=True)\nfor i in range(50): sys.stdout.write('w' * {LONG} + '\\n')\n"
+    child = await sup.start(ChildSpec("nolog", python(code), restart=False))
+    try:
+        assert await asyncio.wait_for(child.proc.wait(), 20) == 0
     finally:
         await _stopped(sup)
