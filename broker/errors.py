@@ -8,7 +8,7 @@
     ├── NodeUnavailable       no node answers a direct call (not running, gone mid-call)
     ├── PayloadTooLarge       a body over the configured limit
     ├── Unauthorized          a missing or wrong bearer token on a route that needs one
-    └── Forbidden             a request the configuration does not allow (e.g. a callback host)
+    ├── Forbidden             a request the configuration does not allow (e.g. a callback host)
 
 Each error carries the HTTP status the bridges answer with.
 """
@@ -56,3 +56,14 @@ class NotPermitted(FaasError, PermissionError):
     """The broker refused to let this identity publish there: a deployment's permissions do not
     cover what it was asked to do (a misconfiguration, or a caller reaching past its rights)."""
     http_status = 500
+
+
+class DataDirInUse(FaasError, RuntimeError):
+    """A ``p2pfaas up`` holds this data directory's lock: a second one would end its processes
+    and rewrite its configuration under it."""
+    http_status = 409
+
+    def __init__(self, data_dir: object, holder: str) -> None:
+        super().__init__(f"{data_dir} is in use by another `p2pfaas up` (pid {holder}); "
+                         "stop it first, or give this one another --data-dir")
+        self.holder = holder

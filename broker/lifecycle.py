@@ -10,6 +10,7 @@ the *thread* that started the child ends.
 from __future__ import annotations
 
 import asyncio
+import fcntl
 import logging
 import os
 import signal
@@ -18,6 +19,8 @@ import threading
 import time
 from pathlib import Path
 from typing import Callable
+
+from broker.errors import DataDirInUse
 
 PARENT_PIPE_ENV = "P2PFAAS_PARENT_PIPE"
 
@@ -95,6 +98,32 @@ def on_parent_gone(callback: Callable[[], None]) -> bool:
 def child_env(**extra: str) -> dict[str, str]:
     """The environment of a child we start: ours, a parent pipe, and ``extra``."""
     return {**os.environ, PARENT_PIPE_ENV: "1", **extra}
+
+
+# -- one owner per data directory ----------------------------------------------------------
+UP_LOCK = Path("run") / "up.lock"
+
+
+def hold_data_dir(data_dir: "os.PathLike[str] | str") -> int:
+    """Take the exclusive lock of ``data_dir`` (``run/up.lock``, our pid in it) for as long as
+    the returned descriptor is open. The kernel lets it go when we end, however we end (kill -9
+    included), so a stale file never blocks anyone; our children do not inherit it (closed on
+    exec). Raises :class:`DataDirInUse` naming the holder's pid when a live process has it."""
+    path = Path(data_dir) / UP_LOCK
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        holder = os.pread(fd, 32, 0).decode(errors="replace").strip() or "?"   # "?": not written yet
+        os.close(fd)
+        raise DataDirInUse(data_dir, holder) from None
+    except BaseException:
+        os.close(fd)
+        raise
+    os.ftruncate(fd, 0)
+    os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+    return fd
 
 
 # -- pid files: strays of a previous run are found and ended --------------------------------

@@ -90,7 +90,7 @@ def up(
     verbose: bool = typer.Option(False, "--verbose", "-v", help="Log at INFO."),
 ) -> None:
     """Start the whole stack: nats-server (JetStream), nodes with worker pools and learners, the autoscaling controller, HTTP and MQTT access. Every part is a supervised process (restarted when it dies; logs in DATA_DIR/logs). Ctrl-C stops it."""
-    from broker.errors import BrokerUnavailable
+    from broker.errors import BrokerUnavailable, DataDirInUse
     from p2pfaas.stack import Stack, StackConfig, StackSettings
 
     _logging(verbose)
@@ -118,8 +118,8 @@ def up(
             stack = Stack(settings)
             try:
                 endpoints = await stack.start()
-            except (ValueError, BrokerUnavailable) as exc:  # e.g. a policy with no trained model, a part that fails
-                console.print(f"[red]error:[/] {exc}")
+            except (ValueError, BrokerUnavailable, DataDirInUse) as exc:  # e.g. a policy with no trained model, a part that fails
+                console.print(f"[red]error:[/] {exc}", soft_wrap=True)
                 raise typer.Exit(2)
         try:
             for note in endpoints.notes:

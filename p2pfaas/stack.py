@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import shutil
 import signal
 import sys
@@ -19,6 +20,7 @@ from pydantic import BaseModel, ConfigDict, Field, PositiveFloat, ValidationErro
 
 from broker.auth import BRIDGE, CONTROLLER, OPERATOR, AuthStore, mosquitto_files, nats_accounts
 from broker.embedded import Mosquitto, NatsServer, choose_port
+from broker.lifecycle import hold_data_dir
 from broker.tls import TlsFiles, ensure_certificates
 from broker.messages import NodeConfiguration, SchedulerConfiguration
 from controller.policies import resolve_policy
@@ -214,7 +216,8 @@ class Stack:
 
     nats-server (and Mosquitto) first, then the nodes (in parallel), the bridges and the
     controller; each is restarted when it dies, and stopped in the reverse order. Pid files
-    under ``<data-dir>/run`` let the next ``up`` end what a killed one left behind.
+    under ``<data-dir>/run`` let the next ``up`` end what a killed one left behind; the data
+    dir's lock (``run/up.lock``) keeps a second ``up`` from ending the processes of a live one.
     """
 
     def __init__(self, settings: StackSettings) -> None:
@@ -228,6 +231,7 @@ class Stack:
         self.tls: TlsFiles | None = None
         self._watch: asyncio.Task | None = None
         self._heal: asyncio.Task | None = None
+        self._lock: int | None = None   # the data dir's lock, held from start to stop
 
     async def start(self) -> Endpoints:
         try:
@@ -245,6 +249,7 @@ class Stack:
         s = self.settings
         s.data_dir.mkdir(parents=True, exist_ok=True)
         ep, sup = self.endpoints, self.supervisor
+        self._lock = hold_data_dir(s.data_dir)   # DataDirInUse while another up runs here: its pid files name live parts
         strays = await asyncio.to_thread(sup.end_strays)
         if strays:
             ep.notes.append(f"ended {len(strays)} process(es) left in {s.data_dir} by a previous run")
@@ -448,8 +453,13 @@ class Stack:
         order = ["controller", *[f"http-{n}" for n in self.node_ids], "mqtt-bridge",
                  *[f"node-{n}" for n in self.node_ids], "mosquitto", "nats-server"]
         await self.supervisor.stop_all(order)
-        endpoints_file = self.settings.data_dir / "endpoints.json"
-        endpoints_file.unlink(missing_ok=True)
+        if self._lock is None:   # it never started here: the endpoints file is another up's
+            return
+        try:
+            (self.settings.data_dir / "endpoints.json").unlink(missing_ok=True)
+        finally:
+            os.close(self._lock)
+            self._lock = None
 
     async def __aenter__(self) -> "Stack":
         await self.start()

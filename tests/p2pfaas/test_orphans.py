@@ -1,6 +1,7 @@
 """No process outlives the stack that started it: ``p2pfaas up`` stopped by SIGKILL, by SIGTERM
 with a shutdown that hangs past its bound, or after its nats-server died — each while the farm
-pool is busy — leaves nothing alive shortly after; and a new ``up`` ends strays of an old one."""
+pool is busy — leaves nothing alive shortly after; a new ``up`` ends strays of an old one, and
+refuses to start while the ``up`` of that data dir is alive."""
 
 from __future__ import annotations
 
@@ -11,6 +12,8 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+
+import httpx
 
 from broker.auth import OPERATOR, AuthStore
 from broker.client import FaasClient
@@ -119,3 +122,39 @@ def test_a_new_up_ends_strays_of_a_previous_run(start_up, tmp_path):
     finally:
         if stray.poll() is None:
             stray.kill()
+
+
+def test_a_second_up_on_a_live_stack_refuses_and_leaves_it_alone(start_up, tmp_path):
+    data_dir = tmp_path / "data"
+
+    def up() -> subprocess.Popen:
+        return start_up(data_dir, "--nats-port", str(free_port()), "--http-port", str(free_port()),
+                        "--mqtt", "off", "--controller", "off")
+
+    first = up()
+    endpoints = wait_endpoints(first, data_dir, timeout_s=120)
+    parts = ("nats-server", "node-n1", "http-n1")
+    pids = {part: pid_of(data_dir, part) for part in parts}
+    files = {name: (data_dir / name).read_bytes()
+             for name in ("endpoints.json", "run/node-n1.json", "nats/nats-server.conf")}
+
+    started = time.monotonic()
+    second = up()
+    out, _ = second.communicate(timeout=60)
+    assert second.returncode == 2, out
+    assert f"in use by another `p2pfaas up` (pid {first.pid})" in out and "Traceback" not in out, out
+    assert time.monotonic() - started < 30, "the refusal should come before anything starts"
+
+    assert first.poll() is None
+    assert {part: pid_of(data_dir, part) for part in parts} == pids and all(alive(p) for p in pids.values())
+    assert {name: (data_dir / name).read_bytes() for name in files} == files
+    health = httpx.get(f"{endpoints['http']['n1']}/healthz", timeout=10)
+    assert health.status_code == 200, health.text
+    r = httpx.post(f"{endpoints['http']['n1']}/function/fib", content=b"20", timeout=30)
+    assert r.status_code == 200 and r.text == "6765"
+
+    # once that up is gone (kill -9: its lock file stays, the kernel's lock does not), a new one starts
+    first.send_signal(signal.SIGKILL)
+    first.wait(10)
+    (data_dir / "endpoints.json").unlink()
+    wait_endpoints(up(), data_dir, timeout_s=120)
