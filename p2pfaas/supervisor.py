@@ -26,6 +26,7 @@ READY_LINE = b"READY"
 RESTART_BACKOFF_S = (0.5, 1.0, 2.0, 5.0, 10.0)   # after the n-th quick death in a row
 STABLE_AFTER_S = 30.0                             # a child that lived this long starts the backoff afresh
 COPY_CHUNK_BYTES = 65536                          # a child's stdout is copied to its log in reads of this size
+KILL_WAIT_S = 5.0                                 # after SIGKILL, this long for the process to be reaped
 
 
 @dataclass
@@ -196,7 +197,10 @@ class Supervisor:
         except asyncio.TimeoutError:
             log.warning("%s did not stop within %g s; killing it", child.spec.name, child.spec.stop_timeout_s)
             proc.kill()
-            await proc.wait()
+            try:   # a grandchild holding its stdout open must not hold the stop for ever
+                await asyncio.wait_for(proc.wait(), KILL_WAIT_S)
+            except asyncio.TimeoutError:
+                log.error("%s (pid %d) not reaped %g s after SIGKILL; going on", child.spec.name, proc.pid, KILL_WAIT_S)
         except ProcessLookupError:
             pass
         remove_pid_file(self.run_dir / f"{child.spec.name}.pid")
