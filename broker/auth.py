@@ -20,10 +20,14 @@ Rules (each tested by trying the forbidden thing, tests/broker/test_security.py)
 
 from __future__ import annotations
 
+import fcntl
 import json
+import logging
 import os
 import secrets
 import subprocess
+import tempfile
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -35,6 +39,12 @@ CONTROLLER = "controller"
 FULL_JS = "$JS.API.>"
 JS_DENIED = ["$JS.API.STREAM.DELETE.>", "$JS.API.STREAM.PURGE.>"]   # streams are the operators'
 JS_RUNTIME = ["$JS.ACK.>", "$JS.FC.>", "_INBOX.>"]
+log = logging.getLogger(__name__)
+
+
+class AuthStoreError(ValueError):
+    """A secrets file that is not a JSON object of names to secrets (broken by hand): never
+    overwritten, it is fixed or removed by whoever broke it."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -55,33 +65,84 @@ def worker_user(node: str) -> str:
 
 
 class AuthStore:
-    """The deployment's secrets under ``directory`` (made with safe permissions on first use)."""
+    """The deployment's secrets under ``directory`` (made with safe permissions on first use).
+
+    Several processes may add identities at once (``p2pfaas auth device`` while ``up`` runs):
+    a change is made under an exclusive lock of the directory and written whole (a temporary
+    file renamed over the old one), so readers never see half a file and no writer loses
+    another's identity."""
 
     def __init__(self, directory: Path) -> None:
         self.directory = directory
+        self._last_good: dict[str, dict[str, str]] = {}
 
     def _file(self, name: str) -> Path:
         self.directory.mkdir(parents=True, exist_ok=True, mode=0o700)
         os.chmod(self.directory, 0o700)
         return self.directory / name
 
-    def _load(self, name: str) -> dict[str, str]:
+    @contextmanager
+    def _locked(self):
+        fd = os.open(self._file(".lock"), os.O_RDWR | os.O_CREAT, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)   # released when closed, also when the process dies
+            yield
+        finally:
+            os.close(fd)
+
+    def _read(self, name: str) -> dict[str, str]:
         path = self._file(name)
-        return json.loads(path.read_text()) if path.exists() else {}
+        try:
+            data = json.loads(path.read_text())
+        except FileNotFoundError:
+            data = {}
+        except ValueError as exc:   # not JSON, not UTF-8
+            raise AuthStoreError(f"{path} is not valid JSON ({exc}): fix or remove it") from None
+        if not isinstance(data, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in data.items()):
+            raise AuthStoreError(f"{path} must be a JSON object of names to secrets: fix or remove it")
+        self._last_good[name] = dict(data)
+        return data
+
+    def _load(self, name: str) -> dict[str, str]:
+        """For readers: once a file was read, a copy broken later leaves its last good identities
+        in force (logged), so a running ``up`` keeps serving the identities it knows."""
+        try:
+            return self._read(name)
+        except AuthStoreError as exc:
+            if name not in self._last_good:
+                raise
+            log.error("%s; the identities read before stay in force", exc)
+            return dict(self._last_good[name])
 
     def _save(self, name: str, data: dict[str, str]) -> None:
         path = self._file(name)
-        tmp = path.with_suffix(".tmp")
-        tmp.write_text(json.dumps(data, indent=2, sort_keys=True))
-        os.chmod(tmp, 0o600)
-        tmp.replace(path)
+        fd, tmp = tempfile.mkstemp(prefix=f".{name}.", suffix=".tmp", dir=self.directory)   # 0600
+        try:
+            with os.fdopen(fd, "w") as f:
+                f.write(json.dumps(data, indent=2, sort_keys=True))
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(tmp, path)
+        except BaseException:
+            Path(tmp).unlink(missing_ok=True)
+            raise
+        directory = os.open(self.directory, os.O_RDONLY)
+        try:
+            os.fsync(directory)   # the rename itself survives a crash
+        finally:
+            os.close(directory)
+        self._last_good[name] = dict(data)
 
     def _get(self, name: str, key: str) -> str:
-        data = self._load(name)
-        if key not in data:
-            data[key] = secrets.token_urlsafe(24)
-            self._save(name, data)
-        return data[key]
+        known = self._load(name)
+        if key in known:
+            return known[key]
+        with self._locked():   # read again under the lock: another process may have just added it
+            data = self._read(name)
+            if key not in data:
+                data[key] = secrets.token_urlsafe(24)
+                self._save(name, data)
+            return data[key]
 
     # -- identities -------------------------------------------------------------------------
     def service(self, user: str) -> Credentials:

@@ -5,11 +5,14 @@ generated password file and ACL, and the HTTP bridge with its tokens."""
 from __future__ import annotations
 
 import asyncio
+import json
+import logging
 import os
 import shutil
 import subprocess
 import threading
 from pathlib import Path
+from types import SimpleNamespace
 
 import httpx
 import nats
@@ -18,7 +21,8 @@ import paho.mqtt.client as mqtt
 import pytest
 
 from broker import headers as H
-from broker.auth import BRIDGE, CONTROLLER, OPERATOR, AuthStore, Credentials, mosquitto_files, nats_accounts
+from broker.auth import (BRIDGE, CONTROLLER, OPERATOR, AuthStore, AuthStoreError, Credentials, mosquitto_files,
+                         nats_accounts)
 from broker.client import FaasClient
 from broker.connection import close_quietly, connect
 from broker.control import control_request
@@ -30,6 +34,7 @@ from broker.streams import async_stream, results_stream
 from broker.subjects import Subjects
 from nodes.node import Node
 from nodes.settings import NodeSettings
+from stack_processes import P2PFAAS
 from support import serving, wait_until
 
 PREFIX = "sec"
@@ -318,6 +323,72 @@ async def test_identity_store_files_are_private(tmp_path):
     assert store.device("dev1") == store.device("dev1")   # shown, not replaced
     with pytest.raises(ValueError):
         store.device("no/slashes")
+
+
+def test_identities_added_by_many_processes_at_once_are_all_kept(tmp_path):
+    """16 ``p2pfaas auth device`` at once (a script enrolling devices): each identity printed is
+    stored with the password printed, the file stays valid JSON, nothing is left behind."""
+    store = AuthStore(tmp_path / "auth")
+    store.service(OPERATOR)   # as `up` leaves it
+    names = [f"dev{i}" for i in range(12)] + ["shared"] * 4
+    procs = [subprocess.Popen([*P2PFAAS, "auth", "device", name, "--data-dir", str(tmp_path)],
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for name in names]
+    printed: dict[str, set[str]] = {}
+    try:
+        for name, proc in zip(names, procs):
+            out, err = proc.communicate(timeout=60)
+            assert proc.returncode == 0 and not err, err
+            creds = json.loads(out)
+            assert creds["user"] == name
+            printed.setdefault(name, set()).add(creds["password"])
+    finally:
+        for proc in procs:
+            proc.kill()
+            proc.wait(timeout=10)
+    stored = json.loads((store.directory / "devices.json").read_text())
+    assert {name: {password} for name, password in stored.items()} == printed   # "shared": one password
+    assert sorted(p.name for p in store.directory.iterdir()) == [".lock", "devices.json", "services.json"]
+
+
+def test_a_broken_identity_file_leaves_the_identities_read_before_in_force(tmp_path, caplog):
+    store = AuthStore(tmp_path / "auth")
+    dev1 = store.device("dev1")
+    nats_accounts(store, ["n1"])                                      # what `up` reads when it starts
+    (store.directory / "devices.json").write_text('{"dev1": "')       # then someone breaks it by hand
+    with caplog.at_level(logging.ERROR, logger="broker.auth"):
+        accounts = nats_accounts(store, ["n1"])                       # what `up` renders when it notices
+    assert '"user": "dev1"' in accounts and "devices.json is not valid JSON" in caplog.text
+    assert store.device("dev1") == dev1
+    for writer in (store, AuthStore(store.directory)):                # never overwritten with less
+        with pytest.raises(AuthStoreError, match="fix or remove it"):
+            writer.device("dev2")
+    with pytest.raises(AuthStoreError):                               # a new reader has nothing to fall back on
+        AuthStore(store.directory).devices()
+
+
+async def test_up_keeps_watching_identities_when_a_file_is_broken(tmp_path, caplog):
+    """``up``'s identity reload survives a broken file (logged, the last good identities stay)
+    and serves the identities added once it is fixed."""
+    from p2pfaas.stack import Stack, StackSettings
+
+    stack = Stack(StackSettings(nodes=1, data_dir=tmp_path))
+    rendered: list[str] = []
+    stack.nats_server = SimpleNamespace(reconfigure=rendered.append)   # what the server would be told
+    store = AuthStore(tmp_path / "auth")
+    store.device("dev1")
+    nats_accounts(store, stack.settings.node_ids)
+    watch = asyncio.create_task(stack._reload_on_new_identities(store, period_s=0.05))
+    try:
+        await asyncio.sleep(0.1)
+        with caplog.at_level(logging.ERROR, logger="broker.auth"):
+            (store.directory / "devices.json").write_text("{")
+            await wait_until(lambda: rendered, 10)
+        assert '"user": "dev1"' in rendered[-1] and "not valid JSON" in caplog.text and not watch.done()
+        (store.directory / "devices.json").unlink()
+        AuthStore(store.directory).device("dev2")
+        await wait_until(lambda: '"user": "dev2"' in rendered[-1], 10)
+    finally:
+        watch.cancel()
 
 
 async def test_tls_on_nats_mqtt_and_http_with_a_ca_of_our_own(tmp_path, node_factory, nc, prefix):
