@@ -195,10 +195,15 @@ async def connect(url: str | list[str], name: str, *, connect_timeout_s: float =
         options["tls"] = ssl.create_default_context(cafile=tls_ca)
 
     connection: list[Client] = []
+    first_error: list[Exception] = []   # the first connect retries until its deadline: its last error says why
 
     async def on_error(exc: Exception) -> None:
+        if not connection:
+            first_error[:] = [exc]
+            log.debug("nats %s: %s", name, exc)
+            return
         log.warning("nats %s: %s", name, exc)
-        _publish_refused(connection[0] if connection else None, exc)
+        _publish_refused(connection[0], exc)
 
     async def on_disconnect() -> None:
         log.info("nats %s: disconnected", name)
@@ -226,7 +231,8 @@ async def connect(url: str | list[str], name: str, *, connect_timeout_s: float =
             **options,
         ), timeout=connect_timeout_s * 2)
     except Exception as exc:  # nats raises several unrelated types here
-        raise BrokerUnavailable(f"cannot connect to NATS at {url}: {exc}") from exc
+        reason = str(first_error[0] if first_error else exc) or f"no answer within {2 * connect_timeout_s:g} s"
+        raise BrokerUnavailable(f"cannot connect to NATS at {url}: {reason}") from exc
     connection.append(nc)
     return nc
 
