@@ -8,14 +8,18 @@ import os
 import re
 import signal
 import sys
+import tempfile
 import time
+from contextlib import contextmanager
 from enum import Enum
 from pathlib import Path
-from typing import Optional
+from typing import NoReturn, Optional
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 
+from broker.errors import BrokerUnavailable
 from broker.messages import NodeConfiguration
 
 app = typer.Typer(help="p2pfaas: peer-to-peer Function-as-a-Service over NATS/JetStream and MQTT.",
@@ -25,6 +29,7 @@ eval_app = typer.Typer(help="Experiments: run the real system on seeded workload
 app.add_typer(eval_app, name="eval")
 console = Console(stderr=True)
 STOP_TIMEOUT_S = float(os.environ.get("P2PFAAS_STOP_TIMEOUT_S", 60.0))  # up's whole shutdown
+START_THE_STACK = "is the stack running? Start it with `p2pfaas up`, or name a running NATS with --nats-url"
 
 
 class Via(str, Enum):
@@ -42,6 +47,34 @@ class MqttChoice(str, Enum):
 class Runtime(str, Enum):
     process = "process"
     inprocess = "inprocess"
+
+
+def _fail(message: str) -> NoReturn:
+    """What a user can fix (bad input, an unreachable broker, an unusable data dir): one red line
+    saying what is wrong and what to do, exit code 2, never a traceback."""
+    console.print(f"[red]error:[/] {escape(message)}", highlight=False)
+    raise typer.Exit(2)
+
+
+@contextmanager
+def _reported(*errors: type[Exception], todo: str = ""):
+    """:func:`_fail` with the message of one of ``errors`` raised in the block (and ``todo``)."""
+    try:
+        yield
+    except errors as exc:
+        _fail(f"{exc}; {todo}" if todo else str(exc))
+
+
+def _usable_data_dir(data_dir: Path) -> None:
+    """Everything ``up`` keeps is under ``data_dir``: a path that cannot be that is said at once."""
+    try:
+        data_dir.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryFile(dir=data_dir):
+            pass
+    except FileExistsError:
+        _fail(f"--data-dir {data_dir} is a file, not a directory: give a directory")
+    except OSError as exc:
+        _fail(f"--data-dir {data_dir} cannot be used ({exc.strerror or exc}): give a directory you may write to")
 
 
 def _logging(verbose: bool) -> None:
@@ -90,7 +123,7 @@ def up(
     verbose: bool = typer.Option(False, "--verbose", "-v", help="Log at INFO."),
 ) -> None:
     """Start the whole stack: nats-server (JetStream), nodes with worker pools and learners, the autoscaling controller, HTTP and MQTT access. Every part is a supervised process (restarted when it dies; logs in DATA_DIR/logs). Ctrl-C stops it."""
-    from broker.errors import BrokerUnavailable, DataDirInUse
+    from broker.errors import DataDirInUse
     from p2pfaas.stack import Stack, StackConfig, StackSettings
 
     _logging(verbose)
@@ -101,11 +134,14 @@ def up(
         stack_config = StackConfig.load(config) if config else StackConfig()
     except ValueError as exc:
         raise typer.BadParameter(str(exc), param_hint="--config") from None
+    with _reported(ValueError):
+        functions = _functions(function)
+    _usable_data_dir(data_dir)
     settings = StackSettings(
         nodes=nodes, http_port=http_port, nats_url=nats_url, nats_port=nats_port, mqtt=mqtt.value,
         mqtt_url=mqtt_url, mqtt_port=mqtt_port, data_dir=data_dir, runtime=runtime.value,
         configuration=NodeConfiguration(parallel_running_functions_max=parallel, queue_length_max=queue),
-        functions=_functions(function), config=stack_config,
+        functions=functions, config=stack_config,
         controller_policy=None if controller == "off" else controller, farm_scenario=scenario, models_dir=models_dir,
         http_processes=http_processes, secure=not insecure, require_invoke_token=require_invoke_token,
         callback_hosts=callback_host, tls=tls, loopback_hosts=loopback_hosts, loopback_net=loopback_net,
@@ -116,11 +152,9 @@ def up(
         stop = asyncio.Event()
         with console.status("starting p2pfaas ..."):
             stack = Stack(settings)
-            try:
+            # e.g. a policy with no trained model, a part that fails, an identity file broken by hand
+            with _reported(ValueError, BrokerUnavailable, DataDirInUse, OSError):
                 endpoints = await stack.start()
-            except (ValueError, BrokerUnavailable, DataDirInUse) as exc:  # e.g. a policy with no trained model, a part that fails
-                console.print(f"[red]error:[/] {exc}", soft_wrap=True)
-                raise typer.Exit(2)
         try:
             for note in endpoints.notes:
                 console.print(f"[yellow]note:[/] {note}")
@@ -200,7 +234,8 @@ def node(
     async def stop(started: Node) -> None:
         await started.stop()
 
-    run_part(start, stop, lambda _: console.print(f"node {settings.node_id} attached to {settings.nats_url}; Ctrl-C to stop"))
+    with _reported(BrokerUnavailable, todo=START_THE_STACK):
+        run_part(start, stop, lambda _: console.print(f"node {settings.node_id} attached to {settings.nats_url}; Ctrl-C to stop"))
 
 
 class BridgeKind(str, Enum):
@@ -240,9 +275,10 @@ def bridge(
                                     p2pfaas_open=os.environ.get("P2PFAAS_P2PFAAS_OPEN") == "1",
                                     discovery_port=discovery_port, learner_port=learner_port)
         extra = "".join(f", {what} :{p}" for what, p in (("discovery", discovery_port), ("learner", learner_port)) if p)
-        run_part(lambda: start_http_bridge(options, one_process_argv(sys.argv)), stop_http_bridge,
-                 lambda _: console.print(f"HTTP bridge for {node_id} on http://{host}:{port}{extra} "
-                                         f"({processes} process(es))"))
+        with _reported(BrokerUnavailable, todo=START_THE_STACK):
+            run_part(lambda: start_http_bridge(options, one_process_argv(sys.argv)), stop_http_bridge,
+                     lambda _: console.print(f"HTTP bridge for {node_id} on http://{host}:{port}{extra} "
+                                             f"({processes} process(es))"))
         return
 
     async def start_mqtt():
@@ -263,7 +299,8 @@ def bridge(
         await mqtt_bridge.stop()
         await close_quietly(nc)
 
-    run_part(start_mqtt, stop_mqtt, lambda _: console.print(f"MQTT bridge {mqtt_url} <-> {nats_url}"))
+    with _reported(BrokerUnavailable, todo=START_THE_STACK):
+        run_part(start_mqtt, stop_mqtt, lambda _: console.print(f"MQTT bridge {mqtt_url} <-> {nats_url}"))
 
 
 @app.command()
@@ -287,7 +324,8 @@ def invoke(
 
     known = read_endpoints(data_dir)
     store = _stack_identity(data_dir)
-    payload = Path(data[1:]).read_bytes() if data.startswith("@") else data.encode()
+    with _reported(OSError, todo="--data @FILE sends the content of a file you may read"):
+        payload = Path(data[1:]).read_bytes() if data.startswith("@") else data.encode()
     headers = {}
     for item in header:
         name, sep, value = item.partition(":")
@@ -396,10 +434,12 @@ def eval_p2p(
     exp = p2p.P2PExperiment(nodes=nodes, slots=slots, mean_service_s=service, hot_load=hot_load,
                             cold_load=cold_load, duration_s=duration, seed=seed)
     if algorithm:
-        exp.algorithms = [p2p.parse_algorithm(a) for a in algorithm]
+        with _reported(ValueError):
+            exp.algorithms = [p2p.parse_algorithm(a) for a in algorithm]
     total = len(p2p.poisson_arrivals(exp))
-    report = _with_progress_bars(lambda advance: p2p.run_experiment(exp, nats_url=nats_url, progress=advance),
-                                 width=40, total=total)
+    with _reported(BrokerUnavailable, todo="check --nats-url (without it a private nats-server is started)"):
+        report = _with_progress_bars(lambda advance: p2p.run_experiment(exp, nats_url=nats_url, progress=advance),
+                                     width=40, total=total)
     _print_report("p2pfaas eval p2p", p2p, report, json_out, width=140)
 
 
@@ -421,8 +461,9 @@ def eval_learning(
     exp = learning.LearningExperiment(duration_s=duration, warmup_s=warmup, seed=seed, explore=not greedy)
     if power_of_n:
         exp.power_of_n = [[p.strip() for p in spec.split(",")] for spec in power_of_n]
-    report = _with_progress_bars(lambda advance: learning.run_experiment(exp, nats_url=nats_url, progress=advance),
-                                 width=44)
+    with _reported(BrokerUnavailable, todo="check --nats-url (without it a private nats-server is started)"):
+        report = _with_progress_bars(lambda advance: learning.run_experiment(exp, nats_url=nats_url, progress=advance),
+                                     width=44)
     _print_report("p2pfaas eval learning", learning, report, json_out, width=160)
 
 
@@ -577,11 +618,12 @@ def controller_cmd(
     from broker.connection import close_quietly, connect
     from controller.live import LiveController
     from controller.policies import resolve_policy
-    from controller.scenario import load_scenario
+    from controller.scenario import ScenarioError, load_scenario
     from p2pfaas.parts import run_part
     from p2pfaas.stack import read_endpoints
 
-    sc = load_scenario(scenario)
+    with _reported(ScenarioError):
+        sc = load_scenario(scenario)
     try:
         chosen, name, note = resolve_policy(policy, sc, models_dir)
     except ValueError as exc:
@@ -614,7 +656,8 @@ def controller_cmd(
             console.print(f"[yellow]note:[/] {part[1].learner_note}")
         console.print(f"controlling {node_id}/{pool} with {name}; Ctrl-C to stop")
 
-    run_part(start, stop, announce)
+    with _reported(BrokerUnavailable, todo=START_THE_STACK):
+        run_part(start, stop, announce)
 
 
 @farm_app.command("run")
@@ -638,10 +681,11 @@ def farm_run(
 
     from broker.connection import close_quietly, connect
     from controller.emitter import FarmEmitter, PoolMeter
-    from controller.scenario import load_scenario
+    from controller.scenario import ScenarioError, load_scenario
     from p2pfaas.stack import read_endpoints
 
-    sc = load_scenario(scenario)
+    with _reported(ScenarioError):
+        sc = load_scenario(scenario)
     _stack_identity(data_dir)
     url = nats_url or read_endpoints(data_dir).get("nats_url") or "nats://127.0.0.1:4222"
 
@@ -662,7 +706,8 @@ def farm_run(
         finally:
             await close_quietly(nc)
 
-    report, meter = asyncio.run(main())
+    with _reported(BrokerUnavailable, todo=START_THE_STACK):
+        report, meter = asyncio.run(main())
     console.print(f"tasks {report.submitted}, completed {report.completed}, errors {report.errors}, "
                   f"lost {report.lost}, QoS {report.qos:.2%}, p95 latency {report.p95_s:.2f} s")
     totals = meter.totals()
@@ -698,14 +743,15 @@ def top(
 
     _stack_identity(data_dir)
     url = nats_url or read_endpoints(data_dir).get("nats_url") or "nats://127.0.0.1:4222"
-    if once is not None:
-        view = asyncio.run(watch(url, prefix, duration_s=once, live=False))
-        Console(width=160).print(view.render())
-        return
-    try:
-        asyncio.run(watch(url, prefix))
-    except KeyboardInterrupt:
-        pass
+    with _reported(BrokerUnavailable, todo=START_THE_STACK):
+        if once is not None:
+            view = asyncio.run(watch(url, prefix, duration_s=once, live=False))
+            Console(width=160).print(view.render())
+            return
+        try:
+            asyncio.run(watch(url, prefix))
+        except KeyboardInterrupt:
+            pass
 
 
 # -- container images ----------------------------------------------------------------

@@ -17,6 +17,7 @@ from pathlib import Path
 import orjson
 
 from broker.messages import NodeConfiguration
+from nodes.scheduler.algorithms import build_algorithm
 from nodes.scheduler.queueing import erlang_b
 from nodes.settings import NodeSettings
 from p2pfaas.experiments.cluster import ExperimentCluster, Progress, Send, experiment_broker
@@ -231,6 +232,9 @@ def markdown(report: P2PReport) -> str:
 
 
 def parse_algorithm(text: str) -> Algorithm:
-    """``Name`` or ``Name:p1,p2,...`` (as in ``/configuration/scheduler``)."""
+    """``Name`` or ``Name:p1,p2,...`` (as in ``/configuration/scheduler``); ValueError, before
+    anything starts, for a name no node knows or parameters it does not take."""
     name, _, params = text.partition(":")
-    return name.strip(), [p.strip() for p in params.split(",")] if params else []
+    algorithm = name.strip(), [p.strip() for p in params.split(",")] if params else []
+    build_algorithm(*algorithm)
+    return algorithm

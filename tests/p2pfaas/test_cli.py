@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import signal
 import socket
 import subprocess
@@ -75,3 +76,57 @@ def test_help_lists_commands():
     out = subprocess.run([*P2PFAAS, "--help"], capture_output=True, text=True, timeout=60).stdout
     for command in ("up", "node", "bridge", "invoke"):
         assert command in out
+
+
+def run_all(commands: list[list[str]], timeout_s: float = 90) -> list[subprocess.CompletedProcess]:
+    """Run the CLI commands side by side (most wait on a broker that is not there), each bounded."""
+    env = {**os.environ, "COLUMNS": "400"}   # one error line stays one line
+    procs = [subprocess.Popen([*P2PFAAS, *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+             for args in commands]
+    done = []
+    try:
+        for args, proc in zip(commands, procs):
+            out, err = proc.communicate(timeout=timeout_s)
+            done.append(subprocess.CompletedProcess(args, proc.returncode, out, err))
+    finally:
+        for proc in procs:
+            proc.kill()
+            proc.wait(timeout=10)
+    return done
+
+
+def assert_one_clear_line(done: subprocess.CompletedProcess, message: str) -> None:
+    assert done.returncode == 2 and "Traceback" not in done.stderr, (done.args, done.stderr)
+    errors = [line for line in done.stderr.splitlines() if line.startswith("error: ")]
+    assert len(errors) == 1 and message in errors[0], (done.args, done.stderr)
+
+
+def test_an_unreachable_broker_is_one_clear_line(tmp_path):
+    url = f"nats://127.0.0.1:{free_port()}"   # nobody listens there
+    stack = ["--nats-url", url, "--data-dir", str(tmp_path)]
+    commands = [["top", "--once", "1", *stack], ["top", *stack], ["farm", "run", *stack], ["controller", *stack],
+                ["bridge", "http", "--port", str(free_port()), "--nats-url", url], ["bridge", "mqtt", "--nats-url", url],
+                ["node", "--data-dir", str(tmp_path), "--nats-url", url],
+                ["eval", "p2p", "--duration", "1", "--nats-url", url]]
+    for done in run_all(commands):
+        assert_one_clear_line(done, f"cannot connect to NATS at {url}: ")
+        assert "p2pfaas up" in done.stderr or "check --nats-url" in done.stderr, done.stderr
+
+
+def test_bad_input_is_one_clear_line(tmp_path):
+    a_file = tmp_path / "a-file"
+    a_file.write_text("not a directory")
+    cases = {
+        ("farm", "run", "--scenario", "nope", "--data-dir", str(tmp_path)): "unknown scenario 'nope'; shipped: ",
+        ("controller", "--scenario", "nope", "--data-dir", str(tmp_path)): "unknown scenario 'nope'; shipped: ",
+        ("invoke", "fib", "--data", f"@{tmp_path / 'missing'}", "--data-dir", str(tmp_path)): "No such file",
+        ("up", "-f", "nope", "--data-dir", str(tmp_path)): "function spec 'nope' must look like name=package.module:",
+        ("up", "--data-dir", str(a_file)): f"--data-dir {a_file} is a file, not a directory",
+        ("up", "--data-dir", str(a_file / "sub")): f"--data-dir {a_file / 'sub'} cannot be used",
+        ("eval", "p2p", "--algorithm", "Bogus"): "unknown scheduler 'Bogus'; known: ",
+        ("eval", "p2p", "--algorithm", "PowerOfNScheduler:x"): "PowerOfNScheduler takes ",
+    }
+    for done in run_all([list(args) for args in cases]):
+        assert_one_clear_line(done, cases[tuple(done.args)])
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a-file"]   # nothing started, nothing written
+
