@@ -359,20 +359,34 @@ def invoke(
         raise typer.Exit(1)
 
 
+def _stack_store(data_dir: Path, required: bool = False):
+    """The identity store `up` made in ``data_dir``; None when there is none (no stack was set
+    up there, or an --insecure one), unless ``required``: then that is said, exit code 2."""
+    from broker.auth import AuthStore
+
+    directory = data_dir / "auth"
+    if (directory / "services.json").exists():
+        return AuthStore(directory)
+    if required:   # a store made here would hold identities no running stack accepts
+        _fail(f"no stack has been set up in {data_dir} (no identities in {directory}): run `p2pfaas up "
+              f"--data-dir {data_dir}` first (an --insecure stack has none)")
+    return None
+
+
 def _stack_identity(data_dir: Path):
     """The identity store of the `up` stack in ``data_dir`` (None when it has none); tools run by
     hand act as its operator on NATS (parts started by `up` already have their own identity)."""
-    from broker.auth import OPERATOR, AuthStore
+    from broker.auth import OPERATOR, AuthStoreError
 
-    directory = data_dir / "auth"
-    if not (directory / "services.json").exists():
+    store = _stack_store(data_dir)
+    if store is None:
         return None
-    store = AuthStore(directory)
     ca = data_dir / "tls" / "ca.pem"
     if ca.exists() and not os.environ.get("P2PFAAS_TLS_CA"):
         os.environ["P2PFAAS_TLS_CA"] = str(ca)
     if not os.environ.get("P2PFAAS_NATS_USER"):
-        operator = store.service(OPERATOR)
+        with _reported(AuthStoreError, OSError):
+            operator = store.service(OPERATOR)
         os.environ.update(P2PFAAS_NATS_USER=operator.user, P2PFAAS_NATS_PASSWORD=operator.password)
     return store
 
@@ -521,12 +535,16 @@ def auth_device(
     data_dir: Path = typer.Option(Path("data"), help="The stack's data dir (its identities are in DATA_DIR/auth)."),
 ) -> None:
     """Create (or show) a device identity; prints {"user": ..., "password": ...}. A running `up` lets it in at once."""
-    from broker.auth import AuthStore
+    from broker.auth import AuthStoreError
+    from broker.subjects import check_token
 
     try:
-        print(AuthStore(data_dir / "auth").device(name).as_json())
+        check_token(name, "device name")
     except ValueError as exc:
         raise typer.BadParameter(str(exc), param_hint="NAME") from None
+    store = _stack_store(data_dir, required=True)
+    with _reported(AuthStoreError, OSError):
+        print(store.device(name).as_json())
 
 
 @auth_app.command("operator")
@@ -534,9 +552,11 @@ def auth_operator(
     data_dir: Path = typer.Option(Path("data"), help="The stack's data dir (its identities are in DATA_DIR/auth)."),
 ) -> None:
     """Print the operator token: `Authorization: Bearer <token>` on routes that change state."""
-    from broker.auth import AuthStore
+    from broker.auth import AuthStoreError
 
-    print(AuthStore(data_dir / "auth").operator_token())
+    store = _stack_store(data_dir, required=True)
+    with _reported(AuthStoreError, OSError):
+        print(store.operator_token())
 
 
 # -- autoscaling ------------------------------------------------------------------

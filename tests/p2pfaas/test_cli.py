@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import socket
@@ -12,6 +13,7 @@ from pathlib import Path
 import httpx
 import pytest
 
+from broker.auth import OPERATOR, AuthStore
 from broker.embedded import free_port
 
 from stack_processes import P2PFAAS, alive, descendants, wait_endpoints
@@ -130,3 +132,21 @@ def test_bad_input_is_one_clear_line(tmp_path):
         assert_one_clear_line(done, cases[tuple(done.args)])
     assert sorted(p.name for p in tmp_path.iterdir()) == ["a-file"]   # nothing started, nothing written
 
+
+def test_identities_are_given_only_for_a_stack_that_was_set_up(tmp_path):
+    """`auth` on a data dir no `up` used would make credentials no running stack accepts."""
+    a_file = tmp_path / "a-file"
+    a_file.write_text("not a directory")
+    nothing = tmp_path / "nothing"
+    missing = run_all([["auth", "operator", "--data-dir", str(nothing)], ["auth", "device", "dev1", "--data-dir", str(nothing)],
+                       ["auth", "operator", "--data-dir", str(a_file)]])
+    for done, where in zip(missing, (nothing, nothing, a_file)):
+        assert_one_clear_line(done, f"no stack has been set up in {where} ")
+        assert "run `p2pfaas up" in done.stderr and not done.stdout
+    assert not nothing.exists()
+    store = AuthStore(tmp_path / "stack" / "auth")
+    store.service(OPERATOR)   # as `up` leaves it
+    token, device = run_all([["auth", "operator", "--data-dir", str(tmp_path / "stack")],
+                             ["auth", "device", "dev1", "--data-dir", str(tmp_path / "stack")]])
+    assert token.returncode == 0 and token.stdout.strip() == store.operator_token()
+    assert device.returncode == 0 and json.loads(device.stdout) == json.loads(store.device("dev1").as_json())
