@@ -52,7 +52,7 @@ class Runtime(str, Enum):
 def _fail(message: str) -> NoReturn:
     """What a user can fix (bad input, an unreachable broker, an unusable data dir): one red line
     saying what is wrong and what to do, exit code 2, never a traceback."""
-    console.print(f"[red]error:[/] {escape(message)}", highlight=False)
+    console.print(f"[red]error:[/] {escape(message)}", highlight=False, soft_wrap=True)   # one line: grep finds it whole
     raise typer.Exit(2)
 
 
