@@ -61,11 +61,14 @@ class Dispatcher(OnItsLoop):
     def __init__(self, pool: str, nc: Client, subjects: Subjects, node: str, registry: FunctionRegistry,
                  inbox: Inbox, done: Done, lost: Lost, *, slots: int | None = None,
                  kill_worker: Callable[[str], None] = lambda name: None,
-                 direct: Direct = lambda call: None) -> None:
-        """``direct``: what a worker needs to answer a call's caller itself (None: the node answers)."""
+                 direct: Direct = lambda call: None, unreachable: Callable[[str], None] | None = None) -> None:
+        """``direct``: what a worker needs to answer a call's caller itself (None: the node answers).
+        ``unreachable(worker)``: nobody listened on that worker's subject (its pool decides whether
+        that was expected; by default the worker only gets no more calls)."""
         self.pool, self.nc, self.subjects, self.node = pool, nc, subjects, node
         self.registry, self.inbox = registry, inbox
         self._done, self._lost, self._kill_worker, self._direct = done, lost, kill_worker, direct
+        self._unreachable = unreachable or self.retire_worker
         self.slots = slots                      # None: one per worker (dedicated pool)
         self.workers: dict[str, WorkerSlot] = {}
         self.queue: deque[Call] = deque()
@@ -205,11 +208,13 @@ class Dispatcher(OnItsLoop):
 
     async def _on_outcomes(self, token: str, batch: dict[int, Call], msg: Msg) -> None:
         if not msg.data and (msg.headers or {}).get(H.NATS_STATUS) == "503":
-            # nobody listens on that worker's subject (it is exiting): the calls never ran there
+            # nobody listens on that worker's subject (it is exiting, or lost its subscription):
+            # the calls never ran there and go to another worker
             waiting = [c for c in batch.values() if self.running.get(c.id) is c]
             for call in waiting:
                 self._end(call)
-                self.retire_worker(call.worker)
+            for worker in {c.worker for c in waiting}:
+                self._unreachable(worker)
             self.queue.extendleft(reversed(waiting))
             return await self._pump()
         try:

@@ -197,12 +197,15 @@ class Node:
         def kill(pool: str):
             return lambda worker: self.pools[pool].kill(worker)
 
+        def unreachable(pool: str):
+            return lambda worker: self.pools[pool].unreachable(worker)
+
         dispatchers = {}
         for name in (DEFAULT_POOL, *self.settings.pools):
             slots = self.store.node.parallel_running_functions_max if name == DEFAULT_POOL else None
             dispatchers[name] = Dispatcher(name, self.nc, self.subjects, node, self.registry, self.inbox, done,
                                            answerer.lost, slots=slots, kill_worker=kill(name),
-                                           direct=answerer.direct_context)
+                                           direct=answerer.direct_context, unreachable=unreachable(name))
             self.stats[name] = PoolStats(node, name)
         self._dispatchers = dispatchers
         return dispatchers

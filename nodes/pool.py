@@ -135,6 +135,22 @@ class WorkerPool:
                 if handle.task is not None and handle.worker is not None:  # in-process: cannot be killed
                     handle.worker.stopping.set()
 
+    def unreachable(self, name: str) -> None:
+        """The broker had nobody listening on worker ``name``'s subject when calls went to it. A
+        worker asked to stop unsubscribed first: expected. Any other lost its subscription (its
+        broker connection, say) while its process runs: it gets no more calls and is replaced.
+        Kept as it was, it counted as ready but never took a call -- with all of them, the pool
+        stalled with calls queued and nothing said."""
+        self.dispatcher.retire_worker(name)
+        handle = next((w for w in self.workers if w.name == name), None)
+        if handle is None or handle.state == "stopping" or self._closing:
+            return
+        log.warning("%s: nobody listens on the subject of worker %s though it runs (lost its broker "
+                    "connection?); replacing it", self.name, name)
+        self._retire(handle)
+        if sum(1 for w in self.workers if w.state != "stopping") < self.target:
+            self._spawn()
+
     def _retire(self, handle: WorkerHandle) -> None:
         handle.state = "stopping"
         self.dispatcher.retire_worker(handle.name)

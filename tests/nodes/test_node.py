@@ -195,6 +195,20 @@ async def test_what_functions_print_goes_to_the_log_and_never_blocks_their_worke
     assert len(long_lines) == 8 and all(m.startswith("n1-w") and "[77824 more bytes]" in m for m in long_lines)
 
 
+async def test_a_worker_that_lost_its_subscription_is_replaced_not_left_ready(node_factory, faas, caplog):
+    """A worker whose broker connection is gone while it runs (nats-server has nobody on its
+    subject) gets no more calls and is replaced: before, it still counted as ready, and a pool of
+    such workers held every call queued for ever, with nothing in the log."""
+    async with node_factory(k=1, queue=4, runtime="inprocess") as node:
+        first = node.pool.workers[0]
+        assert (await faas.invoke("n1", "echo", b"a", timeout_s=10)).status == 200
+        await first.worker.nc.close()                   # its subscription is gone; it still "runs"
+        answer = await faas.invoke("n1", "echo", b"b", timeout_s=20)
+        await wait_until(lambda: node.pool.ready == 1 and first not in node.pool.workers, timeout_s=20)
+    assert answer.status == 200 and answer.output == b"b"
+    assert any("nobody listens on the subject of worker n1-w1" in r.getMessage() for r in caplog.records)
+
+
 async def test_noscheduler_loss_rejects_when_slots_and_queue_full(node_factory, faas):
     async with node_factory(k=1, queue=1):
         answers = await asyncio.gather(*(faas.invoke("n1", "sleep", b"0.5", timeout_s=30) for _ in range(5)))
