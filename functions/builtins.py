@@ -8,13 +8,13 @@ import time
 from functions.registry import CONCURRENT, FunctionInputError, FunctionSpec
 
 
-def _number(payload: bytes, kind: type, what: str, low: float, high: float) -> int | float:
+def _number(payload: bytes, kind: type, low: float, high: float) -> int | float:
     try:
         value = kind(payload.decode().strip())
     except (UnicodeDecodeError, ValueError):
-        raise FunctionInputError(f"{what}: expected a number, got {payload[:40]!r}") from None
+        raise FunctionInputError(f"expected a number, got {payload[:40]!r}") from None   # the worker names the function
     if not low <= value <= high:
-        raise FunctionInputError(f"{what}: {value} is outside [{low}, {high}]")
+        raise FunctionInputError(f"{value} is outside [{low}, {high}]")
     return value
 
 
@@ -24,7 +24,7 @@ def echo(payload: bytes) -> bytes:
 
 def fib(payload: bytes) -> bytes:
     """n-th Fibonacci number, computed the slow recursive way (a CPU-bound function)."""
-    n = _number(payload, int, "fib", 0, 35)
+    n = _number(payload, int, 0, 35)
 
     def f(k: int) -> int:
         return k if k < 2 else f(k - 1) + f(k - 2)
@@ -34,14 +34,14 @@ def fib(payload: bytes) -> bytes:
 
 def sleep(payload: bytes) -> bytes:
     """Sleep for the payload's seconds (service time for experiments)."""
-    seconds = _number(payload, float, "sleep", 0.0, 3600.0)
+    seconds = _number(payload, float, 0.0, 3600.0)
     time.sleep(seconds)
     return f"slept {seconds:.6f}".encode()
 
 
 def busy(payload: bytes) -> bytes:
     """Spin the CPU for the payload's milliseconds."""
-    ms = _number(payload, float, "busy", 0.0, 3_600_000.0)
+    ms = _number(payload, float, 0.0, 3_600_000.0)
     end = time.perf_counter() + ms / 1000.0
     spins = 0
     while time.perf_counter() < end:
@@ -51,7 +51,7 @@ def busy(payload: bytes) -> bytes:
 
 def montecarlo_pi(payload: bytes) -> bytes:
     """Estimate pi from N random points (default 100000)."""
-    n = _number(payload, int, "montecarlo-pi", 1, 100_000_000) if payload.strip() else 100_000
+    n = _number(payload, int, 1, 100_000_000) if payload.strip() else 100_000
     rng = random.Random(n)
     inside = sum(1 for _ in range(n) if rng.random() ** 2 + rng.random() ** 2 <= 1.0)
     return f"{4.0 * inside / n:.6f}".encode()
