@@ -241,7 +241,7 @@ class SchedulerConfiguration(Contract):
     """P2PFaaS ``/configuration/scheduler`` body: parameters are strings."""
 
     name: str = "NoScheduler"
-    parameters: list[str] = Field(default_factory=lambda: ["true"])
+    parameters: list[str] = Field(default_factory=list)   # none: the algorithm's defaults
 
     def describe(self) -> str:
         """As P2PFaaS prints it in ``X-P2pfaas-Scheduler``, e.g. ``PowerOfNScheduler(1, 2, true, 1)``."""

@@ -115,6 +115,10 @@ async def test_load_configuration_health_metrics_and_docs(http):
                                                          "queue_enabled": False}
     r = await http.post("/configuration/scheduler", json={"name": "NoSuchScheduler", "parameters": []})
     assert r.status_code == 400 and "NoScheduler" in r.json()["message"]
+    r = await http.post("/configuration/scheduler", json={"name": "PowerOfNScheduler"})   # no parameters: its defaults
+    assert r.status_code == 200 and r.json() == {"name": "PowerOfNScheduler", "parameters": ["1", "2", "true", "1"]}
+    r = await http.post("/configuration/scheduler", json={"name": "PowerOfNScheduler", "parameters": ["1"]})
+    assert r.status_code == 400 and "got ['1']" in r.json()["message"]   # what was sent, not a default
     r = await http.post("/configuration/scheduler", json={"name": "NoScheduler", "parameters": ["false"]})
     assert r.status_code == 200
     assert (await http.post("/function/echo", content=b"x")).headers[H.SCHEDULER] == "NoScheduler"
