@@ -242,13 +242,15 @@ async def close_quietly(nc: Client, *subs, timeout_s: float = 5.0) -> None:
     at shutdown (and is not waited for: a closed or reconnecting connection is just closed)."""
     if nc.is_closed:
         return
-    if not nc.is_connected:
-        await nc.close()
-        return
+    if nc.is_connected:
+        try:
+            for sub in subs:
+                await sub.unsubscribe()
+            await asyncio.wait_for(nc.drain(), timeout_s)
+            return
+        except Exception as exc:
+            log.debug("draining %s: %s", nc, exc)
     try:
-        for sub in subs:
-            await sub.unsubscribe()
-        await asyncio.wait_for(nc.drain(), timeout_s)
-    except Exception as exc:
-        log.debug("closing %s: %s", nc, exc)
-        await nc.close()
+        await asyncio.wait_for(nc.close(), timeout_s)
+    except Exception as exc:  # e.g. ConnectionResetError from a broker gone meanwhile: closed all the same
+        log.debug("closing %s: %r", nc, exc)

@@ -10,6 +10,7 @@ from nats import errors as nats_errors
 from nats.aio.client import Client
 
 from broker.connection import NatsClient
+from support import wait_until
 
 
 def _blocks(seed: int, count: int, alphabet: list[bytes]) -> list[bytes]:
@@ -121,3 +122,22 @@ async def test_publishes_are_flushed_without_a_future_each(nc, prefix):
     assert got == [str(i).encode() for i in range(n)]
     assert kicks and not any(isinstance(k, asyncio.Future) for k in kicks)
     await asyncio.wait_for(nc.flush(), 5)
+
+
+async def test_close_quietly_returns_when_the_broker_went_away_meanwhile(tmp_path):
+    """``p2pfaas farm run`` ended with a ConnectionResetError traceback when the stack stopped under
+    it: closing a connection whose broker is gone (reconnecting, its socket reset) is not an error."""
+    from broker.connection import close_quietly, connect
+    from broker.embedded import NatsServer
+
+    server = NatsServer(data_dir=tmp_path / "nats", port=None, mqtt_port=0)
+    await server.start()
+    try:
+        conn = await connect(server.url, "goes-away")
+        sub = await conn.subscribe("anything")
+        await conn.publish("anything", b"x")   # something pending as the broker goes
+    finally:
+        await server.stop()
+    await wait_until(lambda: not conn.is_connected, timeout_s=10)
+    await asyncio.wait_for(close_quietly(conn, sub), 10)
+    assert conn.is_closed
