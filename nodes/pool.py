@@ -29,6 +29,7 @@ output_log = logging.getLogger("functions.output")
 output_log.setLevel(logging.INFO)
 READY_LINE = b"READY"
 OUTPUT_CHUNK = 65536     # read as it comes: a worker never blocks on a full pipe, whatever it prints
+RESPAWN_BACKOFF_S = (0.5, 1.0, 2.0, 5.0, 10.0)   # after the n-th worker in a row died before READY
 OUTPUT_LINE_MAX = 4096   # longer lines are cut in the log (the function's output is not)
 
 
@@ -69,6 +70,9 @@ class WorkerPool:
         self._lock = asyncio.Lock()
         self._background: set[asyncio.Task] = set()
         self._docker: asyncio.Future | None = None   # runtime "docker": the pool's DockerWorkerRuntime
+        self._replaced: set[WorkerHandle] = set()     # old workers a replace_workers will stop
+        self._early_deaths = 0                         # workers in a row that died before READY
+        self._respawn: asyncio.TimerHandle | None = None
 
     # -- counts for load and telemetry ------------------------------------------------
     @property
@@ -93,22 +97,29 @@ class WorkerPool:
         """Make ``size`` workers active (starting or ready)."""
         async with self._lock:
             self.target = max(0, size)
-            active = [w for w in self.workers if w.state != "stopping"]
-            for _ in range(self.target - len(active)):
-                self._spawn()
-            # retire the newest first: a starting worker costs nothing to drop
-            for handle in reversed(active[self.target:]):
-                self._retire(handle)
+            self._resize()
+
+    def _resize(self) -> None:
+        """Spawn or retire towards the target. Workers a replacement will stop do not count: a
+        resize in its middle (the controller sends its target every period) used to count old and
+        new together and retire the new ones -- and then the replacement stopped the old ones."""
+        staying = [w for w in self.workers if w.state != "stopping" and w not in self._replaced]
+        for _ in range(self.target - len(staying)):
+            self._spawn()
+        # retire the newest first: a starting worker costs nothing to drop
+        for handle in reversed(staying[self.target:]):
+            self._retire(handle)
 
     async def replace_workers(self, ready_timeout_s: float = 60.0) -> int:
         """New workers for the current ones (they load the settings' functions anew, e.g. after a
         deploy): the new ones start first, the old ones stop once those are ready (or after
         ``ready_timeout_s``) and finish what they run. Returns the workers replaced."""
         async with self._lock:
-            old = [w for w in self.workers if w.state != "stopping"]
+            old = [w for w in self.workers if w.state != "stopping" and w not in self._replaced]
+            self._replaced.update(old)
             for _ in old:
                 self._spawn()
-            new = [w for w in self.workers if w not in old]
+            new = [w for w in self.workers if w not in old and w not in self._replaced]
         if new:
             waits = [asyncio.create_task(w.ready.wait()) for w in new]
             _, late = await asyncio.wait(waits, timeout=ready_timeout_s)
@@ -116,8 +127,10 @@ class WorkerPool:
                 wait.cancel()
         async with self._lock:
             for handle in old:
+                self._replaced.discard(handle)
                 if handle.state != "stopping":
                     self._retire(handle)
+            self._resize()   # the target may have changed meanwhile
         return len(old)
 
     async def wait_ready(self, timeout_s: float = 30.0, at_least: int | None = None) -> None:
@@ -169,6 +182,7 @@ class WorkerPool:
             return
         handle.state = "ready"
         handle.ready.set()
+        self._early_deaths = 0
         await self.dispatcher.add_worker(handle.name)
 
     async def _run_process(self, handle: WorkerHandle) -> None:
@@ -248,6 +262,8 @@ class WorkerPool:
 
     async def _run_inprocess(self, handle: WorkerHandle) -> None:
         handle.worker = Worker(self.settings, default_registry(self.settings.functions), handle.name, self.name)
+        if handle.state == "stopping":   # retired before it started: it stops at once
+            handle.worker.stopping.set()
         ready: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         ready.add_done_callback(lambda _: self._in_background(self._became_ready(handle)))
         code: int | None = None
@@ -278,14 +294,28 @@ class WorkerPool:
             log.info("worker %s recycled after a timeout", handle.name)
         else:
             log.warning("worker %s exited unexpectedly (code %s); replacing it", handle.name, code)
-        active = sum(1 for w in self.workers if w.state != "stopping")
-        if active < self.target and not self._closing:
-            self._spawn()
+        if handle.state == "starting":   # it never became ready: a broken module, no resources
+            self._early_deaths += 1
+            delay = RESPAWN_BACKOFF_S[min(self._early_deaths, len(RESPAWN_BACKOFF_S)) - 1]
+            log.warning("%s: %d worker(s) in a row died before they were ready; the next starts in %g s",
+                        self.name, self._early_deaths, delay)
+            if self._respawn is None:
+                self._respawn = asyncio.get_running_loop().call_later(delay, self._respawn_now)
+            return
+        if not self._closing:
+            self._resize()
+
+    def _respawn_now(self) -> None:
+        self._respawn = None
+        if not self._closing:
+            self._resize()
 
     async def stop(self, timeout_s: float = STOP_GRACE_S + 5.0) -> None:
         """Stop every worker (each finishes its calls, within its own grace), then wait, bounded:
         a worker still alive after ``timeout_s`` is killed."""
         self._closing = True
+        if self._respawn is not None:
+            self._respawn.cancel()
         handles = list(self.workers)
         for handle in handles:
             self._retire(handle)

@@ -403,3 +403,48 @@ async def test_a_call_without_reply_the_intake_cannot_store_is_rejected_to_its_c
         assert rejection.http_status == 503 and "not stored" in rejection.reason and rejection.request_id == "noreply"
         assert errors_of(node).get("not_stored", 0) >= 1
         assert (await asyncio.wait_for(held, 30)).status == 200   # the call that was stored still runs
+
+
+async def test_a_resize_during_a_workers_replacement_keeps_the_pool(node_factory):
+    """A deploy replaces the workers (new ones start, the old ones stop once those are ready); a
+    resize to the same size in between (the controller sends its target every period) used to
+    count old and new together and retire the new ones: the deploy waited 60 s and left no worker."""
+    async with node_factory(k=2, runtime="process") as node:
+        pool = node.pool
+        old = list(pool.workers)
+        replacing = asyncio.create_task(pool.replace_workers(ready_timeout_s=30))
+        await wait_until(lambda: len(pool.workers) == 4, timeout_s=5)   # the new ones are starting
+        await pool.set_size(2)
+        started = asyncio.get_running_loop().time()
+        assert await asyncio.wait_for(replacing, 30) == 2
+        waited = asyncio.get_running_loop().time() - started
+        await wait_until(lambda: pool.ready == 2 and len(pool.workers) == 2, timeout_s=20)
+    assert not set(old) & set(pool.workers) and waited < 20
+
+
+async def test_workers_that_die_before_ready_are_started_again_with_a_backoff(node_factory, faas, user_functions,
+                                                                               tmp_path, caplog):
+    """A module that breaks (a syntax error deployed, say) makes every new worker die at start: they
+    are started again after 0.5, 1, 2, 5, 10 s (before, at once, for ever: dozens a second), and
+    once the module is fixed the pool is whole again."""
+    async with node_factory(k=1, queue=4, functions=user_functions, runtime="process") as node:
+        pool = node.pool
+        module = tmp_path / "userfns.py"
+        good = module.read_text()
+        module.write_text(good + "\nthis is not python\n")
+        before = next(pool._names)
+        pool.kill(pool.workers[0].name)
+        await asyncio.sleep(3.0)   # the window in which a respawn loop shows: 0.5 + 1 + (2) s of backoff
+        spawned = next(pool._names) - before - 1
+        assert 1 <= spawned <= 4, spawned
+        assert any("died before they were ready" in r.getMessage() for r in caplog.records)
+        module.write_text(good)
+        await wait_until(lambda: pool.ready == 1, timeout_s=20)
+        assert (await faas.invoke("n1", "shout", b"back", timeout_s=10)).output == b"BACK!"
+
+
+async def test_an_inprocess_worker_retired_before_it_started_stops(node_factory):
+    async with node_factory(k=2, runtime="inprocess") as node:
+        await node.pool.set_size(3)
+        await node.pool.set_size(2)   # the third is retired before its task ran
+        await wait_until(lambda: len(node.pool.workers) == 2 and node.pool.ready == 2, timeout_s=10)
