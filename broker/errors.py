@@ -59,11 +59,11 @@ class NotPermitted(FaasError, PermissionError):
 
 
 class DataDirInUse(FaasError, RuntimeError):
-    """A ``p2pfaas up`` holds this data directory's lock: a second one would end its processes
-    and rewrite its configuration under it."""
+    """A ``p2pfaas up`` (or a node) holds this data directory's lock: a second one would end its
+    processes and rewrite its configuration under it."""
     http_status = 409
 
-    def __init__(self, data_dir: object, holder: str) -> None:
-        super().__init__(f"{data_dir} is in use by another `p2pfaas up` (pid {holder}); "
-                         "stop it first, or give this one another --data-dir")
+    def __init__(self, data_dir: object, holder: str, owner: str = "`p2pfaas up`", flag: str = "--data-dir") -> None:
+        super().__init__(f"{data_dir} is in use by another {owner} (pid {holder}); "
+                         f"stop it first, or give this one another {flag}")
         self.holder = holder

@@ -104,12 +104,13 @@ def child_env(**extra: str) -> dict[str, str]:
 UP_LOCK = Path("run") / "up.lock"
 
 
-def hold_data_dir(data_dir: "os.PathLike[str] | str") -> int:
-    """Take the exclusive lock of ``data_dir`` (``run/up.lock``, our pid in it) for as long as
+def hold_data_dir(data_dir: "os.PathLike[str] | str", lock: Path = UP_LOCK, owner: str = "`p2pfaas up`",
+                  flag: str = "--data-dir") -> int:
+    """Take the exclusive lock of ``data_dir`` (``lock``, ``run/up.lock`` by default, our pid in it) for as long as
     the returned descriptor is open. The kernel lets it go when we end, however we end (kill -9
     included), so a stale file never blocks anyone; our children do not inherit it (closed on
     exec). Raises :class:`DataDirInUse` naming the holder's pid when a live process has it."""
-    path = Path(data_dir) / UP_LOCK
+    path = Path(data_dir) / lock
     path.parent.mkdir(parents=True, exist_ok=True)
     fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
     try:
@@ -117,7 +118,7 @@ def hold_data_dir(data_dir: "os.PathLike[str] | str") -> int:
     except BlockingIOError:
         holder = os.pread(fd, 32, 0).decode(errors="replace").strip() or "?"   # "?": not written yet
         os.close(fd)
-        raise DataDirInUse(data_dir, holder) from None
+        raise DataDirInUse(data_dir, holder, owner, flag) from None
     except BaseException:
         os.close(fd)
         raise

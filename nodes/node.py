@@ -6,7 +6,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 import time
+from pathlib import Path
 
 import orjson
 from nats.aio.client import Client
@@ -17,7 +19,7 @@ from prometheus_client import generate_latest
 from broker.codec import decode, decode_update, encode
 from broker.connection import close_quietly, connect, on_event
 from broker.control import ControlError, ControlServer
-from broker.lifecycle import end_strays
+from broker.lifecycle import end_strays, hold_data_dir
 from broker.errors import ContractError
 from broker.messages import NodeConfiguration, NodeGone, NodeLoad, ScaleCommand, SchedulerConfiguration
 from broker.streams import ensure_node_streams
@@ -43,6 +45,7 @@ log = logging.getLogger(__name__)
 
 VERSION = "0.1.0"
 MAX_K = 1024
+NODE_LOCK = Path("run") / "node.lock"   # under the node's directory: one node process per node
 JETSTREAM_READY_TIMEOUT_S = 30.0  # a fresh NATS cluster elects its JetStream leader first
 
 
@@ -74,8 +77,13 @@ class Node:
         self._reconciling: set[asyncio.Task] = set()
         self.control: ControlServer | None = None
         self.started_at = time.time()
+        self._lock: int | None = None
 
     async def start(self) -> "Node":
+        # one node process per node directory: a second one (``p2pfaas node`` run twice by hand)
+        # would end this one's workers as strays of a previous run and share its state
+        self._lock = hold_data_dir(self.settings.node_dir, NODE_LOCK, f"node {self.settings.node_id}",
+                                   "--data-dir or --node-id")
         strays = end_strays(self.settings.run_dir)
         if strays:
             log.warning("node %s: ended %d worker process(es) left by a previous run", self.settings.node_id, len(strays))
@@ -175,6 +183,9 @@ class Node:
             await self.learner.stop()
         if self.nc and not self.nc.is_closed:
             await close_quietly(self.nc)
+        if self._lock is not None:
+            os.close(self._lock)
+            self._lock = None
 
     async def __aenter__(self) -> "Node":
         return await self.start()

@@ -234,7 +234,8 @@ def node(
     async def stop(started: Node) -> None:
         await started.stop()
 
-    with _reported(BrokerUnavailable, todo=START_THE_STACK):
+    from broker.errors import DataDirInUse
+    with _reported(DataDirInUse), _reported(BrokerUnavailable, todo=START_THE_STACK):
         run_part(start, stop, lambda _: console.print(f"node {settings.node_id} attached to {settings.nats_url}; Ctrl-C to stop"))
 
 

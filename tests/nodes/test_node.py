@@ -448,3 +448,20 @@ async def test_an_inprocess_worker_retired_before_it_started_stops(node_factory)
         await node.pool.set_size(3)
         await node.pool.set_size(2)   # the third is retired before its task ran
         await wait_until(lambda: len(node.pool.workers) == 2 and node.pool.ready == 2, timeout_s=10)
+
+
+async def test_one_node_process_per_node_directory(node_factory, tmp_path):
+    """A second node with the same id and data directory (``p2pfaas node`` started twice by hand)
+    is refused, naming the holder: it would have ended the first one's workers as strays of a
+    previous run. Once the first stops, the directory is free again."""
+    from broker.errors import DataDirInUse
+    from nodes.node import Node
+
+    async with node_factory(k=1, data_dir=tmp_path) as first:
+        second = Node(first.settings)
+        with pytest.raises(DataDirInUse, match=f"in use by another node n1 \\(pid {os.getpid()}\\)"):
+            await second.start()
+        await second.stop()
+        assert first.pool.ready == 1 and all(w.proc is None or w.proc.returncode is None for w in first.pool.workers)
+    async with node_factory(k=1, data_dir=tmp_path) as again:
+        assert again.pool.ready == 1
