@@ -9,6 +9,11 @@ Pulling: one pull request at a time (``batch`` messages, expiring after ``PULL_E
 stays open on the consumer, and its messages arrive on a subscription with a callback, each
 taken as it comes. (nats-py's ``fetch`` reads a batch with one task, uuid and timer per
 message and ends at the first pause; a task costs here about what taking the call does.)
+
+A consumer deleted under a running node (``nats consumer rm``, a JetStream store restored
+without it, the stream made again) is made again with the same settings: it delivers every
+call still stored (deliver policy "all"; the work queue keeps only unacknowledged ones), and
+the service's duplicate guard drops those already answered.
 """
 
 from __future__ import annotations
@@ -20,7 +25,7 @@ import random
 import time
 
 import orjson
-from typing import Awaitable, Callable
+from typing import Awaitable, Callable, Iterable
 
 from nats.aio.client import Client
 from nats.aio.msg import Msg
@@ -40,6 +45,9 @@ BATCH = 256             # messages per pull request
 HOLD_LIMIT = 10_000     # messages held at once (running, queued in memory, being answered)
 PULL_EXPIRES_S = 1.0    # an open pull request ends after this (nats-server answers 408)
 PULL_GRACE_S = 2.0      # no word on a pull request by its expiry plus this: JetStream is away
+CONSUMER_DELETED = "409 Consumer Deleted"   # nats-server's word to an open pull request
+NO_RESPONDERS = "503"   # nobody serves the pull subject: the consumer is gone, or JetStream is
+LOOKUP_TIMEOUT_S = 1.0  # asking JetStream whether the consumer still exists
 
 
 def consumer_name(node: str) -> str:
@@ -76,6 +84,21 @@ class AsyncIntake:
         (no word comes for it then); pull again now rather than at its expiry plus grace."""
         self.pulls_after_reconnect += 1
         self._ended.set()
+
+    async def _bound(self) -> None:
+        """Bind, retrying until JetStream takes it (it may be busy: a loaded machine, a leader
+        election, a sweeper of another node still holding our calls)."""
+        delay = 0.2
+        while self._sub is None:
+            try:
+                await self._bind()
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:
+                log.warning("%s: async intake not ready (%s); retrying in %g s", self.node, exc, delay)
+                await asyncio.sleep(delay)
+                delay = min(5.0, delay * 2)
+        self.healthy = True
 
     async def _bind(self) -> None:
         stream = async_stream(self.subjects)
@@ -114,17 +137,7 @@ class AsyncIntake:
         self._room.set()
 
     async def _pull(self) -> None:
-        delay = 0.2
-        while self._sub is None:   # JetStream may be busy (a loaded machine, a leader election): retry
-            try:
-                await self._bind()
-            except asyncio.CancelledError:
-                raise
-            except Exception as exc:
-                log.warning("%s: async intake not ready (%s); retrying in %g s", self.node, exc, delay)
-                await asyncio.sleep(delay)
-                delay = min(5.0, delay * 2)
-        self.healthy = True
+        await self._bound()
         while True:
             room = HOLD_LIMIT - len(self.held)
             if room <= 0:
@@ -147,11 +160,50 @@ class AsyncIntake:
                 raise
             except Exception as exc:  # not connected (reconnecting)
                 problem = str(exc)
+            if await self._consumer_gone(problem):
+                # pulling again would be refused for ever, and the sweepers would take us for
+                # a node that never existed: make the consumer again, as at start
+                log.warning("%s: async intake consumer %s is gone (%s); making it again",
+                            self.node, consumer_name(self.node), problem)
+                self.healthy = False
+                await self._forget()
+                await self._bound()
+                continue
             # a broker blip (JetStream down, reconnecting, a leader election): retry, say so
             if self.healthy:
                 log.warning("%s: async intake cannot pull (%s); retrying", self.node, problem)
             self.healthy = False
             await asyncio.sleep(0.5)
+
+    async def _consumer_gone(self, problem: str) -> bool:
+        """Whether a refused pull means our consumer no longer exists. nats-server says so to an
+        open pull request; a later one finds nobody on the pull subject (no responders), as when
+        JetStream itself is away, so then JetStream is asked. A pull with no answer at all is a
+        broker blip: no question is sent into an outage."""
+        if problem.startswith(CONSUMER_DELETED):
+            return True
+        if not problem.startswith(NO_RESPONDERS):
+            return False
+        try:
+            await self.js.consumer_info(async_stream(self.subjects), consumer_name(self.node),
+                                        timeout=LOOKUP_TIMEOUT_S)
+        except NotFoundError:   # consumer (or stream) not found: JetStream answered, it is gone
+            return True
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:   # JetStream away or busy: the usual retry
+            log.debug("%s: intake consumer lookup: %s", self.node, exc)
+        return False
+
+    async def _forget(self) -> None:
+        """Drop the subscription of a consumer that is gone; what is held stays held (the new
+        consumer delivers it again and the service swaps the delivery it acknowledges)."""
+        sub, self._sub = self._sub, None
+        if sub is not None:
+            try:
+                await sub.unsubscribe()
+            except Exception as exc:  # the connection may be gone too
+                log.debug("intake unsubscribe: %s", exc)
 
     async def _on_message(self, msg: Msg) -> None:
         """A message of the open pull request, or nats-server's word that it ended."""
@@ -195,12 +247,16 @@ class UnknownNodeSweeper:
     """Every node looks, now and then, at the oldest stored async calls: one addressed to a node
     that never existed (no durable consumer was ever made for it, unlike a node that is down)
     and older than ``unknown_after_s`` is refused on its client's reject subject and removed —
-    never kept forever in silence. A device cannot tell a typo from a slow node otherwise."""
+    never kept forever in silence. A device cannot tell a typo from a slow node otherwise.
+
+    A missing consumer alone does not make a node unknown: this node and the peers ``alive``
+    names (heartbeats) exist, whatever happened to their consumer (deleted, not made again yet)."""
 
     def __init__(self, node: str, nc: Client, subjects: Subjects, refuse: Callable[[Msg | object, str], Awaitable[None]],
-                 *, unknown_after_s: float = UNKNOWN_AFTER_S, period_s: float = SWEEP_PERIOD_S) -> None:
+                 *, alive: Callable[[], Iterable[str]] = lambda: (), unknown_after_s: float = UNKNOWN_AFTER_S,
+                 period_s: float = SWEEP_PERIOD_S) -> None:
         self.node, self.js, self.subjects = node, nc.jetstream(), subjects
-        self._refuse = refuse
+        self._refuse, self._alive = refuse, alive
         self.unknown_after_s, self.period_s = unknown_after_s, period_s
         self._task: asyncio.Task | None = None
 
@@ -239,6 +295,7 @@ class UnknownNodeSweeper:
         if not info.state.messages:
             return set()
         known = {c.name[len("node-"):] for c in await self.js.consumers_info(stream) if c.name.startswith("node-")}
+        known |= {self.node, *self._alive()}
         unknown: set[str] = set()
         seq, now = info.state.first_seq, time.time()
         for _ in range(SCAN):

@@ -83,7 +83,7 @@ class SchedulerService:
         self.intake = AsyncIntake(self.node_id, nc, self.subjects, ack_wait_s=settings.ack_wait_s,
                                   max_deliver=settings.max_deliver, take=self.take_async)
         self.sweeper = UnknownNodeSweeper(self.node_id, nc, self.subjects, self._refuse_unknown_node,
-                                          unknown_after_s=settings.unknown_node_after_s,
+                                          alive=self.peers, unknown_after_s=settings.unknown_node_after_s,
                                           period_s=min(15.0, settings.unknown_node_after_s / 2))
         self.forwards: dict[str, int] = {}   # forwards per peer since the last heartbeat
         self.learning = None  # the node's LearningContext (nodes/scheduler/learning.py): view.learning
