@@ -634,6 +634,7 @@ def controller_cmd(
     nats_url: Optional[str] = typer.Option(None, help="NATS URL (default: from a running `p2pfaas up`)."),
     data_dir: Path = typer.Option(Path("data"), help="Where `p2pfaas up` wrote endpoints.json."),
     prefix: str = typer.Option("faas", help="Subject prefix."),
+    verbose: bool = typer.Option(False, "--verbose", "-v", help="Log at INFO."),
 ) -> None:
     """Scale a pool live: telemetry in, scale commands and learning experiences out (Ctrl-C stops)."""
     from broker.connection import close_quietly, connect
@@ -643,6 +644,7 @@ def controller_cmd(
     from p2pfaas.parts import run_part
     from p2pfaas.stack import read_endpoints
 
+    _logging(verbose)
     with _reported(ScenarioError):
         sc = load_scenario(scenario)
     try:

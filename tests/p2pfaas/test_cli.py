@@ -12,9 +12,11 @@ from pathlib import Path
 
 import httpx
 import pytest
+import typer
 
 from broker.auth import OPERATOR, AuthStore
 from broker.embedded import free_port
+from p2pfaas.cli import app
 
 from stack_processes import P2PFAAS, alive, descendants, wait_endpoints
 
@@ -64,6 +66,26 @@ def test_up_serves_http_nats_mqtt_and_stops_cleanly(tmp_path, mqtt, start_up):
     assert f"port {busy_port} is busy" in out
     assert "p2pfaas is up" in out and "stopped" in out
     assert not (tmp_path / "endpoints.json").exists()
+
+
+def test_up_verbose_starts_every_part_and_stops_cleanly(tmp_path, start_up):
+    """`up -v` passes --verbose to every part it starts: the controller had no such option, so the
+    stack never came up."""
+    proc = start_up(tmp_path, "-v", "--nats-port", str(free_port()), "--http-port", str(free_port()), "--mqtt", "off")
+    endpoints = wait_endpoints(proc, tmp_path, timeout_s=120)
+    health = httpx.get(f"{endpoints['http']['n1']}/healthz", timeout=10)
+    assert health.status_code == 200, health.text
+    out = stop_and_check_no_orphans(proc)
+    assert "p2pfaas is up" in out and "stopped" in out and "Traceback" not in out
+    assert " INFO " in (tmp_path / "logs" / "controller.log").read_text()   # it did log at INFO
+
+
+def test_every_part_command_takes_verbose():
+    """The commands `up` runs as parts (Stack._cli: node, bridge http/mqtt, controller) all take
+    --verbose, which `up -v` appends to each."""
+    group = typer.main.get_command(app)
+    for name in ("node", "bridge", "controller"):
+        assert "--verbose" in {o for p in group.commands[name].params for o in p.opts}, name
 
 
 def test_invoke_reports_unreachable_broker_clearly(tmp_path):
