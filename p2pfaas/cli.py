@@ -30,6 +30,8 @@ app.add_typer(eval_app, name="eval")
 console = Console(stderr=True)
 STOP_TIMEOUT_S = float(os.environ.get("P2PFAAS_STOP_TIMEOUT_S", 60.0))  # up's whole shutdown
 START_THE_STACK = "is the stack running? Start it with `p2pfaas up`, or name a running NATS with --nats-url"
+MAX_PORT = 65535
+FUNCTION_IMPORT_TIMEOUT_S = 120.0   # importing the --function modules, checked before up starts anything
 
 
 class Via(str, Enum):
@@ -87,6 +89,44 @@ def _functions(specs: list[str]) -> list[tuple[str, str]]:
     return [pair for spec in specs for pair in parse_function_specs(spec)]
 
 
+# run by `python -c` as a node imports them: "name=reference" arguments, the first failure on stderr
+IMPORT_REFERENCES = """
+import sys
+from functions.image import parse_image_reference
+from functions.registry import load_reference
+for spec in sys.argv[1:]:
+    name, _, reference = spec.partition("=")
+    if parse_image_reference(reference) is None:
+        try:
+            load_reference(reference)
+        except ValueError as exc:
+            sys.exit(f"\\n--function {spec}: {exc}")
+        except Exception as exc:
+            sys.exit(f"\\n--function {spec}: importing it raised {type(exc).__name__}: {exc}")
+"""
+
+
+def _importable(functions: list[tuple[str, str]]) -> None:
+    """Every --function reference imports and names a callable, checked before anything starts
+    (nats-server used to start, then the node died with its traceback). In a child process, as
+    a node imports it: with the current directory on sys.path (a node is `python -m`, the
+    `p2pfaas` script is not), and without importing the user's modules into ``up`` itself."""
+    import subprocess
+
+    if not functions:
+        return
+    try:
+        done = subprocess.run([sys.executable, "-c", IMPORT_REFERENCES, *(f"{n}={r}" for n, r in functions)],
+                              stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                              timeout=FUNCTION_IMPORT_TIMEOUT_S)
+    except subprocess.TimeoutExpired:
+        _fail(f"importing the --function modules took over {FUNCTION_IMPORT_TIMEOUT_S:g} s: "
+              "a module should not work when imported")
+    if done.returncode != 0:   # the last line is ours (a module may write on stderr before it)
+        lines = done.stderr.decode(errors="replace").strip().splitlines()
+        _fail(lines[-1] if lines else f"checking the --function references failed (exit code {done.returncode})")
+
+
 async def _until_signal(stop: asyncio.Event) -> None:
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
@@ -98,15 +138,15 @@ async def _until_signal(stop: asyncio.Event) -> None:
 def up(
     nodes: int = typer.Option(3, "--nodes", min=1, max=64, help="Number of nodes (n1..nN); a --config node list wins."),
     config: Optional[Path] = typer.Option(None, "--config", help="JSON file: heterogeneous nodes (K, queue, speed, scheduler), discovery; see docs/p2p.md."),
-    http_port: int = typer.Option(18080, help="HTTP bridge port of n1; node i gets PORT+i-1 (a busy port is replaced)."),
+    http_port: int = typer.Option(18080, min=0, max=MAX_PORT, help="HTTP bridge port of n1; node i gets PORT+i-1 (a busy port is replaced; 0: a free port each)."),
     nats_url: Optional[str] = typer.Option(None, help="Use this NATS instead of starting the embedded nats-server."),
-    nats_port: int = typer.Option(4222, help="Port of the embedded nats-server (a busy port is replaced)."),
+    nats_port: int = typer.Option(4222, min=0, max=MAX_PORT, help="Port of the embedded nats-server (a busy port is replaced; 0: a free one)."),
     mqtt: MqttChoice = typer.Option(MqttChoice.nats, help="nats: nats-server's MQTT listener; mosquitto: start mosquitto + the MQTT bridge; off."),
     mqtt_url: Optional[str] = typer.Option(None, help="Bridge to an MQTT broker that already runs (mqtt://HOST:PORT)."),
-    mqtt_port: int = typer.Option(1883, help="MQTT port to listen on (a busy port is replaced)."),
+    mqtt_port: int = typer.Option(1883, min=0, max=MAX_PORT, help="MQTT port to listen on (a busy port is replaced; 0: a free one)."),
     data_dir: Path = typer.Option(Path("data"), help="Streams, configuration and models live here."),
-    parallel: int = typer.Option(4, "--k", help="K: parallel running functions per node (changeable at run time)."),
-    queue: int = typer.Option(4, help="Queue length max per node."),
+    parallel: int = typer.Option(4, "--k", min=1, max=1024, help="K: parallel running functions per node (changeable at run time)."),
+    queue: int = typer.Option(4, min=0, max=100_000, help="Queue length max per node."),
     runtime: Runtime = typer.Option(Runtime.process, help="Workers as OS processes (real parallelism) or inside the node."),
     function: list[str] = typer.Option([], "--function", "-f", help="Add a function: name=package.module:callable (repeatable)."),
     controller: str = typer.Option("auto", help="Policy of the autoscaled farm pool on n1 (function sleep): auto (the RL model shipped in the package, learning online), dqn, pg, sarsa, a model .npz, reactive, keda, kpa, hpa, fixed-<n>, or off."),
@@ -134,8 +174,14 @@ def up(
         stack_config = StackConfig.load(config) if config else StackConfig()
     except ValueError as exc:
         raise typer.BadParameter(str(exc), param_hint="--config") from None
+    last_http_port = http_port + (len(stack_config.nodes) or nodes) - 1
+    if http_port and not loopback_hosts and last_http_port > MAX_PORT:
+        raise typer.BadParameter(f"{http_port} leaves no port for the last node ({last_http_port} > {MAX_PORT}): "
+                                 f"give at most {MAX_PORT - last_http_port + http_port}, or 0 for free ports",
+                                 param_hint="--http-port")
     with _reported(ValueError):
         functions = _functions(function)
+    _importable(functions)
     _usable_data_dir(data_dir)
     settings = StackSettings(
         nodes=nodes, http_port=http_port, nats_url=nats_url, nats_port=nats_port, mqtt=mqtt.value,
@@ -189,8 +235,8 @@ def node(
     prefix: Optional[str] = typer.Option(None, help="Subject prefix (env P2PFAAS_PREFIX; default faas)."),
     heartbeat_period: Optional[float] = typer.Option(None, help="Discovery heartbeat period, s (env P2PFAAS_HEARTBEAT_PERIOD_S; default 1)."),
     address: Optional[str] = typer.Option(None, help="Address advertised to peers (e.g. its HTTP bridge URL); its host is the node's IP in P2PFaaS's lists."),
-    peer_scheduler_port: Optional[int] = typer.Option(None, help="Scheduler API port of original P2PFaaS peers (default 18080)."),
-    peer_discovery_port: Optional[int] = typer.Option(None, help="Discovery API port of original P2PFaaS peers, polled (default 19000)."),
+    peer_scheduler_port: Optional[int] = typer.Option(None, min=1, max=MAX_PORT, help="Scheduler API port of original P2PFaaS peers (default 18080)."),
+    peer_discovery_port: Optional[int] = typer.Option(None, min=1, max=MAX_PORT, help="Discovery API port of original P2PFaaS peers, polled (default 19000)."),
     init_server: list[str] = typer.Option([], "--init-server", help="IP of a P2PFaaS machine to poll from the start (repeatable)."),
     node_rewards: Optional[bool] = typer.Option(None, "--node-rewards/--no-node-rewards", help="LearningScheduler: publish the node's own deadline rewards (off: clients post them to the learner API)."),
     runtime: Runtime = typer.Option(Runtime.process),
@@ -218,6 +264,8 @@ def node(
                 peer_discovery_port=peer_discovery_port, init_servers=init_server or None, node_rewards=node_rewards)
     except (ValueError, OSError) as exc:
         raise typer.BadParameter(str(exc)) from None
+    if settings_file is None:   # `up` checked its own before starting us
+        _importable(settings.functions)
 
     async def start() -> Node:
         started = Node(settings)
@@ -249,13 +297,13 @@ def bridge(
     kind: BridgeKind = typer.Argument(..., help="http or mqtt"),
     node_id: str = typer.Option("n1", "--node", help="Node served by the HTTP bridge."),
     nats_url: str = typer.Option("nats://127.0.0.1:4222"),
-    port: int = typer.Option(18080, help="HTTP port."),
+    port: int = typer.Option(18080, min=1, max=MAX_PORT, help="HTTP port."),
     host: str = typer.Option("127.0.0.1"),
     prefix: str = typer.Option("faas", help="Subject prefix."),
     max_payload_bytes: int = typer.Option(1024 * 1024, help="Largest request body accepted (413 beyond)."),
     processes: int = typer.Option(1, min=1, max=32, help="HTTP bridge processes sharing the port (SO_REUSEPORT); more use more cores."),
-    discovery_port: Optional[int] = typer.Option(None, help="Also serve P2PFaaS's discovery API on this port (P2PFaaS: 19000)."),
-    learner_port: Optional[int] = typer.Option(None, help="Also serve P2PFaaS's learner API on this port (P2PFaaS: 19020)."),
+    discovery_port: Optional[int] = typer.Option(None, min=1, max=MAX_PORT, help="Also serve P2PFaaS's discovery API on this port (P2PFaaS: 19000)."),
+    learner_port: Optional[int] = typer.Option(None, min=1, max=MAX_PORT, help="Also serve P2PFaaS's learner API on this port (P2PFaaS: 19020)."),
     mqtt_url: str = typer.Option("mqtt://127.0.0.1:1883", help="Mosquitto to bridge (mqtt bridge)."),
     client_id: Optional[str] = typer.Option(None, help="MQTT client id of the bridge: stable across restarts, unique per bridge (default: p2pfaas-bridge-PREFIX-HOSTNAME)."),
     verbose: bool = typer.Option(False, "--verbose", "-v"),

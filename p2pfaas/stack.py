@@ -293,7 +293,8 @@ class Stack:
         p2pfaas_ports: list[tuple[int, int]] = []   # P2PFaaS layout: (discovery, learner) per node
         for i in range(s.node_count):
             host = s.node_host(i)
-            wanted = s.http_port if s.loopback_hosts else s.http_port + i
+            # 0: a free port for every node (choose_port picks one)
+            wanted = s.http_port if s.loopback_hosts or not s.http_port else s.http_port + i
             port, note = choose_port(wanted, host, set() if s.loopback_hosts else set(ports))
             ports.append(port)
             if note:

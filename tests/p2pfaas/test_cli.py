@@ -149,6 +149,12 @@ def test_bad_input_is_one_clear_line(tmp_path):
         ("up", "--data-dir", str(a_file / "sub")): f"--data-dir {a_file / 'sub'} cannot be used",
         ("eval", "p2p", "--algorithm", "Bogus"): "unknown scheduler 'Bogus'; known: ",
         ("eval", "p2p", "--algorithm", "PowerOfNScheduler:x"): "PowerOfNScheduler takes ",
+        # checked before anything starts (nats-server used to start, then the node's traceback)
+        ("up", "--function", "x=nosuchmodule:f", "--data-dir", str(tmp_path)):
+            "--function x=nosuchmodule:f: cannot import 'nosuchmodule' for 'nosuchmodule:f': No module named",
+        ("up", "-f", "fib2=p2pfaas.cli:app,x=json:nosuch", "--data-dir", str(tmp_path)):
+            "--function x=json:nosuch: 'json:nosuch' is not a callable",
+        ("node", "-f", "x=nosuchmodule:f", "--data-dir", str(tmp_path)): "--function x=nosuchmodule:f: cannot import",
     }
     for done in run_all([list(args) for args in cases]):
         assert_one_clear_line(done, cases[tuple(done.args)])
@@ -172,3 +178,36 @@ def test_identities_are_given_only_for_a_stack_that_was_set_up(tmp_path):
                              ["auth", "device", "dev1", "--data-dir", str(tmp_path / "stack")]])
     assert token.returncode == 0 and token.stdout.strip() == store.operator_token()
     assert device.returncode == 0 and json.loads(device.stdout) == json.loads(store.device("dev1").as_json())
+
+
+def test_out_of_range_numbers_of_up_are_usage_errors(tmp_path):
+    """--k, --queue and the ports are checked by typer, as --nodes is (their range in --help):
+    they were a pydantic ValidationError, or an OverflowError once nats-server had started."""
+    cases = {
+        ("--k", "0"): "Invalid value for '--k'", ("--k", "-2"): "Invalid value for '--k'",
+        ("--queue", "-1"): "Invalid value for '--queue'", ("--http-port", "70000"): "Invalid value for '--http-port'",
+        ("--nats-port", "-5"): "Invalid value for '--nats-port'", ("--mqtt-port", "65536"): "Invalid value for '--mqtt-port'",
+        ("--http-port", "65535"): "65535 leaves no port for the last node (65537 > 65535): give at most 65533",
+    }
+    for done in run_all([["up", "--data-dir", str(tmp_path), *args] for args in cases]):
+        assert done.returncode == 2 and "Traceback" not in done.stderr, (done.args, done.stderr)
+        assert cases[tuple(done.args[3:])] in done.stderr, (done.args, done.stderr)
+    assert not list(tmp_path.iterdir())   # nothing started, nothing written
+    helped = subprocess.run([*P2PFAAS, "up", "--help"], capture_output=True, text=True, timeout=60,
+                            env={**os.environ, "COLUMNS": "400"}).stdout
+    assert "[1<=x<=1024]" in helped and "[0<=x<=65535]" in helped
+
+
+def test_a_function_module_is_imported_as_a_node_would(tmp_path, monkeypatch):
+    """The --function check imports in a child process from the current directory, as the node
+    (`python -m`) does; a module that fails when imported is one line naming its error."""
+    from p2pfaas.cli import _importable
+
+    (tmp_path / "mine.py").write_text("def f(data):\n    return data\n")
+    (tmp_path / "broken.py").write_text("import sys\nprint('hi')\nsys.stderr.write('partial')\nraise RuntimeError('boom')\n")
+    monkeypatch.chdir(tmp_path)
+    _importable([("mine", "mine:f"), ("dumps", "json:dumps"), ("wc", "image:p2pfaas-fn-wordcount")])
+    done = subprocess.run([*P2PFAAS, "up", "-f", "b=broken:f", "--data-dir", str(tmp_path / "data")],
+                          capture_output=True, text=True, timeout=60, env={**os.environ, "COLUMNS": "400"})
+    assert_one_clear_line(done, "--function b=broken:f: importing it raised RuntimeError: boom")
+    assert not (tmp_path / "data").exists()
