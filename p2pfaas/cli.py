@@ -127,6 +127,23 @@ def _importable(functions: list[tuple[str, str]]) -> None:
         _fail(lines[-1] if lines else f"checking the --function references failed (exit code {done.returncode})")
 
 
+def _running_stack(data_dir: Path, flag: str) -> dict:
+    """The endpoints the ``up`` running on ``data_dir`` wrote; without them, ``flag`` is needed.
+    Never a default URL: it reached whatever listened there (the machine's own NATS on 4222,
+    another stack) and showed its state, or none, as if it were this stack's."""
+    from p2pfaas.stack import read_endpoints
+
+    known = read_endpoints(data_dir)
+    if not known:
+        _fail(f"no running `p2pfaas up` found in {data_dir} (no {data_dir / 'endpoints.json'}): "
+              f"start one, or give {flag}")
+    return known
+
+
+def _stack_nats_url(data_dir: Path, nats_url: Optional[str]) -> str:
+    return nats_url or _running_stack(data_dir, "--nats-url")["nats_url"]
+
+
 async def _until_signal(stop: asyncio.Event) -> None:
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
@@ -358,7 +375,7 @@ def invoke(
     data: str = typer.Option("", "--data", "-d", help="Input payload (text); @FILE reads a file."),
     via: Via = typer.Option(Via.http, help="Transport."),
     node_id: str = typer.Option("n1", "--node", help="Target node."),
-    url: Optional[str] = typer.Option(None, help="HTTP bridge URL (default: from a running `p2pfaas up`, else :18080)."),
+    url: Optional[str] = typer.Option(None, help="HTTP bridge URL (default: the --node's, from a running `p2pfaas up`)."),
     nats_url: Optional[str] = typer.Option(None, help="NATS URL (default: from a running `p2pfaas up`)."),
     mqtt_url: Optional[str] = typer.Option(None, help="MQTT URL (default: from a running `p2pfaas up`)."),
     header: list[str] = typer.Option([], "--header", "-H", help="Extra header 'Name: value' (http/nats)."),
@@ -369,10 +386,7 @@ def invoke(
 ) -> None:
     """Invoke a function and print its output (exit code 1 on an error answer)."""
     from p2pfaas import invoke as inv
-    from p2pfaas.stack import read_endpoints
 
-    known = read_endpoints(data_dir)
-    store = _stack_identity(data_dir)
     with _reported(OSError, todo="--data @FILE sends the content of a file you may read"):
         payload = Path(data[1:]).read_bytes() if data.startswith("@") else data.encode()
     headers = {}
@@ -381,19 +395,25 @@ def invoke(
         if not sep:
             raise typer.BadParameter(f"header {item!r} must look like 'Name: value'")
         headers[name.strip()] = value.strip()
+    # where to, before anything is sent (and outside the try below, which would report our Exit)
+    if via is Via.http:
+        target = url or _running_stack(data_dir, "--url").get("http", {}).get(node_id) or "http://127.0.0.1:18080"
+    elif via is Via.nats:
+        target = _stack_nats_url(data_dir, nats_url)
+    else:
+        target = mqtt_url or _running_stack(data_dir, "--mqtt-url").get("mqtt_url") or _fail(
+            f"the `p2pfaas up` in {data_dir} runs no MQTT (--mqtt off): give --mqtt-url")
+    store = _stack_identity(data_dir)
     try:
         if via is Via.http:
-            target = url or known.get("http", {}).get(node_id) or "http://127.0.0.1:18080"
             if store is not None and not any(k.lower() == "authorization" for k in headers):
                 headers["Authorization"] = f"Bearer {store.operator_token()}"   # passes a required invoke token too
             outcome = inv.via_http(target, fn, payload, headers, timeout)
         elif via is Via.nats:
-            outcome = inv.run_nats(nats_url or known.get("nats_url") or "nats://127.0.0.1:4222",
-                                   node_id, fn, payload, headers, timeout, client=client)
+            outcome = inv.run_nats(target, node_id, fn, payload, headers, timeout, client=client)
         else:
             device = store.device(client) if store is not None else None   # `up` lets it in within a second
-            outcome = inv.via_mqtt(mqtt_url or known.get("mqtt_url") or "mqtt://127.0.0.1:1883",
-                                   node_id, fn, payload, timeout, client=client,
+            outcome = inv.via_mqtt(target, node_id, fn, payload, timeout, client=client,
                                    password=device.password if device else None)
     except Exception as exc:  # connection refused, timeout ... : one clear line
         console.print(f"[red]error:[/] {type(exc).__name__}: {exc}")
@@ -690,7 +710,6 @@ def controller_cmd(
     from controller.policies import resolve_policy
     from controller.scenario import ScenarioError, load_scenario
     from p2pfaas.parts import run_part
-    from p2pfaas.stack import read_endpoints
 
     _logging(verbose)
     with _reported(ScenarioError):
@@ -699,8 +718,8 @@ def controller_cmd(
         chosen, name, note = resolve_policy(policy, sc, models_dir)
     except ValueError as exc:
         raise typer.BadParameter(str(exc), param_hint="--policy") from None
+    url = _stack_nats_url(data_dir, nats_url)
     _stack_identity(data_dir)
-    url = nats_url or read_endpoints(data_dir).get("nats_url") or "nats://127.0.0.1:4222"
 
     def show(step) -> None:
         t = step.telemetry
@@ -753,12 +772,11 @@ def farm_run(
     from broker.connection import close_quietly, connect
     from controller.emitter import FarmEmitter, PoolMeter
     from controller.scenario import ScenarioError, load_scenario
-    from p2pfaas.stack import read_endpoints
 
     with _reported(ScenarioError):
         sc = load_scenario(scenario)
+    url = _stack_nats_url(data_dir, nats_url)
     _stack_identity(data_dir)
-    url = nats_url or read_endpoints(data_dir).get("nats_url") or "nats://127.0.0.1:4222"
 
     async def main():
         nc = await connect(url, "farm-emitter")
@@ -809,11 +827,10 @@ def top(
     """Live view of nodes (load, K, queue) and pools (workers, queue, latency, QoS)."""
     from rich.console import Console
 
-    from p2pfaas.stack import read_endpoints
     from p2pfaas.top import watch
 
+    url = _stack_nats_url(data_dir, nats_url)
     _stack_identity(data_dir)
-    url = nats_url or read_endpoints(data_dir).get("nats_url") or "nats://127.0.0.1:4222"
     with _reported(BrokerUnavailable, todo=START_THE_STACK):
         if once is not None:
             view = asyncio.run(watch(url, prefix, duration_s=once, live=False))

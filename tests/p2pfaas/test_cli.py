@@ -211,3 +211,22 @@ def test_a_function_module_is_imported_as_a_node_would(tmp_path, monkeypatch):
                           capture_output=True, text=True, timeout=60, env={**os.environ, "COLUMNS": "400"})
     assert_one_clear_line(done, "--function b=broken:f: importing it raised RuntimeError: boom")
     assert not (tmp_path / "data").exists()
+
+
+def test_without_a_running_stack_tools_ask_for_a_url(tmp_path):
+    """No endpoints.json in the data dir (no `up` ever ran there): the tools that read it say so
+    and ask for the URL; they used to fall back to nats://127.0.0.1:4222 (or :18080, :1883) and
+    show whatever listened there, an empty table from the machine's own NATS with exit code 0."""
+    where = ["--data-dir", str(tmp_path)]
+    cases = {
+        ("top", "--once", "2"): "--nats-url", ("top",): "--nats-url", ("farm", "run"): "--nats-url",
+        ("controller",): "--nats-url", ("invoke", "fib", "--via", "nats"): "--nats-url",
+        ("invoke", "fib"): "--url", ("invoke", "fib", "--via", "mqtt"): "--mqtt-url",
+    }
+    for done in run_all([[*args, *where] for args in cases]):
+        flag = cases[tuple(done.args[:-2])]
+        assert_one_clear_line(done, f"no running `p2pfaas up` found in {tmp_path} (no {tmp_path / 'endpoints.json'}): "
+                                    f"start one, or give {flag}")
+        assert not done.stdout
+    assert not list(tmp_path.iterdir())
+
