@@ -127,6 +127,14 @@ def _importable(functions: list[tuple[str, str]]) -> None:
         _fail(lines[-1] if lines else f"checking the --function references failed (exit code {done.returncode})")
 
 
+def _positive_seconds(value: Optional[float]) -> Optional[float]:
+    """A duration that must be more than 0, refused as typer refuses a value out of range (typer
+    has no open range: min=0 would let 0 through)."""
+    if value is not None and value <= 0:
+        raise typer.BadParameter(f"{value:g} is not more than 0 seconds")
+    return value
+
+
 def _running_stack(data_dir: Path, flag: str) -> dict:
     """The endpoints the ``up`` running on ``data_dir`` wrote; without them, ``flag`` is needed.
     Never a default URL: it reached whatever listened there (the machine's own NATS on 4222,
@@ -380,7 +388,7 @@ def invoke(
     mqtt_url: Optional[str] = typer.Option(None, help="MQTT URL (default: from a running `p2pfaas up`)."),
     header: list[str] = typer.Option([], "--header", "-H", help="Extra header 'Name: value' (http/nats)."),
     client: str = typer.Option("cli", help="Client id used in the result topic."),
-    timeout: float = typer.Option(60.0, help="Seconds to wait for the result."),
+    timeout: float = typer.Option(60.0, callback=_positive_seconds, help="Seconds to wait for the result (more than 0)."),
     data_dir: Path = typer.Option(Path("data"), help="Where `p2pfaas up` wrote endpoints.json."),
     show_headers: bool = typer.Option(False, "--show-headers", "-i", help="Print response headers/metadata."),
 ) -> None:
@@ -397,7 +405,7 @@ def invoke(
         headers[name.strip()] = value.strip()
     # where to, before anything is sent (and outside the try below, which would report our Exit)
     if via is Via.http:
-        target = url or _running_stack(data_dir, "--url").get("http", {}).get(node_id) or "http://127.0.0.1:18080"
+        target = url or _http_endpoint(data_dir, node_id)
     elif via is Via.nats:
         target = _stack_nats_url(data_dir, nats_url)
     else:
@@ -426,6 +434,16 @@ def invoke(
     if outcome.status >= 300:
         console.print(f"[red]status {outcome.status}[/]")
         raise typer.Exit(1)
+
+
+def _http_endpoint(data_dir: Path, node_id: str) -> str:
+    """The HTTP bridge of ``node_id`` in the running stack: a node it does not have is said (it
+    used to be n1's bridge, which answered as if asked)."""
+    http = _running_stack(data_dir, "--url").get("http", {})
+    if node_id not in http:
+        _fail(f"no HTTP endpoint for node {node_id} in {data_dir / 'endpoints.json'} "
+              f"(known: {', '.join(http) or 'none'}): name one of them with --node, or give --url")
+    return http[node_id]
 
 
 def _stack_store(data_dir: Path, required: bool = False):

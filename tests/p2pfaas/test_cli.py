@@ -75,6 +75,9 @@ def test_up_verbose_starts_every_part_and_stops_cleanly(tmp_path, start_up):
     endpoints = wait_endpoints(proc, tmp_path, timeout_s=120)
     health = httpx.get(f"{endpoints['http']['n1']}/healthz", timeout=10)
     assert health.status_code == 200, health.text
+    unknown = invoke(tmp_path, "http", "--node", "n9")   # not n1's answer, as it was
+    assert_one_clear_line(unknown, "no HTTP endpoint for node n9 in ")
+    assert "(known: n1)" in unknown.stderr and not unknown.stdout
     out = stop_and_check_no_orphans(proc)
     assert "p2pfaas is up" in out and "stopped" in out and "Traceback" not in out
     assert " INFO " in (tmp_path / "logs" / "controller.log").read_text()   # it did log at INFO
@@ -230,3 +233,20 @@ def test_without_a_running_stack_tools_ask_for_a_url(tmp_path):
         assert not done.stdout
     assert not list(tmp_path.iterdir())
 
+
+def test_invoke_refuses_an_unknown_node_and_a_timeout_that_is_not_positive(tmp_path):
+    """--node names a node the stack has no HTTP bridge for: said, with the known ones (the
+    default --via http used to send it to n1's bridge and print n1's answer, exit code 0)."""
+    (tmp_path / "endpoints.json").write_text(json.dumps({   # as `up --mqtt off` writes it; nothing listens
+        "nats_url": f"nats://127.0.0.1:{free_port()}", "mqtt_url": None, "prefix": "faas",
+        "http": {"n1": f"http://127.0.0.1:{free_port()}", "n2": f"http://127.0.0.1:{free_port()}"}}))
+    where = ["--data-dir", str(tmp_path)]
+    unknown, no_mqtt, negative, zero = run_all([
+        ["invoke", "fib", "--data", "5", "--node", "n9", *where], ["invoke", "fib", "--via", "mqtt", *where],
+        ["invoke", "fib", "--timeout", "-1", *where], ["invoke", "fib", "--timeout", "0", *where]])
+    assert_one_clear_line(unknown, f"no HTTP endpoint for node n9 in {tmp_path / 'endpoints.json'} (known: n1, n2): "
+                                   "name one of them with --node, or give --url")
+    assert_one_clear_line(no_mqtt, f"the `p2pfaas up` in {tmp_path} runs no MQTT (--mqtt off): give --mqtt-url")
+    for done, value in ((negative, "-1"), (zero, "0")):   # was ValueError: Timeout value out of range
+        assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr
+        assert f"Invalid value for '--timeout': {value} is not more than 0 seconds" in done.stderr, done.stderr
