@@ -7,7 +7,7 @@ import asyncio
 import time
 from dataclasses import dataclass, field
 
-from rich.console import Group
+from rich.console import Console, Group
 from rich.live import Live
 from rich.table import Table
 
@@ -50,10 +50,15 @@ class TopView:
 
 
 async def watch(nats_url: str, prefix: str = "faas", *, refresh_s: float = 1.0, duration_s: float | None = None,
-                live: bool = True) -> TopView:
-    """Follow heartbeats and telemetry; with ``duration_s`` stop after that long (``--once``)."""
+                live: bool = True, out: Console | None = None) -> TopView:
+    """Follow heartbeats and telemetry; with ``duration_s`` stop after that long (``--once``).
+
+    ``live``: every ``refresh_s``, redraw one screen on ``out`` when it is a terminal, else print
+    a timestamped snapshot (a live screen on a file or pipe is drawn only when it stops, so
+    ``top > file`` ended by a signal wrote nothing at all). Not ``live``: just collect."""
     subjects = Subjects(prefix)
     view = TopView()
+    out = out or Console()
     nc = await connect(nats_url, "p2pfaas-top")
 
     def keep_newest(contract, table: dict, key):
@@ -74,7 +79,14 @@ async def watch(nats_url: str, prefix: str = "faas", *, refresh_s: float = 1.0, 
         if not live:
             await asyncio.sleep(duration_s or 0)
             return view
-        with Live(view.render(), refresh_per_second=4, screen=False) as screen:
+        if not out.is_terminal:
+            while deadline is None or time.monotonic() < deadline:
+                await asyncio.sleep(refresh_s)
+                out.print(f"-- {time.strftime('%Y-%m-%d %H:%M:%S')}", highlight=False)
+                out.print(view.render())
+                out.file.flush()   # a file is block-buffered: each snapshot is there as soon as printed
+            return view
+        with Live(view.render(), console=out, refresh_per_second=4, screen=False) as screen:
             while deadline is None or time.monotonic() < deadline:
                 await asyncio.sleep(refresh_s)
                 screen.update(view.render())
