@@ -267,7 +267,7 @@ class Stack:
                 data_dir=s.data_dir / "nats", port=s.nats_port, host=s.host,
                 mqtt_port=s.mqtt_port if s.mqtt == "nats" and not s.mqtt_url else None,
                 accounts=nats_accounts(store, s.node_ids) if store is not None else None)
-            argv = server.configure()
+            argv = _log_to_stderr(server.configure())
             await sup.start(ChildSpec("nats-server", argv, ready="port", ports=server.ports, ready_timeout_s=30,
                                       stop_timeout_s=10))
             ep.notes += server.notes
@@ -414,7 +414,7 @@ class Stack:
         it even once there is room again (the store's write error is kept until a restart). When
         its log says a write failed and the disk has room again, it is restarted: a clean stop on
         the same store; clients reconnect and carry on (docs/security.md, "A full disk")."""
-        path, store = server.log_path, server.data_dir
+        path, store = self.supervisor.log_dir / "nats-server.log", server.data_dir
         offset = path.stat().st_size if path.exists() else 0
         failing_since: float | None = None
         while True:
@@ -468,6 +468,17 @@ class Stack:
 
     async def __aexit__(self, *exc: object) -> None:
         await self.stop()
+
+
+def _log_to_stderr(argv: list[str]) -> list[str]:
+    """nats-server's command line without its ``-l FILE``: it then logs on stderr, which the
+    supervisor appends to DATA_DIR/logs/nats-server.log, where ``up`` says the logs are, with
+    whatever it prints before its log is open (with -l that file stayed empty and the log went
+    to DATA_DIR/nats/nats-server.log)."""
+    if "-l" not in argv:
+        return argv
+    i = argv.index("-l")
+    return argv[:i] + argv[i + 2:]
 
 
 def read_endpoints(data_dir: Path) -> dict:

@@ -64,6 +64,9 @@ def test_up_serves_http_nats_mqtt_and_stops_cleanly(tmp_path, mqtt, start_up):
     finally:
         busy.close()
     assert f"port {busy_port} is busy" in out
+    # nats-server's log is where `up` says the logs are (it was in DATA_DIR/nats, and logs/ had an empty file)
+    assert "Server is ready" in (tmp_path / "logs" / "nats-server.log").read_text()
+    assert not (tmp_path / "nats" / "nats-server.log").exists()
     assert "p2pfaas is up" in out and "stopped" in out
     assert not (tmp_path / "endpoints.json").exists()
 
