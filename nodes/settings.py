@@ -143,5 +143,8 @@ class NodeSettings(BaseModel):
         values: dict[str, object] = {k: v for k, v in env.items() if v}
         if os.environ.get("P2PFAAS_SEEDS"):
             values["seeds"] = [u.strip() for u in os.environ["P2PFAAS_SEEDS"].split(",") if u.strip()]
+        if os.environ.get("P2PFAAS_FUNCTIONS"):   # "a=pkg.mod:f,b=pkg.mod:g", as --function takes them
+            from functions.registry import parse_function_specs
+            values["functions"] = parse_function_specs(os.environ["P2PFAAS_FUNCTIONS"])
         values.update({k: v for k, v in overrides.items() if v is not None})
         return cls(**values)

@@ -465,3 +465,16 @@ async def test_one_node_process_per_node_directory(node_factory, tmp_path):
         assert first.pool.ready == 1 and all(w.proc is None or w.proc.returncode is None for w in first.pool.workers)
     async with node_factory(k=1, data_dir=tmp_path) as again:
         assert again.pool.ready == 1
+
+
+def test_settings_from_the_environment_take_user_functions(monkeypatch):
+    """P2PFAAS_FUNCTIONS (documented in functions/registry.py) as --function takes them; an
+    explicit argument still wins."""
+    from nodes.settings import NodeSettings
+
+    monkeypatch.setenv("P2PFAAS_FUNCTIONS", "shout=userfns:shout, span=userfns:span")
+    assert NodeSettings.from_env().functions == [("shout", "userfns:shout"), ("span", "userfns:span")]
+    assert NodeSettings.from_env(functions=[("x", "m:f")]).functions == [("x", "m:f")]
+    monkeypatch.setenv("P2PFAAS_FUNCTIONS", "nonsense")
+    with pytest.raises(ValueError, match="must look like name=package.module:function"):
+        NodeSettings.from_env()
