@@ -9,6 +9,7 @@
     ├── PayloadTooLarge       a body over the configured limit
     ├── Unauthorized          a missing or wrong bearer token on a route that needs one
     ├── Forbidden             a request the configuration does not allow (e.g. a callback host)
+    ├── NodeFileError         a file a node keeps (configuration.json, functions.json, ...) it cannot read
 
 Each error carries the HTTP status the bridges answer with.
 """
@@ -67,3 +68,9 @@ class DataDirInUse(FaasError, RuntimeError):
         super().__init__(f"{data_dir} is in use by another {owner} (pid {holder}); "
                          f"stop it first, or give this one another {flag}")
         self.holder = holder
+
+
+class NodeFileError(FaasError, ValueError):
+    """A file the node keeps under ``<data-dir>/nodes/<node>/`` is unreadable or not valid: the node
+    refuses to start rather than run without what it holds and overwrite it with its next save."""
+    http_status = 500

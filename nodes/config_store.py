@@ -1,14 +1,58 @@
-"""Persistent node configuration (P2PFaaS /configuration and /configuration/scheduler)."""
+"""Persistent node configuration (P2PFaaS /configuration and /configuration/scheduler), and how
+every file a node keeps under ``<data-dir>/nodes/<node>/`` is read and written."""
 
 from __future__ import annotations
 
 import os
+import tempfile
 from pathlib import Path
+from typing import Callable, TypeVar
 
 import orjson
 
 from broker.codec import decode, encode
+from broker.errors import NodeFileError
 from broker.messages import NodeConfiguration, SchedulerConfiguration
+
+T = TypeVar("T")
+TO_DEFAULTS = "fix it, or delete it to start from the defaults"
+
+
+def read_node_file(path: Path, parse: Callable[[bytes], T], todo: str) -> T | None:
+    """``parse`` of the file at ``path``, None when there is none. One that cannot be read or
+    parsed (``parse`` raises ValueError) is NodeFileError naming it and ``todo``: read as absent,
+    the node would run without what it holds and overwrite it with its next save."""
+    try:
+        data = path.read_bytes()
+    except FileNotFoundError:
+        return None
+    except OSError as exc:
+        raise NodeFileError(f"{path} cannot be read ({exc.strerror or exc}): {todo}") from None
+    try:
+        return parse(data)
+    except ValueError as exc:   # ContractError and orjson's JSONDecodeError are ValueErrors
+        raise NodeFileError(f"{path} is not valid ({exc}): {todo}") from None
+
+
+def write_node_file(path: Path, data: bytes) -> None:
+    """``data`` as the whole of ``path``: written to a temporary file beside it, flushed to the
+    disk, then renamed over it. A crash or a full disk (OSError) leaves the old content whole."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    directory = os.open(path.parent, os.O_RDONLY)
+    try:
+        os.fsync(directory)   # the rename itself survives a crash
+    finally:
+        os.close(directory)
 
 
 class ConfigStore:
@@ -29,13 +73,8 @@ class ConfigStore:
         self.scheduler = config
 
     def _load(self, name: str, contract, default):
-        path = self.directory / name
-        if path.exists():
-            return decode(contract, path.read_bytes())
-        return default
+        saved = read_node_file(self.directory / name, lambda data: decode(contract, data), TO_DEFAULTS)
+        return default if saved is None else saved
 
     def _write(self, name: str, config) -> None:
-        path = self.directory / name
-        tmp = path.with_suffix(".tmp")
-        tmp.write_bytes(orjson.dumps(orjson.loads(encode(config)), option=orjson.OPT_INDENT_2))
-        os.replace(tmp, path)
+        write_node_file(self.directory / name, orjson.dumps(orjson.loads(encode(config)), option=orjson.OPT_INDENT_2))

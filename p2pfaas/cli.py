@@ -273,6 +273,7 @@ def node(
 
     Prints READY on stdout once each pool has a ready worker; stops on SIGINT/SIGTERM (or when
     the process that started it ends), within a deadline."""
+    from broker.errors import NodeFileError
     from nodes.node import Node
     from nodes.settings import NodeSettings
     from p2pfaas.parts import run_part
@@ -308,7 +309,8 @@ def node(
         await started.stop()
 
     from broker.errors import DataDirInUse
-    with _reported(DataDirInUse), _reported(BrokerUnavailable, todo=START_THE_STACK):
+    # a file of the node's that is broken (a crash mid-write) is the user's to fix: said once, not a traceback
+    with _reported(DataDirInUse, NodeFileError), _reported(BrokerUnavailable, todo=START_THE_STACK):
         run_part(start, stop, lambda _: console.print(f"node {settings.node_id} attached to {settings.nats_url}; Ctrl-C to stop"))
 
 
