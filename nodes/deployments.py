@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import os
 import time
 from typing import TYPE_CHECKING
 
@@ -24,6 +23,7 @@ from broker.control import ControlError
 from broker.messages import FunctionDeployment, FunctionInfo, FunctionList, FunctionScale, ScaleDelay
 from functions.image import parse_image_reference
 from functions.registry import default_registry
+from nodes.config_store import read_node_file, write_node_file
 from nodes.worker import DEFAULT_POOL
 
 if TYPE_CHECKING:
@@ -43,14 +43,14 @@ class Deployments:
 
     # -- persistence -----------------------------------------------------------------
     def restore(self) -> None:
-        """Functions deployed before a restart join the settings' (the workers load them)."""
-        try:
-            saved = orjson.loads(self.path.read_bytes())
-        except (OSError, orjson.JSONDecodeError):
-            return
+        """Functions deployed before a restart join the settings' (the workers load them). A
+        ``functions.json`` that cannot be read is refused (NodeFileError): started without it, the
+        node would overwrite it at the next deploy and the user's functions would be lost."""
+        saved = read_node_file(self.path, _deployed_functions, "fix it, or delete it to start without the "
+                                                               "functions deployed at run time")
         known = {name for name, _ in self.node.settings.functions}
         extra = []
-        for name, ref in saved:
+        for name, ref in saved or []:
             if name in known:
                 continue
             try:
@@ -63,10 +63,7 @@ class Deployments:
         self.node.settings.functions = [*self.node.settings.functions, *extra]
 
     def _save(self) -> None:
-        tmp = self.path.with_suffix(".tmp")
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        tmp.write_bytes(orjson.dumps(self._deployed()))
-        os.replace(tmp, self.path)
+        write_node_file(self.path, orjson.dumps(self._deployed()))
 
     def _deployed(self) -> list[tuple[str, str]]:
         return list(self.node.settings.functions)
@@ -166,3 +163,12 @@ class Deployments:
         replaced = await asyncio.gather(*(pool.replace_workers() for pool in self.node.pools.values()))
         log.info("node %s: %d worker(s) replaced to load the new function list", self.node.settings.node_id,
                  sum(replaced))
+
+
+def _deployed_functions(data: bytes) -> list[tuple[str, str]]:
+    """``functions.json``: a JSON list of ``[name, reference]`` pairs (ValueError otherwise)."""
+    saved = orjson.loads(data)
+    if not isinstance(saved, list) or not all(
+            isinstance(pair, list) and len(pair) == 2 and all(isinstance(x, str) for x in pair) for pair in saved):
+        raise ValueError('it must be a JSON list of ["name", "reference"] pairs')
+    return [(name, reference) for name, reference in saved]
