@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import os
 import time
 from typing import Callable, Sequence
 
@@ -25,6 +24,7 @@ from broker.errors import ContractError
 from broker.messages import DiscoveryConfiguration, Heartbeat, MachineAnnouncement, NodeLoad, PeerInfo, PeerList
 from broker.subjects import Subjects
 from nodes import peer_http
+from nodes.config_store import read_node_file, write_node_file
 from nodes.discovery.machines import MachinePoller, MachineTable, valid_ip
 from nodes.discovery.membership import MembershipView
 from nodes.settings import NodeSettings, host_of
@@ -165,9 +165,9 @@ class DiscoveryService:
         bad = [s for s in new.init_servers if valid_ip(s) is None]
         if bad:
             raise ControlError(400, f"init_servers must be IP addresses, got {bad}")
+        self._save_configuration(new)   # first: a write that fails (a full disk) changes nothing
         self.settings.group, self.settings.init_servers = new.machine_group_name, new.init_servers
         self._add_init_servers()
-        self._save_configuration()
         await self.beat()
         return encode(self.configuration())
 
@@ -178,19 +178,22 @@ class DiscoveryService:
                 self.machines.announce(ip)
 
     def _load_configuration(self) -> None:
+        """The group and init servers set at run time (``discovery.json``) win over the settings'.
+        A file that cannot be read is refused (NodeFileError): started without it, the node would
+        overwrite it at the next change."""
+        saved = read_node_file(self.settings.node_dir / "discovery.json",
+                               lambda data: decode(DiscoveryConfiguration, data),
+                               "fix it, or delete it to start with the group and init servers of the settings")
+        if saved is not None:
+            self.settings.group, self.settings.init_servers = saved.machine_group_name, saved.init_servers
+
+    def _save_configuration(self, configuration: DiscoveryConfiguration) -> None:
         path = self.settings.node_dir / "discovery.json"
         try:
-            saved = decode(DiscoveryConfiguration, path.read_bytes())
-        except (OSError, ContractError):
-            return
-        self.settings.group, self.settings.init_servers = saved.machine_group_name, saved.init_servers
-
-    def _save_configuration(self) -> None:
-        path = self.settings.node_dir / "discovery.json"
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(".tmp")
-        tmp.write_bytes(encode(self.configuration()))
-        os.replace(tmp, path)
+            write_node_file(path, encode(configuration))
+        except OSError as exc:
+            raise ControlError(500, f"configuration not changed: {path} cannot be written "
+                                    f"({exc.strerror or exc})") from None
 
     # -- lifecycle ------------------------------------------------------------
     async def start(self) -> "DiscoveryService":

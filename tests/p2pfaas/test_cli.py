@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import signal
@@ -165,6 +166,26 @@ def test_bad_input_is_one_clear_line(tmp_path):
     for done in run_all([list(args) for args in cases]):
         assert_one_clear_line(done, cases[tuple(done.args)])
     assert sorted(p.name for p in tmp_path.iterdir()) == ["a-file"]   # nothing started, nothing written
+
+
+async def test_a_broken_file_of_the_node_is_one_clear_line(tmp_path, nats_server, prefix):
+    """A file cut by a crash mid-write made `p2pfaas node` end in a 139-line traceback (and its
+    supervisor restart it for ever); functions.json and discovery.json were read as absent."""
+    broken = {"configuration.json": b"", "scheduler.json": b'{"name": "PowerOfN',
+              "functions.json": b'{"shout": "userfns:shout"}', "discovery.json": b'{"machine_group_name": '}
+    commands = []
+    for name, content in broken.items():
+        data_dir = tmp_path / name
+        (data_dir / "nodes" / "n1").mkdir(parents=True)
+        (data_dir / "nodes" / "n1" / name).write_bytes(content)
+        settings = data_dir / "settings.json"   # discovery.json is read once connected: a real broker
+        settings.write_text(json.dumps({"node_id": "n1", "nats_url": nats_server.url, "prefix": prefix,
+                                        "data_dir": str(data_dir), "learner": False, "runtime": "inprocess"}))
+        commands.append(["node", "--settings", str(settings)])
+    for (name, content), done in zip(broken.items(), await asyncio.to_thread(run_all, commands)):
+        path = tmp_path / name / "nodes" / "n1" / name
+        assert_one_clear_line(done, f"{path} is not valid (")
+        assert "fix it, or delete it" in done.stderr and path.read_bytes() == content
 
 
 def test_identities_are_given_only_for_a_stack_that_was_set_up(tmp_path):

@@ -3,11 +3,15 @@
 from __future__ import annotations
 
 import contextlib
+import errno
+import os
 import time
 
 import pytest
 
 from broker.codec import decode, encode
+from broker.control import ControlError
+from broker.errors import NodeFileError
 from broker.messages import Heartbeat, NodeLoad, PeerList
 from broker.subjects import Subjects
 from nodes.discovery.membership import PeerStatus
@@ -121,3 +125,36 @@ async def test_heartbeats_from_the_future_or_on_another_nodes_subject_are_refuse
         last = n1.view.heartbeat("n2").time
         await wait_until(lambda: n1.view.heartbeat("n2").time > last, 5)   # n2's own heartbeats still count
         assert n1.view.heartbeat("n2").time < time.time() + 60 and n1.peers() == ["n2"]
+
+
+@pytest.mark.parametrize("content", [b"", b'{"machine_group_name": "edge", "init_ser', b'{"init_servers": "10.0.0.9"}'])
+async def test_a_broken_discovery_file_is_refused_by_name_and_kept(discovery, tmp_path, content):
+    """Read as absent, it was overwritten at the next change: the group and init servers set at run time lost."""
+    path = tmp_path / "nodes" / "n1" / "discovery.json"
+    path.parent.mkdir(parents=True)
+    path.write_bytes(content)
+    with pytest.raises(NodeFileError) as refused:
+        async with discovery("n1", data_dir=tmp_path):
+            pass
+    assert str(refused.value).startswith(f"{path} is not valid (") and "\n" not in str(refused.value)
+    assert str(refused.value).endswith("fix it, or delete it to start with the group and init servers of the settings")
+    assert path.read_bytes() == content
+
+
+async def test_a_configuration_change_on_a_full_disk_changes_nothing(discovery, tmp_path, monkeypatch):
+    def no_space(fd: int) -> None:
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    change = b'{"machine_group_name": "edge", "init_servers": ["10.0.0.9"]}'
+    async with discovery("n1", data_dir=tmp_path, group="core") as n1:
+        path = n1.settings.node_dir / "discovery.json"
+        monkeypatch.setattr(os, "fsync", no_space)
+        with pytest.raises(ControlError, match="configuration not changed: .*No space left") as refused:
+            await n1.on_config_set(change)
+        monkeypatch.undo()
+        assert refused.value.status == 500 and not path.exists()
+        assert (n1.settings.group, n1.settings.init_servers, n1.machines.machines) == ("core", [], {})
+        await n1.on_config_set(change)
+    async with discovery("n1", data_dir=tmp_path) as again:   # kept across a restart
+        assert (again.settings.group, again.settings.init_servers) == ("edge", ["10.0.0.9"])
+
