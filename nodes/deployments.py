@@ -62,11 +62,16 @@ class Deployments:
             extra.append((name, ref))
         self.node.settings.functions = [*self.node.settings.functions, *extra]
 
-    def _save(self) -> None:
-        write_node_file(self.path, orjson.dumps(self._deployed()))
-
-    def _deployed(self) -> list[tuple[str, str]]:
-        return list(self.node.settings.functions)
+    def _save(self, functions: list[tuple[str, str]], change: str) -> None:
+        """Persist ``functions`` before anything else changes: a write that fails (a full disk)
+        leaves the node as it was, never a function registered that its workers do not have."""
+        try:
+            write_node_file(self.path, orjson.dumps(functions))
+        except OSError as exc:
+            log.error("node %s: %s refused: %s cannot be written (%s)", self.node.settings.node_id, change,
+                      self.path, exc.strerror or exc)
+            raise ControlError(500, f"{change} refused, nothing changed: {self.path} cannot be written "
+                                    f"({exc.strerror or exc})") from None
 
     # -- control handlers (faas.<node>.functions.*) ----------------------------------
     async def on_list(self, body: bytes) -> bytes:
@@ -79,10 +84,11 @@ class Deployments:
                 trial = default_registry([(deployment.service, deployment.reference)])
             except ValueError as exc:
                 raise ControlError(400, str(exc)) from None
-            self.node.registry.add(trial.get(deployment.service))   # admitted from now on
             others = [(n, r) for n, r in self.node.settings.functions if n != deployment.service]
-            self.node.settings.functions = [*others, (deployment.service, deployment.reference)]
-            self._save()
+            functions = [*others, (deployment.service, deployment.reference)]
+            self._save(functions, f"deploy of {deployment.service}")
+            self.node.registry.add(trial.get(deployment.service))   # admitted from now on
+            self.node.settings.functions = functions
             await self._replace_workers()
         log.info("node %s: deployed %s = %s", self.node.settings.node_id, deployment.service, deployment.reference)
         return encode(self.info(deployment.service))
@@ -94,9 +100,10 @@ class Deployments:
                 known = self.node.registry.get(name) is not None
                 raise ControlError(400 if known else 404, f"{name} is built in and cannot be removed" if known
                                    else f"no function {name!r} is deployed on {self.node.settings.node_id}")
-            self.node.settings.functions = [(n, r) for n, r in self.node.settings.functions if n != name]
+            functions = [(n, r) for n, r in self.node.settings.functions if n != name]
+            self._save(functions, f"delete of {name}")
+            self.node.settings.functions = functions
             self.node.registry.remove(name)
-            self._save()
             await self._replace_workers()
         return b"{}"
 

@@ -1,11 +1,19 @@
 """Functions deployed at run time (``functions.json``): a broken file is refused by name, never
-overwritten."""
+overwritten; a deploy or delete that cannot be written (a full disk) changes nothing."""
 
 from __future__ import annotations
 
+import errno
+import os
+
+import orjson
 import pytest
 
+from broker.codec import encode
+from broker.control import control_request
 from broker.errors import NodeFileError
+from broker.messages import FunctionDeployment, FunctionScale
+from broker.subjects import Subjects
 from nodes.node import Node
 from nodes.settings import NodeSettings
 
@@ -29,3 +37,36 @@ def test_a_broken_functions_file_is_refused_by_name_and_kept(tmp_path, content, 
     assert message.endswith("fix it, or delete it to start without the functions deployed at run time")
     assert path.read_bytes() == content
 
+
+def no_space(fd: int) -> None:
+    raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+
+async def test_a_deploy_or_delete_on_a_full_disk_changes_nothing(node_factory, nc, prefix, faas, monkeypatch):
+    """Before, the function was registered (calls admitted) and then the write failed: the caller got
+    500, the workers were never replaced, and every call to it failed on the worker."""
+    s = Subjects(prefix)
+    deploy = encode(FunctionDeployment(service="echo2", reference="functions.builtins:echo"))
+    async with node_factory(k=1, runtime="inprocess") as node:
+        path = node.settings.node_dir / "functions.json"
+        functions = list(node.settings.functions)
+        monkeypatch.setattr(os, "fsync", no_space)
+        status, body = await control_request(nc, s.functions("n1", "deploy"), deploy, timeout_s=30)
+        monkeypatch.undo()
+        assert status == 500 and b"deploy of echo2 refused, nothing changed" in body and b"No space left" in body
+        assert node.registry.get("echo2") is None and node.settings.functions == functions and not path.exists()
+        answer = await faas.invoke("n1", "echo2", b"x", timeout_s=10)
+        assert answer.status == 404 and "this node has" in answer.message   # refused by the node, not a worker
+
+        status, _ = await control_request(nc, s.functions("n1", "deploy"), deploy, timeout_s=30)
+        assert status == 200 and ["echo2", "functions.builtins:echo"] in orjson.loads(path.read_bytes())
+        assert (await faas.invoke("n1", "echo2", b"x", timeout_s=10)).output == b"x"
+
+        saved = path.read_bytes()
+        monkeypatch.setattr(os, "fsync", no_space)
+        status, body = await control_request(nc, s.functions("n1", "delete"),
+                                             encode(FunctionScale(service="echo2")), timeout_s=30)
+        monkeypatch.undo()
+        assert status == 500 and b"delete of echo2 refused, nothing changed" in body
+        assert node.registry.get("echo2") is not None and path.read_bytes() == saved
+        assert (await faas.invoke("n1", "echo2", b"y", timeout_s=10)).output == b"y"
