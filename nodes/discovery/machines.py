@@ -28,14 +28,17 @@ from broker.subjects import machine_token
 log = logging.getLogger(__name__)
 
 def valid_ip(text: str) -> str | None:
-    """``text`` as a canonical IP address (a ``host:port`` loses its port), None if it is none."""
+    """``text`` as a canonical IP address (a ``host:port`` loses its port), None if it is none.
+    An IPv6 scope id (``fe80::1%eth0``) is refused: it names an interface of the machine that
+    sent it, and anything after the ``%`` (``fe80::1%x#y``) would end up in the URL we poll."""
     host = text.strip()
     if host.count(":") == 1:     # IPv4 with a port, as P2PFaaS's IsolateIPFromPort reads it
         host = host.split(":")[0]
     try:
-        return str(ipaddress.ip_address(host))
+        address = ipaddress.ip_address(host)
     except ValueError:
         return None
+    return None if getattr(address, "scope_id", None) else str(address)
 
 
 @dataclass(slots=True)
@@ -160,6 +163,9 @@ class MachinePoller:
             rows = response.json() if response.status_code == 200 else None
         except (httpx.HTTPError, ValueError) as exc:
             log.debug("poll of machine %s failed: %s", ip, exc)
+            rows = None
+        except Exception as exc:   # e.g. httpx.InvalidURL: raised, it would end the poller (all machines)
+            log.warning("poll of machine %s failed: %r", ip, exc)
             rows = None
         if not isinstance(rows, list):
             self.table.polled(ip, None)

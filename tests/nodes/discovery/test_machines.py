@@ -1,8 +1,13 @@
-"""P2PFaaS machines that speak HTTP: joining, polls, death, and no resurrection by gossip (pure)."""
+"""P2PFaaS machines that speak HTTP: joining, polls, death, and no resurrection by gossip (pure),
+and the poller against a real HTTP server."""
 
 from __future__ import annotations
 
-from nodes.discovery.machines import MachineTable, valid_ip
+import asyncio
+import logging
+
+from nodes.discovery.machines import Machine, MachinePoller, MachineTable, valid_ip
+from support import wait_until
 
 
 def table(nats_peers=(), dead_polls=3) -> MachineTable:
@@ -35,3 +40,37 @@ def test_failed_polls_kill_and_gossip_does_not_revive():
 def test_addresses_as_p2pfaas_reads_them():
     assert valid_ip("10.0.0.5:19000") == "10.0.0.5" and valid_ip("::1") == "::1"
     assert valid_ip("example.org") is None and valid_ip("") is None
+    # a scope id names an interface of the sender; what follows the % would end up in our URL
+    assert valid_ip("fe80::1%eth0") is None and valid_ip("fe80::1%x#y") is None and valid_ip("fe80::1") == "fe80::1"
+
+
+async def test_one_machine_that_cannot_be_polled_does_not_stop_the_polling_of_the_others(caplog):
+    """httpx raises InvalidURL (not an HTTPError) for ``fe80::1%x#y``: it escaped the poll and ended
+    the poller's task, silently, and no machine was polled again."""
+    polls = 0
+
+    async def machine(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        nonlocal polls
+        await reader.readuntil(b"\r\n\r\n")
+        polls += 1
+        writer.write(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 2\r\n"
+                     b"Connection: close\r\n\r\n[]")
+        await writer.drain()
+        writer.close()
+
+    server = await asyncio.start_server(machine, "127.0.0.1", 0)
+    t = table()
+    t.announce("127.0.0.1")
+    t.machines["fe80::1%x#y"] = Machine("fe80::1%x#y", "", "", 99)   # as one was accepted before
+    poller = MachinePoller(t, lambda: {}, port=server.sockets[0].getsockname()[1], period_s=0.05, timeout_s=2.0)
+    caplog.set_level(logging.WARNING, "nodes.discovery.machines")
+    try:
+        await poller.start()
+        await wait_until(lambda: polls >= 3, timeout_s=10)
+        assert poller._task is not None and not poller._task.done()
+    finally:
+        await poller.stop()
+        server.close()
+        await server.wait_closed()
+    assert t.machines["fe80::1%x#y"].dead_polls >= 2 and t.machines["127.0.0.1"].dead_polls == 0
+    assert any("poll of machine fe80::1%x#y failed: InvalidURL" in r.getMessage() for r in caplog.records)

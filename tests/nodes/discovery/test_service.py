@@ -12,7 +12,7 @@ import pytest
 from broker.codec import decode, encode
 from broker.control import ControlError
 from broker.errors import NodeFileError
-from broker.messages import Heartbeat, NodeLoad, PeerList
+from broker.messages import Heartbeat, MachineAnnouncement, NodeLoad, PeerList
 from broker.subjects import Subjects
 from nodes.discovery.membership import PeerStatus
 from nodes.discovery.service import DiscoveryService
@@ -158,3 +158,13 @@ async def test_a_configuration_change_on_a_full_disk_changes_nothing(discovery, 
     async with discovery("n1", data_dir=tmp_path) as again:   # kept across a restart
         assert (again.settings.group, again.settings.init_servers) == ("edge", ["10.0.0.9"])
 
+
+async def test_an_address_with_a_scope_id_is_refused(discovery, tmp_path):
+    """``fe80::1%x#y`` was taken as an address; its URL made httpx raise InvalidURL in the poller."""
+    async with discovery("n1", data_dir=tmp_path) as n1:
+        for ip in ("fe80::1%x#y", "fe80::1%eth0"):
+            with pytest.raises(ControlError, match="is not an IP address"):
+                await n1.on_register(encode(MachineAnnouncement(ip=ip)))
+        with pytest.raises(ControlError, match="init_servers must be IP addresses"):
+            await n1.on_config_set(b'{"init_servers": ["fe80::1%x#y"]}')
+        assert n1.machines.machines == {}
