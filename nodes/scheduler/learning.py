@@ -17,6 +17,7 @@ import logging
 import math
 import random
 import time
+from collections import deque
 from typing import Callable, Collection, Sequence
 
 from nats.aio.client import Client
@@ -98,16 +99,27 @@ class PeerLoads:
     """Peers' loads from their discovery heartbeats (``faas.membership.*``), corrected for the
     requests this node forwarded to them since their newest heartbeat."""
 
+    COUNTED = 1024   # a node has at most 1024 slots (NodeConfiguration): more forwards change nothing
+
     def __init__(self, node: str, period_s: float = 1.0, clock: Callable[[], float] = time.time) -> None:
         self.view = MembershipView(node, period_s=period_s)
         self.clock = clock
-        self._forwards: dict[str, list[float]] = {}
+        self._forwards: dict[str, deque[float]] = {}   # times of our forwards since the peer's newest heartbeat
 
     def observe(self, heartbeat: Heartbeat) -> None:
         self.view.observe(heartbeat, self.clock())
 
     def forwarded(self, peer: str) -> None:
-        self._forwards.setdefault(peer, []).append(self.clock())
+        """Note a forward to ``peer``. Only forwards since its newest heartbeat are kept (and at most
+        COUNTED): a peer forwarded to at a high rate, or while this node stays saturated (its
+        loads are probed then, not read here), must not grow the list for ever. A peer without a
+        heartbeat (a P2PFaaS machine) has no load to correct: nothing is kept."""
+        heartbeat = self.view.heartbeat(peer)
+        if heartbeat is None:
+            self._forwards.pop(peer, None)
+            return
+        times = self._since(peer, heartbeat.time)
+        times.append(self.clock())
 
     def free_slots(self, peer: str, probed: int | None = None) -> int | None:
         """Free slots of ``peer``: its K minus the probed load (running + queued) if given, else its
@@ -117,9 +129,16 @@ class PeerLoads:
             return None
         if probed is not None:
             return max(0, load.slots - probed)
-        since = [t for t in self._forwards.get(peer, []) if t > load.at]
-        self._forwards[peer] = since
-        return max(0, load.free_slots - len(since))
+        return max(0, load.free_slots - len(self._since(peer, load.at)))
+
+    def _since(self, peer: str, at: float) -> deque[float]:
+        """The forwards to ``peer`` after ``at`` (the older ones are dropped)."""
+        times = self._forwards.get(peer)
+        if times is None:
+            times = self._forwards[peer] = deque(maxlen=self.COUNTED)
+        while times and times[0] <= at:
+            times.popleft()
+        return times
 
 
 class LearningContext:
@@ -321,7 +340,7 @@ class LearningScheduler(SchedulingAlgorithm):
         if chosen is None:
             return run_locally(view, loss=True, probing_s=probing_s)
         decision = await self.carry_out(chosen.action, request, view)
-        if isinstance(decision, Forward):
+        if isinstance(decision, Forward) and self.peer_loads:   # only the peer-aware state reads them
             learning.peer_loads.forwarded(decision.peer)
         if probing_s:
             decision = dataclasses.replace(decision, probing_s=decision.probing_s + probing_s)

@@ -16,6 +16,7 @@ from nodes.scheduler.base import Execute, Forward, Reject
 from nodes.scheduler.learning import (
     LearningContext,
     LearningScheduler,
+    PeerLoads,
     count_by_type,
     encode_state,
     task_type_index,
@@ -179,6 +180,33 @@ async def test_peer_aware_state_from_heartbeats_forwards_to_a_peer_with_room(fak
     assert ctx.peer_loads.free_slots("p2") == 4     # our forward counts until p2's next heartbeat
     ctx.peer_loads.observe(heartbeat("p2", running=2, slots=6))
     assert ctx.peer_loads.free_slots("p2") == 4
+
+
+def test_forwards_kept_per_peer_stay_bounded_whoever_reads_them():
+    """Forwards were pruned only when free_slots() read a heartbeat peer: never for a P2PFaaS machine
+    (no heartbeat), nor while this node stayed saturated (peers probed): one float per forward, for ever."""
+    now = [100.0]
+    loads = PeerLoads("n0", clock=lambda: now[0])
+    loads.observe(heartbeat("p1", running=0, slots=4).model_copy(update={"time": 100.0}))
+    for _ in range(5000):                # within one heartbeat period
+        now[0] += 0.0001
+        loads.forwarded("p1")            # a heartbeat peer, its load never read from heartbeats
+        loads.forwarded("http-10-0-0-9")  # a P2PFaaS machine: no heartbeat, nothing to correct
+    assert len(loads._forwards["p1"]) <= PeerLoads.COUNTED and "http-10-0-0-9" not in loads._forwards
+    assert loads.free_slots("p1") == 0
+    loads.observe(heartbeat("p1", running=1, slots=4).model_copy(update={"time": now[0]}))
+    now[0] += 0.001
+    loads.forwarded("p1")                # the new heartbeat covers the older forwards: only this one counts
+    assert len(loads._forwards["p1"]) == 1 and loads.free_slots("p1") == 2
+
+
+async def test_without_peer_loads_forwards_are_not_kept(fake):
+    ctx = ScriptedLearning([3] * 50)
+    ctx.peer_loads.observe(heartbeat("p1", running=0, slots=4))
+    view = view_with(fake, ctx, load=fake.load(running=0, slots=4), peer_loads={"p1": 0})
+    for _ in range(50):
+        assert await LearningScheduler(1, 1, peer_loads=False).schedule(fake.request(), view) == Forward("p1")
+    assert not ctx.peer_loads._forwards   # nothing reads them without the peer-aware state
 
 
 async def test_with_no_free_slot_here_peers_are_probed_and_a_failed_probe_is_a_full_peer(fake):
