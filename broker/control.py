@@ -57,6 +57,12 @@ class ControlServer:
                 body = error_body(codes.for_status(status), message)
                 headers = {H.STATUS: str(status), SERVICE_ERROR: message[:200].replace("\n", " "),
                            SERVICE_ERROR_CODE: str(status)}
+            except OSError as exc:   # a full disk, a read-only data dir: the asker hears which, not "internal error"
+                message = f"the node could not write its state: {exc.strerror or exc}" + (
+                    f" ({exc.filename})" if exc.filename else "")
+                log.error("control request on %s failed: %s", msg.subject, message)
+                status, body = 500, error_body(codes.GENERIC, message)
+                headers = {H.STATUS: "500", SERVICE_ERROR: message[:200], SERVICE_ERROR_CODE: "500"}
             except Exception as exc:  # a bug must answer too, never leave the caller waiting
                 log.exception("control request on %s failed", msg.subject)
                 status, body = 500, error_body(codes.GENERIC, f"internal error: {type(exc).__name__}")

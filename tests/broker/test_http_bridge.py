@@ -224,3 +224,25 @@ async def test_result_is_503_when_the_stored_answers_cannot_be_read():
     finally:
         server.terminate()
         server.wait(10)
+
+
+async def test_a_control_change_that_cannot_be_saved_says_why(nc, prefix):
+    """A handler that cannot write the node's state (a full disk) answers 500 with the system's
+    reason and the file, not a bare "internal error: OSError" and a traceback in the log."""
+    import errno
+
+    from broker.control import ControlServer, control_request
+    from broker.subjects import Subjects
+
+    async def full(_: bytes) -> bytes:
+        raise OSError(errno.ENOSPC, "No space left on device", "/data/nodes/n1/configuration.json")
+
+    subject = Subjects(prefix).config("n1", "set")
+    server = ControlServer(nc)
+    await server.serve(subject, full)
+    try:
+        status, body = await control_request(nc, subject, b"{}", timeout_s=10)
+    finally:
+        await server.stop()
+    assert status == 500 and orjson.loads(body)["message"] == (
+        "the node could not write its state: No space left on device (/data/nodes/n1/configuration.json)")
