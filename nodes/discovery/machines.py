@@ -30,7 +30,9 @@ log = logging.getLogger(__name__)
 def valid_ip(text: str) -> str | None:
     """``text`` as a canonical IP address (a ``host:port`` loses its port), None if it is none.
     An IPv6 scope id (``fe80::1%eth0``) is refused: it names an interface of the machine that
-    sent it, and anything after the ``%`` (``fe80::1%x#y``) would end up in the URL we poll."""
+    sent it, and anything after the ``%`` (``fe80::1%x#y``) would end up in the URL we poll.
+    Nor is an address no machine can be reached at: unspecified (``0.0.0.0``, ``::``), multicast,
+    reserved (``255.255.255.255``) -- a peer list carrying one would have us poll it for ever."""
     host = text.strip()
     if host.count(":") == 1:     # IPv4 with a port, as P2PFaaS's IsolateIPFromPort reads it
         host = host.split(":")[0]
@@ -38,7 +40,10 @@ def valid_ip(text: str) -> str | None:
         address = ipaddress.ip_address(host)
     except ValueError:
         return None
-    return None if getattr(address, "scope_id", None) else str(address)
+    if (getattr(address, "scope_id", None) or address.is_unspecified or address.is_multicast
+            or (address.version == 4 and address.is_reserved)):   # IPv6's "reserved" ::/8 holds ::1
+        return None
+    return str(address)
 
 
 @dataclass(slots=True)

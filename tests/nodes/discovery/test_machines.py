@@ -42,6 +42,9 @@ def test_addresses_as_p2pfaas_reads_them():
     assert valid_ip("example.org") is None and valid_ip("") is None
     # a scope id names an interface of the sender; what follows the % would end up in our URL
     assert valid_ip("fe80::1%eth0") is None and valid_ip("fe80::1%x#y") is None and valid_ip("fe80::1") == "fe80::1"
+    for unreachable in ("0.0.0.0", "::", "224.0.0.1", "ff02::1", "255.255.255.255", "240.0.0.1:19000"):
+        assert valid_ip(unreachable) is None, unreachable
+    assert valid_ip("127.0.0.2") == "127.0.0.2"   # --loopback-hosts: node i on 127.0.0.i
 
 
 async def test_one_machine_that_cannot_be_polled_does_not_stop_the_polling_of_the_others(caplog):
