@@ -11,7 +11,9 @@ Nothing a device was promised is lost:
   is back. Bridges side by side (each with its own client id) share that consumer, so each
   answer goes out once; a request seen by two of them is stored once (its message id);
 * a retained request is refused (it would run again for every new session), a malformed
-  topic or an oversized payload is answered on the reject topic, never dropped in silence.
+  topic or an oversized payload is answered on the reject topic, never dropped in silence; an
+  answer that can be no MQTT topic (a wildcard in a token) is dropped with a warning, not
+  redelivered for ever, and one that fails to go out comes again without stopping the others.
 
 paho's network thread hands messages to asyncio in one place (``_on_message``).
 """
@@ -278,13 +280,26 @@ class MqttBridge:
                 log.warning("MQTT bridge: answers not fetched (%s); retrying", exc)
                 await asyncio.sleep(0.5)
                 continue
-            await asyncio.gather(*(self._to_mqtt(msg) for msg in msgs))
+            outcomes = await asyncio.gather(*(self._to_mqtt(msg) for msg in msgs), return_exceptions=True)
+            for msg, outcome in zip(msgs, outcomes):
+                # one answer that fails (an ack the connection lost) must not end this loop: it
+                # would end silently, and no device would get an answer until a restart
+                if isinstance(outcome, Exception):
+                    log.warning("MQTT bridge: answer on %s not handed over (%r); it comes again", msg.subject, outcome)
+                    self.messages.labels("to_mqtt", "error").inc()
 
     async def _to_mqtt(self, msg: Msg) -> None:
         """Hand one answer to Mosquitto; acknowledged once Mosquitto took it (else it comes again)."""
         await self.connected.wait()
         fut = asyncio.get_running_loop().create_future()
-        info = self._mqtt.publish(to_mqtt(msg.subject), msg.data, qos=1)
+        try:
+            info = self._mqtt.publish(to_mqtt(msg.subject), msg.data, qos=1)
+        except ValueError as exc:
+            # no MQTT topic (a '+' or '#' in a token, from a publisher that does not check its
+            # tokens): it never will be, so it is dropped with its reason, not redelivered for ever
+            log.warning("MQTT bridge: answer on %s dropped: %s", msg.subject, exc)
+            self.messages.labels("to_mqtt", "not_a_topic").inc()
+            return await msg.term()
         if info.rc != mqtt.MQTT_ERR_SUCCESS:
             self.messages.labels("to_mqtt", "not_sent").inc()
             return await msg.nak(delay=1.0)

@@ -188,3 +188,35 @@ async def test_two_bridges_side_by_side_answer_each_request_once(node_factory, m
                 await dev.answer(f"result/dev1/twice{i}")
             await asyncio.sleep(1.0)   # the window in which a duplicate would arrive
     assert sorted(t for t in seen if "twice" in t) == sorted(f"{prefix}/result/dev1/twice{i}" for i in range(10))
+
+
+async def test_an_answer_mosquitto_cannot_take_does_not_stop_the_answers(node_factory, mosquitto, nc, prefix):
+    """A stored answer whose subject is no MQTT topic (a wildcard in a token, from a publisher that
+    does not check its tokens) is dropped with a reason; the answers after it still reach devices."""
+    async with node_factory(), MqttBridge(nc, mosquitto.url, prefix=prefix, client_id=f"bridge-{prefix}") as bridge:
+        with device(mosquitto.port, prefix) as dev:
+            await nc.jetstream().publish(f"{prefix}.result.dev1.bad+id", b'{"x": 1}')
+            await asyncio.sleep(0.5)
+            dev.publish("n1/request/echo/dev1/after", b"1")
+            result = await dev.answer("result/dev1/after", timeout_s=10)
+        dropped = bridge.messages.labels("to_mqtt", "not_a_topic")._value.get()
+    assert result["output"] == "1" and dropped == 1
+
+
+async def test_an_answer_that_fails_to_go_out_is_retried_not_the_end_of_the_answers(node_factory, mosquitto, nc, prefix):
+    async with node_factory(), MqttBridge(nc, mosquitto.url, prefix=prefix, client_id=f"bridge-{prefix}") as bridge:
+        handover, failed = bridge._to_mqtt, []
+
+        async def fails_once(msg):   # as an ack whose connection just went away
+            if not failed:
+                failed.append(msg.subject)
+                await msg.nak()
+                raise ConnectionError("connection lost mid-ack")
+            await handover(msg)
+        bridge._to_mqtt = fails_once
+        with device(mosquitto.port, prefix) as dev:
+            dev.publish("n1/request/echo/dev1/first", b"1")
+            first = await dev.answer("result/dev1/first", timeout_s=10)
+            dev.publish("n1/request/echo/dev1/second", b"2")
+            second = await dev.answer("result/dev1/second", timeout_s=10)
+    assert failed and first["output"] == "1" and second["output"] == "2"
