@@ -36,11 +36,17 @@ from broker.http.learner import learner_app, learner_router
 from broker.http.openfaas import openfaas_router
 from broker.http.peer import peer_router
 from broker.http_ui import dashboard_router
+from broker.streams import RESULT_MAX_AGE_S
 from broker.subjects import Subjects, check_token
 
 log = logging.getLogger(__name__)
 
 REMEMBERED_CALLS = 100_000
+# an async call's answer is POSTed to its X-Callback-Url if it comes while the results stream
+# keeps it (as /result/{id} finds it), however long the call queued or ran: a direct call's
+# limit (invoke_timeout_s) is no async call's
+CALLBACK_WAIT_S = RESULT_MAX_AGE_S
+CALLBACK_LOOK_S = 60.0    # the stored answer is looked up this often (one missed during a reconnection)
 
 
 class HttpBridge:
@@ -172,16 +178,27 @@ class HttpBridge:
         self._background.add(task)
         task.add_done_callback(self._background.discard)
 
-    async def deliver_callback(self, fut: "asyncio.Future[Answer]", call_id: str, url: str | None) -> None:
+    async def deliver_callback(self, fut: "asyncio.Future[Answer]", call_id: str, url: str) -> None:
+        """POST the answer of async call ``call_id`` to ``url`` when it comes (a call without a
+        callback gets no task: its answer waits in the results stream for ``/result/{id}``)."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + CALLBACK_WAIT_S
         try:
-            answer = await asyncio.wait_for(fut, self.invoke_timeout_s)
-        except asyncio.TimeoutError:
-            log.warning("async call %s got no answer within %.0f s", call_id, self.invoke_timeout_s)
-            return
+            answer = None
+            while answer is None:
+                try:
+                    answer = await asyncio.wait_for(asyncio.shield(fut), min(CALLBACK_LOOK_S, deadline - loop.time()))
+                except FaasError as exc:   # an answer that is no Answer: said, not a task dying silently
+                    log.warning("async call %s: its answer cannot be read (%s): no callback", call_id, exc)
+                    return
+                except asyncio.TimeoutError:
+                    with contextlib.suppress(FaasError):   # JetStream away for now: the next look
+                        answer = await self.faas.stored_answer(self.client_id, call_id)
+                    if answer is None and loop.time() >= deadline:
+                        log.warning("async call %s got no answer within %.0f s: no callback", call_id, CALLBACK_WAIT_S)
+                        return
         finally:
             self.faas.forget(call_id)
-        if not url:
-            return
         response = answer_response(answer, call_id)
         try:
             async with httpx.AsyncClient(timeout=10.0) as client:

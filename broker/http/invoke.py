@@ -183,7 +183,7 @@ def invoke_router(bridge: "HttpBridge") -> APIRouter:
         bridge.check_callback(callback)
         body = await bridge.read_body(request)
         call_id = bridge.new_call_id()
-        fut = bridge.faas.expect(call_id)
+        fut = bridge.faas.expect(call_id) if callback else None   # without one, nothing waits here
         try:
             await bridge.faas.submit(bridge.node, fn, body, call_id, _caller_headers(request.headers.raw)[0],
                                      retry_for_s=SUBMIT_PATIENCE_S)
@@ -191,7 +191,8 @@ def invoke_router(bridge: "HttpBridge") -> APIRouter:
             bridge.faas.forget(call_id)
             return error(503, f"call not accepted (not stored): {exc}", **{H.RETRY_AFTER: "1"})
         bridge.remember(call_id)
-        bridge.background(bridge.deliver_callback(fut, call_id, callback))
+        if fut is not None and callback:
+            bridge.background(bridge.deliver_callback(fut, call_id, callback))
         return JSONResponse({"call_id": call_id, "status": "accepted", "result_url": f"/result/{call_id}",
                              "result_topic": bridge.subjects.result(bridge.client_id, call_id)},
                             status_code=202, headers={H.CALL_ID: call_id})

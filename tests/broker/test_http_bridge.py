@@ -246,3 +246,42 @@ async def test_a_control_change_that_cannot_be_saved_says_why(nc, prefix):
         await server.stop()
     assert status == 500 and orjson.loads(body)["message"] == (
         "the node could not write its state: No space left on device (/data/nodes/n1/configuration.json)")
+
+
+async def test_a_callback_comes_for_an_async_call_longer_than_a_direct_call_may_take(node_factory, nc, prefix,
+                                                                                     monkeypatch):
+    """A direct call's limit is no async call's: the answer of a call that ran longer (queued,
+    or a long function, as the 400 of a too-long direct call advises) is still POSTed, and so is
+    one whose answer the bridge missed (a reconnection): it is looked up in the results stream.
+    A call without a callback holds nothing in the bridge while it runs."""
+    monkeypatch.setattr("broker.http_bridge.CALLBACK_LOOK_S", 0.5)
+    received: list[bytes] = []
+    app = FastAPI()
+
+    @app.post("/cb")
+    async def cb(request: Request) -> dict:
+        received.append(await request.body())
+        return {}
+
+    port = free_port()
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", lifespan="off"))
+    task = asyncio.create_task(server.serve())
+    await wait_until(lambda: server.started)
+    try:
+        async with node_factory(), serving(bridge := HttpBridge(nc, "n1", prefix=prefix, invoke_timeout_s=1,
+                                                                callback_hosts=["127.0.0.1"])) as http:
+            r = await http.post("/async-function/sleep", content=b"0.3")
+            assert r.status_code == 202 and not bridge._background and not bridge.faas._waiting
+            r = await http.post("/async-function/sleep", content=b"2",
+                                headers={H.CALLBACK_URL: f"http://127.0.0.1:{port}/cb"})
+            assert r.status_code == 202
+            await wait_until(lambda: bool(received), timeout_s=10)
+            await wait_until(lambda: not bridge._background and not bridge.faas._waiting, timeout_s=5)
+            r = await http.post("/async-function/echo", content=b"missed",
+                                headers={H.CALLBACK_URL: f"http://127.0.0.1:{port}/cb"})
+            bridge.faas._waiting.clear()   # its answer goes by while the bridge is not listening
+            await wait_until(lambda: len(received) == 2, timeout_s=10)
+    finally:
+        server.should_exit = True
+        await task
+    assert received[1] == b"missed"
