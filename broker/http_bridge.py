@@ -47,6 +47,7 @@ REMEMBERED_CALLS = 100_000
 # limit (invoke_timeout_s) is no async call's
 CALLBACK_WAIT_S = RESULT_MAX_AGE_S
 CALLBACK_LOOK_S = 60.0    # the stored answer is looked up this often (one missed during a reconnection)
+CALLBACK_POST_S = 10.0    # a callback POST, its response included, ends within this
 
 
 class HttpBridge:
@@ -201,8 +202,10 @@ class HttpBridge:
             self.faas.forget(call_id)
         response = answer_response(answer, call_id)
         try:
-            async with httpx.AsyncClient(timeout=10.0) as client:
-                await client.post(url, content=response.body, headers=dict(response.headers.items()))
+            async with httpx.AsyncClient(timeout=CALLBACK_POST_S) as client:
+                # httpx's timeout is per read: a target trickling its response would hold this for ever
+                await asyncio.wait_for(client.post(url, content=response.body, headers=dict(response.headers.items())),
+                                       CALLBACK_POST_S)
         except Exception as exc:   # whatever goes wrong, said (the background task must not die silently)
             log.warning("callback %s for %s failed: %r", url, call_id, exc)
 

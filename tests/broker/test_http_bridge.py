@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 
 import orjson
 import pytest
@@ -285,3 +286,33 @@ async def test_a_callback_comes_for_an_async_call_longer_than_a_direct_call_may_
         server.should_exit = True
         await task
     assert received[1] == b"missed"
+
+
+async def test_a_callback_target_that_trickles_its_response_is_cut_off(node_factory, nc, prefix, monkeypatch):
+    """httpx's timeout is per read: a target sending a byte now and then would hold the callback's
+    task (and its connection) for ever; the whole POST has a deadline."""
+    monkeypatch.setattr("broker.http_bridge.CALLBACK_POST_S", 1.0)
+    posted = asyncio.Event()
+
+    async def trickle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await reader.readuntil(b"\r\n\r\n")
+        posted.set()
+        writer.write(b"HTTP/1.1 200 OK\r\ncontent-length: 1000000\r\n\r\n")
+        with contextlib.suppress(ConnectionError):
+            while True:
+                writer.write(b"x")
+                await writer.drain()
+                await asyncio.sleep(0.2)
+
+    server = await asyncio.start_server(trickle, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    try:
+        async with node_factory(), serving(bridge := HttpBridge(nc, "n1", prefix=prefix,
+                                                                callback_hosts=["127.0.0.1"])) as http:
+            r = await http.post("/async-function/echo", content=b"1",
+                                headers={H.CALLBACK_URL: f"http://127.0.0.1:{port}/cb"})
+            assert r.status_code == 202
+            await asyncio.wait_for(posted.wait(), 10)
+            await wait_until(lambda: not bridge._background, timeout_s=4)
+    finally:
+        server.close()
