@@ -151,8 +151,10 @@ class DashboardFeed:
         self.clock = clock
         self.history: deque[tuple[float, str]] = deque(maxlen=max_events)
         self.nodes: dict[str, NodeTrack] = {}
-        self.pools: set[tuple[str, str]] = set()           # (node, pool) seen in telemetry
-        self.targets: dict[tuple[str, str], int] = {}     # newest scale target per pool
+        # (node, pool) -> when its telemetry was last seen, and its newest scale target and when:
+        # both forgotten after history_s, as nodes are (pools come and go with functions and nodes)
+        self.pools: dict[tuple[str, str], float] = {}
+        self.targets: dict[tuple[str, str], tuple[int, float]] = {}
         self.forwards = ForwardWindow()
         self.learning = LearningCounts()
         self.malformed = 0
@@ -238,17 +240,18 @@ class DashboardFeed:
     async def _on_telemetry(self, msg: Msg) -> None:
         sample = self._decode(PoolTelemetry, msg)
         if sample is not None:
-            self.pools.add((sample.node, sample.pool))
-            self._publish("telemetry", self.clock(), sample.model_dump(mode="json"))
+            now = self.clock()
+            self.pools[(sample.node, sample.pool)] = now
+            self._publish("telemetry", now, sample.model_dump(mode="json"))
 
     async def _on_scale(self, msg: Msg) -> None:
         command = self._decode(ScaleCommand, msg)
         if command is None:
             return
-        key = (command.node, command.pool)
-        previous = self.targets.get(key)
-        self.targets[key] = command.target_workers
-        self._publish("scale", self.clock(), {**command.model_dump(mode="json"), "previous": previous})
+        key, now = (command.node, command.pool), self.clock()
+        previous = self.targets.get(key, (None,))[0]
+        self.targets[key] = (command.target_workers, now)
+        self._publish("scale", now, {**command.model_dump(mode="json"), "previous": previous})
 
     async def _on_reward(self, msg: Msg) -> None:
         sample = self._decode(SchedulingExperience, msg)
@@ -297,6 +300,10 @@ class DashboardFeed:
             self.history.popleft()
         for node in [n for n, t in self.nodes.items() if now - t.seen_at > self.history_s]:
             del self.nodes[node]
+        for pool in [p for p, seen_at in self.pools.items() if now - seen_at > self.history_s]:
+            del self.pools[pool]
+        for pool in [p for p, (_, seen_at) in self.targets.items() if now - seen_at > self.history_s]:
+            del self.targets[pool]
 
     def _publish(self, kind: str, at: float, data: dict[str, Any]) -> None:
         text = orjson.dumps({"type": kind, "at": at, "data": data}).decode()

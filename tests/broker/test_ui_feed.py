@@ -187,3 +187,26 @@ async def test_the_feed_subscribes_only_while_a_page_is_open(nc, prefix, feed):
         await nc.publish(s.membership("n1"), encode(heartbeat()))
         await asyncio.wait_for(witness.event.wait(), 5)
     assert feed.nodes == {}
+
+
+async def test_pools_and_their_targets_are_forgotten_as_nodes_are(nc, prefix):
+    """A long-running dashboard sees pools come and go (functions deployed and deleted, nodes
+    replaced): what it keeps of them ends with the history, as a node's track does."""
+    now = [100.0]
+    s = Subjects(prefix)
+    feed = DashboardFeed(nc, s, history_s=60.0, clock=lambda: now[0])
+
+    class Msg:
+        def __init__(self, subject: str, data: bytes) -> None:
+            self.subject, self.data = subject, data
+    for i in range(3):
+        await feed._on_telemetry(Msg(s.telemetry("n1", f"p{i}"), encode(telemetry(pool=f"p{i}"))))
+        await feed._on_scale(Msg(s.scale("n1", f"p{i}"), encode(ScaleCommand(node="n1", pool=f"p{i}", target_workers=2))))
+    now[0] += 50.0
+    await feed._on_telemetry(Msg(s.telemetry("n1", "p0"), encode(telemetry(pool="p0"))))
+    await feed._on_scale(Msg(s.scale("n1", "p0"), encode(ScaleCommand(node="n1", pool="p0", target_workers=3))))
+    now[0] += 20.0
+    feed._prune(now[0])
+    assert list(feed.pools) == [("n1", "p0")] and list(feed.targets) == [("n1", "p0")]
+    await feed._on_scale(Msg(s.scale("n1", "p0"), encode(ScaleCommand(node="n1", pool="p0", target_workers=4))))
+    assert orjson.loads(feed.history[-1][1])["data"]["previous"] == 3
