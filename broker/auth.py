@@ -26,11 +26,11 @@ import logging
 import os
 import secrets
 import subprocess
-import tempfile
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
+from broker.lifecycle import write_whole
 from broker.subjects import check_node, check_token
 
 OPERATOR = "operator"
@@ -116,21 +116,7 @@ class AuthStore:
 
     def _save(self, name: str, data: dict[str, str]) -> None:
         path = self._file(name)
-        fd, tmp = tempfile.mkstemp(prefix=f".{name}.", suffix=".tmp", dir=self.directory)   # 0600
-        try:
-            with os.fdopen(fd, "w") as f:
-                f.write(json.dumps(data, indent=2, sort_keys=True))
-                f.flush()
-                os.fsync(f.fileno())
-            os.replace(tmp, path)
-        except BaseException:
-            Path(tmp).unlink(missing_ok=True)
-            raise
-        directory = os.open(self.directory, os.O_RDONLY)
-        try:
-            os.fsync(directory)   # the rename itself survives a crash
-        finally:
-            os.close(directory)
+        write_whole(path, json.dumps(data, indent=2, sort_keys=True).encode())   # 0600, fsynced, whole or not at all
         self._last_good[name] = dict(data)
 
     def _get(self, name: str, key: str) -> str:

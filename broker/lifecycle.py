@@ -15,6 +15,7 @@ import logging
 import os
 import signal
 import sys
+import tempfile
 import threading
 import time
 from pathlib import Path
@@ -125,6 +126,28 @@ def hold_data_dir(data_dir: "os.PathLike[str] | str", lock: Path = UP_LOCK, owne
     os.ftruncate(fd, 0)
     os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
     return fd
+
+
+# -- state files ------------------------------------------------------------------------------
+def write_whole(path: Path, data: bytes) -> None:
+    """``data`` as the whole of ``path``: written to a temporary file beside it, flushed to the
+    disk, then renamed over it. A crash or a full disk (OSError) leaves the old content whole."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    directory = os.open(path.parent, os.O_RDONLY)
+    try:
+        os.fsync(directory)   # the rename itself survives a crash
+    finally:
+        os.close(directory)
 
 
 # -- pid files: strays of a previous run are found and ended --------------------------------

@@ -3,8 +3,6 @@ every file a node keeps under ``<data-dir>/nodes/<node>/`` is read and written."
 
 from __future__ import annotations
 
-import os
-import tempfile
 from pathlib import Path
 from typing import Callable, TypeVar
 
@@ -12,6 +10,7 @@ import orjson
 
 from broker.codec import decode, encode
 from broker.errors import NodeFileError
+from broker.lifecycle import write_whole as write_node_file   # whole or not at all, fsynced
 from broker.messages import NodeConfiguration, SchedulerConfiguration
 
 T = TypeVar("T")
@@ -32,27 +31,6 @@ def read_node_file(path: Path, parse: Callable[[bytes], T], todo: str) -> T | No
         return parse(data)
     except ValueError as exc:   # ContractError and orjson's JSONDecodeError are ValueErrors
         raise NodeFileError(f"{path} is not valid ({exc}): {todo}") from None
-
-
-def write_node_file(path: Path, data: bytes) -> None:
-    """``data`` as the whole of ``path``: written to a temporary file beside it, flushed to the
-    disk, then renamed over it. A crash or a full disk (OSError) leaves the old content whole."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    directory = os.open(path.parent, os.O_RDONLY)
-    try:
-        os.fsync(directory)   # the rename itself survives a crash
-    finally:
-        os.close(directory)
 
 
 class ConfigStore:

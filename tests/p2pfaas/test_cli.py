@@ -242,7 +242,7 @@ def test_a_function_module_is_imported_as_a_node_would(tmp_path, monkeypatch):
 
 def test_without_a_running_stack_tools_ask_for_a_url(tmp_path):
     """No endpoints.json in the data dir (no `up` ever ran there): the tools that read it say so
-    and ask for the URL; they used to fall back to nats://127.0.0.1:4222 (or :18080, :1883) and
+    and ask for the URL; they used to fall back to the default local NATS, HTTP and MQTT ports and
     show whatever listened there, an empty table from the machine's own NATS with exit code 0."""
     where = ["--data-dir", str(tmp_path)]
     cases = {
