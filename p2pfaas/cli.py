@@ -152,10 +152,16 @@ def _stack_nats_url(data_dir: Path, nats_url: Optional[str]) -> str:
     return nats_url or _running_stack(data_dir, "--nats-url")["nats_url"]
 
 
-async def _until_signal(stop: asyncio.Event) -> None:
+def _stop_on_signal(stop: asyncio.Event) -> None:
+    """SIGINT/SIGTERM set ``stop`` from now on (asyncio.run's own SIGINT handling would cancel
+    whatever runs, and a cancellation swallowed on its way is a stop request lost)."""
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
+
+
+async def _until_signal(stop: asyncio.Event) -> None:
+    _stop_on_signal(stop)
     await stop.wait()
 
 
@@ -221,6 +227,9 @@ def up(
 
     async def main() -> None:
         stop = asyncio.Event()
+        # from the start: a Ctrl-C while the stack starts (or just after it wrote its endpoints) is
+        # kept and honoured once the start is over -- it was lost in that window, and up ran on
+        _stop_on_signal(stop)
         with console.status("starting p2pfaas ..."):
             stack = Stack(settings)
             # e.g. a policy with no trained model, a part that fails, an identity file broken by hand
@@ -235,7 +244,7 @@ def up(
             first = next(iter(endpoints.http.values()))
             console.print(f"  try: curl -X POST {first}/function/fib -d 25")
             console.print(f"  logs in {settings.data_dir / 'logs'}; Ctrl-C to stop")
-            await _until_signal(stop)
+            await stop.wait()
             console.print("stopping ...")
         finally:
             stopping = asyncio.create_task(stack.stop())
