@@ -3,8 +3,11 @@ per test session, on free ports; every test gets its own subject prefix."""
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import shutil
+import sys
+import threading
 import uuid
 from pathlib import Path
 from typing import AsyncIterator, Callable
@@ -27,6 +30,43 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(pytest.mark.nats)
         if "mosquitto" in getattr(item, "fixturenames", ()):
             item.add_marker(pytest.mark.mosquitto)
+
+
+# -- a test that hangs says where -------------------------------------------------------------
+# pytest-timeout (120 s, pyproject.toml) shows the threads' stacks: here the main thread only waits
+# in its event loop. Before that, the loop's own tasks are printed (captured with the test's output).
+HANG_DUMP_S = 90.0
+_loops: list[asyncio.AbstractEventLoop] = []
+
+
+@pytest.fixture(scope="session", autouse=True)
+async def _session_loop() -> AsyncIterator[None]:
+    _loops.append(asyncio.get_running_loop())
+    yield
+
+
+def _dump_tasks(nodeid: str) -> None:
+    tasks = asyncio.all_tasks()
+    print(f"--- {nodeid} has run {HANG_DUMP_S:g} s; its event loop's {len(tasks)} tasks:", file=sys.stderr)
+    for task in tasks:
+        task.print_stack(limit=15, file=sys.stderr)
+
+
+def _hanging(nodeid: str) -> None:
+    for loop in _loops:
+        if not loop.is_closed():
+            loop.call_soon_threadsafe(_dump_tasks, nodeid)
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item, nextitem):
+    timer = threading.Timer(HANG_DUMP_S, _hanging, args=(item.nodeid,))
+    timer.daemon = True
+    timer.start()
+    try:
+        yield
+    finally:
+        timer.cancel()
 
 
 @pytest.fixture(scope="session")
