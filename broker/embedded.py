@@ -99,7 +99,8 @@ class ManagedProcess:
             return
         proc.terminate()
         try:
-            await asyncio.wait_for(proc.wait(), timeout_s)
+            async with asyncio.timeout(timeout_s):
+                await proc.wait()
         except asyncio.TimeoutError:
             proc.kill()
             await proc.wait()

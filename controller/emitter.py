@@ -87,7 +87,8 @@ class FarmEmitter:
                     faas.forget(req)
                     return
                 try:
-                    answer: Answer = await asyncio.wait_for(fut, horizon / self.speed + self.grace_s)
+                    async with asyncio.timeout(horizon / self.speed + self.grace_s):
+                        answer: Answer = await fut
                 except asyncio.TimeoutError:
                     report.lost += 1
                     return

@@ -48,7 +48,8 @@ class LiveFarm:
         assert self._samples is not None
         while not self._samples.empty():  # drop stale samples: a step observes what follows it
             self._samples.get_nowait()
-        return await asyncio.wait_for(self._samples.get(), self.timeout_s)
+        async with asyncio.timeout(self.timeout_s):
+            return await self._samples.get()
 
     async def _scale(self, target: int) -> None:
         command = ScaleCommand(node=self.node, pool=self.pool, target_workers=target, reason="env", policy="gym")

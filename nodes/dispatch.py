@@ -287,7 +287,8 @@ class Dispatcher(OnItsLoop):
             try:
                 await self.nc.publish(self.subjects.worker_status(self.node, worker),
                                       encode(WorkerStatusRequest(ids=ids)), reply=reply)
-                msg = await asyncio.wait_for(answer, STATUS_TIMEOUT_S)
+                async with asyncio.timeout(STATUS_TIMEOUT_S):
+                    msg = await answer
                 if msg.data:
                     return decode(WorkerStatus, msg.data)
             except ContractError as exc:

@@ -149,7 +149,8 @@ class AsyncIntake:
             request = orjson.dumps({"batch": self._asked, "expires": int(PULL_EXPIRES_S * 1e9)})
             try:
                 await self.nc.publish(self._next_subject, request, reply=self._sub.subject)
-                await asyncio.wait_for(self._ended.wait(), PULL_EXPIRES_S + PULL_GRACE_S)
+                async with asyncio.timeout(PULL_EXPIRES_S + PULL_GRACE_S):
+                    await self._ended.wait()
                 if not self._refusal:
                     self.healthy = True
                     continue

@@ -135,10 +135,9 @@ class WorkerPool:
 
     async def wait_ready(self, timeout_s: float = 30.0, at_least: int | None = None) -> None:
         """Until every worker (or ``at_least`` of them) is ready; asyncio.TimeoutError after ``timeout_s``."""
-        async def ready() -> None:
+        async with asyncio.timeout(timeout_s):
             while self.ready < (self.target if at_least is None else min(at_least, self.target)):
                 await asyncio.sleep(0.02)
-        await asyncio.wait_for(ready(), timeout_s)
 
     def kill(self, name: str) -> None:
         """End a worker now (it is stuck): the pool replaces it."""

@@ -169,7 +169,8 @@ class Worker(OnItsLoop):
         started = time.perf_counter()
         output: object = b""
         try:
-            output = await asyncio.wait_for(self._call(spec, payload), call.timeout_s)
+            async with asyncio.timeout(call.timeout_s):
+                output = await self._call(spec, payload)
             outcome = WorkerOutcome(status=200, execution_s=time.perf_counter() - started)
         except asyncio.TimeoutError:
             self._abandon(spec)
@@ -323,7 +324,8 @@ class Worker(OnItsLoop):
         gone = NodeGone(node=self.settings.node_id, by=self.name, reason="node process ended")
         try:
             await self.nc.publish(self.subjects.gone(self.settings.node_id), encode(gone))
-            await asyncio.wait_for(self.nc.flush(), 1.0)
+            async with asyncio.timeout(1.0):
+                await self.nc.flush()
         except Exception as exc:
             log.debug("%s: could not announce node gone: %s", self.name, exc)
 

@@ -89,7 +89,8 @@ async def start_http_bridge(options: HttpBridgeOptions, argv_for_one: list[str] 
         proc = await asyncio.create_subprocess_exec(*argv_for_one, env=child_env(), stdin=asyncio.subprocess.PIPE,
                                                     stdout=asyncio.subprocess.PIPE, preexec_fn=die_with_parent_preexec)
         assert proc.stdout is not None
-        line = await asyncio.wait_for(proc.stdout.readline(), 60)
+        async with asyncio.timeout(60):
+            line = await proc.stdout.readline()
         if line.strip() != b"READY":
             raise RuntimeError(f"a bridge process did not start: {line!r}")
         siblings.append(proc)

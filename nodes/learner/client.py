@@ -145,7 +145,8 @@ class LocalPolicy:
     async def wait_version(self, version: int, timeout_s: float = 10.0) -> None:
         """Wait until weights of at least ``version`` experiences arrived (TimeoutError otherwise)."""
         async with self._changed:
-            await asyncio.wait_for(self._changed.wait_for(lambda: self.version >= version), timeout_s)
+            async with asyncio.timeout(timeout_s):
+                await self._changed.wait_for(lambda: self.version >= version)
 
     async def _on_weights(self, msg: Msg) -> None:
         try:

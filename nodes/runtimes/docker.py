@@ -109,7 +109,8 @@ class DockerWorker:
     # -- lifecycle ------------------------------------------------------------------
     async def wait_ready(self, timeout_s: float = 60.0) -> None:
         """Until the worker printed READY; TimeoutError, or WorkerExited if it died first."""
-        await asyncio.wait_for(asyncio.shield(self._ready), timeout_s)
+        async with asyncio.timeout(timeout_s):
+            await asyncio.shield(self._ready)
 
     async def ready_or_exit(self) -> bool:
         """True once the worker is ready, False if the container exited first."""

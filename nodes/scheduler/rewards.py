@@ -107,7 +107,8 @@ class RewardTracker:
         if self._tasks:
             self._tasks[0].cancel()
             try:
-                await asyncio.wait_for(self._queue.join(), 5.0)
+                async with asyncio.timeout(5.0):
+                    await self._queue.join()
             except asyncio.TimeoutError:
                 log.warning("rewards of %s: %d rewards not published at stop", self.node, self._queue.qsize())
             self._tasks[1].cancel()

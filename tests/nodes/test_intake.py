@@ -19,7 +19,7 @@ from broker.embedded import NatsServer
 from broker.messages import Rejection
 from broker.streams import async_stream, ensure_shared_streams
 from broker.subjects import Subjects
-from nodes.intake import UnknownNodeSweeper, consumer_name
+from nodes.intake import AsyncIntake, UnknownNodeSweeper, consumer_name
 from nodes.node import Node
 from nodes.settings import NodeSettings
 from support import Collector, wait_until
@@ -111,3 +111,29 @@ async def test_a_store_restored_without_the_intake_consumer_is_found_out_after_t
             await node.stop()
         await server.stop()
     assert [r for r in caplog.records if "is gone (503" in r.getMessage()], [r.getMessage() for r in caplog.records]
+
+
+async def test_stopping_the_intake_as_its_pull_request_ends_stops_it(nc, prefix):
+    """A stop that came in the same loop turn as the end of the open pull request (every second,
+    at its expiry) was swallowed by Python 3.11's ``asyncio.wait_for`` (it returns the result of a
+    future that is done instead of raising the cancellation): the intake pulled on for ever and
+    the node's stop waited for it for ever (a test's teardown hung 120 s)."""
+    s = Subjects(prefix)
+    await ensure_shared_streams(nc.jetstream(), s)
+
+    async def take(msg) -> None:
+        pass
+
+    for turns in range(6):   # where the window is depends on the loop turns between the two
+        intake = await AsyncIntake(f"n{turns}", nc, s, ack_wait_s=10, max_deliver=3, take=take).start()
+        await wait_until(lambda: intake.healthy, timeout_s=10)
+        await asyncio.sleep(0.05)   # its pull request is open
+        intake._ended.set()
+        for _ in range(turns):
+            await asyncio.sleep(0)
+        try:
+            async with asyncio.timeout(5):
+                await intake.stop()
+        except TimeoutError:
+            raise AssertionError(f"the intake did not stop ({turns} loop turns after its pull ended)") from None
+        assert all(task.done() for task in intake._tasks) or not intake._tasks
