@@ -51,6 +51,17 @@ class OnItsLoop:
         return loop
 
 
+def still_wanted() -> None:
+    """Raise CancelledError if the running task was asked to stop. Called at the top of every turn
+    of a long-lived loop: Python 3.11's ``asyncio.wait_for``, which nats-py's requests, flushes and
+    JetStream calls use, returns normally when the cancellation comes as its future completes -- the
+    loop would then run on and whoever stops it wait for ever. ``Task.cancelling()`` still counts
+    the request (only ``uncancel`` clears it, which asyncio.timeout and TaskGroup call on their way out)."""
+    task = asyncio.current_task()
+    if task is not None and task.cancelling():
+        raise asyncio.CancelledError
+
+
 def hard_exit_after(seconds: float, code: int = 0) -> threading.Timer:
     """End the process after ``seconds`` whatever the event loop is doing (a stop with a deadline)."""
     def end() -> None:

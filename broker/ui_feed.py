@@ -27,6 +27,7 @@ from broker.errors import ContractError, InvalidSubject, InvalidToken
 from broker.messages import (Heartbeat, LearnerWeights, PoolTelemetry, ScaleCommand, ScalingExperience,
                              SchedulerConfiguration, SchedulingExperience)
 from broker.subjects import Subjects
+from broker.lifecycle import still_wanted
 
 log = logging.getLogger(__name__)
 
@@ -278,6 +279,7 @@ class DashboardFeed:
     # -- once a second --------------------------------------------------------------------
     async def _tick_forever(self) -> None:
         while True:
+            still_wanted()
             await asyncio.sleep(self.tick_s)
             now = self.clock()
             self._prune(now)

@@ -38,6 +38,7 @@ from broker.connection import on_event
 from broker.streams import async_stream
 from broker.errors import InvalidToken
 from broker.subjects import TOKEN_RE, Subjects, check_node
+from broker.lifecycle import still_wanted
 
 log = logging.getLogger(__name__)
 
@@ -90,6 +91,7 @@ class AsyncIntake:
         election, a sweeper of another node still holding our calls)."""
         delay = 0.2
         while self._sub is None:
+            still_wanted()
             try:
                 await self._bind()
             except asyncio.CancelledError:
@@ -139,6 +141,7 @@ class AsyncIntake:
     async def _pull(self) -> None:
         await self._bound()
         while True:
+            still_wanted()
             room = HOLD_LIMIT - len(self.held)
             if room <= 0:
                 self._room.clear()
@@ -229,6 +232,7 @@ class AsyncIntake:
     async def _keep_alive(self) -> None:
         """Held messages are not delivered again while their call is queued or running."""
         while True:
+            still_wanted()
             await asyncio.sleep(self.ack_wait_s / 3)
             for msg in list(self.held.values()):
                 try:
@@ -273,6 +277,7 @@ class UnknownNodeSweeper:
     async def _run(self) -> None:
         await asyncio.sleep(self.period_s * (0.5 + random.random()))   # nodes do not all sweep at once
         while True:
+            still_wanted()
             try:
                 unknown = await self.unknown_nodes()
             except asyncio.CancelledError:

@@ -19,7 +19,7 @@ from prometheus_client import generate_latest
 from broker.codec import decode, decode_update, encode
 from broker.connection import close_quietly, connect, on_event
 from broker.control import ControlError, ControlServer
-from broker.lifecycle import end_strays, hold_data_dir
+from broker.lifecycle import end_strays, hold_data_dir, still_wanted
 from broker.errors import ContractError
 from broker.messages import NodeConfiguration, NodeGone, NodeLoad, ScaleCommand, SchedulerConfiguration
 from broker.streams import ensure_node_streams
@@ -269,6 +269,7 @@ class Node:
         last = time.monotonic()
         next_at = last + period
         while True:
+            still_wanted()
             await asyncio.sleep(max(0.0, next_at - time.monotonic()))
             next_at += period
             now = time.monotonic()

@@ -20,7 +20,7 @@ from pydantic import BaseModel, ConfigDict, Field, PositiveFloat, ValidationErro
 
 from broker.auth import BRIDGE, CONTROLLER, OPERATOR, AuthStore, mosquitto_files, nats_accounts
 from broker.embedded import Mosquitto, NatsServer, choose_port
-from broker.lifecycle import hold_data_dir
+from broker.lifecycle import hold_data_dir, still_wanted
 from broker.tls import TlsFiles, ensure_certificates
 from broker.messages import NodeConfiguration, SchedulerConfiguration
 from controller.policies import resolve_policy
@@ -397,6 +397,7 @@ class Stack:
         (configuration rewritten, then reloaded with SIGHUP; nobody is disconnected)."""
         seen = store.changed_at()
         while True:
+            still_wanted()
             await asyncio.sleep(period_s)
             if store.changed_at() <= seen:
                 continue
@@ -418,6 +419,7 @@ class Stack:
         offset = path.stat().st_size if path.exists() else 0
         failing_since: float | None = None
         while True:
+            still_wanted()
             await asyncio.sleep(period_s)
             try:
                 size = path.stat().st_size

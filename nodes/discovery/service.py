@@ -23,6 +23,7 @@ from broker.control import ControlError
 from broker.errors import ContractError
 from broker.messages import DiscoveryConfiguration, Heartbeat, MachineAnnouncement, NodeLoad, PeerInfo, PeerList
 from broker.subjects import Subjects
+from broker.lifecycle import still_wanted
 from nodes import peer_http
 from nodes.config_store import read_node_file, write_node_file
 from nodes.discovery.machines import MachinePoller, MachineTable, valid_ip
@@ -249,6 +250,7 @@ class DiscoveryService:
         loop = asyncio.get_running_loop()
         next_at = loop.time()
         while True:
+            still_wanted()
             next_at += period
             await asyncio.sleep(max(0.0, next_at - loop.time()))
             await self.beat()

@@ -22,6 +22,7 @@ from broker import headers as H
 from broker.codec import encode
 from broker.messages import LearningDecision, SchedulingExperience
 from broker.subjects import Subjects
+from broker.lifecycle import still_wanted
 
 __all__ = ["PendingDecision", "RewardStats", "RewardTracker", "reward_of"]
 
@@ -157,6 +158,7 @@ class RewardTracker:
 
     async def _sweep(self) -> None:
         while True:
+            still_wanted()
             await asyncio.sleep(self.sweep_period_s)
             now = self.clock()
             expired = [key for key, entry in self.pending.items() if entry.expires_at <= now]
@@ -167,6 +169,7 @@ class RewardTracker:
     async def _publish(self) -> None:
         js = self.nc.jetstream()
         while True:
+            still_wanted()
             batch = [await self._queue.get()]
             while len(batch) < PUBLISH_BATCH and not self._queue.empty():
                 batch.append(self._queue.get_nowait())
