@@ -36,7 +36,7 @@ from broker.connection import on_event, on_publish_refused
 from broker.errors import BrokerUnavailable, ContractError, InvalidSubject, NodeUnavailable, NotPermitted
 from broker.lifecycle import OnItsLoop
 from broker.messages import NodeGone
-from broker.streams import results_stream
+from broker.streams import async_stream, results_stream
 from broker.subjects import Subjects, check_token
 
 __all__ = ["Answer", "FaasClient", "new_request_id"]
@@ -266,6 +266,18 @@ class FaasClient(OnItsLoop):
                                         "try again") from None
             return Answer.of_stored(kind, raw.data or b"")
         return None
+
+    async def stored_call(self, client: str, req: str) -> bool:
+        """Whether async call ``req`` of ``client`` is still in the intake: waiting or running (the
+        node removes it once its answer is stored); BrokerUnavailable when the intake cannot be read now."""
+        try:
+            await self.js.get_last_msg(async_stream(self.subjects), self.subjects.async_call(client, req))
+        except NotFoundError:
+            return False
+        except (NatsError, asyncio.TimeoutError) as exc:   # JetStream away, busy, or no connection
+            raise BrokerUnavailable(f"the stored calls cannot be read now ({type(exc).__name__}: {exc}); "
+                                    "try again") from None
+        return True
 
 
 def _expire_store(fut: asyncio.Future) -> None:

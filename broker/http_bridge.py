@@ -17,7 +17,6 @@ import logging
 import time
 import hmac
 import uuid
-from collections import OrderedDict
 from typing import Collection
 from urllib.parse import urlsplit
 
@@ -41,7 +40,6 @@ from broker.subjects import Subjects, check_token
 
 log = logging.getLogger(__name__)
 
-REMEMBERED_CALLS = 100_000
 # an async call's answer is POSTed to its X-Callback-Url if it comes while the results stream
 # keeps it (as /result/{id} finds it), however long the call queued or ran: a direct call's
 # limit (invoke_timeout_s) is no async call's
@@ -70,7 +68,6 @@ class HttpBridge:
         self.control_timeout_s = control_timeout_s
         self.operator_token, self.invoke_token = operator_token, invoke_token
         self.callback_hosts = frozenset(h.lower() for h in callback_hosts)
-        self.calls: OrderedDict[str, None] = OrderedDict()   # async call ids issued here
         self._background: set[asyncio.Task] = set()
         self._ids = itertools.count()
         self._id_prefix = uuid.uuid4().hex[:12]   # call ids unique across bridge processes
@@ -168,11 +165,6 @@ class HttpBridge:
             allowed = ", ".join(sorted(self.callback_hosts)) or "none"
             raise Forbidden(f"callback to {host or url!r} not allowed (allowed hosts: {allowed}; "
                             "p2pfaas up --callback-host HOST)")
-
-    def remember(self, call_id: str) -> None:
-        self.calls[call_id] = None
-        if len(self.calls) > REMEMBERED_CALLS:
-            self.calls.popitem(last=False)
 
     def background(self, coro) -> None:
         task = asyncio.get_running_loop().create_task(coro)

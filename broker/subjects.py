@@ -137,6 +137,11 @@ class Subjects:
     def all_async(self) -> str:
         return f"{self.prefix}.async.>"
 
+    def async_call(self, client: str, req: str) -> str:
+        """The async call ``req`` of ``client`` as stored in the intake, whatever its node and
+        function (a filter to look it up by: its caller knows no more than these two)."""
+        return f"{self.prefix}.async.*.*.{check_token(client, 'client')}.{check_token(req, 'request id')}"
+
     def stored_async_of(self, token: str) -> str:
         """The async calls stored for the node token ``token`` as read off a stored subject -- one
         that may name no valid node (reserved, too long, odd characters: calls no node will ever

@@ -9,6 +9,7 @@ the OpenAPI docs and for servers without the fast path; both call :func:`direct_
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from typing import TYPE_CHECKING, Iterable
 
@@ -18,11 +19,13 @@ from fastapi.responses import JSONResponse, Response
 from broker import codes
 from broker import headers as H
 from broker.answers import VERSION, Answer, error_body
-from broker.errors import FaasError, NodeUnavailable, NotPermitted, Unauthorized
+from broker.errors import BrokerUnavailable, FaasError, NodeUnavailable, NotPermitted, Unauthorized
 from broker.subjects import TOKEN_RE, check_token
 
 if TYPE_CHECKING:
     from broker.http_bridge import HttpBridge
+
+log = logging.getLogger(__name__)
 
 FUNCTION_PATH = "/function/"
 # an async call whose store got no acknowledgement (JetStream electing a leader after a server
@@ -159,6 +162,24 @@ async def _send(send, status: int, body: bytes, headers: list[tuple[bytes, bytes
     return status
 
 
+async def call_state(bridge: "HttpBridge", call_id: str) -> tuple[Answer | None, bool]:
+    """Async call ``call_id``'s stored answer, and whether its task is still stored (waiting or
+    running), read from JetStream: every bridge process (``--http-processes``, a restarted
+    bridge) answers the same. Both are asked at once. The node stores the answer before it
+    removes the task, so when neither is found the answer is asked again: a task removed since
+    the first look has its answer stored by then, and a call that exists is never "unknown"."""
+    faas, client = bridge.faas, bridge.client_id
+    found = await asyncio.gather(faas.stored_answer(client, call_id), faas.stored_call(client, call_id),
+                                 return_exceptions=True)   # both end before a failure is raised
+    for outcome in found:
+        if isinstance(outcome, BaseException):
+            raise outcome
+    answer, waiting = found
+    if answer is None and not waiting:
+        answer = await faas.stored_answer(client, call_id)
+    return answer, waiting
+
+
 def invoke_router(bridge: "HttpBridge") -> APIRouter:
     router = APIRouter(tags=["invoke"])
 
@@ -190,7 +211,6 @@ def invoke_router(bridge: "HttpBridge") -> APIRouter:
         except Exception as exc:  # not stored: the caller must know it was not accepted
             bridge.faas.forget(call_id)
             return error(503, f"call not accepted (not stored): {exc}", **{H.RETRY_AFTER: "1"})
-        bridge.remember(call_id)
         if fut is not None and callback:
             bridge.background(bridge.deliver_callback(fut, call_id, callback))
         return JSONResponse({"call_id": call_id, "status": "accepted", "result_url": f"/result/{call_id}",
@@ -200,10 +220,16 @@ def invoke_router(bridge: "HttpBridge") -> APIRouter:
     @router.get("/result/{call_id}", summary="Fetch the result of an async call")
     async def result(call_id: str) -> Response:
         check_token(call_id, "call id")
-        answer = await bridge.faas.stored_answer(bridge.client_id, call_id)
+        try:
+            answer, waiting = await asyncio.wait_for(call_state(bridge, call_id), bridge.control_timeout_s)
+        except asyncio.TimeoutError:
+            log.warning("GET /result/%s: JetStream did not answer within %g s: 503 (is nats-server overloaded?)",
+                        call_id, bridge.control_timeout_s)
+            raise BrokerUnavailable(f"the state of call {call_id} cannot be read now (JetStream did not answer "
+                                    f"within {bridge.control_timeout_s:g} s); try again") from None
         if answer is not None:
             return answer_response(answer, call_id)
-        if call_id in bridge.calls:
+        if waiting:
             return JSONResponse({"call_id": call_id, "status": "pending"}, status_code=202,
                                 headers={H.CALL_ID: call_id, H.RETRY_AFTER: "1"})
         return error(404, f"no result for call {call_id} (unknown, or older than the result retention)")

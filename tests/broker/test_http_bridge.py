@@ -193,7 +193,8 @@ async def test_health_is_503_when_the_node_answers_its_info_request_with_an_erro
 
 async def test_result_is_503_when_the_stored_answers_cannot_be_read():
     """A broker without JetStream (or with JetStream away): /result says 503 + Retry-After and
-    FaasClient.stored_answer raises BrokerUnavailable -- not a plain 500, not "unknown"."""
+    FaasClient.stored_answer raises BrokerUnavailable -- not a plain 500, not "unknown". So does
+    a JetStream that takes the questions and answers none (overloaded), within the bridge's bound."""
     import subprocess
 
     from broker.client import FaasClient
@@ -220,6 +221,15 @@ async def test_result_is_503_when_the_stored_answers_cannot_be_read():
             async with serving(HttpBridge(nc, "n1", prefix="nojs", control_timeout_s=1)) as http:
                 r = await http.get("/result/abc123")
                 assert r.status_code == 503 and r.headers["Retry-After"] and "try again" in r.json()["message"], r.text
+
+                async def never_answer(msg) -> None:
+                    pass
+
+                await nc.subscribe("$JS.API.>", cb=never_answer)
+                started = asyncio.get_running_loop().time()
+                r = await http.get("/result/abc123")
+                assert r.status_code == 503 and r.headers["Retry-After"] and "try again" in r.json()["message"], r.text
+                assert asyncio.get_running_loop().time() - started < 3   # its 1 s, not 5 s per look at JetStream
         finally:
             await close_quietly(nc)
     finally:
