@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+from dataclasses import dataclass
+from typing import AsyncIterator
 
 import orjson
 import pytest
@@ -14,6 +16,35 @@ from broker import headers as H
 from broker.embedded import free_port
 from broker.http_bridge import HttpBridge
 from support import eventually, serving, wait_until
+
+
+@dataclass
+class CallbackReceiver:
+    """A local receiver of ``X-Callback-Url`` POSTs: what came, in order, as (headers, body)."""
+
+    url: str
+    received: list[tuple[dict[str, str], bytes]]
+
+
+@pytest.fixture
+async def callbacks() -> AsyncIterator[CallbackReceiver]:
+    received: list[tuple[dict[str, str], bytes]] = []
+    app = FastAPI()
+
+    @app.post("/cb")
+    async def cb(request: Request) -> dict:
+        received.append((dict(request.headers), await request.body()))
+        return {}
+
+    port = free_port()
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", lifespan="off"))
+    task = asyncio.create_task(server.serve())
+    await wait_until(lambda: server.started)
+    try:
+        yield CallbackReceiver(f"http://127.0.0.1:{port}/cb", received)
+    finally:
+        server.should_exit = True
+        await task
 
 
 @pytest.fixture
@@ -65,39 +96,23 @@ async def test_overload_is_500_job_cannot_be_scheduled(http):
     assert all(r.json()["code"] == 400 and r.headers.get("Retry-After") for r in overloaded)
 
 
-async def test_async_invoke_result_and_callback(http):
-    received: list[tuple[dict, bytes]] = []
-    app = FastAPI()
-
-    @app.post("/cb")
-    async def cb(request: Request) -> dict:
-        received.append((dict(request.headers), await request.body()))
-        return {}
-
-    port = free_port()
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", lifespan="off"))
-    task = asyncio.create_task(server.serve())
-    await wait_until(lambda: server.started)
-    try:
-        r = await http.post("/async-function/fib", content=b"20", headers={H.CALLBACK_URL: f"http://127.0.0.1:{port}/cb"})
-        assert r.status_code == 202
-        call_id = r.headers[H.CALL_ID]
-        await wait_until(lambda: bool(received), timeout_s=15)
-        headers, body = received[0]
-        assert body == b"6765" and headers[H.CALL_ID.lower()] == call_id
-        stored = await http.get(f"/result/{call_id}")
-        assert stored.status_code == 200 and stored.content == b"6765"
-        assert (await http.get("/result/unknown123")).status_code == 404
-        pending = await http.post("/async-function/sleep", content=b"1")
-        assert (await http.get(f"/result/{pending.headers[H.CALL_ID]}")).status_code == 202
-        for bad in ("http://[::1", "http://127.0.0.1:abc/cb", "http://127.0.0.1:99999/cb"):   # no URL: 400 at once
-            r = await http.post("/async-function/fib", content=b"20", headers={H.CALLBACK_URL: bad})
-            assert r.status_code == 400 and "X-Callback-Url" in r.json()["message"], (bad, r.text)
-        r = await http.post("/async-function/fib", content=b"20", headers={H.CALLBACK_URL: "http://10.9.9.9/cb"})
-        assert r.status_code == 403   # a URL, to a host the operator did not allow
-    finally:
-        server.should_exit = True
-        await task
+async def test_async_invoke_result_and_callback(http, callbacks):
+    r = await http.post("/async-function/fib", content=b"20", headers={H.CALLBACK_URL: callbacks.url})
+    assert r.status_code == 202
+    call_id = r.headers[H.CALL_ID]
+    await wait_until(lambda: bool(callbacks.received), timeout_s=15)
+    headers, body = callbacks.received[0]
+    assert body == b"6765" and headers[H.CALL_ID.lower()] == call_id
+    stored = await http.get(f"/result/{call_id}")
+    assert stored.status_code == 200 and stored.content == b"6765"
+    assert (await http.get("/result/unknown123")).status_code == 404
+    pending = await http.post("/async-function/sleep", content=b"1")
+    assert (await http.get(f"/result/{pending.headers[H.CALL_ID]}")).status_code == 202
+    for bad in ("http://[::1", "http://127.0.0.1:abc/cb", "http://127.0.0.1:99999/cb"):   # no URL: 400 at once
+        r = await http.post("/async-function/fib", content=b"20", headers={H.CALLBACK_URL: bad})
+        assert r.status_code == 400 and "X-Callback-Url" in r.json()["message"], (bad, r.text)
+    r = await http.post("/async-function/fib", content=b"20", headers={H.CALLBACK_URL: "http://10.9.9.9/cb"})
+    assert r.status_code == 403   # a URL, to a host the operator did not allow
 
 
 async def test_load_configuration_health_metrics_and_docs(http):
@@ -260,42 +275,25 @@ async def test_a_control_change_that_cannot_be_saved_says_why(nc, prefix):
 
 
 async def test_a_callback_comes_for_an_async_call_longer_than_a_direct_call_may_take(node_factory, nc, prefix,
-                                                                                     monkeypatch):
+                                                                                     monkeypatch, callbacks):
     """A direct call's limit is no async call's: the answer of a call that ran longer (queued,
     or a long function, as the 400 of a too-long direct call advises) is still POSTed, and so is
     one whose answer the bridge missed (a reconnection): it is looked up in the results stream.
     A call without a callback holds nothing in the bridge while it runs."""
     monkeypatch.setattr("broker.http_bridge.CALLBACK_LOOK_S", 0.5)
-    received: list[bytes] = []
-    app = FastAPI()
-
-    @app.post("/cb")
-    async def cb(request: Request) -> dict:
-        received.append(await request.body())
-        return {}
-
-    port = free_port()
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", lifespan="off"))
-    task = asyncio.create_task(server.serve())
-    await wait_until(lambda: server.started)
-    try:
-        async with node_factory(), serving(bridge := HttpBridge(nc, "n1", prefix=prefix, invoke_timeout_s=1,
-                                                                callback_hosts=["127.0.0.1"])) as http:
-            r = await http.post("/async-function/sleep", content=b"0.3")
-            assert r.status_code == 202 and not bridge._background and not bridge.faas._waiting
-            r = await http.post("/async-function/sleep", content=b"2",
-                                headers={H.CALLBACK_URL: f"http://127.0.0.1:{port}/cb"})
-            assert r.status_code == 202
-            await wait_until(lambda: bool(received), timeout_s=10)
-            await wait_until(lambda: not bridge._background and not bridge.faas._waiting, timeout_s=5)
-            r = await http.post("/async-function/echo", content=b"missed",
-                                headers={H.CALLBACK_URL: f"http://127.0.0.1:{port}/cb"})
-            bridge.faas._waiting.clear()   # its answer goes by while the bridge is not listening
-            await wait_until(lambda: len(received) == 2, timeout_s=10)
-    finally:
-        server.should_exit = True
-        await task
-    assert received[1] == b"missed"
+    received = callbacks.received
+    async with node_factory(), serving(bridge := HttpBridge(nc, "n1", prefix=prefix, invoke_timeout_s=1,
+                                                            callback_hosts=["127.0.0.1"])) as http:
+        r = await http.post("/async-function/sleep", content=b"0.3")
+        assert r.status_code == 202 and not bridge._background and not bridge.faas._waiting
+        r = await http.post("/async-function/sleep", content=b"2", headers={H.CALLBACK_URL: callbacks.url})
+        assert r.status_code == 202
+        await wait_until(lambda: bool(received), timeout_s=10)
+        await wait_until(lambda: not bridge._background and not bridge.faas._waiting, timeout_s=5)
+        r = await http.post("/async-function/echo", content=b"missed", headers={H.CALLBACK_URL: callbacks.url})
+        bridge.faas._waiting.clear()   # its answer goes by while the bridge is not listening
+        await wait_until(lambda: len(received) == 2, timeout_s=10)
+    assert received[1][1] == b"missed"
 
 
 async def test_a_callback_target_that_trickles_its_response_is_cut_off(node_factory, nc, prefix, monkeypatch):
