@@ -15,6 +15,7 @@ import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Awaitable, Callable
 
+import httpx
 import orjson
 
 from nats.aio.client import Client
@@ -88,13 +89,24 @@ class Forwarder:
         await self._forward_over_nats(call, peer)
 
     async def _forward_over_http(self, call: Call, peer: str, base: str) -> None:
-        assert self.peers is not None and self.peers.http is not None
+        """The whole exchange is bounded as a NATS forward is (httpx's timeout bounds each read: an
+        answer trickling in held the call for as long as bytes kept coming). A machine that
+        cannot carry it (refused, reset, silent) is not chosen again until it shows up."""
+        assert self.peers is not None
+        limit = call.timeout_s + FORWARD_GRACE_S
         try:
-            answer = await peer_http.forward(self.peers.http, base, call, next(self._http_requests),
-                                             node=self.node, ip=self.answerer.ip)
-        except Exception as exc:   # refused, reset, timed out: P2PFaaS's "forward failed"
-            await self._failed(Pending(call, peer, "", None), f"could not reach {peer} at {base}: {exc!r}")
-            return
+            if self.peers.http is None:
+                raise RuntimeError("discovery has stopped (the node is stopping)")
+            async with asyncio.timeout(limit):
+                answer = await peer_http.forward(self.peers.http, base, call, next(self._http_requests),
+                                                 node=self.node, ip=self.answerer.ip)
+        except (TimeoutError, httpx.TransportError) as exc:   # refused, reset, silent: P2PFaaS's "forward failed"
+            reason = (f"{peer} at {base} did not answer within {limit:g} s" if isinstance(exc, TimeoutError)
+                      else f"could not reach {peer} at {base}: {exc!r}")
+            self.peers.unreachable(peer, reason)
+            return await self._failed(Pending(call, peer, "", None), reason)
+        except Exception as exc:
+            return await self._failed(Pending(call, peer, "", None), f"could not forward to {peer} at {base}: {exc!r}")
         await self.answerer.relayed(call, answer)
 
     async def _forward_over_nats(self, call: Call, peer: str) -> None:

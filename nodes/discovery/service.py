@@ -76,7 +76,12 @@ class DiscoveryService:
 
     # -- PeerSource ---------------------------------------------------------
     def peers(self) -> Sequence[str]:
-        return [*self.view.alive(self._clock()), *(m.id for m in self.machines.alive())]
+        return [*self.view.alive(self._clock()), *(m.id for m in self.machines.schedulable())]
+
+    def unreachable(self, peer: str, reason: str) -> None:
+        machine = self.machines.by_id(peer)
+        if machine is not None:
+            self.machines.unreachable(machine.ip, reason)
 
     def http_base(self, peer: str) -> str | None:
         """The scheduler API of ``peer`` when it is a P2PFaaS machine (it speaks HTTP), else None."""

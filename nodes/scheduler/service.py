@@ -368,6 +368,10 @@ class PeerSource:
         """The scheduler API URL of a peer that speaks P2PFaaS's HTTP API (None: a p2pfaas node)."""
         return None
 
+    def unreachable(self, peer: str, reason: str) -> None:
+        """A forward to ``peer`` over HTTP failed in transit (refused, reset, silent): it should not
+        be chosen until it shows it is alive again. (A p2pfaas peer's death is its ``gone``.)"""
+
     def resolve(self, name: str) -> str:
         """The peer id of a node named by its address (P2PFaaS names its master by IP)."""
         return name

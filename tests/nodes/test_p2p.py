@@ -4,14 +4,17 @@ maxHops, failed probes, a peer that goes away holding forwarded work, round robi
 from __future__ import annotations
 
 import asyncio
+import socket
+import struct
 
 import orjson
 import pytest
 
 from broker import headers as H
 from broker.codec import decode, encode
-from broker.messages import NodeGone, PeerList, Result
-from broker.subjects import Subjects
+from broker.messages import MachineAnnouncement, NodeGone, PeerList, Result
+from broker.subjects import Subjects, machine_token
+from nodes.forwarding import FORWARD_GRACE_S
 from support import Collector, cluster, FAST, http_for, wait_until
 
 # heartbeats every 0.1 s; a silent peer stays "alive" for 5 s, long enough to
@@ -161,3 +164,116 @@ async def test_peer_list_subject(node_factory, nc, prefix):
     rows = decode(PeerList, reply.data).root
     assert [(r.name, r.ip, r.address, r.group_name, r.alive) for r in rows] == [
         ("n2", "10.1.2.3", "http://10.1.2.3:18080", "edge", True)]   # P2PFaaS: ip is the machine's address
+
+
+# -- an original P2PFaaS node (a machine that speaks HTTP) dying mid-call ---------------------------
+class DyingMachine:
+    """The HTTP side of an original P2PFaaS node on one port (its ``/list`` and ``/peer/function``),
+    a real socket server that dies during the forwarded calls it takes, each as ``behaviours`` says
+    in turn: "reset" (its process is killed: the kernel resets the connection and refuses new ones),
+    "stall" (its host freezes: the connection stays open and nothing comes), "trickle" (it sends an
+    answer's head, then a byte now and then, never the whole answer)."""
+
+    def __init__(self, *behaviours: str) -> None:
+        self.behaviours, self.jobs = list(behaviours), 0
+        self.server: asyncio.Server | None = None
+        self.port = 0
+        self._held: list[asyncio.StreamWriter] = []
+
+    async def start(self) -> "DyingMachine":
+        self.server = await asyncio.start_server(self._serve, "127.0.0.1", self.port)
+        self.port = self.server.sockets[0].getsockname()[1]
+        return self
+
+    async def stop(self) -> None:
+        for writer in self._held:
+            writer.transport.abort()
+        if self.server is not None:
+            self.server.close()
+            await self.server.wait_closed()
+            self.server = None
+
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        head = await reader.readuntil(b"\r\n\r\n")
+        if not head.startswith(b"POST /peer/function/"):   # its discovery: an empty list
+            writer.write(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 2\r\n"
+                         b"Connection: close\r\n\r\n[]")
+            await writer.drain()
+            writer.close()
+            return
+        self.jobs += 1
+        behaviour = self.behaviours.pop(0)
+        if behaviour == "reset":
+            sock = writer.get_extra_info("socket")
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+            self.server.close()        # the process is gone: nobody listens on its port any more
+            writer.transport.abort()   # and the kernel resets what it held
+            return
+        self._held.append(writer)
+        if behaviour == "trickle":
+            writer.write(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 1000\r\n\r\n")
+            while not writer.is_closing():
+                writer.write(b" ")
+                await asyncio.sleep(0.3)
+
+
+MACHINE_IP = "127.0.0.1"
+
+
+def with_machine(machine: DyingMachine) -> dict:
+    """A node's settings naming ``machine`` as an init server (its scheduler and discovery ports)."""
+    return dict(FAST, init_servers=[MACHINE_IP], peer_scheduler_port=machine.port, peer_discovery_port=machine.port)
+
+
+async def test_p2pfaas_machine_killed_mid_call_fails_the_call_at_once_and_is_not_chosen_again(node_factory, faas,
+                                                                                               nc, prefix):
+    """A call forwarded over HTTP to an original P2PFaaS node whose process is killed during it:
+    the direct caller gets "forward failed" at once (as for a p2pfaas peer that went away), and the
+    machine is no longer scheduled: it was chosen again for every call until 20 failed polls
+    (40 min) declared it dead, each failing the same way. It is scheduled again once it
+    announces itself. An async call forwarded to it is delivered again and runs here, once (it
+    went to the dead machine on every delivery and was dead-lettered)."""
+    machine = await DyingMachine("reset", "reset").start()
+    peer = machine_token(MACHINE_IP)
+    try:
+        async with node_factory(node_id="n1", scheduler=("ForwardScheduler", ["1"]), **with_machine(machine)) as n1:
+            assert list(n1.discovery.peers()) == [peer]
+            started = asyncio.get_running_loop().time()
+            answer = await asyncio.wait_for(faas.invoke("n1", "echo", b"x", timeout_s=30), 10)
+            assert asyncio.get_running_loop().time() - started < 2
+            assert answer.status == 500 and answer.code == 403 and "forward failed" in answer.message, answer.message
+            assert machine.jobs == 1 and list(n1.discovery.peers()) == []
+            again = await faas.invoke("n1", "echo", b"y", timeout_s=20)
+            assert again.status == 200 and again.executed_by == "n1" and again.hops == 0
+
+            await machine.start()   # it runs again and polls our list (it announces itself): scheduled again
+            await n1.discovery.on_register(encode(MachineAnnouncement(ip=MACHINE_IP)))
+            assert list(n1.discovery.peers()) == [peer]
+            async with Collector(nc, Subjects(prefix).result("dev1", "m1")) as results:
+                stored = await asyncio.wait_for(faas.call_async("n1", "echo", b"z", req="m1", timeout_s=30), 20)
+                await asyncio.sleep(0.5)
+            assert machine.jobs == 2
+            assert stored.status == 200 and stored.executed_by == "n1" and stored.output == b"z"
+            assert len(results.messages) == 1
+    finally:
+        await machine.stop()
+
+
+async def test_p2pfaas_machine_falling_silent_mid_call_fails_the_call_within_its_timeout(node_factory, faas):
+    """A machine that stops answering during a forwarded call (its host froze; or it sends the
+    head of an answer and then a byte now and then): the call fails with "forward failed" past its
+    timeout plus the forwarding grace, as a silent p2pfaas peer's does, never later (a trickling
+    answer held it for as long as bytes kept coming, one per read timeout)."""
+    machine = await DyingMachine("stall", "trickle").start()
+    try:
+        async with node_factory(node_id="n1", scheduler=("ForwardScheduler", ["1"]), **with_machine(machine)) as n1:
+            started = asyncio.get_running_loop().time()
+            calls = [faas.invoke("n1", "echo", b"x", headers={H.TIMEOUT: "1"}, timeout_s=60) for _ in range(2)]
+            answers = await asyncio.wait_for(asyncio.gather(*calls), 15)
+            waited = asyncio.get_running_loop().time() - started
+            for answer in answers:
+                assert answer.status == 500 and answer.code == 403 and "forward failed" in answer.message, answer.message
+            assert machine.jobs == 2 and waited < 1 + FORWARD_GRACE_S + 2
+            assert list(n1.discovery.peers()) == []   # not chosen again until it answers a poll
+    finally:
+        await machine.stop()

@@ -37,6 +37,23 @@ def test_failed_polls_kill_and_gossip_does_not_revive():
     assert t.machines["10.0.0.9"].dead_polls == 0 and t.machines["10.0.0.9"].ping == 0.01
 
 
+def test_a_machine_a_forward_could_not_reach_is_not_scheduled_until_it_shows_up():
+    t = table()
+    t.announce("10.0.0.9")
+    t.announce("10.0.0.8")
+    t.unreachable("10.0.0.9", "reset")
+    assert [m.ip for m in t.schedulable()] == ["10.0.0.8"]
+    assert [m.ip for m in t.alive()] == ["10.0.0.8", "10.0.0.9"]   # still listed and polled
+    t.polled("10.0.0.9", None)                                      # a failed poll changes nothing
+    t.merge([{"ip": "10.0.0.9"}])                                   # nor gossip
+    assert [m.ip for m in t.schedulable()] == ["10.0.0.8"]
+    t.polled("10.0.0.9", 0.01)                                      # it answered a poll: back
+    assert [m.ip for m in t.schedulable()] == ["10.0.0.8", "10.0.0.9"]
+    t.unreachable("10.0.0.9", "refused")
+    t.announce("10.0.0.9")                                          # or it announced itself
+    assert [m.ip for m in t.schedulable()] == ["10.0.0.8", "10.0.0.9"]
+
+
 def test_addresses_as_p2pfaas_reads_them():
     assert valid_ip("10.0.0.5:19000") == "10.0.0.5" and valid_ip("::1") == "::1"
     assert valid_ip("example.org") is None and valid_ip("") is None
