@@ -90,7 +90,7 @@ async def run(args: argparse.Namespace) -> dict:
         learner_nc, client_nc = await connect(nats_url, "bench-learner"), await connect(nats_url, "bench-client")
         prefix = f"bench{int(time.time())}"  # fresh streams even against a shared NATS
         settings = LearnerSettings(node_ids=["n1"], nats_url=nats_url, prefix=prefix, data_dir=Path(tmp),
-                                   scaling_parameters={"learning_starts": 64})
+                                   scaling_parameters={"learning_starts": 64}, pools=["fib"])
         rng = np.random.default_rng(0)
         results: dict = {}
         try:

@@ -537,3 +537,4 @@ class LearnerStats(Contract):
     checkpoint_seq: int           # stream sequence of the newest checkpoint on disk
     weights_published: int
     agent: dict[str, Any] = Field(default_factory=dict)
+    unknown_models: int = 0       # requests to the node's learner naming a model it does not keep (404)

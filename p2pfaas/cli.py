@@ -587,6 +587,7 @@ def learner(
     data_dir: Path = typer.Option(Path("data"), help="Checkpoints go to DATA_DIR/nodes/<node>/learner/."),
     scheduling_agent: str = typer.Option("dsarsa", help="Scheduling model: dsarsa (P2PFaaS) or dqn."),
     scaling_agent: str = typer.Option("dqn", help="Scaling model of each pool: dqn, pg, sarsa or dsarsa."),
+    pools: list[str] = typer.Option(["default"], "--pool", help="Pool with a scaling model (repeatable: the nodes' pools); other model names are refused."),
     checkpoint_period: float = typer.Option(5.0, help="Seconds between checkpoints of changed models."),
     weights_period: float = typer.Option(1.0, help="Minimum seconds between two weights publications."),
     torch_threads: int = typer.Option(1, help="torch intra-op threads (small models are fastest on one)."),
@@ -602,7 +603,7 @@ def learner(
     torch.set_num_threads(torch_threads)
     try:
         settings = LearnerSettings(node_ids=node_ids, nats_url=nats_url, prefix=prefix, data_dir=data_dir,
-                                   scheduling_agent=scheduling_agent, scaling_agent=scaling_agent,
+                                   scheduling_agent=scheduling_agent, scaling_agent=scaling_agent, pools=pools,
                                    checkpoint_period_s=checkpoint_period, weights_period_s=weights_period)
     except ValueError as exc:
         raise typer.BadParameter(str(exc)) from None

@@ -383,6 +383,7 @@ class CheckpointStore:
                malformed: int, window_trained: Iterable[int] = (), window_fed: Iterable[int] = ()) -> None:
         self.directory.mkdir(parents=True, exist_ok=True)
         self.generation += 1
+        self.files = {name: file for name, file in self.files.items() if name in slots}   # dropped models' files go
         models = {}
         for name, slot in slots.items():
             if slot.agent is not None and (slot.dirty or name not in self.files):

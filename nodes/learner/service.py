@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from typing import Any, Callable
 
 from nats.aio.client import Client
@@ -41,6 +42,7 @@ log = logging.getLogger(__name__)
 STATUS_HEADER = H.STATUS   # the HTTP bridge answers with this status
 DURABLE = "learner"
 FETCH_TIMEOUT_S = 0.5
+UNKNOWN_LOG_PERIOD_S = 60.0   # refused requests for unknown models: one log line per period at most
 
 
 class NodeLearner:
@@ -60,6 +62,9 @@ class NodeLearner:
         self._task: asyncio.Task | None = None
         self._stopping = asyncio.Event()
         self._last_publish = 0.0
+        self._dropped = False        # the checkpoint holds models not kept any more: rewrite it
+        self.unknown_models = 0      # requests naming a model this learner does not keep (answered 404)
+        self._unknown_logged = -UNKNOWN_LOG_PERIOD_S
 
     # -- lifecycle --------------------------------------------------------------------
     async def start(self) -> None:
@@ -106,6 +111,11 @@ class NodeLearner:
             self.malformed = restored.malformed
             wanted = {SCHEDULING_MODEL: self.settings.scheduling_agent}
             for name, slot in restored.slots.items():
+                if name not in self.settings.models:   # a pool no longer configured, or a name made up by a client
+                    log.warning("learner %s: checkpointed model %s is none of this learner's models (%s): dropped",
+                                self.node, name, ", ".join(self.settings.models))
+                    self._dropped = True
+                    continue
                 want = wanted.get(name, self.settings.scaling_agent)
                 if slot.algorithm != want:
                     log.warning("learner %s: checkpointed model %s is %s, the settings want %s: starting it afresh",
@@ -120,6 +130,8 @@ class NodeLearner:
             if s.scheduling_obs_dim:
                 slot.ensure(s.scheduling_obs_dim)
             self.slots[SCHEDULING_MODEL] = slot
+        if self._dropped:   # their files go now, not at the next change
+            self.checkpoint(force=True)
 
     def _start_from_shipped(self, slot: ModelSlot) -> None:
         """An empty scheduling table that a LearningScheduler just sized to the shipped table's
@@ -236,21 +248,37 @@ class NodeLearner:
     def _on_scaling(self, pool: str, exp: ScalingExperience) -> None:
         if (exp.node, exp.pool) != (self.node, pool):
             raise ValueError(f"experience of {exp.node}/{exp.pool} on the subject of {self.node}/{pool}")
+        if pool not in self.settings.pools:
+            raise ValueError(f"pool {pool!r} is none of this learner's pools ({', '.join(self.settings.pools)})")
         self._slot(scaling_model(pool)).update(exp.observation, exp.action, exp.reward, exp.next_observation,
                                                 exp.done)
 
     # -- models, weights and checkpoints ----------------------------------------------
     def _slot(self, model: str) -> ModelSlot:
+        """The model named ``model``, made on first use if it is one of the settings' models. Any
+        other name is refused, not made: each would hold memory (a DQN, its replay memory) and a
+        checkpoint file, and nothing bounds the names a client may send."""
         slot = self.slots.get(model)
         if slot is None:
             pool = pool_of_model(model)
-            if pool is None:
-                raise LookupError(f"node {self.node} has no model {model!r}: "
-                                  f"{SCHEDULING_MODEL!r} or 'scaling-<pool>'")
+            if pool is None or model not in self.settings.models:
+                self._unknown(model)
+                raise LookupError(f"node {self.node} has no model {model!r}; its models: "
+                                  f"{', '.join(self.settings.models)} (the pools of its settings)")
             s = self.settings
             slot = self.slots[model] = ModelSlot(model, s.scaling_agent, s.scaling_actions, None,
                                                  s.scaling_parameters, s.seed)
         return slot
+
+    def _unknown(self, model: str) -> None:
+        """Counted (``stats.unknown_models``) and logged at most once per period, whoever floods it."""
+        self.unknown_models += 1
+        now = time.monotonic()
+        if now - self._unknown_logged >= UNKNOWN_LOG_PERIOD_S:
+            self._unknown_logged = now
+            log.warning("learner %s: request for model %r refused (404): not one of %s; %d refused so far; "
+                        "a scaled pool must be in the node's settings", self.node, model[:64],
+                        ", ".join(self.settings.models), self.unknown_models)
 
     async def _publish_weights(self, force: bool = False) -> None:
         now = asyncio.get_running_loop().time()
@@ -270,9 +298,9 @@ class NodeLearner:
             await self.nc.publish(self.subjects.learner(self.node, slot.name, "weights"), data)
             slot.weights_published += 1
 
-    def checkpoint(self) -> None:
+    def checkpoint(self, force: bool = False) -> None:
         """Commit every model with the stream position it includes (when anything changed)."""
-        if self.stream_seq == self.checkpoint_seq and not any(s.dirty for s in self.slots.values()):
+        if not force and self.stream_seq == self.checkpoint_seq and not any(s.dirty for s in self.slots.values()):
             return
         try:
             self.store.commit(self.slots, self.window.samples.values(), self.stream_seq, self.malformed,
@@ -333,7 +361,7 @@ class NodeLearner:
             n_actions=slot.n_actions, exists=slot.exists, experiences=slot.experiences,
             pending=len(self.window) if slot.name == SCHEDULING_MODEL else 0, malformed=self.malformed,
             stream_seq=self.stream_seq, checkpoint_seq=self.checkpoint_seq,
-            weights_published=slot.weights_published, agent=slot.stats(),
+            weights_published=slot.weights_published, agent=slot.stats(), unknown_models=self.unknown_models,
         ))
 
     def _reset(self, slot: ModelSlot, data: bytes) -> bytes:

@@ -8,7 +8,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from broker.subjects import check_node
+from broker.subjects import SCHEDULING_MODEL, check_node, check_token, scaling_model
 
 SchedulingAgent = Literal["dsarsa", "dqn"]
 SHIPPED_SCHEDULING_MODEL = Path(__file__).with_name("shipped") / "scheduling-dsarsa.npz"
@@ -43,6 +43,10 @@ class LearnerSettings(BaseModel):
     scaling_actions: int = Field(default=7, ge=1)
     """The target action space of controller/features.py: keep, or one of six sizes."""
     scaling_parameters: dict[str, Any] = Field(default_factory=dict)
+    pools: list[str] = Field(default_factory=lambda: ["default"])
+    """The pools that have a scaling model (``scaling-<pool>``): a node's own learner takes the
+    node's pools. Any other model name is refused (404) and another pool's experience is refused
+    as malformed: a name is not a model, else any client could fill memory and disk with them."""
 
     seed: int = 0
     checkpoint_period_s: float = Field(default=5.0, gt=0)
@@ -63,14 +67,28 @@ class LearnerSettings(BaseModel):
             raise ValueError(f"node ids repeat: {value}")
         return value
 
+    @field_validator("pools")
+    @classmethod
+    def _valid_pools(cls, value: list[str]) -> list[str]:
+        for pool in value:
+            scaling_model(check_token(pool, "pool"))   # the model token must be valid too
+        return list(dict.fromkeys(value))
+
+    @property
+    def models(self) -> list[str]:
+        """Every model a node's learner keeps: the scheduling model and one per pool."""
+        return [SCHEDULING_MODEL, *(scaling_model(pool) for pool in self.pools)]
+
     def learner_dir(self, node: str) -> Path:
         return self.data_dir / "nodes" / node / "learner"
 
     @classmethod
     def for_node(cls, node_settings: Any, **overrides: Any) -> "LearnerSettings":
-        """The learner of one node, sharing its NATS, prefix and data directory."""
-        return cls(node_ids=[node_settings.node_id], nats_url=node_settings.nats_url,
-                   prefix=node_settings.prefix, data_dir=node_settings.data_dir, **overrides)
+        """The learner of one node, sharing its NATS, prefix, data directory and pools (the main
+        one, ``default``, and its dedicated ones)."""
+        values = dict(node_ids=[node_settings.node_id], nats_url=node_settings.nats_url, prefix=node_settings.prefix,
+                      data_dir=node_settings.data_dir, pools=["default", *node_settings.pools])
+        return cls(**{**values, **overrides})
 
     @classmethod
     def from_env(cls, **overrides: Any) -> "LearnerSettings":

@@ -21,7 +21,7 @@ STATE = "X-P2pfaas-Learning-State"
 @pytest.fixture
 async def http(nats_server, nc, prefix, tmp_path):
     settings = LearnerSettings(node_ids=["n1"], nats_url=nats_server.url, prefix=prefix, data_dir=tmp_path,
-                               weights_period_s=0.05, scheduling_parameters={"alpha": 0.2})
+                               weights_period_s=0.05, scheduling_parameters={"alpha": 0.2}, pools=["fib"])
     async with LearnerService(nc, settings):
         async with serving(HttpBridge(nc, "n1", prefix=prefix, max_payload_bytes=64 * 1024)) as client:
             yield client

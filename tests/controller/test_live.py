@@ -96,7 +96,8 @@ async def test_a_restarted_controller_takes_the_pool_over_as_it_is(nc, prefix):
 @pytest.fixture
 def learner_settings(nats_server, prefix, tmp_path):
     return LearnerSettings(node_ids=["n1"], nats_url=nats_server.url, prefix=prefix, data_dir=tmp_path,
-                           weights_period_s=0.05, checkpoint_period_s=0.5, scheduling_model=None)
+                           weights_period_s=0.05, checkpoint_period_s=0.5, scheduling_model=None,
+                           pools=["farm"])
 
 
 def acts_like(a, b, scenario=SCENARIO, n: int = 40) -> bool:

@@ -15,7 +15,7 @@ import orjson
 import pytest
 
 from broker.codec import encode
-from broker.messages import LearnerTrainSample, ScalingExperience, SchedulingExperience
+from broker.messages import LearnerTrainSample, LearnerWeights, ScalingExperience, SchedulingExperience
 from broker.streams import experiences_stream
 from broker.subjects import Subjects
 from nodes.learner.client import LearnerError, LocalPolicy, RemotePolicy
@@ -34,7 +34,7 @@ def settings(nats_server, prefix, tmp_path):
     def make(**overrides) -> LearnerSettings:
         values = dict(node_ids=["n1"], nats_url=nats_server.url, prefix=prefix, data_dir=tmp_path,
                       weights_period_s=0.05, checkpoint_period_s=0.2, scaling_parameters=FAST_DQN,
-                      scaling_actions=3, scheduling_model=None)
+                      scaling_actions=3, scheduling_model=None, pools=["fib"])
         values.update(overrides)
         return LearnerSettings(**values)
     return make
@@ -172,8 +172,9 @@ async def test_scaling_experiences_train_a_per_pool_model(settings, nc, prefix):
         assert stats.agent["global_step"] == 400
         assert (await fib.act(A, explore=False)).action == 2
         assert (await fib.act(B, explore=False)).action == 0
-        other = await RemotePolicy(nc, "n1", "scaling-other", prefix=prefix).stats()
-        assert not other.exists and other.experiences == 0
+        with pytest.raises(LearnerError) as err:   # no pool "other" in the settings: no such model
+            await RemotePolicy(nc, "n1", "scaling-other", prefix=prefix).stats()
+        assert err.value.status == 404
         assert (await RemotePolicy(nc, "n1", prefix=prefix).stats()).experiences == 0  # scheduling untouched
 
 
@@ -312,6 +313,55 @@ async def test_malformed_experiences_do_not_stop_the_service(settings, nc, prefi
         info = await js.consumer_info(experiences_stream(s, "n1"), DURABLE)
         assert info.num_ack_pending == 0 and info.num_redelivered == 0 and info.num_pending == 0
         assert (await remote.act(X)).action in (0, 1)
+
+
+async def test_a_model_nobody_configured_is_refused_not_made(settings, nc, prefix, tmp_path, caplog):
+    """Any name a client sent became a model (a DQN with its replay memory, then a file in the
+    checkpoint): whoever may reach the learner could fill its memory and disk. The models are the
+    scheduling model and one per pool of the settings; any other name is 404 with the models there
+    are (counted, logged once per period), another pool's experience is refused as malformed, and
+    a model the checkpoint holds but the settings no longer name is dropped at start, its file too."""
+    js, s = nc.jetstream(), Subjects(prefix)
+    directory = tmp_path / "nodes" / "n1" / "learner"
+    ghost = LearnerWeights(node="n1", model="scaling-ghost", algorithm="dqn", obs_dim=2, n_actions=3, config={},
+                           version=0, weights_b64="")
+    async with LearnerService(nc, settings()) as service:
+        remote = RemotePolicy(nc, "n1", prefix=prefix)
+        requests = [lambda p: p.act(A), lambda p: p.stats(), lambda p: p.parameters(), lambda p: p.reset(),
+                    lambda p: p.set_parameters({"hidden_sizes": [16]}), lambda p: p.weights(),
+                    lambda p: p.set_weights(ghost)]
+        for name in ("scaling-ghost", "scaling-x1", "nomodel"):
+            for request in requests:
+                with pytest.raises(LearnerError) as err:
+                    await request(RemotePolicy(nc, "n1", name, prefix=prefix))
+                assert err.value.status == 404 and "scheduling, scaling-fib" in err.value.message, err.value
+        await js.publish(s.experience("n1", "ghost"), encode(ScalingExperience(
+            node="n1", pool="ghost", observation=A, action=0, reward=0.0, next_observation=A)))
+        stats = await stats_until(remote, lambda st: st.stream_seq == 1)
+        assert stats.malformed == 1 and stats.unknown_models == 3 * len(requests)
+        assert set(service["n1"].slots) == {"scheduling"}
+        assert sum("refused (404)" in r.getMessage() for r in caplog.records) == 1   # not one line per request
+        assert (await RemotePolicy(nc, "n1", "scaling-fib", prefix=prefix).act(A)).model == "scaling-fib"
+    assert set(orjson.loads((directory / "learner.json").read_bytes())["models"]) == {"scheduling", "scaling-fib"}
+
+    async with LearnerService(nc, settings(pools=["fib", "ghost"])):   # a pool the node had once
+        await RemotePolicy(nc, "n1", "scaling-ghost", prefix=prefix).act(A)
+    assert any(p.name.startswith("scaling-ghost.") for p in directory.glob("*.pt"))
+    async with LearnerService(nc, settings()):
+        with pytest.raises(LearnerError) as err:
+            await RemotePolicy(nc, "n1", "scaling-ghost", prefix=prefix).stats()
+        assert err.value.status == 404
+    assert set(orjson.loads((directory / "learner.json").read_bytes())["models"]) == {"scheduling", "scaling-fib"}
+    assert sorted(p.name.split(".")[0] for p in directory.glob("*.pt")) == ["scaling-fib", "scheduling"]
+
+
+def test_a_nodes_learner_keeps_a_model_per_pool_of_the_node(tmp_path):
+    from nodes.settings import NodeSettings, PoolSpec
+
+    node = NodeSettings(node_id="n1", data_dir=tmp_path, pools={"farm": PoolSpec(functions=["sleep"])})
+    assert LearnerSettings.for_node(node).models == ["scheduling", "scaling-default", "scaling-farm"]
+    with pytest.raises(ValueError):
+        LearnerSettings(pools=["a.b"])
 
 
 async def test_shared_learner_keeps_each_node_apart(settings, nc, prefix):
