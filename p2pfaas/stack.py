@@ -26,7 +26,7 @@ from broker.messages import NodeConfiguration, SchedulerConfiguration
 from controller.policies import resolve_policy
 from controller.scenario import load_scenario
 from nodes.settings import NodeSettings, PoolSpec
-from p2pfaas.supervisor import ChildSpec, Supervisor
+from p2pfaas.supervisor import EXIT_NEEDS_FIX, ChildSpec, Supervisor
 
 log = logging.getLogger(__name__)
 
@@ -314,7 +314,8 @@ class Stack:
             path = run_dir / f"node-{node.node_id}.json"
             path.write_text(node.model_dump_json())
             specs.append(ChildSpec(f"node-{node.node_id}", self._cli("node", "--settings", str(path)),
-                                   env=self._identity(node=node.node_id), stop_timeout_s=30))
+                                   env=self._identity(node=node.node_id), stop_timeout_s=30,
+                                   fix_exit_code=EXIT_NEEDS_FIX, watch=[node.node_dir]))   # a broken file there
             self.node_ids.append(node.node_id)
         await asyncio.gather(*(sup.start(spec) for spec in specs))
 

@@ -5,6 +5,11 @@ left behind.
 Every child gets a pipe as stdin that we never write (``broker.lifecycle``): our own Python
 children end when they read its end of file, so nothing outlives ``p2pfaas up``, not even after
 a kill -9; the brokers also get the parent-death signal.
+
+A child of ours that exits with code 2 (``ChildSpec.fix_exit_code``) said, in one line, that the
+user must fix something (a broken file of a node's): it is reported once and started again when its files change, when another
+part was restarted (the broker it could not reach may be back), or after a long backoff --
+not every 10 s for ever, repeating the same line.
 """
 
 from __future__ import annotations
@@ -27,6 +32,9 @@ RESTART_BACKOFF_S = (0.5, 1.0, 2.0, 5.0, 10.0)   # after the n-th quick death in
 STABLE_AFTER_S = 30.0                             # a child that lived this long starts the backoff afresh
 COPY_CHUNK_BYTES = 65536                          # a child's stdout is copied to its log in reads of this size
 KILL_WAIT_S = 5.0                                 # after SIGKILL, this long for the process to be reaped
+EXIT_NEEDS_FIX = 2                                # the CLI's exit code for what the user must fix (one error line)
+FIX_BACKOFF_S = (30.0, 60.0, 120.0, 300.0)        # such a child, tried again without any change seen
+FIX_POLL_S = 1.0                                  # how often its files are looked at meanwhile
 
 
 @dataclass
@@ -42,6 +50,9 @@ class ChildSpec:
     ready_timeout_s: float = 120.0
     stop_timeout_s: float = 20.0
     restart: bool = True
+    fix_exit_code: int | None = None   # the code it exits with when the user must fix something (our CLI: 2);
+    # None: every exit is a crash (a Go program such as nats-server also exits 2 when it panics)
+    watch: list[Path] = field(default_factory=list)   # files (or directories of them) a fix would change
 
 
 @dataclass(eq=False)
@@ -52,6 +63,7 @@ class Child:
     started_at: float = 0.0
     watcher: asyncio.Task | None = None
     drain: asyncio.Task | None = None
+    needs_fix: str | None = None     # its last line, while it waits for the user (it exited with code 2)
 
     @property
     def pid(self) -> int | None:
@@ -64,6 +76,7 @@ class Supervisor:
         self.children: dict[str, Child] = {}
         self.notes: list[str] = []             # what happened (restarts), for the operator
         self._stopping = False
+        self._restarted = 0                    # restarts of any child so far (wakes those waiting for a fix)
 
     def end_strays(self) -> list[int]:
         """End processes of a previous run on this data dir (pid files), before starting ours."""
@@ -144,16 +157,27 @@ class Supervisor:
             lived = time.monotonic() - child.started_at
             quick_deaths = 0 if lived > STABLE_AFTER_S else quick_deaths + 1
             delay = _backoff(quick_deaths)
-            note = f"{child.spec.name} exited (code {code}) after {lived:.0f} s; restarting in {delay:g} s"
-            log.warning(note)
-            self.notes.append(note)
+            fixes = 0   # tries since it asked for a fix
+            if code == child.spec.fix_exit_code:
+                self._needs_fix(child, lived)
+            else:
+                note = f"{child.spec.name} exited (code {code}) after {lived:.0f} s; restarting in {delay:g} s"
+                log.warning(note)
+                self.notes.append(note)
             while True:
-                await asyncio.sleep(delay)
+                if child.needs_fix is not None:
+                    await self._until_fixed(child, FIX_BACKOFF_S[min(fixes, len(FIX_BACKOFF_S) - 1)])
+                else:
+                    await asyncio.sleep(delay)
                 if self._stopping:
                     return
                 try:
                     await self._spawn(child)
                 except BrokerUnavailable as exc:   # it never got ready; the message has its log's tail
+                    if child.proc is not None and child.proc.returncode == child.spec.fix_exit_code:
+                        fixes += 1
+                        self._needs_fix(child, time.monotonic() - child.started_at)
+                        continue
                     log.error("%s", exc)
                 except Exception as exc:
                     log.error("%s could not be restarted: %s: %s", child.spec.name, type(exc).__name__, exc)
@@ -161,11 +185,50 @@ class Supervisor:
                     break
                 if self._stopping:
                     return
+                child.needs_fix = None   # it failed otherwise: a crash, restarted as crashes are
                 quick_deaths += 1
                 delay = _backoff(quick_deaths)
                 log.warning("%s: trying again in %g s", child.spec.name, delay)
+            if child.needs_fix is not None:
+                log.warning("%s runs again: what it asked to fix is fixed", child.spec.name)
+                child.needs_fix = None
             child.restarts += 1
+            self._restarted += 1
             log.warning("%s restarted (restart %d)", child.spec.name, child.restarts)
+
+    def _needs_fix(self, child: Child, lived: float) -> None:
+        """Report a child that exited asking for a fix: once per distinct line it gave (an error, a
+        note for the operator), later tries that end the same way only at info level."""
+        line = _last_line(self.log_dir / f"{child.spec.name}.log") or f"exited with code {child.spec.fix_exit_code}"
+        if line == child.needs_fix:
+            log.info("%s still needs a fix: %s", child.spec.name, line)
+            return
+        child.needs_fix = line
+        watched = ", ".join(str(p) for p in child.spec.watch)
+        note = (f"{child.spec.name} exited after {lived:.0f} s asking for a fix: {line} -- not restarted until "
+                f"{'its files change (' + watched + '), ' if watched else ''}another part restarts, or "
+                f"{FIX_BACKOFF_S[0]:g}-{FIX_BACKOFF_S[-1]:g} s have passed; its log: {self.log_dir / child.spec.name}.log")
+        log.error(note)
+        self.notes.append(note)
+
+    async def _until_fixed(self, child: Child, timeout_s: float) -> None:
+        """Wait until the child's watched files change, another child was restarted, we stop, or
+        ``timeout_s`` has passed (a cause outside its files, e.g. a foreign broker that was away)."""
+        loop = asyncio.get_running_loop()
+        before, restarted = _signature(child.spec.watch), self._restarted
+        deadline = loop.time() + timeout_s
+        while not self._stopping and loop.time() < deadline:
+            await asyncio.sleep(min(FIX_POLL_S, max(0.0, deadline - loop.time())))
+            if _signature(child.spec.watch) != before:
+                log.warning("%s: its files changed; starting it again", child.spec.name)
+                return
+            if self._restarted != restarted:
+                log.info("%s: another part was restarted; starting it again", child.spec.name)
+                return
+
+    def needing_fix(self) -> dict[str, str]:
+        """Children waiting for the user, with the line each gave (for a status display)."""
+        return {name: c.needs_fix for name, c in self.children.items() if c.needs_fix is not None}
 
     async def stop(self, names: list[str]) -> None:
         """Stop these children in this order (each bounded by its stop timeout)."""
@@ -233,6 +296,30 @@ class Supervisor:
 
 def _backoff(quick_deaths: int) -> float:
     return RESTART_BACKOFF_S[min(quick_deaths, len(RESTART_BACKOFF_S) - 1)]
+
+
+def _last_line(path: Path) -> str:
+    """The last non-empty line of a child's log: the one line a CLI part ends with on an error."""
+    lines = [line.strip() for line in _tail(path).splitlines() if line.strip()]
+    return lines[-1][:500] if lines else ""
+
+
+def _signature(paths: list[Path]) -> list[tuple]:
+    """What a change to these files (or to the files directly in these directories) changes."""
+    out: list[tuple] = []
+    for path in paths:
+        try:
+            entries = sorted(path.iterdir()) if path.is_dir() else [path]
+        except OSError as exc:
+            out.append((str(path), exc.errno))
+            continue
+        for entry in entries:
+            try:
+                st = entry.stat()
+                out.append((str(entry), st.st_mtime_ns, st.st_size))
+            except OSError as exc:   # e.g. deleted meanwhile
+                out.append((str(entry), exc.errno))
+    return out
 
 
 def _tail(path: Path, size: int = 2000) -> str:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import errno
+import json
 import sys
 from pathlib import Path
 
@@ -129,5 +130,60 @@ async def test_the_output_is_drained_when_the_log_cannot_be_written(sup, monkeyp
     child = await sup.start(ChildSpec("nolog", python(code), restart=False))
     try:
         assert await asyncio.wait_for(child.proc.wait(), 20) == 0
+    finally:
+        await _stopped(sup)
+
+
+async def test_a_node_refusing_its_broken_file_waits_for_the_fix(sup, monkeypatch, tmp_path, nats_server, prefix,
+                                                                 caplog):
+    """A real `p2pfaas node` whose configuration.json is broken while it is down (a crash
+    mid-write) refuses it, one line and exit code 2. It was restarted every 10 s for ever, the same
+    line each time; now it is reported once, left down, and started again once its file changes."""
+    monkeypatch.setattr(supervisor, "FIX_POLL_S", 0.1)
+    node_dir = tmp_path / "data" / "nodes" / "n1"
+    settings = tmp_path / "node.json"
+    settings.write_text(json.dumps({"node_id": "n1", "nats_url": nats_server.url, "prefix": prefix,
+                                    "data_dir": str(tmp_path / "data"), "learner": False, "runtime": "inprocess"}))
+    spec = ChildSpec("node-n1", [sys.executable, "-m", "p2pfaas.cli", "node", "--settings", str(settings)],
+                     fix_exit_code=supervisor.EXIT_NEEDS_FIX, watch=[node_dir], stop_timeout_s=30)
+    child = await sup.start(spec)
+    log_path = sup.log_dir / "node-n1.log"
+    try:
+        (node_dir / "configuration.json").write_bytes(b'{"parallel_running_functions_max": 4, "queue')
+        sup.kill("node-n1")
+        await wait_until(lambda: child.needs_fix is not None, timeout_s=30)
+        assert "configuration.json is not valid" in child.needs_fix and child.needs_fix.startswith("error: ")
+        assert sup.needing_fix() == {"node-n1": child.needs_fix}
+        await asyncio.sleep(2.0)   # blindly, it would have been started again many times meanwhile
+        assert log_path.read_text().count("configuration.json is not valid") == 1
+        reported = [r for r in caplog.records if r.levelname == "ERROR" and "asking for a fix" in r.getMessage()]
+        assert len(reported) == 1 and str(node_dir) in reported[0].getMessage()
+        assert child.pid is None and child.restarts == 0
+
+        (node_dir / "configuration.json").unlink()   # the user's fix: back to the defaults
+        await wait_until(lambda: child.restarts == 1 and child.pid is not None, timeout_s=30)
+        assert child.needs_fix is None and sup.needing_fix() == {}
+    finally:
+        await _stopped(sup)
+
+
+async def test_a_crash_is_still_restarted_at_once(sup, tmp_path):
+    """Only the fix code waits for a fix: a child that crashes (another code, a signal) comes back
+    on the usual backoff, whatever it printed; and so does one that has no fix code (nats-server:
+    a Go panic exits 2)."""
+    code = ("import os, sys\nprint('READY', flush=True)\nif not os.path.exists(sys.argv[1]):\n"
+            "    open(sys.argv[1], 'w').close(); print('error: not this kind', file=sys.stderr); sys.exit(int(sys.argv[2]))\n"
+            "import time; time.sleep(600)\n")
+    child = await sup.start(ChildSpec("crasher", python(code) + [str(tmp_path / "ran"), "1"], fix_exit_code=2,
+                                      watch=[tmp_path / "x"]))
+    go = await sup.start(ChildSpec("go", python(code) + [str(tmp_path / "go-ran"), "2"]))
+    try:
+        await wait_until(lambda: child.restarts == 1 and child.pid is not None, timeout_s=20)
+        sup.kill("crasher")
+        await wait_until(lambda: child.restarts == 2 and child.pid is not None, timeout_s=20)
+        await wait_until(lambda: go.restarts == 1 and go.pid is not None, timeout_s=20)
+        assert child.needs_fix is None and go.needs_fix is None and sup.needing_fix() == {}
+        assert {"crasher exited (code 1)", "crasher exited (code -9)", "go exited (code 2)"} == {
+            n.split(" after")[0] for n in sup.notes}
     finally:
         await _stopped(sup)
