@@ -137,9 +137,9 @@ class HttpAsync(HttpTransport):
                     response = await self.http.get(f"/result/{call_id}")
                 except httpx.HTTPError:
                     return
-            pending = response.status_code == 202 or (
-                response.status_code == 404 and b"no result for call" in response.content)
-            if not pending:   # 404 "unknown" too: a restarted bridge forgets what it accepted
+            # 202: stored, not answered yet (any bridge process, a restarted one too, looks in
+            # JetStream); 503: the bridge cannot look now. A 404 is an answer: the call is lost.
+            if response.status_code not in (202, 503):
                 self.ledger.answered(req, response.status_code, response.content)
 
         while True:
