@@ -11,7 +11,10 @@ Nothing a device was promised is lost:
   is back. Bridges side by side (each with its own client id) share that consumer, so each
   answer goes out once; a request seen by two of them is stored once (its message id);
 * a retained request is refused (it would run again for every new session), a malformed
-  topic or an oversized payload is answered on the reject topic, never dropped in silence; an
+  topic or an oversized payload (over the bridge's limit, or over what the NATS server takes
+  in one message) is answered on the reject topic, never dropped in silence; a request the
+  bridge fails on in a way it does not expect (a bug, an unexpected broker error) is refused
+  500 on the reject topic, logged and counted (``outcome="failed"``), and acknowledged; an
   answer that can be no MQTT topic (a wildcard in a token) is dropped with a warning, not
   redelivered for ever, and one that fails to go out comes again without stopping the others.
 
@@ -35,7 +38,7 @@ from paho.mqtt.properties import Properties
 from paho.mqtt.subscribeoptions import SubscribeOptions
 from nats.aio.client import Client
 from nats.aio.msg import Msg
-from nats.errors import NoRespondersError
+from nats.errors import ConnectionClosedError, ConnectionDrainingError, NoRespondersError, OutboundBufferLimitError
 from nats.errors import TimeoutError as NatsTimeout
 from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
 from nats.js.errors import BadRequestError
@@ -57,6 +60,10 @@ ANSWERS_CONSUMER = "mqtt-bridge"      # shared by every bridge of a prefix
 ANSWER_FETCH_S = 1.0     # a pull waits at most this long (and a stop for the last one)
 ANSWER_BATCH = 64
 SESSION_EXPIRY_S = 7 * 24 * 3600   # how long Mosquitto keeps the bridge's queue while it is away
+HEADER_ROOM = 512   # a request's NATS headers (message id, sent-at): nats-server counts them in max_payload
+# the NATS client is closing (the bridge is being stopped): a request is left unacknowledged,
+# and Mosquitto sends it again to the bridge's next connection (its persistent session)
+CLOSING = (ConnectionClosedError, ConnectionDrainingError)
 
 
 def default_client_id(prefix: str) -> str:
@@ -69,6 +76,11 @@ def parse_mqtt_url(url: str) -> tuple[str, int]:
     if parsed.scheme not in ("mqtt", "tcp", "mqtts", "ssl"):
         raise ValueError(f"MQTT URL {url!r} must look like mqtt://HOST:PORT (or mqtts:// for TLS)")
     return parsed.hostname or "127.0.0.1", parsed.port or (8883 if parsed.scheme in ("mqtts", "ssl") else 1883)
+
+
+def _topic_of(message: mqtt.MQTTMessage) -> str:
+    """A message's topic, even one that is not UTF-8 (to log and refuse it, not to fail on it)."""
+    return message._topic.decode("utf-8", "replace")
 
 
 def mqtt_tls(client: mqtt.Client, url: str, ca: str | None) -> None:
@@ -180,9 +192,47 @@ class MqttBridge:
             message = await self._inbox.get()
             try:
                 await self._to_nats(message)
-            except Exception:  # never let one message stop the bridge
-                log.exception("MQTT bridge: failed on %s", message.topic)
-                self.messages.labels("to_nats", "error").inc()
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:  # never let one message stop the bridge, nor leave its device waiting
+                await self._failed(message, exc)
+
+    async def _failed(self, message: mqtt.MQTTMessage, exc: Exception) -> None:
+        """A request the bridge failed on unexpectedly is refused (500) and acknowledged. Left
+        unacknowledged, it would not come again while the bridge stays connected (Mosquitto
+        resends only to a new connection): its device would wait for ever, and it would hold one
+        of the bridge's in-flight slots at Mosquitto. The refusal is stored like every answer (its
+        message id keeps it the only answer), else, when that fails too, sent straight to the device."""
+        topic = _topic_of(message)
+        if isinstance(exc, CLOSING):
+            log.warning("MQTT bridge: request on %s not stored, the NATS connection is closing (%r); "
+                        "Mosquitto sends it again to the bridge's next connection", topic, exc)
+            self.messages.labels("to_nats", "left_for_redelivery").inc()
+            return
+        log.error("MQTT bridge: failed on the request on %s; refused 500 (send it again)", topic, exc_info=exc)
+        reason = f"the MQTT bridge failed on this request ({type(exc).__name__}: {exc}); send it again"
+        try:
+            await self._reject_raw(topic, 500, reason)
+        except asyncio.CancelledError:
+            raise
+        except Exception as again:
+            log.error("MQTT bridge: refusal of %s not stored (%r); publishing it to the device directly", topic, again)
+            if not self._reject_direct(topic, reason):
+                # no MQTT connection: unacknowledged, Mosquitto sends it again when the bridge is back
+                self.messages.labels("to_nats", "left_for_redelivery").inc()
+                return
+        self._ack(message, "failed")
+
+    def _reject_direct(self, topic: str, reason: str) -> bool:
+        """Publish a 500 refusal straight to Mosquitto (not through JetStream); False: not connected."""
+        ids = self.subjects.salvage_reply_to(".".join(topic.split("/")))
+        client, req = ids or ("invalid", "invalid")
+        parts = topic.split("/")
+        rejection = Rejection(request_id=req, client=client, fn=(parts[3][:64] if len(parts) > 3 else "") or "?",
+                              code=codes.for_status(500), http_status=500, reason=reason, node="mqtt-bridge")
+        subject = self.subjects.reject(client, req) if ids else self.subjects.invalid()
+        info = self._mqtt.publish(to_mqtt(subject), encode(rejection), qos=1)
+        return info.rc == mqtt.MQTT_ERR_SUCCESS
 
     async def _to_nats(self, message: mqtt.MQTTMessage) -> None:
         topic = message.topic
@@ -203,9 +253,12 @@ class MqttBridge:
             await self._reject(inv.client, inv.request_id, inv.fn, 400,
                                "retained requests are refused (publish requests with retain off)")
             return self._ack(message, "retained")
-        if len(message.payload) > self.max_payload_bytes:
+        # nats-server counts the headers in its max_payload and closes a connection that sends more:
+        # the store would fail for ever (and drop the bridge's connection each time)
+        limit = min(self.max_payload_bytes, self.nc.max_payload - HEADER_ROOM)
+        if len(message.payload) > limit:
             await self._reject(inv.client, inv.request_id, inv.fn, 413,
-                               f"payload of {len(message.payload)} bytes exceeds the limit of {self.max_payload_bytes}")
+                               f"payload of {len(message.payload)} bytes exceeds the limit of {limit}")
             return self._ack(message, "too_large")
         if inv.kind != "request":
             await self._reject(inv.client, inv.request_id, inv.fn, 400, f"devices publish requests, not {inv.kind}s: {topic!r}")
@@ -224,7 +277,7 @@ class MqttBridge:
             try:
                 await self.js.publish(subject, data, headers=headers, timeout=5.0, stream=stream)
                 return
-            except (NatsTimeout, asyncio.TimeoutError, NoRespondersError, JetStreamError) as exc:
+            except (NatsTimeout, asyncio.TimeoutError, NoRespondersError, JetStreamError, OutboundBufferLimitError) as exc:
                 delay = RETRY_S[min(attempt, len(RETRY_S) - 1)]
                 log.warning("MQTT bridge: JetStream did not store %s (%s); retrying in %g s", subject, exc, delay)
                 self.messages.labels("to_nats", "retried").inc()
