@@ -13,7 +13,9 @@ message and ends at the first pause; a task costs here about what taking the cal
 A consumer deleted under a running node (``nats consumer rm``, a JetStream store restored
 without it, the stream made again) is made again with the same settings: it delivers every
 call still stored (deliver policy "all"; the work queue keeps only unacknowledged ones), and
-the service's duplicate guard drops those already answered.
+the service's duplicate guard drops those already answered. A stream deleted under it (``nats
+stream rm``, a JetStream store lost) is made again first, with the settings of
+:func:`broker.streams.ensure_shared_streams`.
 """
 
 from __future__ import annotations
@@ -35,7 +37,7 @@ from nats.js.errors import BadRequestError, NotFoundError
 
 from broker import headers as H
 from broker.connection import on_event
-from broker.streams import async_stream
+from broker.streams import async_stream, ensure_shared_streams
 from broker.errors import InvalidToken
 from broker.subjects import TOKEN_RE, Subjects, check_node
 from broker.lifecycle import still_wanted
@@ -49,6 +51,7 @@ PULL_GRACE_S = 2.0      # no word on a pull request by its expiry plus this: Jet
 CONSUMER_DELETED = "409 Consumer Deleted"   # nats-server's word to an open pull request
 NO_RESPONDERS = "503"   # nobody serves the pull subject: the consumer is gone, or JetStream is
 LOOKUP_TIMEOUT_S = 1.0  # asking JetStream whether the consumer still exists
+STREAM_NOT_FOUND = 10059  # JetStream's error code: the stream does not exist
 
 
 def consumer_name(node: str) -> str:
@@ -108,6 +111,15 @@ class AsyncIntake:
                                 ack_wait=self.ack_wait_s, max_deliver=self.max_deliver, max_ack_pending=HOLD_LIMIT,
                                 filter_subject=self.subjects.async_of(self.node))
         try:
+            await self.js.add_consumer(stream, config)
+        except NotFoundError as exc:
+            if exc.err_code != STREAM_NOT_FOUND:
+                raise
+            # the stream itself is gone (`nats stream rm`, a JetStream store lost): no async call
+            # could be stored again until a node restart made it, so make it as at start
+            log.warning("%s: async stream %s is gone (with the calls stored in it); making it again",
+                        self.node, stream)
+            await ensure_shared_streams(self.js, self.subjects)
             await self.js.add_consumer(stream, config)
         except BadRequestError as exc:  # exists with other settings: the stream keeps the messages
             if exc.err_code != 10148:

@@ -137,3 +137,32 @@ async def test_stopping_the_intake_as_its_pull_request_ends_stops_it(nc, prefix)
         except TimeoutError:
             raise AssertionError(f"the intake did not stop ({turns} loop turns after its pull ended)") from None
         assert all(task.done() for task in intake._tasks) or not intake._tasks
+
+
+async def test_a_deleted_async_stream_is_made_again_and_async_calls_run(node_factory, faas, nc, prefix, caplog):
+    """``nats stream rm`` of the async stream (or a JetStream store lost) under a running node:
+    the intake retried binding for ever (stream not found), and every async call was refused
+    (no stream answers a submit) until a node restart. Now the intake makes the stream again
+    with the settings the node makes it with at start, and binds as usual."""
+    s, js = Subjects(prefix), nc.jetstream()
+    stream = async_stream(s)
+    caplog.set_level(logging.WARNING, logger="nodes.intake")
+    async with node_factory(runtime="inprocess") as node:
+        assert (await faas.call_async("n1", "echo", b"before", req="before", timeout_s=20)).status == 200
+        made = (await js.stream_info(stream)).config
+        await js.delete_stream(stream)
+        loop = asyncio.get_running_loop()
+        deleted_at = loop.time()
+        answer = faas.expect("after")
+        await faas.submit("n1", "echo", b"after", "after", retry_for_s=15)   # refused until the stream is back
+        stored_after_s = loop.time() - deleted_at
+        done = await asyncio.wait_for(answer, 20)
+        again = (await js.stream_info(stream)).config
+        await wait_until(lambda: node.scheduler.intake.healthy, timeout_s=10)
+        assert (await faas.call_async("n1", "echo", b"later", req="later", timeout_s=20)).status == 200
+    assert (done.status, done.output) == (200, b"after")
+    assert stored_after_s < 10, stored_after_s
+    assert (again.subjects, again.retention, again.max_bytes, again.max_msgs, again.duplicate_window, again.discard) == \
+        (made.subjects, made.retention, made.max_bytes, made.max_msgs, made.duplicate_window, made.discard)
+    remade = [r for r in caplog.records if "async stream" in r.getMessage() and "making it again" in r.getMessage()]
+    assert len(remade) == 1, [r.getMessage() for r in caplog.records]
