@@ -30,6 +30,7 @@ import logging
 import os
 import socket
 import time
+from datetime import datetime, timezone
 from urllib.parse import urlparse
 
 import paho.mqtt.client as mqtt
@@ -41,7 +42,7 @@ from nats.aio.msg import Msg
 from nats.errors import ConnectionClosedError, ConnectionDrainingError, NoRespondersError, OutboundBufferLimitError
 from nats.errors import TimeoutError as NatsTimeout
 from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
-from nats.js.errors import BadRequestError
+from nats.js.errors import BadRequestError, NotFoundError
 from nats.js.errors import Error as JetStreamError
 from prometheus_client import CollectorRegistry, Counter
 
@@ -306,14 +307,18 @@ class MqttBridge:
         await self._store(self.subjects.invalid(), encode(rejection), None, results_stream(self.subjects))
 
     # -- NATS -> devices ------------------------------------------------------------
-    async def _answers_consumer(self):
+    async def _answers_consumer(self, since: datetime | None = None):
         """The durable consumer of answers (results and rejects); made new on the first start, so a
-        first bridge does not replay the last hour."""
+        first bridge does not replay the last hour. Made again from ``since`` (when it was last
+        seen working) if it was deleted under the bridge, so the answers stored meanwhile still
+        reach their devices; its stream too, if that is gone (as the node's intake does)."""
         stream = results_stream(self.subjects)
         await ensure_shared_streams(self.js, self.subjects)
         config = ConsumerConfig(durable_name=ANSWERS_CONSUMER, ack_policy=AckPolicy.EXPLICIT, ack_wait=30.0,
                                 deliver_policy=DeliverPolicy.NEW, max_ack_pending=4096,
                                 filter_subjects=[self.subjects.all_results(), self.subjects.all_rejects()])
+        if since is not None:
+            config.deliver_policy, config.opt_start_time = DeliverPolicy.BY_START_TIME, since
         try:
             await self.js.add_consumer(stream, config)
         except BadRequestError as exc:
@@ -321,18 +326,54 @@ class MqttBridge:
                 raise
         return await self.js.pull_subscribe_bind(durable=ANSWERS_CONSUMER, stream=stream)
 
+    async def _answers_gone(self) -> bool:
+        """Whether a failed fetch means the answers consumer (or its stream) no longer exists:
+        JetStream says "not found". JetStream away or busy is the usual retry."""
+        try:
+            await self.js.consumer_info(results_stream(self.subjects), ANSWERS_CONSUMER, timeout=1.0)
+        except NotFoundError:
+            return True
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            log.debug("MQTT bridge: answers consumer lookup: %s", exc)
+        return False
+
+    async def _remake_answers(self, since: datetime):
+        old, self._answers_sub = self._answers_sub, None
+        if old is not None:
+            with contextlib.suppress(Exception):
+                await old.unsubscribe()
+        self._answers_sub = await self._answers_consumer(since)
+        return self._answers_sub
+
     async def _deliver_answers(self, sub) -> None:
+        seen_at = datetime.now(timezone.utc)   # the consumer last seen working
         while not self._stopping.is_set():
+            started = datetime.now(timezone.utc)
             try:
                 msgs = await sub.fetch(ANSWER_BATCH, timeout=ANSWER_FETCH_S)
             except (NatsTimeout, asyncio.TimeoutError):
+                seen_at = started
                 continue
             except asyncio.CancelledError:
                 raise
             except Exception as exc:  # JetStream blip: try again
+                if await self._answers_gone():
+                    # `nats consumer rm`, `nats stream rm`, a store lost: fetching again would fail for
+                    # ever and no device would get an answer until a restart
+                    log.warning("MQTT bridge: answers consumer %s is gone (%s); making it again", ANSWERS_CONSUMER, exc)
+                    try:
+                        sub = await self._remake_answers(seen_at)
+                        continue
+                    except asyncio.CancelledError:
+                        raise
+                    except Exception as again:
+                        exc = again
                 log.warning("MQTT bridge: answers not fetched (%s); retrying", exc)
                 await asyncio.sleep(0.5)
                 continue
+            seen_at = started
             outcomes = await asyncio.gather(*(self._to_mqtt(msg) for msg in msgs), return_exceptions=True)
             for msg, outcome in zip(msgs, outcomes):
                 # one answer that fails (an ack the connection lost) must not end this loop: it

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import shutil
 import threading
 
@@ -15,7 +16,9 @@ from nats.errors import ConnectionClosedError
 
 from broker.connection import close_quietly, connect
 from broker.embedded import NatsServer
-from broker.mqtt_bridge import MqttBridge
+from broker.mqtt_bridge import ANSWERS_CONSUMER, MqttBridge
+from broker.streams import results_stream
+from broker.subjects import Subjects
 from nodes.node import Node
 from nodes.settings import NodeSettings
 from support import wait_until
@@ -308,6 +311,30 @@ async def test_a_request_caught_by_the_bridges_shutdown_is_sent_again_to_its_nex
                 await asyncio.sleep(1.0)
                 answered = _answers_to(dev, "caught")
     assert result["output"] == "1" and answered == [f"{prefix}/result/dev1/caught"]
+
+
+@pytest.mark.parametrize("deleted", ["answers stream", "answers consumer"])
+async def test_answers_reach_devices_again_after_their_stream_or_consumer_is_deleted(
+        node_factory, mosquitto, nc, prefix, caplog, deleted):
+    """``nats stream rm <PREFIX>_RESULTS`` (or ``nats consumer rm`` of the bridge's consumer) under
+    a running bridge: its fetches failed for ever (a warning every 0.5 s) and no device got an
+    answer again until a restart; with the stream gone, the nodes could not even store answers.
+    Now the bridge makes them again, from when its consumer was last seen working."""
+    s, js = Subjects(prefix), nc.jetstream()
+    caplog.set_level(logging.WARNING, logger="broker.mqtt_bridge")
+    async with node_factory(), MqttBridge(nc, mosquitto.url, prefix=prefix, client_id=f"bridge-{prefix}"):
+        with device(mosquitto.port, prefix) as dev:
+            dev.publish("n1/request/echo/dev1/before", b"1")
+            await dev.answer("result/dev1/before", timeout_s=10)
+            if deleted == "answers stream":
+                await js.delete_stream(results_stream(s))
+            else:
+                await js.delete_consumer(results_stream(s), ANSWERS_CONSUMER)
+            dev.publish("n1/request/echo/dev1/after", b"2")
+            result = await dev.answer("result/dev1/after", timeout_s=15)
+    assert result["output"] == "2"
+    remade = [r for r in caplog.records if "is gone" in r.getMessage() and "making it again" in r.getMessage()]
+    assert len(remade) == 1, [r.getMessage() for r in caplog.records]
 
 
 async def test_a_payload_over_the_nats_servers_limit_is_refused_413_not_retried_for_ever(mosquitto, prefix, tmp_path):
