@@ -206,7 +206,34 @@ class NodeLearner:
                     self.checkpoint()
             except Exception as exc:  # disconnected, reconnecting: try again shortly (the loop never ends on one error)
                 log.warning("learner %s: %s: %s", self.node, type(exc).__name__, exc)
+                await self._bind_again_if_gone()
                 await asyncio.sleep(FETCH_TIMEOUT_S)
+
+    async def _bind_again_if_gone(self) -> None:
+        """The experience consumer or its stream deleted under the learner (``nats stream rm``, a
+        JetStream store lost): fetching would fail for ever and the models learn nothing more
+        until a restart. Both are made again as at start (a new stream is read from its start)."""
+        js, stream = self.nc.jetstream(), experiences_stream(self.subjects, self.node)
+        try:
+            await js.consumer_info(stream, DURABLE, timeout=1.0)
+            return
+        except NotFoundError:
+            pass
+        except Exception as exc:  # JetStream away or busy: the usual retry
+            log.debug("learner %s: consumer lookup: %s", self.node, exc)
+            return
+        log.warning("learner %s: experience consumer %s of %s is gone; making it again", self.node, DURABLE, stream)
+        old = self._pull
+        try:
+            await ensure_node_streams(js, self.subjects, self.node)
+            await self._bind_consumer()
+        except Exception as exc:  # the next failed fetch tries again
+            log.warning("learner %s: experience consumer not made again (%s); retrying", self.node, exc)
+            return
+        try:
+            await old.unsubscribe()
+        except Exception as exc:
+            log.debug("learner %s: unsubscribe: %s", self.node, exc)
 
     async def _handle(self, msg: Msg) -> None:
         seq = msg.metadata.sequence.stream

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import logging
 import signal
 import statistics
 import sys
@@ -13,6 +14,7 @@ import time
 import numpy as np
 import orjson
 import pytest
+from nats.js.errors import NotFoundError
 
 from broker.codec import encode
 from broker.messages import LearnerTrainSample, LearnerWeights, ScalingExperience, SchedulingExperience
@@ -422,3 +424,29 @@ async def test_local_policy_keeps_acting_with_the_last_good_weights_when_new_one
     assert local.agent is acting and local.weights.version == 1
     after = acting.q_network.state_dict()
     assert all(torch.equal(before[k], after[k]) for k in before)   # not half other's
+
+
+async def test_a_deleted_experience_stream_is_made_again_and_learning_goes_on(settings, nc, prefix, caplog):
+    """``nats stream rm`` of a node's experience stream under a running learner: every fetch
+    failed for ever (a warning each time) and the models learned nothing more until a restart.
+    Now the learner makes the stream and its consumer again, and reads the new stream."""
+    js, stream = nc.jetstream(), experiences_stream(Subjects(prefix), "n1")
+    caplog.set_level(logging.WARNING, logger="nodes.learner.service")
+    async with LearnerService(nc, settings(scheduling_parameters={"alpha": 0.2})):
+        remote = RemotePolicy(nc, "n1", prefix=prefix)
+        await publish(nc, prefix, scheduling_samples(0, 20))
+        before = await stats_until(remote, lambda s: s.stream_seq == 20)
+        await js.delete_stream(stream)
+        deadline = time.monotonic() + 10
+        while True:   # the node's rewards have a stream to go to again
+            try:
+                await js.stream_info(stream)
+                break
+            except NotFoundError:
+                assert time.monotonic() < deadline, "the experience stream was not made again"
+                await asyncio.sleep(0.1)
+        await publish(nc, prefix, scheduling_samples(20, 20))
+        after = await stats_until(remote, lambda s: s.stream_seq == 20 and s.experiences > before.experiences)
+    assert after.experiences > before.experiences
+    remade = [r for r in caplog.records if "is gone; making it again" in r.getMessage()]
+    assert len(remade) == 1, [r.getMessage() for r in caplog.records]
