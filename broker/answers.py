@@ -283,7 +283,19 @@ class _ResultHeaders(Mapping[str, str]):
         return repr(self._rendered())
 
 
+HEADER_ROOM = 64 * 1024   # of a broker's max_payload, kept for the headers a message gets on its way
+
+
+def input_limit(max_payload: int, configured: int | None = None) -> int:
+    """Largest function input a call may carry on a broker that takes ``max_payload`` bytes: the
+    rest is room for the headers every hop adds (bridge, node, peer, worker). nats-server counts
+    headers in max_payload and closes a connection that sends more: an input that fits alone but
+    not with its headers cost the bridge its NATS connection for good. At most ``configured``."""
+    limit = max(0, max_payload - HEADER_ROOM)
+    return limit if configured is None else min(configured, limit)
+
+
 def output_limit(max_payload: int) -> int:
     """Largest output an answer may carry on a connection whose broker takes ``max_payload`` bytes:
     room for the headers, and for a stored answer's base64 inside its JSON (3/4 of the rest)."""
-    return max(0, (max_payload - 64 * 1024) * 3 // 4)
+    return max(0, (max_payload - HEADER_ROOM) * 3 // 4)

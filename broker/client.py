@@ -30,10 +30,10 @@ from nats.errors import TimeoutError as NatsTimeout
 from nats.js.errors import APIError, NoStreamResponseError, NotFoundError
 
 from broker import headers as H
-from broker.answers import Answer, status_of
+from broker.answers import Answer, input_limit, status_of
 from broker.codec import decode
 from broker.connection import on_event, on_publish_refused
-from broker.errors import BrokerUnavailable, ContractError, InvalidSubject, NodeUnavailable, NotPermitted
+from broker.errors import BrokerUnavailable, ContractError, InvalidSubject, NodeUnavailable, NotPermitted, PayloadTooLarge
 from broker.lifecycle import OnItsLoop
 from broker.messages import NodeGone
 from broker.streams import async_stream, results_stream
@@ -115,6 +115,7 @@ class FaasClient(OnItsLoop):
         after ``timeout_s``, NodeUnavailable when the node cannot answer at all."""
         if not self.nc.is_connected:
             raise NodeUnavailable(f"not connected to NATS: cannot reach node {node}")
+        self._check_size(payload)
         subject = self.subjects.request(node, fn, self.client, req or new_request_id())
         token = str(next(self._tokens))
         loop = self.loop
@@ -130,6 +131,14 @@ class FaasClient(OnItsLoop):
         finally:
             timer.cancel()
             self._calls.pop(token, None)
+
+    def _check_size(self, payload: bytes) -> None:
+        """An input that cannot travel with its headers is refused here: sent, nats-server would
+        close this client's connection (it counts headers in its max_payload)."""
+        limit = input_limit(self.nc.max_payload)
+        if len(payload) > limit:
+            raise PayloadTooLarge(f"payload of {len(payload)} bytes exceeds the limit of {limit} "
+                                  f"(the broker's max_payload {self.nc.max_payload}, less room for headers)")
 
     async def _on_reply(self, msg: Msg) -> None:
         token = msg.subject.rpartition(".")[2]
@@ -180,6 +189,7 @@ class FaasClient(OnItsLoop):
         ``<prefix>.result|reject.<client>.<req>`` (see :meth:`expect`). A store that got no
         acknowledgement (JetStream electing a leader, a broker restarting) is tried again for up
         to ``retry_for_s`` with the same message id (a store that did happen is not doubled)."""
+        self._check_size(payload)
         subject = self.subjects.async_request(node, fn, self.client, req)
         hdrs = {H.MSG_ID: f"{self.client}.{req}", H.SENT_AT: repr(time.time())}
         if headers:

@@ -25,7 +25,7 @@ from fastapi import Depends, FastAPI, Request
 from nats.aio.client import Client
 from prometheus_client import CollectorRegistry, Counter, Histogram
 
-from broker.answers import VERSION, Answer
+from broker.answers import VERSION, Answer, input_limit
 from broker.client import FaasClient
 from broker.errors import ContractError, FaasError, Forbidden, PayloadTooLarge, Unauthorized
 from broker.http.control import control_router
@@ -63,7 +63,7 @@ class HttpBridge:
         self.subjects = Subjects(prefix)
         self.client_id = f"http-{node}"
         self.faas = FaasClient(nc, client=self.client_id, prefix=prefix)
-        self.max_payload_bytes = max_payload_bytes
+        self.max_payload_bytes = input_limit(nc.max_payload, max_payload_bytes)   # what can travel on this broker
         self.invoke_timeout_s = invoke_timeout_s
         self.control_timeout_s = control_timeout_s
         self.operator_token, self.invoke_token = operator_token, invoke_token

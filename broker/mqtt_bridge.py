@@ -48,6 +48,7 @@ from prometheus_client import CollectorRegistry, Counter
 
 from broker import codes
 from broker import headers as H
+from broker.answers import input_limit
 from broker.codec import encode
 from broker.errors import InvalidSubject, InvalidToken
 from broker.messages import Rejection
@@ -61,7 +62,6 @@ ANSWERS_CONSUMER = "mqtt-bridge"      # shared by every bridge of a prefix
 ANSWER_FETCH_S = 1.0     # a pull waits at most this long (and a stop for the last one)
 ANSWER_BATCH = 64
 SESSION_EXPIRY_S = 7 * 24 * 3600   # how long Mosquitto keeps the bridge's queue while it is away
-HEADER_ROOM = 512   # a request's NATS headers (message id, sent-at): nats-server counts them in max_payload
 # the NATS client is closing (the bridge is being stopped): a request is left unacknowledged,
 # and Mosquitto sends it again to the bridge's next connection (its persistent session)
 CLOSING = (ConnectionClosedError, ConnectionDrainingError)
@@ -256,7 +256,7 @@ class MqttBridge:
             return self._ack(message, "retained")
         # nats-server counts the headers in its max_payload and closes a connection that sends more:
         # the store would fail for ever (and drop the bridge's connection each time)
-        limit = min(self.max_payload_bytes, self.nc.max_payload - HEADER_ROOM)
+        limit = input_limit(self.nc.max_payload, self.max_payload_bytes)
         if len(message.payload) > limit:
             await self._reject(inv.client, inv.request_id, inv.fn, 413,
                                f"payload of {len(message.payload)} bytes exceeds the limit of {limit}")

@@ -24,7 +24,7 @@ from nats.js.errors import NotFoundError
 
 from broker import codes
 from broker import headers as H
-from broker.answers import error_body
+from broker.answers import error_body, input_limit
 from broker.codec import encode
 from broker.messages import Rejection
 from broker.streams import results_stream
@@ -77,7 +77,7 @@ class SchedulerService:
         self.pool_of = {fn: name for name, spec in settings.pools.items() for fn in spec.functions}
         self.algorithm: SchedulingAlgorithm = build_algorithm(store.scheduler.name, store.scheduler.parameters)
         self._described: tuple[SchedulingAlgorithm | None, str] = (None, "")
-        self.inbound = Inbound(self.subjects, self.node_id, registry, settings.max_payload_bytes)
+        self.inbound = Inbound(self.subjects, self.node_id, registry, input_limit(nc.max_payload, settings.max_payload_bytes))
         self.forwarder = Forwarder(self.node_id, nc, self.subjects, inbox, answerer, self.run_here, self._count_forward,
                                    peers)
         self.intake = AsyncIntake(self.node_id, nc, self.subjects, ack_wait_s=settings.ack_wait_s,

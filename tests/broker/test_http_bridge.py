@@ -13,8 +13,14 @@ import uvicorn
 from fastapi import FastAPI, Request
 
 from broker import headers as H
-from broker.embedded import free_port
+from broker.answers import input_limit, output_limit
+from broker.client import FaasClient
+from broker.connection import close_quietly, connect
+from broker.embedded import NatsServer, free_port
+from broker.errors import PayloadTooLarge
 from broker.http_bridge import HttpBridge
+from nodes.node import Node
+from nodes.settings import NodeSettings
 from support import eventually, serving, wait_until
 
 
@@ -324,3 +330,46 @@ async def test_a_callback_target_that_trickles_its_response_is_cut_off(node_fact
             await wait_until(lambda: not bridge._background, timeout_s=4)
     finally:
         server.close()
+
+
+async def test_a_body_that_cannot_travel_with_its_headers_is_413_and_the_bridge_keeps_its_connection(prefix, tmp_path):
+    """Against a nats-server with a smaller max_payload than the bridge's limit (a stock server
+    takes 1 MiB, the bridge's default limit): a body that fitted the bridge's limit but not the
+    server's once headers were added made nats-server close the bridge's NATS connection for good,
+    and every later call was 503 until a restart. Now it is 413, and the bridge goes on serving."""
+    server = NatsServer(data_dir=tmp_path / "nats", port=None, max_payload=256 * 1024)
+    await server.start()
+    node = nc = None
+    try:
+        node = await Node(NodeSettings(node_id="n1", nats_url=server.url, prefix=prefix, data_dir=tmp_path / "node",
+                                       learner=False, runtime="inprocess")).start()
+        assert node.pool is not None
+        await node.pool.wait_ready(30)
+        nc = await connect(server.url, "bridge")
+        async with serving(HttpBridge(nc, "n1", prefix=prefix, max_payload_bytes=1024 * 1024, invoke_timeout_s=10)) as http:
+            limit = input_limit(256 * 1024)
+            for size in (256 * 1024 - 100, limit + 1):
+                for path in ("/function/echo", "/async-function/echo"):
+                    r = await http.post(path, content=b"x" * size)
+                    assert r.status_code == 413 and f"limit of {limit}" in r.json()["message"], (path, size, r.text)
+            big = b"y" * output_limit(256 * 1024)   # travels both ways
+            r = await http.post("/function/echo", content=big)
+            assert r.status_code == 200 and r.content == big
+            r = await http.post("/async-function/echo", content=b"ok")
+            assert r.status_code == 202
+            call_id = r.headers[H.CALL_ID]
+            r = await eventually(lambda: http.get(f"/result/{call_id}"), lambda r: r.status_code == 200)
+            assert r.content == b"ok" and nc.is_connected
+        faas = await FaasClient(nc, prefix=prefix, client="dev1").start()   # a Python client is told too
+        try:
+            with pytest.raises(PayloadTooLarge):
+                await faas.invoke("n1", "echo", b"z" * (limit + 1), timeout_s=5)
+            assert (await faas.invoke("n1", "echo", b"ok", timeout_s=10)).status == 200
+        finally:
+            await faas.stop()
+    finally:
+        if nc is not None:
+            await close_quietly(nc)
+        if node is not None:
+            await node.stop()
+        await server.stop()
