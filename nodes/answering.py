@@ -21,13 +21,14 @@ from typing import Callable
 import orjson
 from nats.aio.client import Client
 from nats.aio.msg import Msg
+from nats.js.errors import NotFoundError
 
 from broker import headers as H
 from broker.answers import Answer, answer_headers, error_body, output_limit, render_direct
 from broker.codec import encode
 from broker.lifecycle import OnItsLoop
 from broker.messages import DirectAnswer, HopTiming, Rejection, Result, Timings
-from broker.streams import deadletter_stream, results_stream
+from broker.streams import deadletter_stream, ensure_shared_streams, results_stream
 from broker.subjects import Subjects
 from nodes.calls import Call
 from nodes.inbox import Inbox
@@ -37,6 +38,7 @@ from nodes.telemetry import PoolStats
 log = logging.getLogger(__name__)
 
 STORE_TIMEOUT_S = 5.0
+REMAKE_PERIOD_S = 10.0   # a store that no stream took makes the shared streams again, at most this often
 
 
 class Answerer(OnItsLoop):
@@ -54,6 +56,7 @@ class Answerer(OnItsLoop):
         self._results_stream = results_stream(subjects)
         self._stopping = False
         self.unstored = 0   # answers waiting for JetStream to take them (disk full, broker away)
+        self._remade_at = -REMAKE_PERIOD_S
 
     # -- outcomes -----------------------------------------------------------------------
     async def executed(self, call: Call, status: int, output: bytes, error: str | None, execution_s: float) -> None:
@@ -165,12 +168,17 @@ class Answerer(OnItsLoop):
         """Keep a poison task for inspection and answer its caller with the cause."""
         log.error("%s: %s dead-lettered: %s", self.node, call.key, reason)
         self.metrics.error("dead_letter")
-        try:
-            await self.js.publish(self.subjects.deadletter(self.node, call.fn), call.payload,
-                                  headers={H.MSG_ID: f"dead.{call.key}", H.DEAD_LETTER_REASON: reason[:300]},
-                                  stream=deadletter_stream(self.subjects), timeout=STORE_TIMEOUT_S)
-        except Exception as exc:
-            log.error("%s: dead letter of %s not stored: %s", self.node, call.key, exc)
+        for attempt in range(2):
+            try:
+                await self.js.publish(self.subjects.deadletter(self.node, call.fn), call.payload,
+                                      headers={H.MSG_ID: f"dead.{call.key}", H.DEAD_LETTER_REASON: reason[:300]},
+                                      stream=deadletter_stream(self.subjects), timeout=STORE_TIMEOUT_S)
+                break
+            except Exception as exc:
+                if attempt == 0 and await self._remade_streams(exc, deadletter_stream(self.subjects)):
+                    continue
+                log.error("%s: dead letter of %s not stored: %s", self.node, call.key, exc)
+                break
         await self.executed(call, 500, b"", f"task dead-lettered: {reason}", 0.0)
 
     # -- delivery -----------------------------------------------------------------------
@@ -253,12 +261,41 @@ class Answerer(OnItsLoop):
                         waiting = True
                         self.unstored += 1   # /healthz says so meanwhile
                     log.warning("%s: answer of %s not stored (%s); trying again in %.1f s", self.node, call.key, exc, delay)
+                    if await self._remade_streams(exc, self._results_stream):
+                        continue
                     await asyncio.sleep(delay)
                     delay = min(2 * delay, 15.0)
         finally:
             if waiting:
                 self.unstored -= 1
         await self._ack(call)
+
+    async def _remade_streams(self, exc: Exception, stream: str) -> bool:
+        """A store in ``stream`` failed (``exc``): if that stream is gone (an operator's ``nats stream rm``,
+        a JetStream store restored without it), the shared streams are made again as at start;
+        True if that happened. Else answers waited for ever (and /healthz said 503) until a node or
+        the MQTT bridge restarted. No stream answers with "no responders", or with silence when a
+        caller listens on the subject: JetStream is asked, at most every REMAKE_PERIOD_S."""
+        now = asyncio.get_running_loop().time()
+        if now - self._remade_at < REMAKE_PERIOD_S:
+            return False
+        self._remade_at = now
+        try:
+            await self.js.stream_info(stream)
+            return False   # it exists: JetStream is busy, or the disk full
+        except NotFoundError:
+            pass
+        except Exception as error:   # JetStream itself is away: the usual retry
+            log.debug("%s: stream %s not looked up (%s, after %r)", self.node, stream, error, exc)
+            return False
+        try:
+            await ensure_shared_streams(self.js, self.subjects)
+        except Exception as error:
+            log.warning("%s: stream %s is gone and could not be made again: %s", self.node, stream, error)
+            return False
+        log.warning("%s: stream %s was gone (nothing could be stored in it): the shared streams were made again",
+                    self.node, stream)
+        return True
 
     async def settle(self, timeout_s: float = 5.0) -> None:
         """Wait for answers still being stored (the node is stopping); those that cannot be stored

@@ -17,7 +17,7 @@ from broker.connection import close_quietly, connect
 from broker.control import control_request, node_health
 from broker.embedded import NatsServer
 from broker.messages import Rejection
-from broker.streams import async_stream, ensure_shared_streams
+from broker.streams import async_stream, ensure_shared_streams, results_stream
 from broker.subjects import Subjects
 from nodes.intake import AsyncIntake, UnknownNodeSweeper, consumer_name
 from nodes.node import Node
@@ -166,3 +166,18 @@ async def test_a_deleted_async_stream_is_made_again_and_async_calls_run(node_fac
         (made.subjects, made.retention, made.max_bytes, made.max_msgs, made.duplicate_window, made.discard)
     remade = [r for r in caplog.records if "async stream" in r.getMessage() and "making it again" in r.getMessage()]
     assert len(remade) == 1, [r.getMessage() for r in caplog.records]
+
+
+async def test_a_deleted_results_stream_is_made_again_by_the_node_that_stores_an_answer(node_factory, faas, nc, prefix):
+    """The results stream deleted under a running node (no MQTT bridge around to make it again):
+    every async answer waited for ever in the node's retry loop (its intake message held, /healthz
+    503 with 'unstored'). The node now makes the shared streams again and stores the answer."""
+    s, js = Subjects(prefix), nc.jetstream()
+    async with node_factory(runtime="inprocess") as node:
+        assert (await faas.call_async("n1", "echo", b"before", req="before", timeout_s=20)).status == 200
+        await js.delete_stream(results_stream(s))
+        answer = await faas.call_async("n1", "echo", b"after", req="after", timeout_s=20)   # published live
+        assert answer.status == 200 and answer.output == b"after"
+        await wait_until(lambda: node.scheduler.answerer.unstored == 0 and not node.scheduler.intake.held, timeout_s=15)
+        stored = await faas.stored_answer("dev1", "after")
+        assert stored is not None and stored.status == 200 and stored.body == b"after"
