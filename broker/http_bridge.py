@@ -180,7 +180,8 @@ class HttpBridge:
             answer = None
             while answer is None:
                 try:
-                    answer = await asyncio.wait_for(asyncio.shield(fut), min(CALLBACK_LOOK_S, deadline - loop.time()))
+                    async with asyncio.timeout(min(CALLBACK_LOOK_S, deadline - loop.time())):
+                        answer = await asyncio.shield(fut)
                 except FaasError as exc:   # an answer that is no Answer: said, not a task dying silently
                     log.warning("async call %s: its answer cannot be read (%s): no callback", call_id, exc)
                     return
@@ -196,8 +197,8 @@ class HttpBridge:
         try:
             async with httpx.AsyncClient(timeout=CALLBACK_POST_S) as client:
                 # httpx's timeout is per read: a target trickling its response would hold this for ever
-                await asyncio.wait_for(client.post(url, content=response.body, headers=dict(response.headers.items())),
-                                       CALLBACK_POST_S)
+                async with asyncio.timeout(CALLBACK_POST_S):
+                    await client.post(url, content=response.body, headers=dict(response.headers.items()))
         except Exception as exc:   # whatever goes wrong, said (the background task must not die silently)
             log.warning("callback %s for %s failed: %r", url, call_id, exc)
 

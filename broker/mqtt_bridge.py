@@ -51,6 +51,7 @@ from broker import headers as H
 from broker.answers import input_limit
 from broker.codec import encode
 from broker.errors import InvalidSubject, InvalidToken
+from broker.lifecycle import still_wanted
 from broker.messages import Rejection
 from broker.streams import ensure_shared_streams, results_stream
 from broker.subjects import Subjects, from_mqtt, to_mqtt
@@ -160,7 +161,8 @@ class MqttBridge:
         session.SessionExpiryInterval = SESSION_EXPIRY_S   # a persistent session: Mosquitto queues for us meanwhile
         self._mqtt.connect_async(self.host, self.port, keepalive=30, clean_start=False, properties=session)
         self._mqtt.loop_start()
-        await asyncio.wait_for(self.connected.wait(), timeout_s)
+        async with asyncio.timeout(timeout_s):
+            await self.connected.wait()
         self._answers_sub = await self._answers_consumer()
         self._answers = asyncio.create_task(self._deliver_answers(self._answers_sub), name="mqtt-bridge-answers")
         self._tasks += [asyncio.create_task(self._pump(), name="mqtt-bridge"), self._answers]
@@ -190,6 +192,7 @@ class MqttBridge:
     # -- device -> NATS -----------------------------------------------------------
     async def _pump(self) -> None:
         while True:
+            still_wanted()
             message = await self._inbox.get()
             try:
                 await self._to_nats(message)
@@ -350,6 +353,7 @@ class MqttBridge:
     async def _deliver_answers(self, sub) -> None:
         seen_at = datetime.now(timezone.utc)   # the consumer last seen working
         while not self._stopping.is_set():
+            still_wanted()
             started = datetime.now(timezone.utc)
             try:
                 msgs = await sub.fetch(ANSWER_BATCH, timeout=ANSWER_FETCH_S)
@@ -401,7 +405,8 @@ class MqttBridge:
         if info.is_published():
             self._published_done(info.mid)
         try:
-            await asyncio.wait_for(fut, 20.0)
+            async with asyncio.timeout(20.0):
+                await fut
         except asyncio.TimeoutError:
             self._published.pop(info.mid, None)
             self.messages.labels("to_mqtt", "unconfirmed").inc()

@@ -23,7 +23,7 @@ from pathlib import Path
 
 from broker.embedded import die_with_parent_preexec
 from broker.errors import BrokerUnavailable
-from broker.lifecycle import child_env, end_strays, remove_pid_file, write_pid_file
+from broker.lifecycle import child_env, end_strays, remove_pid_file, still_wanted, write_pid_file
 
 log = logging.getLogger(__name__)
 
@@ -104,7 +104,8 @@ class Supervisor:
         child.drain = None
         try:
             write_pid_file(self.run_dir / f"{spec.name}.pid", proc.pid)
-            await asyncio.wait_for(self._ready(child, log_path), spec.ready_timeout_s)
+            async with asyncio.timeout(spec.ready_timeout_s):
+                await self._ready(child, log_path)
         except Exception as exc:
             if proc.stdout is not None and child.drain is None:   # its pipe emptied, or it cannot end
                 child.drain = asyncio.create_task(_copy_to(proc.stdout, log_path))
@@ -149,6 +150,7 @@ class Supervisor:
         backoff: if this task ended, the part would stay down and nobody would be told."""
         quick_deaths = 0
         while True:
+            still_wanted()
             assert child.proc is not None
             code = await child.proc.wait()
             remove_pid_file(self.run_dir / f"{child.spec.name}.pid")
@@ -165,6 +167,7 @@ class Supervisor:
                 log.warning(note)
                 self.notes.append(note)
             while True:
+                still_wanted()
                 if child.needs_fix is not None:
                     await self._until_fixed(child, FIX_BACKOFF_S[min(fixes, len(FIX_BACKOFF_S) - 1)])
                 else:
@@ -256,12 +259,14 @@ class Supervisor:
             return
         try:
             proc.send_signal(signal.SIGTERM)
-            await asyncio.wait_for(proc.wait(), child.spec.stop_timeout_s)
+            async with asyncio.timeout(child.spec.stop_timeout_s):
+                await proc.wait()
         except asyncio.TimeoutError:
             log.warning("%s did not stop within %g s; killing it", child.spec.name, child.spec.stop_timeout_s)
             proc.kill()
             try:   # a grandchild holding its stdout open must not hold the stop for ever
-                await asyncio.wait_for(proc.wait(), KILL_WAIT_S)
+                async with asyncio.timeout(KILL_WAIT_S):
+                    await proc.wait()
             except asyncio.TimeoutError:
                 log.error("%s (pid %d) not reaped %g s after SIGKILL; going on", child.spec.name, proc.pid, KILL_WAIT_S)
         except ProcessLookupError:

@@ -221,7 +221,8 @@ def invoke_router(bridge: "HttpBridge") -> APIRouter:
     async def result(call_id: str) -> Response:
         check_token(call_id, "call id")
         try:
-            answer, waiting = await asyncio.wait_for(call_state(bridge, call_id), bridge.control_timeout_s)
+            async with asyncio.timeout(bridge.control_timeout_s):
+                answer, waiting = await call_state(bridge, call_id)
         except asyncio.TimeoutError:
             log.warning("GET /result/%s: JetStream did not answer within %g s: 503 (is nats-server overloaded?)",
                         call_id, bridge.control_timeout_s)

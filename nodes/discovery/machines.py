@@ -24,6 +24,7 @@ from typing import Callable, Iterable
 import httpx
 
 from broker import headers as H
+from broker.lifecycle import still_wanted
 from broker.messages import PeerInfo
 from broker.subjects import machine_token
 
@@ -201,5 +202,6 @@ class MachinePoller:
 
     async def _run(self) -> None:
         while True:
+            still_wanted()
             await self.poll_all()
             await asyncio.sleep(self.period_s)

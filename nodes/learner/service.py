@@ -19,6 +19,7 @@ from nats.js.errors import NotFoundError
 
 from broker import headers as H
 from broker.codec import decode, encode
+from broker.lifecycle import still_wanted
 from broker.messages import (
     ErrorBody,
     LearnerAction,
@@ -192,6 +193,7 @@ class NodeLearner:
         loop = asyncio.get_running_loop()
         last_checkpoint = loop.time()
         while not self._stopping.is_set():
+            still_wanted()
             try:
                 try:
                     msgs = await self._pull.fetch(self.settings.fetch_batch, timeout=FETCH_TIMEOUT_S)
