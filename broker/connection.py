@@ -6,6 +6,7 @@ import asyncio
 import logging
 import os
 import re
+import socket
 import ssl
 import weakref
 from typing import Callable, Literal
@@ -23,6 +24,14 @@ _REFUSED = re.compile(r'permissions violation for publish to "([^"]+)"', re.IGNO
 Event = Literal["publish_refused", "disconnected", "reconnected"]
 # connection -> event -> who wants to hear about it
 _listeners: "weakref.WeakKeyDictionary[Client, dict[str, list[Callable[..., None]]]]" = weakref.WeakKeyDictionary()
+
+
+# A first connect that is turned away (nothing listens there, an unknown host, an identity the
+# broker refuses) gives up after this many seconds, every server of its list tried; None: it
+# retries until its deadline (2 x connect_timeout_s), as the parts `up` starts do while their
+# broker (re)starts. The command line sets it for commands run by hand: a user waited 10 s to
+# be told that nothing listens.
+GIVE_UP_TURNED_AWAY_S: float | None = None
 
 
 _HEADER_WS = " \t\n\r\x0b\x0c"   # what bytes.strip() strips
@@ -181,7 +190,8 @@ def credentials_from_env(prefix: str = "P2PFAAS_NATS") -> tuple[str, str] | None
 
 async def connect(url: str | list[str], name: str, *, connect_timeout_s: float = 5.0,
                   credentials: tuple[str, str] | None = None, tls_ca: str | None = None) -> Client:
-    """Connect (reconnecting forever afterwards); BrokerUnavailable if the first attempt fails.
+    """Connect (reconnecting forever afterwards); BrokerUnavailable if the first attempt fails:
+    within 2 x ``connect_timeout_s``, or :data:`GIVE_UP_TURNED_AWAY_S` once turned away.
 
     ``url`` may be a list: more servers of the same cluster, tried in turn. ``credentials``
     (user, password) default to the environment's (:func:`credentials_from_env`); ``tls_ca``
@@ -196,11 +206,17 @@ async def connect(url: str | list[str], name: str, *, connect_timeout_s: float =
 
     connection: list[Client] = []
     first_error: list[Exception] = []   # the first connect retries until its deadline: its last error says why
+    loop = asyncio.get_running_loop()
+    started, patience = loop.time(), GIVE_UP_TURNED_AWAY_S
+    turned_away: asyncio.Future[None] = loop.create_future()
 
     async def on_error(exc: Exception) -> None:
         if not connection:
             first_error[:] = [exc]
             log.debug("nats %s: %s", name, exc)
+            if (patience is not None and _turned_away(exc) and loop.time() - started >= patience
+                    and not turned_away.done()):
+                turned_away.set_result(None)
             return
         log.warning("nats %s: %s", name, exc)
         _publish_refused(connection[0], exc)
@@ -213,28 +229,45 @@ async def connect(url: str | list[str], name: str, *, connect_timeout_s: float =
         log.info("nats %s: reconnected", name)
         _notify(connection[0] if connection else None, "reconnected")
 
+    # nats-py retries a failed first connect forever when reconnects are on: bound it, so an
+    # unreachable broker is a clear error and not a hang (and one that turns us away, a quick one)
+    nc = NatsClient()
+    connecting = asyncio.ensure_future(nc.connect(
+        url,
+        name=name,
+        connect_timeout=connect_timeout_s,
+        allow_reconnect=True,
+        max_reconnect_attempts=-1,
+        reconnect_time_wait=0.5,
+        error_cb=on_error,
+        disconnected_cb=on_disconnect,
+        reconnected_cb=on_reconnect,
+        pending_size=64 * 1024 * 1024,
+        **options,
+    ))
     try:
-        # nats-py retries a failed first connect forever when reconnects are on:
-        # bound it, so an unreachable broker is a clear error and not a hang.
-        nc = NatsClient()
-        await asyncio.wait_for(nc.connect(
-            url,
-            name=name,
-            connect_timeout=connect_timeout_s,
-            allow_reconnect=True,
-            max_reconnect_attempts=-1,
-            reconnect_time_wait=0.5,
-            error_cb=on_error,
-            disconnected_cb=on_disconnect,
-            reconnected_cb=on_reconnect,
-            pending_size=64 * 1024 * 1024,
-            **options,
-        ), timeout=connect_timeout_s * 2)
+        await asyncio.wait((connecting, turned_away), timeout=connect_timeout_s * 2,
+                           return_when=asyncio.FIRST_COMPLETED)
+        if not connecting.done():
+            connecting.cancel()
+            await asyncio.wait((connecting,))   # it has ended before we go on, as with wait_for
+            raise TimeoutError
+        connecting.result()
     except Exception as exc:  # nats raises several unrelated types here
         reason = str(first_error[0] if first_error else exc) or f"no answer within {2 * connect_timeout_s:g} s"
         raise BrokerUnavailable(f"cannot connect to NATS at {url}: {reason}") from exc
+    finally:
+        connecting.cancel()   # we were cancelled while it connected (nothing, when it is done)
+        turned_away.cancel()
     connection.append(nc)
     return nc
+
+
+def _turned_away(exc: Exception) -> bool:
+    """An answer that asking again at once will not change: connection refused (nothing listens),
+    an unknown host, an identity the broker refuses. A slow broker's timeout is not one."""
+    return (isinstance(exc, (ConnectionRefusedError, socket.gaierror, nats_errors.AuthorizationError))
+            or "authorization violation" in str(exc).lower())
 
 
 async def close_quietly(nc: Client, *subs, timeout_s: float = 5.0) -> None:

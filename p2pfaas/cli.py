@@ -32,6 +32,7 @@ STOP_TIMEOUT_S = float(os.environ.get("P2PFAAS_STOP_TIMEOUT_S", 60.0))  # up's w
 START_THE_STACK = "is the stack running? Start it with `p2pfaas up`, or name a running NATS with --nats-url"
 MAX_PORT = 65535
 FUNCTION_IMPORT_TIMEOUT_S = 120.0   # importing the --function modules, checked before up starts anything
+TURNED_AWAY_GIVE_UP_S = 1.0   # run by hand: a broker that refuses the first connect is asked for this long
 
 
 class Via(str, Enum):
@@ -49,6 +50,20 @@ class MqttChoice(str, Enum):
 class Runtime(str, Enum):
     process = "process"
     inprocess = "inprocess"
+
+
+@app.callback()
+def _run_by_hand(ctx: typer.Context) -> None:
+    # A command run by hand says at once that nothing listens at its NATS URL (nats-py retried for
+    # 10 s); a part `up` started keeps retrying to its deadline, as its broker may be restarting.
+    from broker import connection
+    from broker.lifecycle import parent_pipe_watched
+
+    if parent_pipe_watched():
+        return
+    before = connection.GIVE_UP_TURNED_AWAY_S
+    connection.GIVE_UP_TURNED_AWAY_S = TURNED_AWAY_GIVE_UP_S
+    ctx.call_on_close(lambda: setattr(connection, "GIVE_UP_TURNED_AWAY_S", before))   # a CliRunner's process
 
 
 def _fail(message: str) -> NoReturn:

@@ -5,18 +5,21 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import select
 import signal
 import socket
 import subprocess
 import time
+import uuid
 from pathlib import Path
 
 import httpx
 import pytest
 import typer
 
-from broker.auth import OPERATOR, AuthStore
-from broker.embedded import free_port
+from broker.auth import OPERATOR, AuthStore, nats_accounts
+from broker.embedded import NatsServer, free_port
+from broker.lifecycle import PARENT_PIPE_ENV
 from p2pfaas.cli import app
 
 from stack_processes import P2PFAAS, alive, descendants, wait_endpoints
@@ -142,6 +145,136 @@ def test_an_unreachable_broker_is_one_clear_line(tmp_path):
     for done in run_all(commands):
         assert_one_clear_line(done, f"cannot connect to NATS at {url}: ")
         assert "p2pfaas up" in done.stderr or "check --nats-url" in done.stderr, done.stderr
+
+
+def by_hand_env() -> dict[str, str]:
+    """A user's shell: no identity or parent pipe of a part `up` started (one error line stays one line)."""
+    return {**{k: v for k, v in os.environ.items() if not k.startswith("P2PFAAS_")}, "COLUMNS": "400"}
+
+
+def test_an_unreachable_broker_is_said_at_once(tmp_path):
+    """A command run by hand against a port where nothing listens (a wrong --nats-url, the URL a
+    killed stack left in its data dir) said so after 10 s: nats-py retried the refused connect
+    until connect()'s deadline. Now after about a second (the bound leaves room for a loaded machine)."""
+    url = f"nats://127.0.0.1:{free_port()}"   # nobody listens there
+    dead = tmp_path / "dead"   # as a killed `up` leaves it
+    dead.mkdir()
+    (dead / "endpoints.json").write_text(json.dumps({"nats_url": url, "mqtt_url": None, "prefix": "faas", "http": {}}))
+    given = ["--nats-url", url, "--data-dir", str(tmp_path)]
+    commands = [["top", "--once", "1", *given], ["invoke", "fib", "--via", "nats", *given], ["farm", "run", *given],
+                ["top", "--once", "1", "--data-dir", str(dead)]]
+    for args in commands:   # one at a time: each is timed
+        started = time.monotonic()
+        done = subprocess.run([*P2PFAAS, *args], capture_output=True, text=True, timeout=60, env=by_hand_env())
+        took = time.monotonic() - started
+        assert_one_clear_line(done, f"cannot connect to NATS at {url}: ")
+        assert took < 5.0, (args, f"{took:.1f} s")
+
+
+async def test_a_refused_identity_is_said_at_once(tmp_path):
+    """A broker that turns the identity away (no stack's identities in --data-dir, a stale
+    password) was asked again for 10 s, as an unreachable one was."""
+    store = AuthStore(tmp_path / "auth")
+    store.service(OPERATOR)
+    async with NatsServer(data_dir=tmp_path / "nats", port=None, mqtt_port=None,
+                          accounts=nats_accounts(store, ["n1"])) as server:
+        started = time.monotonic()
+        done = await asyncio.to_thread(
+            subprocess.run, [*P2PFAAS, "top", "--once", "1", "--nats-url", server.url, "--data-dir", str(tmp_path / "none")],
+            capture_output=True, text=True, timeout=60, env=by_hand_env())
+        took = time.monotonic() - started
+    assert_one_clear_line(done, f"cannot connect to NATS at {server.url}: nats: 'Authorization Violation'")
+    assert took < 5.0, f"{took:.1f} s"
+
+
+async def test_a_slow_broker_is_waited_for(tmp_path, nats_server):
+    """Only a refusal is given up on at once: a broker that takes seconds to answer CONNECT (a
+    loaded machine's nats-server took 2-5 s per authenticated CONNECT) is waited for, as before."""
+    slow_s = 3.0
+    relays: list[asyncio.Task] = []
+
+    async def relay(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, delay_answer_s: float) -> None:
+        try:
+            chunk = 0
+            while data := await reader.read(65536):
+                if chunk == 1:   # after INFO: the answer to CONNECT
+                    await asyncio.sleep(delay_answer_s)
+                writer.write(data)
+                await writer.drain()
+                chunk += 1
+        except ConnectionError:
+            pass
+        finally:
+            writer.close()
+
+    async def client(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        server_reader, server_writer = await asyncio.open_connection("127.0.0.1", nats_server.port)
+        relays.extend((asyncio.create_task(relay(reader, server_writer, 0.0)),
+                       asyncio.create_task(relay(server_reader, writer, slow_s))))
+
+    proxy = await asyncio.start_server(client, "127.0.0.1", 0)
+    port = proxy.sockets[0].getsockname()[1]
+    try:
+        started = time.monotonic()
+        done = await asyncio.to_thread(
+            subprocess.run, [*P2PFAAS, "top", "--once", "1", "--nats-url", f"nats://127.0.0.1:{port}", "--data-dir",
+                             str(tmp_path), "--prefix", "t" + uuid.uuid4().hex[:10]],
+            capture_output=True, text=True, timeout=60, env=by_hand_env())
+        took = time.monotonic() - started
+    finally:
+        proxy.close()
+        for task in relays:
+            task.cancel()
+        await asyncio.gather(*relays, return_exceptions=True)
+    assert done.returncode == 0 and "error" not in done.stderr, done.stderr
+    assert took >= slow_s, f"{took:.1f} s: the broker's answer was not delayed"
+
+
+def wait_ready(proc: subprocess.Popen, timeout_s: float) -> None:
+    """Until the part prints READY on stdout (what `up` waits for); its stderr if it ends first."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        readable, _, _ = select.select([proc.stdout], [], [], min(1.0, max(0.0, deadline - time.monotonic())))
+        if readable:
+            line = proc.stdout.readline()
+            if line.strip() == "READY":
+                return
+            if not line and proc.poll() is not None:
+                raise AssertionError(f"{proc.args[3:]} ended (code {proc.returncode}): {proc.stderr.read()}")
+    raise AssertionError(f"{proc.args[3:]} not READY within {timeout_s:g} s")
+
+
+def stop_parts(procs: list[subprocess.Popen]) -> list[str]:
+    """SIGINT each part (Ctrl-C), its stderr; what does not stop within its bound is killed."""
+    for proc in procs:
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGINT)
+    errors = []
+    for proc in procs:
+        try:
+            errors.append(proc.communicate(timeout=60)[1])
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            errors.append(proc.communicate(timeout=10)[1])
+    return errors
+
+
+async def test_a_part_up_started_waits_for_its_broker(tmp_path):
+    """Parts `up` starts (a parent pipe) keep retrying a refused first connect to its deadline, as
+    before: their broker may be starting again after a crash. Only commands run by hand give up."""
+    port = free_port()
+    part = subprocess.Popen([*P2PFAAS, "bridge", "http", "--port", str(free_port()), "--nats-url", f"nats://127.0.0.1:{port}"],
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env={**by_hand_env(), PARENT_PIPE_ENV: "1"})
+    try:
+        await asyncio.sleep(3.0)   # refused meanwhile: a command run by hand has given up by now
+        async with NatsServer(data_dir=tmp_path / "nats", port=port, mqtt_port=None):
+            await asyncio.to_thread(wait_ready, part, 30)
+            stop_parts([part])
+    finally:
+        if part.poll() is None:
+            part.kill()
+            part.wait(timeout=10)
 
 
 def test_bad_input_is_one_clear_line(tmp_path):
