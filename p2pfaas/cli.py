@@ -167,6 +167,18 @@ def _stack_nats_url(data_dir: Path, nats_url: Optional[str]) -> str:
     return nats_url or _running_stack(data_dir, "--nats-url")["nats_url"]
 
 
+def _attach(data_dir: Path, nats_url: Optional[str]):
+    """The NATS a part (node, bridge, learner, controller) attaches to and the stack's identity
+    store: ``nats_url``, else the one of the `up` running on ``data_dir`` (the default was
+    nats://127.0.0.1:4222, the machine's shared broker, not the user's stack). Run by hand, a
+    part acts as that stack's operator (:func:`_stack_identity`); one `up` started was given its
+    URL and its own identity, and another data dir's files must not replace them."""
+    from broker.lifecycle import parent_pipe_watched
+
+    url = _stack_nats_url(data_dir, nats_url)
+    return url, None if parent_pipe_watched() else _stack_identity(data_dir)
+
+
 def _stop_on_signal(stop: asyncio.Event) -> None:
     """SIGINT/SIGTERM set ``stop`` from now on (asyncio.run's own SIGINT handling would cancel
     whatever runs, and a cancellation swallowed on its way is a stop request lost)."""
@@ -278,9 +290,9 @@ def up(
 @app.command()
 def node(
     node_id: Optional[str] = typer.Option(None, "--id", help="Node id (env P2PFAAS_NODE_ID; default n1)."),
-    nats_url: Optional[str] = typer.Option(None, help="NATS to attach to (env P2PFAAS_NATS_URL; default nats://127.0.0.1:4222)."),
+    nats_url: Optional[str] = typer.Option(None, help="NATS to attach to (env P2PFAAS_NATS_URL; default: the one of the `p2pfaas up` running on --data-dir, as its operator)."),
     seed: list[str] = typer.Option([], "--seed", help="More NATS URLs of the same cluster (repeatable) (env P2PFAAS_SEEDS)."),
-    data_dir: Optional[Path] = typer.Option(None, help="Configuration directory (env P2PFAAS_DATA_DIR; default ./data)."),
+    data_dir: Optional[Path] = typer.Option(None, help="Configuration directory, and the `p2pfaas up` whose NATS is the default (env P2PFAAS_DATA_DIR; default ./data)."),
     prefix: Optional[str] = typer.Option(None, help="Subject prefix (env P2PFAAS_PREFIX; default faas)."),
     heartbeat_period: Optional[float] = typer.Option(None, help="Discovery heartbeat period, s (env P2PFAAS_HEARTBEAT_PERIOD_S; default 1)."),
     address: Optional[str] = typer.Option(None, help="Address advertised to peers (e.g. its HTTP bridge URL); its host is the node's IP in P2PFaaS's lists."),
@@ -293,7 +305,8 @@ def node(
     settings_file: Optional[Path] = typer.Option(None, "--settings", help="All node settings as one JSON document (what `up` passes); the other options are then ignored."),
     verbose: bool = typer.Option(False, "--verbose", "-v"),
 ) -> None:
-    """Run one node (scheduler, discovery, learner, worker pool) against an existing NATS.
+    """Run one node (scheduler, discovery, learner, worker pool) against an existing NATS: by
+    default the one of the `p2pfaas up` running on --data-dir.
 
     Prints READY on stdout once each pool has a ready worker; stops on SIGINT/SIGTERM (or when
     the process that started it ends), within a deadline."""
@@ -314,8 +327,10 @@ def node(
                 peer_discovery_port=peer_discovery_port, init_servers=init_server or None, node_rewards=node_rewards)
     except (ValueError, OSError) as exc:
         raise typer.BadParameter(str(exc)) from None
-    if settings_file is None:   # `up` checked its own before starting us
+    if settings_file is None:   # `up` checked its own before starting us (and named its NATS)
         _importable(settings.functions)
+        url, _ = _attach(settings.data_dir, nats_url or os.environ.get("P2PFAAS_NATS_URL"))
+        settings = settings.model_copy(update={"nats_url": url})
 
     async def start() -> Node:
         started = Node(settings)
@@ -347,7 +362,8 @@ class BridgeKind(str, Enum):
 def bridge(
     kind: BridgeKind = typer.Argument(..., help="http or mqtt"),
     node_id: str = typer.Option("n1", "--node", help="Node served by the HTTP bridge."),
-    nats_url: str = typer.Option("nats://127.0.0.1:4222"),
+    nats_url: Optional[str] = typer.Option(None, help="NATS to attach to (default: the one of the `p2pfaas up` running on --data-dir, as its operator)."),
+    data_dir: Path = typer.Option(Path("data"), help="Where `p2pfaas up` wrote endpoints.json and its identities."),
     port: int = typer.Option(18080, min=1, max=MAX_PORT, help="HTTP port."),
     host: str = typer.Option("127.0.0.1"),
     prefix: str = typer.Option("faas", help="Subject prefix."),
@@ -359,11 +375,15 @@ def bridge(
     client_id: Optional[str] = typer.Option(None, help="MQTT client id of the bridge: stable across restarts, unique per bridge (default: p2pfaas-bridge-PREFIX-HOSTNAME)."),
     verbose: bool = typer.Option(False, "--verbose", "-v"),
 ) -> None:
-    """Run one bridge against an existing NATS (and Mosquitto). Prints READY when serving."""
+    """Run one bridge against an existing NATS (by default the one of the `p2pfaas up` running on
+    --data-dir) and Mosquitto. Prints READY when serving."""
     from p2pfaas.parts import HttpBridgeOptions, one_process_argv, run_part, start_http_bridge, stop_http_bridge
 
     _logging(verbose)
+    nats_url, store = _attach(data_dir, nats_url)
     if kind is BridgeKind.http:
+        if store is not None and not os.environ.get("P2PFAAS_OPERATOR_TOKEN"):   # run by hand: as the stack's bridges
+            os.environ["P2PFAAS_OPERATOR_TOKEN"] = store.operator_token()        # (and our sibling processes) want it
         # secrets come in the environment (`up` sets them), never on the command line
         options = HttpBridgeOptions(node=node_id, nats_url=nats_url, host=host, port=port, prefix=prefix,
                                     max_payload_bytes=max_payload_bytes, processes=processes,
@@ -597,9 +617,9 @@ def eval_learning(
 @app.command()
 def learner(
     node_ids: list[str] = typer.Option(["n1"], "--node", help="Node served (repeatable: one learner shared by several nodes)."),
-    nats_url: str = typer.Option("nats://127.0.0.1:4222", help="NATS to attach to."),
+    nats_url: Optional[str] = typer.Option(None, help="NATS to attach to (default: the one of the `p2pfaas up` running on --data-dir, as its operator)."),
     prefix: str = typer.Option("faas", help="Subject prefix."),
-    data_dir: Path = typer.Option(Path("data"), help="Checkpoints go to DATA_DIR/nodes/<node>/learner/."),
+    data_dir: Path = typer.Option(Path("data"), help="Checkpoints go to DATA_DIR/nodes/<node>/learner/; the `p2pfaas up` running there names the default NATS."),
     scheduling_agent: str = typer.Option("dsarsa", help="Scheduling model: dsarsa (P2PFaaS) or dqn."),
     scaling_agent: str = typer.Option("dqn", help="Scaling model of each pool: dqn, pg, sarsa or dsarsa."),
     pools: list[str] = typer.Option(["default"], "--pool", help="Pool with a scaling model (repeatable: the nodes' pools); other model names are refused."),
@@ -608,13 +628,16 @@ def learner(
     torch_threads: int = typer.Option(1, help="torch intra-op threads (small models are fastest on one)."),
     verbose: bool = typer.Option(False, "--verbose", "-v"),
 ) -> None:
-    """Run the learner service of one or more nodes against an existing NATS (docs/learner.md)."""
+    """Run the learner service of one or more nodes against an existing NATS (by default the one of
+    the `p2pfaas up` running on --data-dir; docs/learner.md)."""
+    _logging(verbose)
+    nats_url, _ = _attach(data_dir, nats_url)   # before torch's import: a missing stack is said at once
+
     import torch
 
     from nodes.learner.service import run_learner
     from nodes.learner.settings import LearnerSettings
 
-    _logging(verbose)
     torch.set_num_threads(torch_threads)
     try:
         settings = LearnerSettings(node_ids=node_ids, nats_url=nats_url, prefix=prefix, data_dir=data_dir,
@@ -763,8 +786,7 @@ def controller_cmd(
         chosen, name, note = resolve_policy(policy, sc, models_dir)
     except ValueError as exc:
         raise typer.BadParameter(str(exc), param_hint="--policy") from None
-    url = _stack_nats_url(data_dir, nats_url)
-    _stack_identity(data_dir)
+    url, _ = _attach(data_dir, nats_url)
 
     def show(step) -> None:
         t = step.telemetry

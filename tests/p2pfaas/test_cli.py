@@ -18,8 +18,10 @@ import pytest
 import typer
 
 from broker.auth import OPERATOR, AuthStore, nats_accounts
+from broker.connection import close_quietly, connect
 from broker.embedded import NatsServer, free_port
 from broker.lifecycle import PARENT_PIPE_ENV
+from broker.subjects import SCHEDULING_MODEL, Subjects
 from p2pfaas.cli import app
 
 from stack_processes import P2PFAAS, alive, descendants, wait_endpoints
@@ -162,7 +164,7 @@ def test_an_unreachable_broker_is_said_at_once(tmp_path):
     (dead / "endpoints.json").write_text(json.dumps({"nats_url": url, "mqtt_url": None, "prefix": "faas", "http": {}}))
     given = ["--nats-url", url, "--data-dir", str(tmp_path)]
     commands = [["top", "--once", "1", *given], ["invoke", "fib", "--via", "nats", *given], ["farm", "run", *given],
-                ["top", "--once", "1", "--data-dir", str(dead)]]
+                ["top", "--once", "1", "--data-dir", str(dead)], ["bridge", "mqtt", "--data-dir", str(dead)]]
     for args in commands:   # one at a time: each is timed
         started = time.monotonic()
         done = subprocess.run([*P2PFAAS, *args], capture_output=True, text=True, timeout=60, env=by_hand_env())
@@ -275,6 +277,62 @@ async def test_a_part_up_started_waits_for_its_broker(tmp_path):
         if part.poll() is None:
             part.kill()
             part.wait(timeout=10)
+
+
+async def test_parts_run_by_hand_attach_to_the_running_stack(tmp_path):
+    """`p2pfaas node`, `bridge` and `learner` without --nats-url went to nats://127.0.0.1:4222, the
+    machine's shared broker, and not to the stack `up` runs on --data-dir, which `top`, `invoke`,
+    `farm run` and `controller` use. Now they attach to that stack, as its operator (a secure stack:
+    its identities), and the hand-run HTTP bridge wants the stack's operator token as the stack's do."""
+    store = AuthStore(tmp_path / "auth")
+    store.service(OPERATOR)   # as `up` leaves it
+    prefix = "t" + uuid.uuid4().hex[:10]
+    where = ["--data-dir", str(tmp_path), "--prefix", prefix]
+    http_port = free_port()
+    async with NatsServer(data_dir=tmp_path / "nats", port=None, mqtt_port=None,
+                          accounts=nats_accounts(store, ["n1"])) as server:
+        (tmp_path / "endpoints.json").write_text(json.dumps({"nats_url": server.url, "mqtt_url": None, "prefix": prefix,
+                                                             "http": {}}))
+        parts = [subprocess.Popen([*P2PFAAS, *args], stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                                  stderr=subprocess.PIPE, text=True, env=by_hand_env())
+                 for args in (["node", "--runtime", "inprocess", *where],
+                              ["bridge", "http", "--port", str(http_port), *where],
+                              ["learner", "--node", "n9", *where])]
+        operator = store.service(OPERATOR)
+        nc = await connect(server.url, "test-operator", credentials=(operator.user, operator.password))
+        try:
+            for part in parts[:2]:
+                await asyncio.to_thread(wait_ready, part, 90)
+            async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{http_port}", timeout=30) as http:
+                body = {"parallel_running_functions_max": 2}
+                assert (await http.post("/configuration", json=body)).status_code == 401
+                token = {"Authorization": f"Bearer {store.operator_token()}"}
+                assert (await http.post("/configuration", json=body, headers=token)).status_code == 200   # n1 answered
+            stats = Subjects(prefix).learner("n9", SCHEDULING_MODEL, "stats")
+            deadline = time.monotonic() + 60
+            while True:   # the learner prints no READY: it answers once it serves
+                try:
+                    await nc.request(stats, b"", timeout=1.0)
+                    break
+                except Exception:
+                    assert time.monotonic() < deadline and parts[2].poll() is None, "the learner does not answer"
+                    await asyncio.sleep(0.5)
+        finally:
+            await close_quietly(nc)
+            errors = await asyncio.to_thread(stop_parts, parts)
+    assert f"node n1 attached to {server.url}" in errors[0], errors[0]
+    assert f"learner for n9 attached to {server.url}" in errors[2], errors[2]
+    for args, err in zip(("node", "bridge", "learner"), errors):
+        assert "Traceback" not in err and not [line for line in err.splitlines() if line.startswith("error:")], (args, err)
+
+
+def test_without_a_running_stack_parts_ask_for_a_url(tmp_path):
+    """As `top` and `invoke`: no `up` on --data-dir and no --nats-url is one line saying what to do."""
+    where = ["--data-dir", str(tmp_path)]
+    for done in run_all([["node", *where], ["bridge", "http", *where], ["bridge", "mqtt", *where], ["learner", *where]]):
+        assert_one_clear_line(done, f"no running `p2pfaas up` found in {tmp_path} (no {tmp_path / 'endpoints.json'}): "
+                                    "start one, or give --nats-url")
+    assert not list(tmp_path.iterdir())
 
 
 def test_bad_input_is_one_clear_line(tmp_path):
