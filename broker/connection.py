@@ -279,11 +279,13 @@ async def close_quietly(nc: Client, *subs, timeout_s: float = 5.0) -> None:
         try:
             for sub in subs:
                 await sub.unsubscribe()
-            await asyncio.wait_for(nc.drain(), timeout_s)
+            async with asyncio.timeout(timeout_s):
+                await nc.drain()
             return
         except Exception as exc:
             log.debug("draining %s: %s", nc, exc)
     try:
-        await asyncio.wait_for(nc.close(), timeout_s)
+        async with asyncio.timeout(timeout_s):
+            await nc.close()
     except Exception as exc:  # e.g. ConnectionResetError from a broker gone meanwhile: closed all the same
         log.debug("closing %s: %r", nc, exc)
