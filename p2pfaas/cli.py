@@ -19,7 +19,7 @@ import typer
 from rich.console import Console
 from rich.markup import escape
 
-from broker.errors import BrokerUnavailable
+from broker.errors import BrokerUnavailable, FaasError
 from broker.messages import NodeConfiguration
 
 app = typer.Typer(help="p2pfaas: peer-to-peer Function-as-a-Service over NATS/JetStream and MQTT.",
@@ -71,6 +71,15 @@ def _fail(message: str) -> NoReturn:
     saying what is wrong and what to do, exit code 2, never a traceback."""
     console.print(f"[red]error:[/] {escape(message)}", highlight=False, soft_wrap=True)   # one line: grep finds it whole
     raise typer.Exit(2)
+
+
+def _failed_with(exc: Exception) -> NoReturn:
+    """:func:`_fail` for an error caught broadly: ours say what happened (and an unreachable broker
+    what to do); another's keeps its class name (a bare TimeoutError says nothing alone)."""
+    if isinstance(exc, FaasError) and str(exc):
+        todo = "; is its `p2pfaas up` running? (else give --nats-url)" if isinstance(exc, BrokerUnavailable) else ""
+        _fail(f"{exc}{todo}")
+    _fail(f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__)
 
 
 @contextmanager
@@ -470,8 +479,7 @@ def invoke(
             outcome = inv.via_mqtt(target, node_id, fn, payload, timeout, client=client,
                                    password=device.password if device else None)
     except Exception as exc:  # connection refused, timeout ... : one clear line
-        console.print(f"[red]error:[/] {type(exc).__name__}: {exc}")
-        raise typer.Exit(2)
+        _failed_with(exc)
     if show_headers:
         console.print(f"status {outcome.status} in {outcome.elapsed_s * 1000:.1f} ms")
         for k, v in outcome.headers.items():
@@ -657,8 +665,7 @@ def learner(
     try:
         asyncio.run(main())
     except Exception as exc:  # broker unreachable, unusable data dir ... : one clear line
-        console.print(f"[red]error:[/] {type(exc).__name__}: {exc}")
-        raise typer.Exit(2)
+        _failed_with(exc)
 
 
 # -- identities (docs/security.md) ---------------------------------------------------

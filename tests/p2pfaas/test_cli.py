@@ -143,7 +143,8 @@ def test_an_unreachable_broker_is_one_clear_line(tmp_path):
     commands = [["top", "--once", "1", *stack], ["top", *stack], ["farm", "run", *stack], ["controller", *stack],
                 ["bridge", "http", "--port", str(free_port()), "--nats-url", url], ["bridge", "mqtt", "--nats-url", url],
                 ["node", "--data-dir", str(tmp_path), "--nats-url", url],
-                ["eval", "p2p", "--duration", "1", "--nats-url", url]]
+                ["eval", "p2p", "--duration", "1", "--nats-url", url],
+                ["invoke", "fib", "--via", "nats", *stack], ["learner", *stack]]
     for done in run_all(commands):
         assert_one_clear_line(done, f"cannot connect to NATS at {url}: ")
         assert "p2pfaas up" in done.stderr or "check --nats-url" in done.stderr, done.stderr
