@@ -185,9 +185,11 @@ def node_permissions(node: str) -> dict:
 
 def worker_permissions(node: str) -> dict:
     """A worker runs user code: it only answers on reply inboxes -- its node's call, and a direct
-    call's caller (nodes/worker.py) -- and says when its node died."""
+    call's caller (nodes/worker.py) -- and says when its node died. It asks nothing, so it reads no
+    inbox: ``_INBOX.>`` would show user code every reply in the account (other calls' outputs,
+    control answers) and the inbox names to forge answers to."""
     return _permissions(publish=["_INBOX.>", f"*.{node}.gone"],
-                        subscribe=[f"*.{node}.worker.>", f"*.membership.{node}", f"*.{node}.gone", "_INBOX.>"])
+                        subscribe=[f"*.{node}.worker.>", f"*.membership.{node}", f"*.{node}.gone"])
 
 
 def bridge_permissions() -> dict:

@@ -432,3 +432,23 @@ async def test_tls_on_nats_mqtt_and_http_with_a_ca_of_our_own(tmp_path, node_fac
             bridge.shutdown()
             await serving_task
             await bridge.stop()
+
+
+async def test_a_worker_cannot_read_the_replies_meant_for_others(secure):
+    """User code holds its worker's identity: subscribing to every reply inbox would show it every
+    direct call's output and every control answer in the account (and their inbox names, to forge
+    answers to). A worker never asks anything, so it subscribes to no inbox."""
+    server, store = secure
+    async with Identity(server, store.worker("n1")) as worker, Identity(server, store.service(OPERATOR)) as operator:
+        overheard: list[str] = []
+
+        async def note(msg) -> None:
+            overheard.append(msg.subject)
+        await worker.nc.subscribe("_INBOX.>", cb=note)
+        await worker.nc.flush()
+        reply = await operator.nc.request(S.config("n1", "get"), b"", timeout=5)   # answered to the operator's inbox
+        assert reply.headers[H.STATUS] == "200"
+        await worker.nc.flush()
+        assert overheard == []
+        await wait_until(lambda: any("permissions violation for subscription" in e.lower() for e in worker.errors),
+                         timeout_s=5)   # refused, and said so
