@@ -22,7 +22,7 @@ from broker import codes
 from broker import headers as H
 from broker.answers import Answer, error_body, status_of
 from broker.connection import request as nats_request
-from broker.errors import NotPermitted
+from broker.errors import NotPermitted, Unauthorized
 from broker.subjects import check_token, machine_token
 
 if TYPE_CHECKING:
@@ -66,6 +66,11 @@ def peer_router(bridge: "HttpBridge") -> APIRouter:
     async def peer_function(fn: str, request: Request) -> Response:
         if request.headers.get(H.USER_AGENT) != H.USER_AGENT_MACHINE:   # as P2PFaaS: only nodes call it
             return await reply(500, {"code": codes.GENERIC, "message": "called from not a machine"})
+        # it runs a function as /function does: not the way around the invoke token (a P2PFaaS
+        # node sends none: its jobs come in without one only where P2PFaaS's ports are open)
+        if not bridge.p2pfaas_open and not bridge.may_invoke(request.headers.get("authorization")):
+            raise Unauthorized("a peer job runs a function: it needs the invoke token (Authorization: Bearer ...), "
+                               "or the P2PFaaS layout (up --loopback-hosts), whose P2PFaaS routes are open")
         check_token(fn, "function")
         try:
             job = orjson.loads(await bridge.read_body(request))

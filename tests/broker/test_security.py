@@ -452,3 +452,24 @@ async def test_a_worker_cannot_read_the_replies_meant_for_others(secure):
         assert overheard == []
         await wait_until(lambda: any("permissions violation for subscription" in e.lower() for e in worker.errors),
                          timeout_s=5)   # refused, and said so
+
+
+async def test_p2pfaas_peer_jobs_need_the_invoke_token_unless_p2pfaas_ports_are_open(node_factory, nc, prefix):
+    """``POST /peer/function/{fn}`` runs a function as ``/function/{fn}`` does: with
+    ``--require-invoke-token`` it must not be the way around the token (a P2PFaaS node sends
+    none: only ``p2pfaas_open`` takes its jobs without one)."""
+    import base64
+
+    job = {"payload": base64.b64encode(b"sneaked").decode(), "hops": 1}
+    machine = {H.USER_AGENT: H.USER_AGENT_MACHINE}
+    async with node_factory(k=1):
+        async with serving(HttpBridge(nc, "n1", prefix=prefix, operator_token="op-token",
+                                      invoke_token="call-token")) as http:
+            r = await http.post("/peer/function/echo", json=job, headers=machine)
+            assert r.status_code == 401 and r.headers["WWW-Authenticate"] == "Bearer", r.text
+            r = await http.post("/peer/function/echo", json=job, headers={**machine, "Authorization": "Bearer call-token"})
+            assert r.status_code == 200 and base64.b64decode(r.json()["body"]) == b"sneaked"
+        async with serving(HttpBridge(nc, "n1", prefix=prefix, operator_token="op-token", invoke_token="call-token",
+                                      p2pfaas_open=True)) as http:
+            r = await http.post("/peer/function/echo", json=job, headers=machine)
+            assert r.status_code == 200 and base64.b64decode(r.json()["body"]) == b"sneaked"
