@@ -12,11 +12,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import itertools
 import logging
 import time
 import hmac
-import uuid
+import secrets
 from typing import Collection
 from urllib.parse import urlsplit
 
@@ -69,8 +68,6 @@ class HttpBridge:
         self.operator_token, self.invoke_token = operator_token, invoke_token
         self.callback_hosts = frozenset(h.lower() for h in callback_hosts)
         self._background: set[asyncio.Task] = set()
-        self._ids = itertools.count()
-        self._id_prefix = uuid.uuid4().hex[:12]   # call ids unique across bridge processes
         self._started = False
         self.registry = CollectorRegistry()
         self.http_requests = Counter("p2pfaas_http_requests", "HTTP requests", ["route", "status"], registry=self.registry)
@@ -126,7 +123,9 @@ class HttpBridge:
             await self.require_operator(request)
 
     def new_call_id(self) -> str:
-        return f"{self._id_prefix}{next(self._ids)}"
+        """Random, not counted: ``GET /result/{id}`` answers whoever names an id (every HTTP caller
+        is the bridge's one client), so no id may follow from another caller's (docs/security.md)."""
+        return secrets.token_hex(16)
 
     async def read_body(self, request: Request) -> bytes:
         declared = request.headers.get("content-length")

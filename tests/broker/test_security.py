@@ -473,3 +473,33 @@ async def test_p2pfaas_peer_jobs_need_the_invoke_token_unless_p2pfaas_ports_are_
                                       p2pfaas_open=True)) as http:
             r = await http.post("/peer/function/echo", json=job, headers=machine)
             assert r.status_code == 200 and base64.b64decode(r.json()["body"]) == b"sneaked"
+
+
+
+def counted_before(call_id: str) -> set[str]:
+    """The ids an attacker tries first: ``call_id``'s tail read as a counter (decimal or hex, any
+    width), one and two steps back."""
+    out = set()
+    for base, alphabet in ((10, "0123456789"), (16, "0123456789abcdef")):
+        tail = len(call_id) - len(call_id.rstrip(alphabet))
+        for width in range(1, tail + 1):
+            head, count = call_id[:-width], int(call_id[-width:], base)
+            out |= {head + (str(count - d) if base == 10 else format(count - d, f"0{width}x"))
+                    for d in (1, 2) if count >= d}
+    return out
+
+
+async def test_an_async_result_is_not_read_by_a_caller_who_guesses_its_call_id(node_factory, nc, prefix):
+    """``GET /result/{id}`` answers whoever names the id (every HTTP caller is the bridge's one
+    client): an id must not be guessable from one's own, or any caller reads the others' results."""
+    async with node_factory(k=1), serving(HttpBridge(nc, "n1", prefix=prefix)) as http:
+        victim = (await http.post("/async-function/echo", content=b"the victim's secret")).headers[H.CALL_ID]
+        mine = (await http.post("/async-function/echo", content=b"mine")).headers[H.CALL_ID]
+        for _ in range(200):   # both answered and stored
+            if [(await http.get(f"/result/{i}")).status_code for i in (victim, mine)] == [200, 200]:
+                break
+            await asyncio.sleep(0.05)
+        assert (await http.get(f"/result/{victim}")).content == b"the victim's secret"   # its owner reads it
+        guesses = counted_before(mine)
+        leaked = [g for g in guesses if (await http.get(f"/result/{g}")).content == b"the victim's secret"]
+        assert victim not in guesses and leaked == [], (victim, mine)
