@@ -30,6 +30,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
+from broker.errors import InvalidToken
 from broker.lifecycle import write_whole
 from broker.subjects import check_node, check_token
 
@@ -39,6 +40,11 @@ CONTROLLER = "controller"
 FULL_JS = "$JS.API.>"
 JS_DENIED = ["$JS.API.STREAM.DELETE.>", "$JS.API.STREAM.PURGE.>"]   # streams are the operators'
 JS_RUNTIME = ["$JS.ACK.>", "$JS.FC.>", "_INBOX.>"]
+# names no device may take: the services' users (Mosquitto would give a device named "bridge" the
+# bridge's ACL; nats-server wants user names unique across accounts, so it would not start) and the
+# HTTP bridge's client token "http-<node>", whose results are every HTTP caller's
+SERVICE_NAMES = frozenset({OPERATOR, BRIDGE, CONTROLLER})
+SERVICE_NAME_PREFIXES = ("node-", "worker-", "http-")
 log = logging.getLogger(__name__)
 
 
@@ -54,6 +60,15 @@ class Credentials:
 
     def as_json(self) -> str:
         return json.dumps({"user": self.user, "password": self.password})
+
+
+def check_device_name(name: str) -> str:
+    """A device name: a token, and none a service goes by (InvalidToken, a ValueError, says so)."""
+    check_token(name, "device name")
+    if name in SERVICE_NAMES or name.startswith(SERVICE_NAME_PREFIXES):
+        raise InvalidToken(f"device name {name!r} is taken by p2pfaas's services ({', '.join(sorted(SERVICE_NAMES))}, "
+                           f"{'*, '.join(SERVICE_NAME_PREFIXES)}*): choose another")
+    return name
 
 
 def node_user(node: str) -> str:
@@ -143,11 +158,20 @@ class AuthStore:
 
     def device(self, name: str) -> Credentials:
         """A device (MQTT) identity: created, or shown when it exists."""
-        check_token(name, "device name")
+        check_device_name(name)
         return Credentials(name, self._get("devices.json", name))
 
     def devices(self) -> dict[str, str]:
-        return self._load("devices.json")
+        """The devices let in: one whose name a service goes by (a file edited by hand, or made by
+        an older version) is left out and logged, never given the service's rights."""
+        devices = self._load("devices.json")
+        for name in list(devices):
+            try:
+                check_device_name(name)
+            except InvalidToken as exc:
+                log.error("%s/devices.json: %s; device %r is not let in: rename it", self.directory, exc, name)
+                del devices[name]
+        return devices
 
     def services(self) -> dict[str, str]:
         return self._load("services.json")

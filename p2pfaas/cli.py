@@ -679,11 +679,10 @@ def auth_device(
     data_dir: Path = typer.Option(Path("data"), help="The stack's data dir (its identities are in DATA_DIR/auth)."),
 ) -> None:
     """Create (or show) a device identity; prints {"user": ..., "password": ...}. A running `up` lets it in at once."""
-    from broker.auth import AuthStoreError
-    from broker.subjects import check_token
+    from broker.auth import AuthStoreError, check_device_name
 
     try:
-        check_token(name, "device name")
+        check_device_name(name)
     except ValueError as exc:
         raise typer.BadParameter(str(exc), param_hint="NAME") from None
     store = _stack_store(data_dir, required=True)

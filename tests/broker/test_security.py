@@ -503,3 +503,47 @@ async def test_an_async_result_is_not_read_by_a_caller_who_guesses_its_call_id(n
         guesses = counted_before(mine)
         leaked = [g for g in guesses if (await http.get(f"/result/{g}")).content == b"the victim's secret"]
         assert victim not in guesses and leaked == [], (victim, mine)
+
+
+@pytest.mark.parametrize("name", [BRIDGE, CONTROLLER, "node-n1", "http-n1"])
+def test_a_device_cannot_take_a_service_name(tmp_path, name):
+    """A device named ``bridge`` would get the MQTT bridge's ACL on Mosquitto (read and write
+    everything); one named like a NATS service user stops nats-server (user names are unique
+    across accounts); ``http-<node>`` is the HTTP bridge's client, whose results are every HTTP
+    caller's. Refused, by the CLI too."""
+    store = AuthStore(tmp_path / "auth")
+    store.service(OPERATOR)   # as `up` leaves it
+    with pytest.raises(ValueError, match="taken by"):
+        store.device(name)
+    cli = subprocess.run([*P2PFAAS, "auth", "device", name, "--data-dir", str(tmp_path)],
+                         capture_output=True, text=True, timeout=60)
+    assert cli.returncode == 2 and "taken by" in cli.stderr and cli.stdout == ""
+
+
+async def test_a_device_file_naming_a_service_lets_neither_the_impostor_in_nor_the_brokers_down(tmp_path, caplog):
+    """devices.json holding a service's name (written by hand, or by an older version): the
+    brokers still start, and the impostor is not let in, with a log line saying what to fix."""
+    if shutil.which("mosquitto_passwd") is None:
+        pytest.fail("mosquitto not installed (.ci/run installs it)")
+    store = AuthStore(tmp_path / "auth")
+    bridge, dev1 = store.service(BRIDGE), store.device("dev1")
+    devices = json.loads((store.directory / "devices.json").read_text())
+    (store.directory / "devices.json").write_text(json.dumps({**devices, BRIDGE: "impostor-password"}))
+    with caplog.at_level(logging.ERROR, logger="broker.auth"):
+        accounts = nats_accounts(store, ["n1"])
+        files = mosquitto_files(store, PREFIX, tmp_path / "mosquitto" / "auth")
+    server = NatsServer(data_dir=tmp_path / "nats", port=None, accounts=accounts)
+    await server.start()   # a duplicate user name would keep it from starting
+    await server.stop()
+    broker = Mosquitto(data_dir=tmp_path / "mosquitto", port=None, auth=files)
+    await broker.start()
+    try:
+        for user, password, allowed in ((BRIDGE, bridge.password, True), (BRIDGE, "impostor-password", False),
+                                        (dev1.user, dev1.password, True)):
+            client, state = mqtt_client(broker.port, user, password)
+            client.disconnect()
+            client.loop_stop()
+            assert state["rc"].is_failure is not allowed, (user, password)
+    finally:
+        await broker.stop()
+    assert f"device {BRIDGE!r}" in caplog.text and "devices.json" in caplog.text   # what to fix
