@@ -306,15 +306,15 @@ def nats_accounts(store: AuthStore | None, nodes: list[str]) -> str:
 def mosquitto_files(store: AuthStore, prefix: str, directory: Path) -> tuple[Path, Path]:
     """Password file and ACL for Mosquitto: the bridge may do anything; a device only publishes
     its own requests and reads its own answers (``%u`` is its user name)."""
-    directory.mkdir(parents=True, exist_ok=True)
+    # private, as auth/ is: the password file holds every password in clear until it is hashed
+    directory.mkdir(parents=True, exist_ok=True, mode=0o700)
+    os.chmod(directory, 0o700)
     passwords, acl = directory / "passwords", directory / "acl"
     bridge = store.service(BRIDGE)
     lines = [f"{bridge.user}:{bridge.password}", *(f"{n}:{p}" for n, p in sorted(store.devices().items()))]
-    passwords.write_text("\n".join(lines) + "\n")
-    os.chmod(passwords, 0o600)
+    write_whole(passwords, ("\n".join(lines) + "\n").encode())   # 0600 from its first byte
     subprocess.run(["mosquitto_passwd", "-U", str(passwords)], check=True, capture_output=True)   # hash in place
-    acl.write_text(f"user {bridge.user}\ntopic readwrite #\n\n"
-                   f"pattern write {prefix}/+/request/+/%u/+\n"
-                   f"pattern read {prefix}/result/%u/#\npattern read {prefix}/reject/%u/#\n")
-    os.chmod(acl, 0o600)
+    write_whole(acl, (f"user {bridge.user}\ntopic readwrite #\n\n"
+                      f"pattern write {prefix}/+/request/+/%u/+\n"
+                      f"pattern read {prefix}/result/%u/#\npattern read {prefix}/reject/%u/#\n").encode())
     return passwords, acl

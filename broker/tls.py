@@ -11,6 +11,8 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
+from broker.lifecycle import write_whole
+
 VALID_DAYS = 825
 
 
@@ -22,8 +24,7 @@ class TlsFiles:
 
 
 def _write_private(path: Path, data: bytes) -> None:
-    path.write_bytes(data)
-    os.chmod(path, 0o600)
+    write_whole(path, data)   # 0600 from its first byte (not readable by others until a chmod)
 
 
 def ensure_certificates(directory: Path, hosts: list[str], ca: Path | None = None,
@@ -36,6 +37,7 @@ def ensure_certificates(directory: Path, hosts: list[str], ca: Path | None = Non
     from cryptography.x509.oid import NameOID
 
     directory.mkdir(parents=True, exist_ok=True, mode=0o700)
+    os.chmod(directory, 0o700)   # also when it was made before (to put a CA of one's own in it)
     ca_path, ca_key_path = ca or directory / "ca.pem", ca_key or directory / "ca-key.pem"
     cert_path, key_path = directory / "server.pem", directory / "server-key.pem"
     now = datetime.datetime.now(datetime.timezone.utc)

@@ -325,6 +325,27 @@ async def test_identity_store_files_are_private(tmp_path):
         store.device("no/slashes")
 
 
+
+def test_mosquitto_passwords_and_tls_keys_are_private(tmp_path):
+    """Mosquitto's password file holds every password in clear until ``mosquitto_passwd`` hashes
+    it: its directory is as private as auth/ (a local user cannot open the file in that moment), as
+    is the TLS directory when it was made beforehand (to put a CA of one's own in it)."""
+    if shutil.which("mosquitto_passwd") is None:
+        pytest.fail("mosquitto not installed (.ci/run installs it)")
+    from broker.tls import ensure_certificates
+
+    store = AuthStore(tmp_path / "auth")
+    dev1 = store.device("dev1")
+    passwords, acl = mosquitto_files(store, PREFIX, tmp_path / "mosquitto" / "auth")
+    (tmp_path / "tls").mkdir(mode=0o755)
+    files = ensure_certificates(tmp_path / "tls", ["127.0.0.1"])
+    for path in (passwords.parent, files.key.parent):
+        assert oct(path.stat().st_mode)[-3:] == "700", path
+    for path in (passwords, acl, files.key, tmp_path / "tls" / "ca-key.pem"):
+        assert oct(path.stat().st_mode)[-3:] == "600", path
+    assert dev1.password not in passwords.read_text()   # hashed
+
+
 def test_identities_added_by_many_processes_at_once_are_all_kept(tmp_path):
     """16 ``p2pfaas auth device`` at once (a script enrolling devices): each identity printed is
     stored with the password printed, the file stays valid JSON, nothing is left behind."""
