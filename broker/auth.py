@@ -21,6 +21,7 @@ Rules (each tested by trying the forbidden thing, tests/broker/test_security.py)
 from __future__ import annotations
 
 import fcntl
+import hashlib
 import json
 import logging
 import os
@@ -46,6 +47,18 @@ JS_RUNTIME = ["$JS.ACK.>", "$JS.FC.>", "_INBOX.>"]
 SERVICE_NAMES = frozenset({OPERATOR, BRIDGE, CONTROLLER})
 SERVICE_NAME_PREFIXES = ("node-", "worker-", "http-")
 log = logging.getLogger(__name__)
+
+
+def mqtt_bridge_client_id(store: "AuthStore | None", prefix: str) -> str:
+    """The MQTT bridge's client id at Mosquitto: stable across restarts (Mosquitto keeps its
+    session's queue for it) and, in a secure stack, not guessable by a device. MQTT client ids are
+    not tied to users: a device connecting with the bridge's id throws the bridge off and takes its
+    session -- every device's requests stop. The id carries a digest of the bridge's password."""
+    base = f"p2pfaas-bridge-{prefix}"
+    if store is None:
+        return base
+    digest = hashlib.sha256(f"mqtt-client-id:{store.service(BRIDGE).password}".encode()).hexdigest()[:20]
+    return f"{base}-{digest}"[:64]
 
 
 class AuthStoreError(ValueError):

@@ -18,7 +18,8 @@ from typing import Literal
 import orjson
 from pydantic import BaseModel, ConfigDict, Field, PositiveFloat, ValidationError, model_validator
 
-from broker.auth import BRIDGE, CONTROLLER, OPERATOR, AuthStore, mosquitto_files, nats_accounts
+from broker.auth import (BRIDGE, CONTROLLER, OPERATOR, AuthStore, mosquitto_files, mqtt_bridge_client_id,
+                          nats_accounts)
 from broker.embedded import Mosquitto, NatsServer, choose_port
 from broker.lifecycle import hold_data_dir, still_wanted
 from broker.tls import TlsFiles, ensure_certificates
@@ -322,7 +323,7 @@ class Stack:
         if mqtt_url is not None:
             await sup.start(ChildSpec("mqtt-bridge", self._cli(
                 "bridge", "mqtt", "--nats-url", nats_url, "--mqtt-url", mqtt_url, "--prefix", s.prefix,
-                "--client-id", f"p2pfaas-bridge-{s.prefix}", "--max-payload-bytes", str(s.max_payload_bytes)),
+                "--client-id", mqtt_bridge_client_id(self.auth, s.prefix), "--max-payload-bytes", str(s.max_payload_bytes)),
                 env=self._identity(BRIDGE, mqtt=True)))
             ep.mqtt_url, ep.mqtt_via = mqtt_url, "Mosquitto + p2pfaas MQTT bridge"
         bridges = []

@@ -22,7 +22,7 @@ import pytest
 
 from broker import headers as H
 from broker.auth import (BRIDGE, CONTROLLER, OPERATOR, AuthStore, AuthStoreError, Credentials, mosquitto_files,
-                         nats_accounts)
+                         mqtt_bridge_client_id, nats_accounts)
 from broker.client import FaasClient
 from broker.connection import close_quietly, connect
 from broker.control import control_request
@@ -568,3 +568,49 @@ async def test_a_device_file_naming_a_service_lets_neither_the_impostor_in_nor_t
     finally:
         await broker.stop()
     assert f"device {BRIDGE!r}" in caplog.text and "devices.json" in caplog.text   # what to fix
+
+
+async def test_on_mosquitto_a_device_cannot_throw_the_mqtt_bridge_off(tmp_path):
+    """MQTT client ids are not tied to users: a device connecting with the MQTT bridge's client id
+    (it was ``p2pfaas-bridge-<prefix>``, easily guessed) threw the bridge off and took over its
+    session -- every device's requests stopped. In a secure stack the id carries a digest of the
+    bridge's password: stable across restarts, unknown to devices."""
+    if shutil.which("mosquitto_passwd") is None:
+        pytest.fail("mosquitto not installed (.ci/run installs it)")
+    from broker.mqtt_bridge import default_client_id
+
+    store = AuthStore(tmp_path / "auth")
+    bridge, dev1 = store.service(BRIDGE), store.device("dev1")
+    client_id = mqtt_bridge_client_id(store, PREFIX)
+    assert client_id == mqtt_bridge_client_id(AuthStore(tmp_path / "auth"), PREFIX)   # stable
+    assert client_id != mqtt_bridge_client_id(AuthStore(tmp_path / "other"), PREFIX)   # per stack
+    assert bridge.password not in client_id and len(client_id) <= 64
+    broker = Mosquitto(data_dir=tmp_path / "mosquitto", port=None,
+                       auth=mosquitto_files(store, PREFIX, tmp_path / "mosquitto" / "auth"))
+    await broker.start()
+    dropped: list[str] = []
+    clients = []
+
+    def connect_as(creds: Credentials, cid: str) -> None:
+        client = mqtt.Client(mqtt.CallbackAPIVersion.VERSION2, client_id=cid, clean_session=False)
+        client.username_pw_set(creds.user, creds.password)
+        connected = threading.Event()
+        client.on_connect = lambda *args: connected.set()
+        client.on_disconnect = lambda c, u, flags, reason, props: dropped.append(creds.user)
+        client.reconnect_delay_set(60, 60)   # no reconnection fight within the test
+        clients.append(client)
+        client.connect("127.0.0.1", broker.port)
+        client.loop_start()
+        assert connected.wait(10)
+
+    try:
+        connect_as(bridge, client_id)
+        for guess in (f"p2pfaas-bridge-{PREFIX}", default_client_id(PREFIX), mqtt_bridge_client_id(None, PREFIX)):
+            connect_as(dev1, guess)
+        await asyncio.sleep(1.0)   # a takeover disconnects the first at once
+        assert BRIDGE not in dropped, dropped
+    finally:
+        for client in clients:
+            client.disconnect()
+            client.loop_stop()
+        await broker.stop()
