@@ -21,7 +21,7 @@ from nats.aio.client import Client
 from broker import headers as H
 from broker.client import Answer, FaasClient
 from broker.codec import decode
-from broker.errors import ContractError
+from broker.errors import BrokerUnavailable, ContractError
 from broker.messages import PoolTelemetry, ScaleCommand
 from broker.subjects import Subjects
 from controller.live_env import TelemetryTotals
@@ -31,20 +31,34 @@ from controller.simulator import EpisodeTotals
 log = logging.getLogger(__name__)
 
 SUBMIT_PATIENCE_S = 6.0   # a store JetStream did not acknowledge (a leader election) is tried again this long
+LOOKUPS_AT_ONCE = 16      # unanswered tasks looked up in the streams at a time (a stalled pool leaves thousands)
 
 
 @dataclass
 class EmitterReport:
+    """What became of the tasks sent. A task with no answer by the end (the last arrival plus
+    ``grace_s``) is *unfinished* while the node's intake still holds it (queued or running: the
+    pool was too slow), *lost* when it is nowhere; an answer missed on the wire (a reconnect) but
+    found stored counts as completed, its deadline as missed (when it came is not known)."""
+
     submitted: int = 0
     completed: int = 0
     met_deadline: int = 0
     errors: int = 0
     lost: int = 0
+    unfinished: int = 0
+    interrupted: bool = False       # stopped before the end (Ctrl-C): tasks in flight are not counted
     latencies: list[float] = field(default_factory=list)
 
     @property
+    def settled(self) -> int:
+        """Tasks whose fate is known: all of them once a run ends, not those in flight at a Ctrl-C."""
+        return self.completed + self.errors + self.unfinished + self.lost
+
+    @property
     def qos(self) -> float:
-        return self.met_deadline / self.submitted if self.submitted else 1.0
+        """Deadlines met out of the tasks settled (an error, an unfinished or a lost task misses)."""
+        return self.met_deadline / self.settled if self.settled else 1.0
 
     @property
     def p95_s(self) -> float:
@@ -61,6 +75,7 @@ class FarmEmitter:
     fn: str = "sleep"
     speed: float = 1.0             # >1 compresses time (rates x speed, service / speed)
     grace_s: float = 60.0          # wait this long after the last arrival for stragglers
+    report: EmitterReport = field(default_factory=EmitterReport)   # so far (also after a Ctrl-C)
 
     async def run(self, progress: Callable[[float, EmitterReport], None] | None = None) -> EmitterReport:
         rng = np.random.default_rng(self.seed)
@@ -68,11 +83,16 @@ class FarmEmitter:
         arrivals = self.scenario.sample_arrivals(rng, horizon) / self.speed
         service = self.scenario.service_time.sample(rng, len(arrivals)) / self.speed
         deadlines = self.scenario.deadline.for_service(service * self.speed) / self.speed
-        report = EmitterReport()
+        report = self.report = EmitterReport()
         run_id = uuid.uuid4().hex[:8]
+        client = f"farm-{run_id}"
         pending: set[asyncio.Task] = set()
-        async with FaasClient(self.nc, client=f"farm-{run_id}", prefix=self.prefix) as faas:
+        lookups = asyncio.Semaphore(LOOKUPS_AT_ONCE)
+        async with FaasClient(self.nc, client=client, prefix=self.prefix) as faas:
             start = time.monotonic()
+            # one end for every task: the last arrival plus the grace (waiting horizon + grace from
+            # each task's own send kept a run with one stuck task going a whole horizon longer)
+            end = asyncio.get_running_loop().time() + horizon / self.speed + self.grace_s
 
             async def one(i: int) -> None:
                 req = f"t{i}"
@@ -87,10 +107,10 @@ class FarmEmitter:
                     faas.forget(req)
                     return
                 try:
-                    async with asyncio.timeout(horizon / self.speed + self.grace_s):
+                    async with asyncio.timeout_at(end):
                         answer: Answer = await fut
                 except asyncio.TimeoutError:
-                    report.lost += 1
+                    await self._unanswered(faas, client, req, report, lookups)
                     return
                 finally:
                     faas.forget(req)
@@ -103,18 +123,44 @@ class FarmEmitter:
                 if latency <= deadlines[i]:
                     report.met_deadline += 1
 
-            for i, at in enumerate(arrivals):
-                delay = start + at - time.monotonic()
-                if delay > 0:
-                    await asyncio.sleep(delay)
-                report.submitted += 1
-                task = asyncio.create_task(one(i))
-                pending.add(task)
-                task.add_done_callback(pending.discard)
-                if progress:
-                    progress(min(1.0, at / (horizon / self.speed)), report)
-            await asyncio.gather(*pending)
+            try:
+                for i, at in enumerate(arrivals):
+                    delay = start + at - time.monotonic()
+                    if delay > 0:
+                        await asyncio.sleep(delay)
+                    report.submitted += 1
+                    task = asyncio.create_task(one(i))
+                    pending.add(task)
+                    task.add_done_callback(pending.discard)
+                    if progress:
+                        progress(min(1.0, at / (horizon / self.speed)), report)
+                await asyncio.gather(*pending)
+            except asyncio.CancelledError:   # Ctrl-C: the tasks in flight stop waiting, the report says so
+                report.interrupted = True
+                for task in pending:
+                    task.cancel()
+                await asyncio.gather(*pending, return_exceptions=True)
+                raise
         return report
+
+    @staticmethod
+    async def _unanswered(faas: FaasClient, client: str, req: str, report: EmitterReport,
+                          lookups: asyncio.Semaphore) -> None:
+        """No answer by the end: answered after all (stored), still in the intake, or lost."""
+        try:
+            async with lookups:
+                answer = await faas.stored_answer(client, req)
+                queued = answer is None and await faas.stored_call(client, req)
+            if answer is not None:
+                report.completed += answer.status == 200
+                report.errors += answer.status != 200
+            elif queued:
+                report.unfinished += 1
+            else:
+                report.lost += 1
+        except BrokerUnavailable as exc:   # the broker is away: where the task is cannot be known
+            log.warning("farm emitter: task %s unanswered, and where it is cannot be read: %s", req, exc)
+            report.lost += 1
 
 
 class PoolMeter:

@@ -851,27 +851,39 @@ def farm_run(
     url = _stack_nats_url(data_dir, nats_url)
     _stack_identity(data_dir)
 
+    running: dict = {}   # what a Ctrl-C leaves to report: the emitter's figures and the meter's
+
     async def main():
         nc = await connect(url, "farm-emitter")
         try:
-            emitter = FarmEmitter(nc, node_id, sc, seed=seed, prefix=prefix, fn=fn, speed=speed)
+            emitter = running["emitter"] = FarmEmitter(nc, node_id, sc, seed=seed, prefix=prefix, fn=fn, speed=speed)
             async with PoolMeter(nc, node_id, pool, prefix=prefix) as meter:
+                running["meter"] = meter
                 with Progress(console=console) as progress:
                     bar = progress.add_task(f"{sc.name} -> {node_id}", total=1.0)
 
                     def update(fraction, report):
                         progress.update(bar, completed=fraction,
                                         description=f"{sc.name} -> {node_id}: {report.submitted} sent, {report.completed} done")
-                    report = await emitter.run(update)
+                    await emitter.run(update)
                     progress.update(bar, completed=1.0)
-            return report, meter
         finally:
             await close_quietly(nc)
 
     with _reported(BrokerUnavailable, todo=START_THE_STACK):
-        report, meter = asyncio.run(main())
+        try:
+            asyncio.run(main())
+        except KeyboardInterrupt:
+            if "meter" not in running:   # nothing sent yet
+                raise typer.Exit(130)
+    report, meter = running["emitter"].report, running["meter"]
+    if report.interrupted:
+        console.print("[yellow]interrupted:[/] the figures cover the run so far; tasks without an answer yet "
+                      "are not counted (those stored still run on the pool)")
     console.print(f"tasks {report.submitted}, completed {report.completed}, errors {report.errors}, "
-                  f"lost {report.lost}, QoS {report.qos:.2%}, p95 latency {report.p95_s:.2f} s")
+                  f"unfinished {report.unfinished}, lost {report.lost}, "
+                  f"QoS {f'{report.qos:.2%}' if report.settled else '-'}, "
+                  f"p95 latency {report.p95_s:.2f} s")
     totals = meter.totals()
     if totals is not None:
         console.print(f"pool {node_id}/{pool}: {totals.worker_seconds:.0f} worker-s over {totals.duration_s:.0f} s, "
@@ -883,10 +895,13 @@ def farm_run(
     if json_out is not None:
         json_out.write_bytes(orjson.dumps({
             "scenario": sc.name, "seed": seed, "speed": speed, "tasks": report.submitted, "completed": report.completed,
-            "errors": report.errors, "lost": report.lost, "qos": report.qos, "p95_s": report.p95_s,
+            "errors": report.errors, "unfinished": report.unfinished, "lost": report.lost, "qos": report.qos,
+            "p95_s": report.p95_s, "interrupted": report.interrupted,
             "pool": totals.model_dump() if totals else None, "decided_by": meter.policies,
         }, option=orjson.OPT_INDENT_2))
-    if report.lost or report.errors:
+    if report.interrupted:
+        raise typer.Exit(130)
+    if report.lost or report.errors or report.unfinished:
         raise typer.Exit(1)
 
 

@@ -1,0 +1,68 @@
+"""``p2pfaas farm run``'s emitter on a real nats-server: how long it waits for stragglers and how
+it counts the tasks that got no answer."""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+import time
+
+from broker.streams import ensure_node_streams
+from broker.subjects import Subjects
+from controller.emitter import FarmEmitter
+
+from .conftest import make_scenario
+
+# 12 s of arrivals at 4x speed (3 s of wall time), ~12 tasks
+QUIET = make_scenario(step_seconds=1.0, max_steps=11, service_time={"dist": "constant", "value": 0.2},
+                      phases=[{"duration_s": 12.0, "rate_per_s": 1.0}])
+SPEED = 4.0
+
+
+async def test_tasks_nobody_runs_are_waited_for_grace_seconds_after_the_last_arrival_and_counted_unfinished(
+        nc, prefix):
+    """No node consumes the intake: every task stays queued. The emitter waited `horizon + grace`
+    after *each* task's send (for bursty, ~5 minutes after the last arrival instead of 60 s, with
+    the pool's worker-seconds measured all along), then called every queued task lost."""
+    await ensure_node_streams(nc.jetstream(), Subjects(prefix), "n1")
+    emitter = FarmEmitter(nc, "n1", QUIET, seed=1, prefix=prefix, speed=SPEED, grace_s=0.5)
+    started = time.monotonic()
+    report = await emitter.run()
+    elapsed = time.monotonic() - started
+    horizon = QUIET.episode_seconds / SPEED
+    assert report.submitted >= 3
+    assert elapsed < horizon + 0.5 + 1.0, elapsed          # the arrivals, the grace, a margin
+    assert (report.completed, report.lost, report.unfinished) == (0, 0, report.submitted)
+
+
+async def test_ctrl_c_mid_run_prints_what_was_measured_so_far(nats_server, nc, prefix, tmp_path):
+    """Ctrl-C in the middle of ``p2pfaas farm run``: a summary of the tasks sent so far, marked
+    interrupted, exit status 130 (it ended with the progress bar and no figures at all)."""
+    from broker.streams import async_stream
+    from stack_processes import P2PFAAS
+
+    subjects = Subjects(prefix)
+    await ensure_node_streams(nc.jetstream(), subjects, "n1")
+    scenario = tmp_path / "slow.json"
+    scenario.write_text(make_scenario(step_seconds=5.0, max_steps=11,
+                                      phases=[{"duration_s": 60.0, "rate_per_s": 2.0}]).model_dump_json())
+    proc = await asyncio.create_subprocess_exec(
+        *P2PFAAS, "farm", "run", "--scenario", str(scenario), "--nats-url", nats_server.url, "--prefix", prefix,
+        "--data-dir", str(tmp_path), "--pool", "farm", stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.STDOUT)
+    try:
+        async def stored() -> int:
+            return (await nc.jetstream().stream_info(async_stream(subjects))).state.messages
+        deadline = asyncio.get_running_loop().time() + 60
+        while await stored() < 3:                                   # the run is under way
+            assert asyncio.get_running_loop().time() < deadline, "farm run sent no task within 60 s"
+            await asyncio.sleep(0.2)
+        proc.send_signal(signal.SIGINT)
+        async with asyncio.timeout(30):
+            out = (await proc.communicate())[0].decode()
+    finally:
+        if proc.returncode is None:
+            proc.kill()
+            await proc.wait()
+    assert proc.returncode == 130, out
+    assert "interrupted" in out and "tasks " in out and "Traceback" not in out, out
