@@ -9,6 +9,7 @@ the shipped weights when the online ones do worse than the shipped model did (do
 from __future__ import annotations
 
 import logging
+from collections import deque
 from dataclasses import dataclass
 from typing import Any
 
@@ -44,20 +45,26 @@ class ModelGuard:
     * a learner version newer than ``floor_version`` is a candidate; it decides once the
       shipped model has decided ``reference_periods`` periods (its live QoS is then known);
     * while online weights decide, newer versions replace them at once (same lineage);
-    * after ``trial_periods`` periods with at least ``min_tasks`` tasks, if their QoS is below
-      the shipped model's by more than ``tolerance``, the shipped weights decide again
+    * once they have decided ``trial_periods`` periods with at least ``min_tasks`` tasks, every
+      period judges their *recent* QoS (the newest periods that hold both, at most
+      ``window_periods``): below the shipped model's by more than ``tolerance``, the shipped weights
+      decide again
       (``observe`` returns True: the caller resets the learner to the shipped weights and reports
       the version it restarts at with ``reseeded``); until then no new version is taken, and
       afterwards only versions trained from the shipped weights again.
     """
 
     def __init__(self, policy: RLPolicy, reference_periods: int = 8, trial_periods: int = 8,
-                 min_tasks: int = 50, tolerance: float = 0.005) -> None:
+                 min_tasks: int = 50, tolerance: float = 0.005, window_periods: int = 200) -> None:
         self.policy, self.shipped = policy, policy.agent
         self.reference_periods, self.trial_periods = reference_periods, trial_periods
         self.min_tasks, self.tolerance = min_tasks, tolerance
         self.reference = QoSTally()      # periods the shipped weights decided
         self.trial = QoSTally()          # periods online weights decided since they took over
+        # the same periods one by one, newest last: judged over the recent ones only (judged over
+        # the online weights' whole life, a version turning bad after days of good ones was
+        # rolled back hours late, its bad periods diluted in the good ones)
+        self.recent: deque[tuple[int, int]] = deque(maxlen=max(trial_periods, window_periods))
         self.online_version: int | None = None
         self.candidate: tuple[Any, int] | None = None
         self.floor_version = 0
@@ -75,7 +82,7 @@ class ModelGuard:
             return
         self.candidate = (agent, version)
         if self.online_version is None and self.reference.periods >= self.reference_periods:
-            self.trial = QoSTally()
+            self._new_trial()
             self._decide_with(agent, version)
         elif self.online_version is not None:
             self._decide_with(agent, version)
@@ -86,24 +93,38 @@ class ModelGuard:
             self.reference.add(t)
             if self.candidate is not None and self.reference.periods >= self.reference_periods:
                 self._decide_with(*self.candidate)
-                self.trial = QoSTally()
+                self._new_trial()
             return False
         self.trial.add(t)
-        judged = self.trial.periods >= self.trial_periods and self.trial.completed >= self.min_tasks
-        if judged and self.trial.qos < self.reference.qos - self.tolerance:
-            log.warning("controller: online weights %s met %.2f %% of deadlines over %d periods, the shipped model "
-                        "%.2f %%: rolling back to the shipped model", self.version, 100 * self.trial.qos,
-                        self.trial.periods, 100 * self.reference.qos)
+        self.recent.append((t.met_deadline, t.completed))
+        judged = self._recent_tally()
+        if judged is not None and judged.qos < self.reference.qos - self.tolerance:
+            log.warning("controller: online weights %s met %.2f %% of deadlines over their last %d periods, the "
+                        "shipped model %.2f %%: rolling back to the shipped model", self.version, 100 * judged.qos,
+                        judged.periods, 100 * self.reference.qos)
             self.rollback()
             return True
         return False
+
+    def _recent_tally(self) -> QoSTally | None:
+        """The newest periods holding ``trial_periods`` periods and ``min_tasks`` tasks (None: not yet)."""
+        tally = QoSTally()
+        for met, completed in reversed(self.recent):
+            tally.met, tally.completed, tally.periods = tally.met + met, tally.completed + completed, tally.periods + 1
+            if tally.periods >= self.trial_periods and tally.completed >= self.min_tasks:
+                return tally
+        return None
+
+    def _new_trial(self) -> None:
+        self.trial = QoSTally()
+        self.recent.clear()
 
     def rollback(self) -> None:
         self.floor_version = max(self.floor_version, self.online_version or 0,
                                  self.candidate[1] if self.candidate else 0)
         self.online_version, self.candidate = None, None
         self.policy.agent, self.policy.version = self.shipped, SHIPPED
-        self.trial = QoSTally()
+        self._new_trial()
         self.rollbacks += 1
         self.awaiting_reseed = True
 

@@ -70,3 +70,31 @@ def test_online_weights_that_do_as_well_keep_deciding():
     for _ in range(5):
         assert not guard.observe(period(9))   # 90 % is not below 90 %
     assert policy.version == "online-7" and guard.rollbacks == 0
+
+
+def test_a_version_that_turns_bad_after_a_long_good_run_is_rolled_back_as_fast_as_on_its_first_day():
+    """The trial was the online weights' whole life: after 1,000 good periods (2 h 13 min at 8 s),
+    a new version meeting 80 % of deadlines against the shipped 99 % decided for 80 more periods
+    (~11 min at 8 s; ~2 h after a day) before the rollback. Now the recent periods are judged."""
+    shipped, good, bad = Agent(1), Agent(2), Agent(0)
+    policy = RLPolicy("dqn", shipped, SC)
+    guard = ModelGuard(policy, reference_periods=2, trial_periods=4, min_tasks=100)
+    guard.offer(good, 3)
+    for _ in range(2):
+        guard.observe(period(99, 100))        # shipped: 99 %
+    assert policy.version == "online-3"
+    for _ in range(1000):
+        assert not guard.observe(period(100, 100))
+    guard.offer(bad, 4)                       # same lineage: decides at once
+    rolled_back = [guard.observe(period(80, 100)) for _ in range(4)]
+    assert any(rolled_back) and policy.agent is shipped and guard.rollbacks == 1, rolled_back
+
+
+def test_a_quiet_pool_is_judged_over_as_many_recent_periods_as_hold_min_tasks():
+    policy = RLPolicy("dqn", Agent(1), SC)
+    guard = ModelGuard(policy, reference_periods=1, trial_periods=2, min_tasks=10)
+    guard.observe(period(10))                 # shipped: 100 %
+    guard.offer(Agent(2), 7)
+    for _ in range(4):                        # 2 tasks a period: 5 periods hold 10 tasks
+        assert not guard.observe(period(1, 2))
+    assert guard.observe(period(1, 2))        # 50 % over the 5 periods that hold 10 tasks
