@@ -82,6 +82,7 @@ class LiveController:
     learn_online: bool = True                # RL policies: seed the learner, pull its weights, guard them
     guard_options: dict[str, Any] = field(default_factory=dict)   # ModelGuard keyword arguments
     models_dir: Path = Path("data/models")  # where a policy switched to at run time is looked up
+    learner_retry_s: float = 30.0            # a learner that did not answer is asked again this often
 
     def __post_init__(self) -> None:
         self.subjects = Subjects(self.prefix)
@@ -99,6 +100,8 @@ class LiveController:
         self._sub = None
         self._switch_sub = None
         self._reseeding = False
+        self._learner_tried_at: float | None = None   # loop time of the last try that found no learner
+        self._connecting = False
         self._lock = asyncio.Lock()
         self._tasks: set[asyncio.Task] = set()
         self.stepped = asyncio.Event()
@@ -138,14 +141,17 @@ class LiveController:
         await self.stop()
 
     # -- the learner ----------------------------------------------------------------
-    async def _connect_learner(self) -> None:
+    async def _connect_learner(self, retry: bool = False) -> None:
         """Seed the pool's learner model with our weights unless it holds a compatible one, then
-        follow its publications. Without a learner the shipped weights simply keep deciding."""
+        follow its publications. Without a learner the shipped weights keep deciding, and the
+        learner is asked again every ``learner_retry_s`` (a node restarting, a learner started later)."""
         from nodes.learner.client import LearnerError, LocalPolicy, RemotePolicy
 
         model = scaling_model(self.pool)
         remote = RemotePolicy(self.nc, self.node, model, prefix=self.prefix, timeout_s=5.0)
-        agent = self.policy.agent
+        guard, agent = self.guard, self.policy.agent   # a policy switch may replace them while the learner answers
+        self._learner_tried_at = None
+        local, adopted = None, False
         try:
             try:
                 current = await remote.weights()
@@ -155,15 +161,38 @@ class LiveController:
                 if exc.status != 404:
                     raise
                 compatible = False
+            if self.guard is not guard:   # switched meanwhile: the new policy seeds the learner itself
+                return
             if not compatible:
                 stats = await remote.set_weights(online_weights(self.node, self.pool, agent))
-                self.guard.floor_version = stats.experiences
-            self.local = LocalPolicy(self.nc, self.node, model, prefix=self.prefix, on_update=self._on_weights)
-            await self.local.start()
-            self.learner_note = f"learning online through {self.node}'s learner (model {model})"
+                guard.floor_version = stats.experiences
+            local = LocalPolicy(self.nc, self.node, model, prefix=self.prefix, on_update=self._on_weights)
+            await local.start()
+            if self.guard is guard:
+                self.local, adopted = local, True
         except Exception as exc:   # LearnerError, a broker error: the policy's own weights go on deciding
-            self.learner_note = f"no online learning: the learner of {self.node} did not answer ({exc})"
-            log.warning("controller %s/%s: %s", self.node, self.pool, self.learner_note)
+            if self.guard is guard:
+                self._learner_tried_at = asyncio.get_running_loop().time()
+                if not retry:   # said once, not every retry
+                    self.learner_note = (f"no online learning: the learner of {self.node} did not answer ({exc}); "
+                                         f"asked again every {self.learner_retry_s:g} s")
+                    log.warning("controller %s/%s: %s", self.node, self.pool, self.learner_note)
+            return
+        finally:
+            if local is not None and not adopted:   # failed half-way, cancelled (stop), or another policy decides now
+                await local.stop()
+        if not adopted:
+            return
+        self.learner_note = f"learning online through {self.node}'s learner (model {model})"
+        if retry:   # the counterpart of the warning that said it did not answer
+            log.warning("controller %s/%s: the learner answers now: %s", self.node, self.pool, self.learner_note)
+
+    async def _retry_learner(self) -> None:
+        self._connecting = True
+        try:
+            await self._connect_learner(retry=True)
+        finally:
+            self._connecting = False
 
     def _on_weights(self, weights: LearnerWeights, agent: Any) -> None:
         if self.guard is not None and (weights.algorithm, weights.n_actions) == (self.policy.agent.algorithm,
@@ -267,6 +296,11 @@ class LiveController:
         if self.guard is not None and (self.guard.observe(telemetry)
                                        or (self.guard.awaiting_reseed and not self._reseeding)):
             self._background(self._reseed_learner())   # a rollback; or a re-seed that failed, tried again
+        if (self.guard is not None and self.local is None and self._learner_tried_at is not None
+                and not self._connecting
+                and asyncio.get_running_loop().time() - self._learner_tried_at >= self.learner_retry_s):
+            self._connecting = True   # one try at a time
+            self._background(self._retry_learner())
         obs = self.observe(telemetry)
         wanted = self.policy.decide(telemetry, self.target)
         target = min(bounds.max, max(bounds.min, int(wanted)))

@@ -184,3 +184,28 @@ async def test_the_controller_switches_policy_on_request_and_refuses_what_it_can
             assert ctl.policy_name == "fixed-5"
     last = decode(ScaleCommand, commands.messages[-1].data)
     assert (last.policy, last.target_workers) == ("fixed-5", 5)
+
+
+async def test_a_learner_that_comes_up_after_the_controller_is_seeded_and_followed(nc, prefix, learner_settings):
+    """The node's learner was not answering when the controller started (the node restarting, or
+    `p2pfaas controller` started first): the controller said so once and never learned online
+    until it was restarted itself. Now it tries the learner again while it runs."""
+    s = Subjects(prefix)
+    await ensure_node_streams(nc.jetstream(), s, "n1")
+    # PPO: the learner's default scaling kind is DQN, which it makes from the experiences stored
+    # meanwhile; a DQN controller would take that model as its own (left alone here)
+    policy = RLPolicy("pg", AGENTS["pg"](obs_dim=14, n_actions=7, seed=2), SCENARIO, "target")
+    async with LiveController(nc, "n1", "farm", policy, SCENARIO, prefix=prefix, policy_name="pg",
+                              learner_retry_s=0.2) as ctl:
+        assert "did not answer" in ctl.learner_note and ctl.local is None
+        async with LearnerService(nc, learner_settings):
+            remote = RemotePolicy(nc, "n1", scaling_model("farm"), prefix=prefix)
+            for i in range(40):
+                await nc.publish(s.telemetry("n1", "farm"), encode(telemetry(**BURST, time=100.0 + i)))
+                await wait_until(lambda i=i: len(ctl.history) == i + 1)
+                if ctl.local is not None:
+                    break
+                await asyncio.sleep(0.1)
+            assert ctl.local is not None and "learning online" in ctl.learner_note, ctl.learner_note
+            assert (await remote.weights()).algorithm == "pg"   # seeded with the controller's weights
+            assert await learner_acts_like(remote, policy.agent)
