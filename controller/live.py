@@ -25,6 +25,7 @@ from nats.aio.client import Client
 from nats.aio.msg import Msg
 
 from broker import headers as H
+from broker.lifecycle import still_wanted
 from broker.codec import decode, encode
 from broker.errors import ContractError
 from broker.messages import (ErrorBody, LearnerWeights, PolicySwitch, PolicySwitched, PoolTelemetry, ScaleCommand,
@@ -83,6 +84,7 @@ class LiveController:
     guard_options: dict[str, Any] = field(default_factory=dict)   # ModelGuard keyword arguments
     models_dir: Path = Path("data/models")  # where a policy switched to at run time is looked up
     learner_retry_s: float = 30.0            # a learner that did not answer is asked again this often
+    silence_s: float | None = None           # no telemetry this long is said (default: 3 control periods)
 
     def __post_init__(self) -> None:
         self.subjects = Subjects(self.prefix)
@@ -105,6 +107,11 @@ class LiveController:
         self._lock = asyncio.Lock()
         self._tasks: set[asyncio.Task] = set()
         self.stepped = asyncio.Event()
+        if self.silence_s is None:
+            self.silence_s = 3 * self.scenario.step_seconds
+        self._heard_at = 0.0       # loop time of the last telemetry (or of the start)
+        self._silent = False       # the silence has been said
+        self._watch: asyncio.Task | None = None
 
     @property
     def model_version(self) -> str:
@@ -120,6 +127,8 @@ class LiveController:
         # the scenario's initial size and cold-starting the difference again
         self._sub = await self.nc.subscribe(self.subjects.telemetry(self.node, self.pool), cb=self._on_telemetry)
         self._switch_sub = await self.nc.subscribe(self.subjects.pool_policy(self.node, self.pool), cb=self._on_switch)
+        self._heard_at = asyncio.get_running_loop().time()
+        self._watch = asyncio.create_task(self._watch_silence(), name=f"controller-{self.node}-{self.pool}-silence")
         return self
 
     async def stop(self) -> None:
@@ -127,6 +136,10 @@ class LiveController:
             if sub is not None:
                 await sub.unsubscribe()
         self._sub = self._switch_sub = None
+        if self._watch is not None:
+            self._watch.cancel()
+            await asyncio.gather(self._watch, return_exceptions=True)
+            self._watch = None
         for task in list(self._tasks):
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
@@ -275,12 +288,30 @@ class LiveController:
             log.warning("controller %s/%s: policy switch answer not sent: %r", self.node, self.pool, exc)
 
     # -- control steps ----------------------------------------------------------------
+    async def _watch_silence(self) -> None:
+        """Say once when the pool's telemetry stops (or never comes): the controller decides nothing then."""
+        loop = asyncio.get_running_loop()
+        while True:
+            still_wanted()
+            wait_s = self._heard_at + self.silence_s - loop.time()
+            await asyncio.sleep(wait_s if wait_s > 0 else self.silence_s)   # silent already: look again later
+            quiet_s = loop.time() - self._heard_at
+            if quiet_s >= self.silence_s and not self._silent:
+                self._silent = True
+                log.warning("controller %s/%s: no telemetry of %s/%s for %.0f s%s: nothing is decided until it comes; "
+                            "check that node %s runs and has pool %s", self.node, self.pool, self.node, self.pool,
+                            quiet_s, "" if self.history else " (none yet)", self.node, self.pool)
+
     async def _on_telemetry(self, msg: Msg) -> None:
         try:
             telemetry = decode(PoolTelemetry, msg.data)
         except ContractError as exc:
             log.warning("controller: bad telemetry on %s: %s", msg.subject, exc)
             return
+        self._heard_at = asyncio.get_running_loop().time()
+        if self._silent:
+            self._silent = False
+            log.warning("controller %s/%s: telemetry of %s/%s is back", self.node, self.pool, self.node, self.pool)
         async with self._lock:  # one step at a time, in order
             try:
                 await self.step(telemetry)
@@ -310,6 +341,9 @@ class LiveController:
             action = self.actions.nearest(self.target, target, self.observe)
         changed = target != self.target
         reward = None
+        last = self.history[-1].telemetry if self.history else None
+        if last is not None and telemetry.time - last.time > 2.5 * max(telemetry.period_s, self.scenario.step_seconds):
+            self._previous = None   # a silence (the node down): the decision before it had no outcome seen
         if self._previous is not None:
             # the previous decision's outcome is this period's telemetry
             prev_obs, prev_action, prev_changed = self._previous

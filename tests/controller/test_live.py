@@ -209,3 +209,33 @@ async def test_a_learner_that_comes_up_after_the_controller_is_seeded_and_follow
             assert ctl.local is not None and "learning online" in ctl.learner_note, ctl.learner_note
             assert (await remote.weights()).algorithm == "pg"   # seeded with the controller's weights
             assert await learner_acts_like(remote, policy.agent)
+
+
+async def test_telemetry_that_stops_is_said_and_no_experience_spans_the_silence(nc, prefix, caplog):
+    """A controller whose pool sends nothing (a wrong --pool, the node down) printed nothing at all,
+    and when the telemetry came back it paired its last decision before the silence with the first
+    period after it: one experience of a transition that never happened. Now the silence is said
+    (once), so is the telemetry's return, and the learner gets no experience across the gap."""
+    scenario = make_scenario(step_seconds=0.2, workers={"min": 1, "max": 16, "initial": 2})
+    s = Subjects(prefix)
+    await ensure_node_streams(nc.jetstream(), s, "n1")
+
+    async def send(at: float) -> None:
+        await nc.publish(s.telemetry("n1", "farm"), encode(telemetry(**dict(BURST, period_s=0.2), time=at)))
+
+    async with Collector(nc, s.experience("n1", "farm")) as experiences, \
+            LiveController(nc, "n1", "farm", Keeps(), scenario, prefix=prefix, policy_name="keeps") as ctl:
+        await wait_until(lambda: "no telemetry of n1/farm" in caplog.text, timeout_s=5)   # none yet
+        await send(100.0)
+        await send(100.2)
+        await wait_until(lambda: len(ctl.history) == 2 and len(experiences.messages) == 1)
+        caplog.clear()
+        await wait_until(lambda: "no telemetry of n1/farm" in caplog.text, timeout_s=5)   # the node stops
+        assert caplog.text.count("no telemetry of n1/farm") == 1                          # said once
+        await send(130.0)                      # back, 30 s of its time later (the node restarted)
+        await send(130.2)
+        await wait_until(lambda: len(ctl.history) == 4 and len(experiences.messages) == 2)
+        await nc.flush()
+        await asyncio.sleep(0.3)               # time for an experience across the gap to show up
+        assert len(experiences.messages) == 2, [decode(ScalingExperience, m.data) for m in experiences.messages]
+        assert "telemetry of n1/farm is back" in caplog.text
