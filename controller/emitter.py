@@ -22,6 +22,7 @@ from broker import headers as H
 from broker.client import Answer, FaasClient
 from broker.codec import decode
 from broker.errors import BrokerUnavailable, ContractError
+from broker.lifecycle import still_wanted
 from broker.messages import PoolTelemetry, ScaleCommand
 from broker.subjects import Subjects
 from controller.live_env import TelemetryTotals
@@ -32,6 +33,7 @@ log = logging.getLogger(__name__)
 
 SUBMIT_PATIENCE_S = 6.0   # a store JetStream did not acknowledge (a leader election) is tried again this long
 LOOKUPS_AT_ONCE = 16      # unanswered tasks looked up in the streams at a time (a stalled pool leaves thousands)
+REFUSALS_SAID = 3         # tasks not submitted that are logged one by one (the rest are counted in errors)
 
 
 @dataclass
@@ -48,6 +50,7 @@ class EmitterReport:
     lost: int = 0
     unfinished: int = 0
     interrupted: bool = False       # stopped before the end (Ctrl-C): tasks in flight are not counted
+    stopped_because: str = ""       # why the emitter itself stopped the run (the broker gone)
     latencies: list[float] = field(default_factory=list)
 
     @property
@@ -75,6 +78,7 @@ class FarmEmitter:
     fn: str = "sleep"
     speed: float = 1.0             # >1 compresses time (rates x speed, service / speed)
     grace_s: float = 60.0          # wait this long after the last arrival for stragglers
+    broker_patience_s: float = 30.0   # the broker unreachable this long stops the run (the stack stopped)
     report: EmitterReport = field(default_factory=EmitterReport)   # so far (also after a Ctrl-C)
 
     async def run(self, progress: Callable[[float, EmitterReport], None] | None = None) -> EmitterReport:
@@ -88,6 +92,7 @@ class FarmEmitter:
         client = f"farm-{run_id}"
         pending: set[asyncio.Task] = set()
         lookups = asyncio.Semaphore(LOOKUPS_AT_ONCE)
+        refused = 0
         async with FaasClient(self.nc, client=client, prefix=self.prefix) as faas:
             start = time.monotonic()
             # one end for every task: the last arrival plus the grace (waiting horizon + grace from
@@ -102,7 +107,11 @@ class FarmEmitter:
                     await faas.submit(self.node, self.fn, f"{service[i]:.4f}".encode(), req,
                                       {H.DEADLINE: f"{deadlines[i]:.4f}"}, retry_for_s=SUBMIT_PATIENCE_S)
                 except Exception as exc:   # not stored (JetStream away, no permission): refused, said, counted
-                    log.warning("farm emitter: task %s not submitted: %s: %s", req, type(exc).__name__, exc)
+                    nonlocal refused
+                    refused += 1
+                    if refused <= REFUSALS_SAID:   # a stack gone refuses every task: not a line each
+                        log.warning("farm emitter: task %s not submitted: %s: %s%s", req, type(exc).__name__, exc,
+                                    "; further refusals are only counted (errors)" if refused == REFUSALS_SAID else "")
                     report.errors += 1
                     faas.forget(req)
                     return
@@ -123,6 +132,8 @@ class FarmEmitter:
                 if latency <= deadlines[i]:
                     report.met_deadline += 1
 
+            run = asyncio.current_task()
+            watch = asyncio.create_task(self._watch_broker(run, report), name="farm-emitter-broker")
             try:
                 for i, at in enumerate(arrivals):
                     delay = start + at - time.monotonic()
@@ -135,13 +146,36 @@ class FarmEmitter:
                     if progress:
                         progress(min(1.0, at / (horizon / self.speed)), report)
                 await asyncio.gather(*pending)
-            except asyncio.CancelledError:   # Ctrl-C: the tasks in flight stop waiting, the report says so
+            except asyncio.CancelledError:   # Ctrl-C, or the broker gone: the tasks in flight stop waiting
                 report.interrupted = True
                 for task in pending:
                     task.cancel()
                 await asyncio.gather(*pending, return_exceptions=True)
-                raise
+                if not (report.stopped_because and run is not None and run.uncancel() == 0):
+                    raise                    # not (only) our own stop
+            finally:
+                watch.cancel()
+                await asyncio.gather(watch, return_exceptions=True)
         return report
+
+    async def _watch_broker(self, run: asyncio.Task | None, report: EmitterReport) -> None:
+        """Stop the run once the broker has been unreachable for ``broker_patience_s``: every task
+        would be refused and every answer lost, for the rest of the horizon."""
+        loop = asyncio.get_running_loop()
+        down_since: float | None = None
+        while True:
+            still_wanted()
+            await asyncio.sleep(0.25)
+            if self.nc.is_connected:
+                down_since = None
+                continue
+            down_since = down_since if down_since is not None else loop.time()
+            if loop.time() - down_since >= self.broker_patience_s and run is not None:
+                report.stopped_because = (f"the broker has been unreachable for {self.broker_patience_s:g} s "
+                                          "(the stack stopped?)")
+                log.error("farm emitter: %s: the run stops; start the stack again and rerun", report.stopped_because)
+                run.cancel()
+                return
 
     @staticmethod
     async def _unanswered(faas: FaasClient, client: str, req: str, report: EmitterReport,
@@ -159,7 +193,9 @@ class FarmEmitter:
             else:
                 report.lost += 1
         except BrokerUnavailable as exc:   # the broker is away: where the task is cannot be known
-            log.warning("farm emitter: task %s unanswered, and where it is cannot be read: %s", req, exc)
+            if not report.lost:   # once, not for each of a thousand tasks
+                log.warning("farm emitter: task %s unanswered, and where it is cannot be read (counted lost, "
+                            "like the next ones): %s", req, exc)
             report.lost += 1
 
 

@@ -878,8 +878,9 @@ def farm_run(
                 raise typer.Exit(130)
     report, meter = running["emitter"].report, running["meter"]
     if report.interrupted:
-        console.print("[yellow]interrupted:[/] the figures cover the run so far; tasks without an answer yet "
-                      "are not counted (those stored still run on the pool)")
+        console.print(f"[yellow]interrupted{f' ({report.stopped_because})' if report.stopped_because else ''}:[/] "
+                      "the figures cover the run so far; tasks without an answer yet are not counted "
+                      "(those stored still run on the pool)")
     console.print(f"tasks {report.submitted}, completed {report.completed}, errors {report.errors}, "
                   f"unfinished {report.unfinished}, lost {report.lost}, "
                   f"QoS {f'{report.qos:.2%}' if report.settled else '-'}, "
@@ -896,10 +897,10 @@ def farm_run(
         json_out.write_bytes(orjson.dumps({
             "scenario": sc.name, "seed": seed, "speed": speed, "tasks": report.submitted, "completed": report.completed,
             "errors": report.errors, "unfinished": report.unfinished, "lost": report.lost, "qos": report.qos,
-            "p95_s": report.p95_s, "interrupted": report.interrupted,
+            "p95_s": report.p95_s, "interrupted": report.interrupted, "stopped_because": report.stopped_because,
             "pool": totals.model_dump() if totals else None, "decided_by": meter.policies,
         }, option=orjson.OPT_INDENT_2))
-    if report.interrupted:
+    if report.interrupted and not report.stopped_because:   # Ctrl-C
         raise typer.Exit(130)
     if report.lost or report.errors or report.unfinished:
         raise typer.Exit(1)

@@ -4,6 +4,7 @@ it counts the tasks that got no answer."""
 from __future__ import annotations
 
 import asyncio
+import logging
 import signal
 import time
 
@@ -66,3 +67,36 @@ async def test_ctrl_c_mid_run_prints_what_was_measured_so_far(nats_server, nc, p
             await proc.wait()
     assert proc.returncode == 130, out
     assert "interrupted" in out and "tasks " in out and "Traceback" not in out, out
+
+
+async def test_a_stack_that_stops_mid_run_ends_the_run_soon_and_says_why(tmp_path, caplog):
+    """The stack stopped 1.5 s into a 10 s run: the emitter went on for the rest of the horizon
+    (bursty: 4 minutes), every later task refused after 6 s of retries with a warning line each
+    (81 lines here). Now the run stops once the broker has been away broker_patience_s, says why,
+    and logs a few refusals, not one per task."""
+    from broker.connection import close_quietly, connect
+    from broker.embedded import NatsServer
+
+    server = NatsServer(data_dir=tmp_path / "nats", port=None, mqtt_port=0)
+    await server.start()
+    conn = await connect(server.url, "farm-emitter")
+    try:
+        await ensure_node_streams(conn.jetstream(), Subjects("faas"), "n1")
+        scenario = make_scenario(step_seconds=1.0, max_steps=9, service_time={"dist": "constant", "value": 0.2},
+                                 phases=[{"duration_s": 10.0, "rate_per_s": 5.0}])
+        emitter = FarmEmitter(conn, "n1", scenario, seed=1, grace_s=2.0)
+        emitter.broker_patience_s = 1.0
+        run = asyncio.create_task(emitter.run())
+        await asyncio.sleep(1.5)
+        await server.stop()
+        stopped = time.monotonic()
+        async with asyncio.timeout(30):
+            report = await run
+        after_s = time.monotonic() - stopped
+    finally:
+        await close_quietly(conn)
+    assert after_s < 4.0, after_s                                   # patience 1 s, a margin
+    assert report.interrupted and "unreachable" in report.stopped_because
+    assert report.submitted >= 3 and report.completed == 0
+    warnings = [r for r in caplog.records if r.levelno >= logging.WARNING and r.name == "controller.emitter"]
+    assert len(warnings) <= 5, [r.getMessage() for r in warnings]
