@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import contextlib
 import dataclasses
 import logging
 from collections import deque
@@ -193,7 +194,8 @@ class LiveController:
             return
         finally:
             if local is not None and not adopted:   # failed half-way, cancelled (stop), or another policy decides now
-                await local.stop()
+                with contextlib.suppress(Exception):   # the connection going: nothing more comes on it anyway
+                    await local.stop()
         if not adopted:
             return
         self.learner_note = f"learning online through {self.node}'s learner (model {model})"
