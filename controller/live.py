@@ -156,7 +156,7 @@ class LiveController:
 
     # -- the learner ----------------------------------------------------------------
     async def _connect_learner(self, retry: bool = False) -> None:
-        """Seed the pool's learner model with our weights unless it holds a compatible one, then
+        """Seed the pool's learner model with our weights unless it holds one a controller seeded, then
         follow its publications. Without a learner the shipped weights keep deciding, and the
         learner is asked again every ``learner_retry_s`` (a node restarting, a learner started later)."""
         from nodes.learner.client import LearnerError, LocalPolicy, RemotePolicy
@@ -169,8 +169,11 @@ class LiveController:
         try:
             try:
                 current = await remote.weights()
+                # ours: seeded by a controller (its online settings), say trained online before a
+                # restart; not one the learner made of its own defaults from another policy's experiences
                 compatible = (current.algorithm, current.obs_dim, current.n_actions) == \
-                             (agent.algorithm, agent.obs_dim, agent.n_actions)
+                             (agent.algorithm, agent.obs_dim, agent.n_actions) and \
+                    all(current.config.get(k) == v for k, v in ONLINE_OVERRIDES.get(agent.algorithm, {}).items())
             except LearnerError as exc:
                 if exc.status != 404:
                     raise

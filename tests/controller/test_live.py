@@ -192,10 +192,9 @@ async def test_a_learner_that_comes_up_after_the_controller_is_seeded_and_follow
     until it was restarted itself. Now it tries the learner again while it runs."""
     s = Subjects(prefix)
     await ensure_node_streams(nc.jetstream(), s, "n1")
-    # PPO: the learner's default scaling kind is DQN, which it makes from the experiences stored
-    # meanwhile; a DQN controller would take that model as its own (left alone here)
-    policy = RLPolicy("pg", AGENTS["pg"](obs_dim=14, n_actions=7, seed=2), SCENARIO, "target")
-    async with LiveController(nc, "n1", "farm", policy, SCENARIO, prefix=prefix, policy_name="pg",
+    # DQN: the learner also makes a DQN of its own defaults from the experiences stored meanwhile
+    policy = RLPolicy("dqn", dqn(seed=2), SCENARIO, "target")
+    async with LiveController(nc, "n1", "farm", policy, SCENARIO, prefix=prefix, policy_name="dqn",
                               learner_retry_s=0.2) as ctl:
         assert "did not answer" in ctl.learner_note and ctl.local is None
         async with LearnerService(nc, learner_settings):
@@ -207,7 +206,7 @@ async def test_a_learner_that_comes_up_after_the_controller_is_seeded_and_follow
                     break
                 await asyncio.sleep(0.1)
             assert ctl.local is not None and "learning online" in ctl.learner_note, ctl.learner_note
-            assert (await remote.weights()).algorithm == "pg"   # seeded with the controller's weights
+            assert (await remote.weights()).config["learning_starts"] == 32   # seeded with the controller's weights
             assert await learner_acts_like(remote, policy.agent)
 
 
@@ -239,3 +238,38 @@ async def test_telemetry_that_stops_is_said_and_no_experience_spans_the_silence(
         await asyncio.sleep(0.3)               # time for an experience across the gap to show up
         assert len(experiences.messages) == 2, [decode(ScalingExperience, m.data) for m in experiences.messages]
         assert "telemetry of n1/farm is back" in caplog.text
+
+
+async def test_a_model_the_learner_made_from_other_policies_experiences_is_not_taken_for_ours(
+        nc, prefix, learner_settings):
+    """A baseline decided first (up --controller reactive-max, or before a switch from the
+    dashboard): its experiences made the learner create a DQN of its own defaults (random weights,
+    learning from the 1,000th experience, epsilon from 1). A DQN controller then took that model for
+    one it had trained online before a restart: it did not seed it, and after 8 periods the
+    learner's versions of that model decided. Now a model without the online settings is seeded."""
+    s = Subjects(prefix)
+    await ensure_node_streams(nc.jetstream(), s, "n1")
+    async with LearnerService(nc, learner_settings):
+        remote = RemotePolicy(nc, "n1", scaling_model("farm"), prefix=prefix)
+        async with LiveController(nc, "n1", "farm", make_baseline("reactive-avg", SCENARIO), SCENARIO,
+                                  prefix=prefix, policy_name="reactive-avg") as ctl:
+            for i in range(3):
+                await nc.publish(s.telemetry("n1", "farm"), encode(telemetry(**BURST, time=100.0 + i)))
+            await wait_until(lambda: len(ctl.history) == 3)
+
+        async def made() -> bool:
+            try:
+                return (await remote.weights()).algorithm == "dqn"
+            except Exception:
+                return False
+        for _ in range(100):                  # the learner made its own DQN from those experiences
+            if await made():
+                break
+            await asyncio.sleep(0.1)
+        assert (await remote.weights()).config["learning_starts"] == 1000
+        shipped = dqn(seed=3)
+        async with LiveController(nc, "n1", "farm", RLPolicy("dqn", shipped, SCENARIO, "target"), SCENARIO,
+                                  prefix=prefix, policy_name="dqn") as ctl:
+            assert "learning online" in ctl.learner_note
+            seeded = await remote.weights()
+            assert seeded.config["learning_starts"] == 32 and acts_like(agent_from_weights(seeded), shipped)
