@@ -48,8 +48,13 @@ class LiveFarm:
         assert self._samples is not None
         while not self._samples.empty():  # drop stale samples: a step observes what follows it
             self._samples.get_nowait()
-        async with asyncio.timeout(self.timeout_s):
-            return await self._samples.get()
+        try:
+            async with asyncio.timeout(self.timeout_s):
+                return await self._samples.get()
+        except TimeoutError:
+            raise TimeoutError(f"no telemetry of {self.node}/{self.pool} within {self.timeout_s:g} s on "
+                               f"{self.subjects.telemetry(self.node, self.pool)}: is node {self.node} running "
+                               f"with pool {self.pool}?") from None
 
     async def _scale(self, target: int) -> None:
         command = ScaleCommand(node=self.node, pool=self.pool, target_workers=target, reason="env", policy="gym")

@@ -99,3 +99,20 @@ async def test_top_shows_who_scales_a_pool_and_the_model_version(node_factory, n
     assert (command.policy, command.model_version) == ("dqn", "shipped")   # (this node runs no learner)
     text = rendered(view.render())
     assert "scaled by" in text and "shipped" in text
+
+
+async def test_a_live_env_whose_pool_sends_no_telemetry_says_which_and_where(nats_server, prefix):
+    """No node has that pool: reset() raised a bare TimeoutError() after the sample timeout, with
+    nothing saying what it waited for."""
+    def run() -> str:
+        farm = LiveFarm(nats_server.url, "n1", "nosuchpool", SCENARIO, prefix=prefix, sample_timeout_s=0.5)
+        try:
+            farm.reset(seed=0)
+        except TimeoutError as exc:
+            return str(exc)
+        finally:
+            farm.close()
+        return "no error"
+
+    message = await asyncio.to_thread(run)
+    assert "no telemetry of n1/nosuchpool" in message and "0.5 s" in message, message
