@@ -876,6 +876,7 @@ def farm_run(
         except KeyboardInterrupt:
             if "meter" not in running:   # nothing sent yet
                 raise typer.Exit(130)
+            running["emitter"].report.interrupted = True   # (also when it came as the run was ending)
     report, meter = running["emitter"].report, running["meter"]
     if report.interrupted:
         console.print(f"[yellow]interrupted{f' ({report.stopped_because})' if report.stopped_because else ''}:[/] "
