@@ -4,6 +4,7 @@ it counts the tasks that got no answer."""
 from __future__ import annotations
 
 import asyncio
+import os
 import logging
 import signal
 import time
@@ -50,7 +51,7 @@ async def test_ctrl_c_mid_run_prints_what_was_measured_so_far(nats_server, nc, p
     proc = await asyncio.create_subprocess_exec(
         *P2PFAAS, "farm", "run", "--scenario", str(scenario), "--nats-url", nats_server.url, "--prefix", prefix,
         "--data-dir", str(tmp_path), "--pool", "farm", stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.STDOUT)
+        stderr=asyncio.subprocess.STDOUT, env={**os.environ, "PYTHONFAULTHANDLER": "1"})
     try:
         async def stored() -> int:
             return (await nc.jetstream().stream_info(async_stream(subjects))).state.messages
@@ -59,8 +60,14 @@ async def test_ctrl_c_mid_run_prints_what_was_measured_so_far(nats_server, nc, p
             assert asyncio.get_running_loop().time() < deadline, "farm run sent no task within 60 s"
             await asyncio.sleep(0.2)
         proc.send_signal(signal.SIGINT)
-        async with asyncio.timeout(30):
-            out = (await proc.communicate())[0].decode()
+        try:
+            async with asyncio.timeout(30):
+                out = (await proc.communicate())[0].decode()
+        except TimeoutError:   # where it hangs (PYTHONFAULTHANDLER: the stacks on SIGABRT)
+            proc.send_signal(signal.SIGABRT)
+            async with asyncio.timeout(10):
+                out = (await proc.communicate())[0].decode(errors="replace")
+            raise AssertionError(f"farm run did not end within 30 s of its Ctrl-C:\n{out[-6000:]}") from None
     finally:
         if proc.returncode is None:
             proc.kill()
