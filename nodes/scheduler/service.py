@@ -242,7 +242,11 @@ class SchedulerService:
         # X-P2pfaas-Scheduler names the algorithm that decided: the forced one, as P2PFaaS does
         call.scheduler = call.scheduler or (forced.describe() if forced is not None else self._describe(algorithm))
         if algorithm.instant or forced is not None:
-            return await self.carry_out(call, complete_now(decide(algorithm, request, self)))
+            try:
+                decision = complete_now(decide(algorithm, request, self))
+            except Exception as exc:
+                return await self._undecided(call, exc)
+            return await self.carry_out(call, decision)
         self._spawn(self._decide_and_carry_out(call, algorithm))   # it probes or asks the learner
 
     def _describe(self, algorithm: SchedulingAlgorithm) -> str:
@@ -252,7 +256,21 @@ class SchedulerService:
         return self._described[1]
 
     async def _decide_and_carry_out(self, call: Call, algorithm: SchedulingAlgorithm) -> None:
-        await self.carry_out(call, await decide(algorithm, call.request, self))
+        try:
+            decision = await decide(algorithm, call.request, self)
+        except Exception as exc:
+            return await self._undecided(call, exc)
+        await self.carry_out(call, decision)
+
+    async def _undecided(self, call: Call, exc: Exception) -> None:
+        """The algorithm raised instead of deciding (a bug in it, a learner's answer it could not
+        read): the call is refused now, "cannot schedule" (400, HTTP 500). Left undecided, a direct
+        caller waited for its own timeout and an async call was held, kept alive, for ever."""
+        log.debug("%s: %s raised deciding %s", self.node_id, call.scheduler, call.key, exc_info=exc)
+        call.scheduled_at = time.time()
+        await self.answerer.refused(call, codes.CANNOT_SCHEDULE, codes.STATUS[codes.CANNOT_SCHEDULE],
+                                    f"scheduler {call.scheduler} failed to decide: {type(exc).__name__}: {exc}",
+                                    "scheduler_failed", retry_after_s=1.0)
 
     async def carry_out(self, call: Call, decision: Decision) -> None:
         call.scheduled_at = time.time()

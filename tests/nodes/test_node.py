@@ -23,6 +23,7 @@ from broker.errors import NodeUnavailable
 from broker.messages import NodeConfiguration, Rejection, Result
 from broker.streams import results_stream
 from broker.subjects import Subjects
+from nodes.scheduler.base import SchedulingAlgorithm
 from support import Collector, wait_until
 
 
@@ -233,6 +234,50 @@ async def test_reject_and_bypass_headers(node_factory, faas):
         bypassed = await faas.invoke("n1", "echo", b"y", headers={H.BYPASS: "true"}, timeout_s=20)
     assert rejected.status == 503 and rejected.code == 401
     assert bypassed.status == 200 and bypassed.output == b"y"
+
+
+class _Raising(SchedulingAlgorithm):
+    """An algorithm with a bug: it raises instead of deciding, after a probe's worth of waiting."""
+
+    @classmethod
+    def from_parameters(cls, parameters):
+        return cls()
+
+    def parameters(self):
+        return []
+
+    async def schedule(self, request, view):
+        await asyncio.sleep(0.01)
+        raise KeyError("n9")
+
+
+class _RaisingAtOnce(_Raising):
+    """The same bug in an algorithm decided right in the message callback."""
+
+    instant = True
+
+    async def schedule(self, request, view):
+        raise KeyError("n9")
+
+
+_Raising.name, _RaisingAtOnce.name = "TestRaising", "TestRaisingAtOnce"   # set afterwards: not registered for good
+
+
+@pytest.mark.parametrize("algorithm", [_Raising, _RaisingAtOnce])
+async def test_an_algorithm_that_raises_refuses_the_call_at_once(node_factory, faas, monkeypatch, algorithm):
+    """A direct call waited for its caller's timeout, and an async one was held (kept alive) for ever."""
+    monkeypatch.setitem(SchedulingAlgorithm.registry, algorithm.name, algorithm)
+    async with node_factory(k=1, queue=1, scheduler=(algorithm.name, [])) as node:
+        started = time.monotonic()
+        direct = await faas.invoke("n1", "echo", b"x", timeout_s=10)
+        stored = await faas.call_async("n1", "echo", b"y", timeout_s=10)
+        waited = time.monotonic() - started
+        await wait_until(lambda: not node.scheduler.intake.held, 5)
+        errors = errors_of(node)
+    for answer in (direct, stored):
+        assert answer.status == 500 and answer.code == codes.CANNOT_SCHEDULE, answer
+        assert f"scheduler {algorithm.name}() failed to decide: KeyError" in answer.message
+    assert waited < 5 and errors.get("scheduler_failed") == 2
 
 
 async def test_configuration_changes_k_at_run_time_and_persists(node_factory, nc, faas, prefix, tmp_path,
