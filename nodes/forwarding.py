@@ -4,11 +4,13 @@ The peer runs the call and answers this node, which relays the answer with its o
 in front (P2PFaaS's per-hop lists, origin first). A peer with nobody listening means the call
 runs here after all; a peer that goes away mid-call (``<prefix>.<peer>.gone``) or stays silent
 past the call's timeout fails a direct call at once, and sends an async one round again.
+A node that stops gracefully waits for what it forwarded as for what it runs (``stop(grace_s)``).
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 import logging
 import time
@@ -21,6 +23,7 @@ import orjson
 from nats.aio.client import Client
 from nats.aio.msg import Msg
 
+from broker import codes
 from broker import headers as H
 from broker.answers import Answer, status_of
 from broker.codec import decode
@@ -57,8 +60,10 @@ class Forwarder:
         self._run_here, self._on_forward = run_here, on_forward
         self.peers = peers
         self.pending: dict[int, Pending] = {}
-        self._over_http: set[asyncio.Task] = set()
+        self._over_http: dict[asyncio.Task, Call] = {}
         self._failing: set[asyncio.Task] = set()   # forwards of a removed peer being answered
+        self._relaying = 0                         # peers' answers being relayed to their callers
+        self._back = asyncio.Event()               # a forward ended (stop() waits for all of them)
         self._http_requests = itertools.count(1)
         self._sub = None
 
@@ -66,27 +71,48 @@ class Forwarder:
         self._sub = await self.nc.subscribe(self.subjects.all_gone(), cb=self._on_gone)
         return self
 
-    async def stop(self) -> None:
+    async def stop(self, grace_s: float = 0.0) -> None:
+        """The node is stopping: what it forwarded gets ``grace_s`` to come back and be relayed, as
+        what it runs gets to finish (its peers run these calls). What is still out then is answered:
+        a direct call 503, an async one handed back to be delivered again. Before, these calls were
+        dropped: their callers got "went away" though their peers were about to answer."""
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(grace_s if not self.nc.is_closed else 0):   # closed: nothing will come
+                while self.pending or self._over_http or self._relaying:
+                    self._back.clear()
+                    await self._back.wait()
         if self._sub is not None:
             try:
                 await self._sub.unsubscribe()
             except Exception as exc:  # the connection may already be gone
                 log.debug("unsubscribe: %s", exc)
+        left = [(p.call, p.peer) for p in self.pending.values()]
         for pending in list(self.pending.values()):
             self._end(pending)
-        for task in list(self._over_http):
+        for task, call in list(self._over_http.items()):
             task.cancel()
-        await asyncio.gather(*self._over_http, return_exceptions=True)
+            left.append((call, "?"))
+        await asyncio.gather(*self._over_http, *self._failing, return_exceptions=True)
+        for call, peer in left:
+            reason = f"node {self.node} stopped before its peer {peer} answered"
+            if call.is_async:
+                await self.answerer.lost(call, reason)
+            else:
+                await self.answerer.refused(call, codes.GENERIC, 503, reason, "node_stopping", retry_after_s=1.0)
 
     async def forward(self, call: Call, peer: str) -> None:
         base = self.peers.http_base(peer) if self.peers is not None else None
         if base is not None:   # an original P2PFaaS node: its /peer/function route
             self._on_forward(peer)
             task = asyncio.get_running_loop().create_task(self._forward_over_http(call, peer, base))
-            self._over_http.add(task)
-            task.add_done_callback(self._over_http.discard)
+            self._over_http[task] = call
+            task.add_done_callback(self._http_done)
             return
         await self._forward_over_nats(call, peer)
+
+    def _http_done(self, task: asyncio.Task) -> None:
+        self._over_http.pop(task, None)
+        self._back.set()
 
     async def _forward_over_http(self, call: Call, peer: str, base: str) -> None:
         """The whole exchange is bounded as a NATS forward is (httpx's timeout bounds each read: an
@@ -147,14 +173,21 @@ class Forwarder:
             return
         self._end(pending)
         headers = msg.headers or {}
-        if headers.get(H.NATS_STATUS) == "503" and not msg.data:
-            log.info("%s: peer %s does not listen; running %s here", self.node, pending.peer, call.key)
-            return await self._run_here(call)
+        self._relaying += 1
         try:
-            await self.answerer.relayed(call, Answer(status_of(headers.get(H.STATUS)), msg.data, headers))
-        except Exception as exc:  # whatever the peer sent, the caller gets an answer
-            log.warning("%s: the answer of peer %s to %s could not be relayed: %r", self.node, pending.peer, call.key, exc)
-            await self._failed(pending, f"peer {pending.peer} answered something unreadable ({type(exc).__name__}: {exc})")
+            if headers.get(H.NATS_STATUS) == "503" and not msg.data:
+                log.info("%s: peer %s does not listen; running %s here", self.node, pending.peer, call.key)
+                return await self._run_here(call)
+            try:
+                await self.answerer.relayed(call, Answer(status_of(headers.get(H.STATUS)), msg.data, headers))
+            except Exception as exc:  # whatever the peer sent, the caller gets an answer
+                log.warning("%s: the answer of peer %s to %s could not be relayed: %r", self.node, pending.peer,
+                            call.key, exc)
+                await self._failed(pending, f"peer {pending.peer} answered something unreadable "
+                                            f"({type(exc).__name__}: {exc})")
+        finally:
+            self._relaying -= 1
+            self._back.set()
 
     def _expire(self, call_id: int) -> None:
         pending = self.pending.get(call_id)
@@ -162,7 +195,9 @@ class Forwarder:
             return
         self._end(pending)
         reason = f"peer {pending.peer} did not answer within {pending.call.timeout_s + FORWARD_GRACE_S:g} s"
-        asyncio.get_running_loop().create_task(self._failed(pending, reason))
+        task = asyncio.get_running_loop().create_task(self._failed(pending, reason))
+        self._failing.add(task)
+        task.add_done_callback(self._failing.discard)
 
     async def _on_gone(self, msg: Msg) -> None:
         try:
@@ -197,3 +232,4 @@ class Forwarder:
         self.inbox.forget(pending.token)
         if pending.timer is not None:
             pending.timer.cancel()
+        self._back.set()

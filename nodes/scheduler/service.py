@@ -52,7 +52,7 @@ from nodes.scheduler.base import (
 from nodes.scheduler.forward import run_locally
 from nodes.scheduler.inbound import Inbound, Refusal
 from nodes.settings import NodeSettings
-from nodes.worker import DEFAULT_POOL
+from nodes.worker import DEFAULT_POOL, STOP_GRACE_S
 
 if TYPE_CHECKING:
     import httpx
@@ -94,6 +94,7 @@ class SchedulerService:
         self._recent: OrderedDict[str, None] = OrderedDict()
         self._holding: dict[str, Call] = {}    # async calls taken and not yet released, by key
         self._started_at = time.time()
+        self._stopping_at: float | None = None   # loop time the node began to stop
         self._last_seq = 0        # highest intake stream sequence taken
         self._doubtful_seq = 0    # intake messages up to this one may have run before an outage
 
@@ -122,6 +123,7 @@ class SchedulerService:
 
     async def stop_intake(self) -> None:
         """No new calls: unsubscribe and stop pulling (running calls still finish)."""
+        self._stopping_at = asyncio.get_running_loop().time()
         for sub in self._subs:
             try:
                 await sub.unsubscribe()
@@ -135,8 +137,10 @@ class SchedulerService:
         await asyncio.gather(*self._deciding, return_exceptions=True)
 
     async def stop(self) -> None:
-        """After the pools stopped: calls still waiting are answered (direct) or handed back (async)."""
-        await self.forwarder.stop()
+        """After the pools stopped: forwarded calls get what is left of the workers' grace to come
+        back; calls still waiting are answered (direct) or handed back (async)."""
+        since = asyncio.get_running_loop().time() - (self._stopping_at or asyncio.get_running_loop().time())
+        await self.forwarder.stop(grace_s=max(0.0, STOP_GRACE_S - since))
         for pool in self.pools.values():
             for call in pool.drain():
                 if call.is_async:

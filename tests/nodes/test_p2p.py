@@ -145,6 +145,39 @@ async def test_peer_stopping_gracefully_finishes_the_forwarded_call(node_factory
     assert answer.status == 200 and answer.executed_by == "n2"
 
 
+async def test_origin_stopping_gracefully_relays_what_its_peer_was_running(node_factory, faas, nc, prefix):
+    """A node that stops waits for what it forwarded as for what it runs: before, it dropped those
+    calls, and their callers got "went away" while the peer was about to answer."""
+    s = Subjects(prefix)
+    async with node_factory(node_id="n2", **FAST) as n2, Collector(nc, s.result("dev1", "forwarded")) as results:
+        async with node_factory(node_id="n1", scheduler=("ForwardScheduler", ["1"]), **FAST) as n1:
+            await wait_until(lambda: list(n1.discovery.peers()) == ["n2"], 10)
+            direct = asyncio.create_task(faas.invoke("n1", "sleep", b"1", timeout_s=20))
+            await faas.submit("n1", "sleep", b"1", "forwarded")
+            await wait_until(lambda: n2.scheduler.main.n_running == 2, 10)
+            stopping = asyncio.get_running_loop().time()
+        stopped = asyncio.get_running_loop().time() - stopping   # n1 stopped (it left its `async with`)
+        answer = await asyncio.wait_for(direct, 5)
+        await wait_until(lambda: results.messages, 5)
+        await asyncio.sleep(0.5)   # nothing stored twice
+    stored = decode(Result, results.messages[0].data)
+    assert answer.status == 200 and answer.executed_by == "n2" and answer.peers == ["n1", "n2"], answer
+    assert stored.status == 200 and stored.executed_by == "n2" and len(results.messages) == 1
+    assert stopped < 5
+
+
+async def test_origin_stopping_answers_503_what_its_peer_does_not_answer_within_the_grace(node_factory, faas,
+                                                                                      monkeypatch):
+    monkeypatch.setattr("nodes.scheduler.service.STOP_GRACE_S", 0.5, raising=False)   # (absent before the fix)
+    async with node_factory(node_id="n2", **FAST) as n2:
+        async with node_factory(node_id="n1", scheduler=("ForwardScheduler", ["1"]), **FAST) as n1:
+            await wait_until(lambda: list(n1.discovery.peers()) == ["n2"], 10)
+            direct = asyncio.create_task(faas.invoke("n1", "sleep", b"5", timeout_s=20))
+            await wait_until(lambda: n2.scheduler.main.n_running == 1, 10)
+        answer = await asyncio.wait_for(direct, 5)
+    assert answer.status == 503 and "n1 stopped before its peer n2 answered" in answer.message, answer
+
+
 async def test_round_robin_master_deals_over_the_alive_nodes(node_factory, faas):
     slave = ("RoundRobinWithMasterScheduler", ["false", "n3", "true"])
     master = ("RoundRobinWithMasterScheduler", ["true", "", "true"])
