@@ -56,6 +56,7 @@ RETRY_AFTER = "Retry-After"
 NATS_STATUS = "Status"                     # nats-server's own status line (503: no responders)
 NATS_DESCRIPTION = "Description"           # ... and its text (nats-py keys it by an enum equal to this)
 SENT_AT = "X-P2pfaas-Sent-At"              # unix time the caller sent the request (transit)
+NOTICES = "X-P2pfaas-Processing-Notices"   # a forwarding node that reads "still holding it" (102) replies
 SERVICE_ERROR = "Nats-Service-Error"       # the NATS services' standard error headers (control plane)
 SERVICE_ERROR_CODE = "Nats-Service-Error-Code"
 DEAD_LETTER_REASON = "X-P2pfaas-Dead-Letter-Reason"

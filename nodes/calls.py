@@ -36,6 +36,8 @@ class Call:
     scheduled_at: float = 0.0
     probing_s: float = 0.0
     dispatched_at: float = 0.0
+    notices: bool = False          # forward: its peer reads "still holding it" notices (nodes/forwarding.py)
+    noticed_at: float = 0.0        # ... and was last told so then
     worker: str = ""
     learning: LearningDecision | None = None
     tracing_id: str = ""           # X-P2pfaas-Scheduler-Task-Tracing-Id, passed on to peers

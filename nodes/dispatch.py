@@ -33,6 +33,7 @@ from broker.messages import (DirectAnswer, WorkerCall, WorkerCalls, WorkerOutcom
 from broker.subjects import Subjects
 from functions.registry import FunctionRegistry
 from nodes.calls import Call
+from nodes.forwarding import NOTICE_EVERY_S, processing_notice
 from nodes.inbox import Inbox
 
 log = logging.getLogger(__name__)
@@ -75,7 +76,7 @@ class Dispatcher(OnItsLoop):
         self.running: dict[int, Call] = {}
         self._tokens: dict[int, str] = {}                   # call id -> its batch's reply token
         self._batches: dict[str, dict[int, Call]] = {}      # reply token -> its calls still running
-        self._sweep: asyncio.TimerHandle | None = None     # armed while calls run
+        self._sweep: asyncio.TimerHandle | None = None     # armed while calls run or wait
         self._sending: set[asyncio.Task] = set()
 
     # -- counts -----------------------------------------------------------------------
@@ -136,8 +137,10 @@ class Dispatcher(OnItsLoop):
             concurrency = self._concurrency(self.queue[0].fn)
             slot = self._pick(concurrency)
             if slot is None:
-                return
+                break
             await self._dispatch(self.queue.popleft(), slot, concurrency)
+        if self.queue and self._sweep is None:   # calls wait: the peers that forwarded them hear from us
+            self._sweep = self.loop.call_later(OVERRUN_SWEEP_S, self._sweep_overruns)
 
     def _concurrency(self, fn: str) -> int:
         """Calls of ``fn`` one worker may run at once (always 1 in a dedicated pool: a worker is a slot)."""
@@ -193,11 +196,11 @@ class Dispatcher(OnItsLoop):
         orders = [WorkerCall.model_construct(fn=c.fn, timeout_s=c.timeout_s, answer=self._direct(c), id=c.id,
                                              size=len(c.payload)) for c in calls]
         data = frame(WorkerCalls.model_construct(calls=orders), b"".join(c.payload for c in calls))
-        task = self.loop.create_task(self._publish(slot, reply, data, calls))
+        task = self.loop.create_task(self._publish(slot, reply, data, calls, self._due_notices(calls)))
         self._sending.add(task)
         task.add_done_callback(self._sending.discard)
 
-    async def _publish(self, slot: WorkerSlot, reply: str, data: bytes, calls: list[Call]) -> None:
+    async def _publish(self, slot: WorkerSlot, reply: str, data: bytes, calls: list[Call], notices: list[str]) -> None:
         try:
             await self.nc.publish(slot.subject, data, reply=reply)
         except Exception as exc:  # the connection is gone: the calls cannot reach their worker
@@ -205,6 +208,26 @@ class Dispatcher(OnItsLoop):
                 if self.running.get(call.id) is call:
                     self._end(call)
                     await self._lost(call, f"could not reach worker {slot.name}: {exc}")
+            return
+        await self._notify(notices)
+
+    def _due_notices(self, calls) -> list[str]:
+        """Reply subjects of the forwarded calls (a peer waits for each) that were silent for
+        NOTICE_EVERY_S: the peer counts the call's timeout from the notice, not from sending it."""
+        now = time.time()
+        due = []
+        for call in calls:
+            if call.notices and call.reply and now - (call.noticed_at or call.arrival) >= NOTICE_EVERY_S:
+                call.noticed_at = now
+                due.append(call.reply)
+        return due
+
+    async def _notify(self, replies: list[str]) -> None:
+        for reply in replies:
+            try:
+                await self.nc.publish(reply, b"", headers=processing_notice())
+            except Exception as exc:  # the connection is gone: the peer's own limit applies then
+                log.debug("%s: processing notice to %s not sent: %s", self.pool, reply, exc)
 
     async def _on_outcomes(self, token: str, batch: dict[int, Call], msg: Msg) -> None:
         if not msg.data and (msg.headers or {}).get(H.NATS_STATUS) == "503":
@@ -303,12 +326,18 @@ class Dispatcher(OnItsLoop):
         return None
 
     def _sweep_overruns(self) -> None:
-        """Every OVERRUN_SWEEP_S while calls run: those past their timeout and its grace are overruns."""
+        """Every OVERRUN_SWEEP_S while calls run or wait: those past their timeout and its grace are
+        overruns; peers waiting for forwarded calls still queued here hear that they still are."""
         self._sweep = None
         now = time.time()
         for call in [c for c in self.running.values() if now > c.dispatched_at + c.timeout_s + OVERRUN_GRACE_S]:
             self._overrun(call)
-        if self.running:
+        notices = self._due_notices(self.queue)
+        if notices:
+            task = self.loop.create_task(self._notify(notices))
+            self._sending.add(task)
+            task.add_done_callback(self._sending.discard)
+        if self.running or self.queue:
             self._sweep = self.loop.call_later(OVERRUN_SWEEP_S, self._sweep_overruns)
 
     def _overrun(self, call: Call) -> None:

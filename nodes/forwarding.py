@@ -5,6 +5,8 @@ in front (P2PFaaS's per-hop lists, origin first). A peer with nobody listening m
 runs here after all; a peer that goes away mid-call (``<prefix>.<peer>.gone``) or stays silent
 past the call's timeout fails a direct call at once, and sends an async one round again.
 A node that stops gracefully waits for what it forwarded as for what it runs (``stop(grace_s)``).
+The call's timeout bounds its execution, not its wait in the peer's queue: a peer that holds a
+forwarded call says so every few seconds (:data:`PROCESSING`), and the limit counts from its last word.
 """
 
 from __future__ import annotations
@@ -42,6 +44,15 @@ log = logging.getLogger(__name__)
 
 FORWARD_GRACE_S = 5.0       # past the call's timeout plus this, a silent peer has failed it
 FORWARD_FAILED = 403        # P2PFaaS: "forward failed"
+PROCESSING = "102"          # X-P2pfaas-Status of an empty reply: "still holding your call" (HTTP 102)
+NOTICE_EVERY_S = FORWARD_GRACE_S / 2   # how often a node holding a forwarded call in its queue says so
+
+
+def processing_notice() -> dict[str, str]:
+    """Headers of the empty message a node sends on a forward's reply subject while the call waits
+    in its queue, and when it starts it late: the node waiting for it counts the call's timeout
+    (plus the grace) from then, so a call may wait in a peer's queue as long as in its own."""
+    return {H.STATUS: PROCESSING}
 
 
 @dataclass(eq=False, slots=True)
@@ -143,7 +154,8 @@ class Forwarder:
             ips.append(self.answerer.ip)
         headers = {H.HOPS: str(call.request.hops + 1), H.PEERS_LIST_ID: orjson.dumps(visited).decode(),
                    H.PEERS_LIST_IP: orjson.dumps(ips).decode(),
-                   H.SCHEDULER_NAME: call.scheduler, H.TIMEOUT: repr(call.timeout_s), H.SENT_AT: repr(time.time())}
+                   H.SCHEDULER_NAME: call.scheduler, H.TIMEOUT: repr(call.timeout_s), H.SENT_AT: repr(time.time()),
+                   H.NOTICES: "true"}
         if call.deadline_s is not None:
             headers[H.DEADLINE] = repr(call.deadline_s)
         if call.request.task_type is not None:
@@ -154,7 +166,7 @@ class Forwarder:
         async def on_reply(msg: Msg) -> None:
             await self._on_reply(call, msg)
 
-        token, reply = self.inbox.expect(on_reply)
+        token, reply = self.inbox.expect(on_reply, standing=True)   # PROCESSING notices may come first
         timer = asyncio.get_running_loop().call_later(call.timeout_s + FORWARD_GRACE_S, self._expire, call.id)
         self.pending[call.id] = Pending(call, peer, token, timer)
         self._on_forward(peer)
@@ -171,8 +183,10 @@ class Forwarder:
         pending = self.pending.get(call.id)
         if pending is None:
             return
-        self._end(pending)
         headers = msg.headers or {}
+        if not msg.data and headers.get(H.STATUS) == PROCESSING:
+            return await self._processing(pending)
+        self._end(pending)
         self._relaying += 1
         try:
             if headers.get(H.NATS_STATUS) == "503" and not msg.data:
@@ -188,6 +202,20 @@ class Forwarder:
         finally:
             self._relaying -= 1
             self._back.set()
+
+    async def _processing(self, pending: Pending) -> None:
+        """The peer still holds the call (queued, or started only now): its limit counts from now.
+        Before, the wait in the peer's queue counted too: a forward queued there past the call's
+        timeout plus the grace failed while the peer still ran it (an async call then ran twice)."""
+        call = pending.call
+        if pending.timer is not None:
+            pending.timer.cancel()
+        pending.timer = asyncio.get_running_loop().call_later(call.timeout_s + FORWARD_GRACE_S, self._expire, call.id)
+        if call.notices and call.reply:   # it came from a peer, which waits for it too
+            try:
+                await self.nc.publish(call.reply, b"", headers=processing_notice())
+            except Exception as exc:  # the connection is gone: that peer's own limit applies
+                log.debug("%s: processing notice of %s not passed on: %s", self.node, call.key, exc)
 
     def _expire(self, call_id: int) -> None:
         pending = self.pending.get(call_id)

@@ -86,7 +86,8 @@ class Inbound:
         transit = arrival - sent_at if sent_at is not None and abs(arrival - sent_at) < PLAUSIBLE_CLOCK_SKEW_S else 0.0
         call = Call(inv=inv, payload=payload, request=request, arrival=arrival, reply=reply,
                     timeout_s=timeout_s or spec.timeout_s, deadline_s=deadline_s, transit_s=max(0.0, transit),
-                    scheduler=scheduler, tracing_id=tracing, peer_ips=peer_ips)
+                    scheduler=scheduler, tracing_id=tracing, peer_ips=peer_ips,
+                    notices=external and bool(reply) and H.is_true(h.get(H.NOTICES)))
         return call
 
 

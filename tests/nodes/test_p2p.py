@@ -178,6 +178,24 @@ async def test_origin_stopping_answers_503_what_its_peer_does_not_answer_within_
     assert answer.status == 503 and "n1 stopped before its peer n2 answered" in answer.message, answer
 
 
+async def test_a_forward_may_wait_in_its_peers_queue_longer_than_its_timeout(node_factory, faas):
+    """The call's timeout bounds its execution: the peer says it still holds a call queued, and the
+    origin waits as it would in its own queue. Before, a forward queued at its peer past the timeout
+    plus 5 s failed ("did not answer") while the peer still ran it: an async call ran twice."""
+    limit = {H.TIMEOUT: "0.5"}   # the origin used to give up after 0.5 + 5 s
+    async with cluster(node_factory, ("n1", ("ForwardScheduler", ["1"])),
+                       ("n2", ("NoScheduler", ["false"]), {"k": 1, "queue": 20})) as (n1, n2):
+        direct = [asyncio.create_task(faas.invoke("n1", "sleep", b"0.45", headers=limit, timeout_s=30)) for _ in range(10)]
+        await wait_until(lambda: n2.scheduler.main.n_queued >= 9, 10)
+        stored = [asyncio.create_task(faas.call_async("n1", "sleep", b"0.45", headers=limit, timeout_s=30)) for _ in range(4)]
+        answers = await asyncio.gather(*direct, *stored)   # the last ones wait about 6 s at n2
+        await wait_until(lambda: n2.scheduler.main.n_running == n2.scheduler.main.n_queued == 0, 10)
+    assert [(a.status, a.executed_by) for a in answers] == [(200, "n2")] * 14, [a.message for a in answers]
+    ran = sum(s.value for m in n2.metrics.results.collect() for s in m.samples
+              if s.name.endswith("_total") and s.labels["fn"] == "sleep")
+    assert ran == 14   # each once
+
+
 async def test_round_robin_master_deals_over_the_alive_nodes(node_factory, faas):
     slave = ("RoundRobinWithMasterScheduler", ["false", "n3", "true"])
     master = ("RoundRobinWithMasterScheduler", ["true", "", "true"])
