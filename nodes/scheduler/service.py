@@ -108,7 +108,18 @@ class SchedulerService:
         return self._peers.peers() if self._peers else ()
 
     async def probe(self, peer: str) -> int | None:
-        return await self._peers.probe(peer) if self._peers else None
+        """A peer's load for the algorithm; a probe that fails (None, or an error) is counted
+        (``probe_failed``): a peer believed alive that cannot answer shows in the metrics."""
+        if not self._peers:
+            return None
+        try:
+            load = await self._peers.probe(peer)
+        except Exception as exc:
+            log.debug("%s: probe of %s: %r", self.node_id, peer, exc)
+            load = None
+        if load is None:
+            self.metrics.error("probe_failed")
+        return load
 
     def resolve(self, name: str) -> str:
         return self._peers.resolve(name) if self._peers else name

@@ -90,9 +90,12 @@ async def test_failed_probe_of_a_stopped_peer_counts_as_loaded(node_factory, faa
         await wait_until(lambda: n1.scheduler.main.n_running == 1, 10)
         res = await faas.invoke("n1", "echo", b"x", timeout_s=20)
         await busy
+        failed = [s.value for m in n1.metrics.errors.collect() for s in m.samples
+                  if s.name.endswith("_total") and s.labels["kind"] == "probe_failed"]
     # it probed (load 1 >= T), the probe failed, so n2 counted as fully loaded: not chosen
     assert res.hop_timings[0].probing_s > 0
     assert res.executed_by == "n1" and res.hops == 0
+    assert failed == [1.0]   # and counted (the direct discovery.probe calls above are not the scheduler's)
 
 
 async def test_peer_going_away_mid_call_fails_a_direct_call_and_reruns_an_async_one(node_factory, faas, nc, prefix):
