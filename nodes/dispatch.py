@@ -368,6 +368,15 @@ class Dispatcher(OnItsLoop):
             if slot.running == 0:
                 slot.limit = 1
 
+    def drop_queued(self, unwanted: Callable[[Call], bool]) -> list[Call]:
+        """Take the queued calls ``unwanted`` picks out of the queue (nobody waits for them any more)."""
+        dropped = [c for c in self.queue if unwanted(c)]
+        if dropped:
+            kept = [c for c in self.queue if c not in dropped]
+            self.queue.clear()
+            self.queue.extend(kept)
+        return dropped
+
     def drain(self) -> list[Call]:
         """Every call still queued or running (the node is stopping)."""
         calls = [*self.queue, *self.running.values()]

@@ -75,6 +75,7 @@ class Forwarder:
         self._failing: set[asyncio.Task] = set()   # forwards of a removed peer being answered
         self._relaying = 0                         # peers' answers being relayed to their callers
         self._back = asyncio.Event()               # a forward ended (stop() waits for all of them)
+        self.on_gone: list[Callable[[str], Awaitable[None]]] = []   # told of each node that went away
         self._http_requests = itertools.count(1)
         self._sub = None
 
@@ -233,6 +234,8 @@ class Forwarder:
         except ContractError:
             return
         await self._fail_peer(gone.node, f"peer {gone.node} went away during the call ({gone.reason or 'stopped'})")
+        for listener in self.on_gone:
+            await listener(gone.node)
 
     def peer_removed(self, peer: str) -> None:
         """Discovery forgot ``peer`` (silent for its removal periods: dead, or cut off without a

@@ -80,6 +80,7 @@ class SchedulerService:
         self.inbound = Inbound(self.subjects, self.node_id, registry, input_limit(nc.max_payload, settings.max_payload_bytes))
         self.forwarder = Forwarder(self.node_id, nc, self.subjects, inbox, answerer, self.run_here, self._count_forward,
                                    peers)
+        self.forwarder.on_gone.append(self._sender_gone)
         self.intake = AsyncIntake(self.node_id, nc, self.subjects, ack_wait_s=settings.ack_wait_s,
                                   max_deliver=settings.max_deliver, take=self.take_async)
         self.sweeper = UnknownNodeSweeper(self.node_id, nc, self.subjects, self._refuse_unknown_node,
@@ -305,6 +306,19 @@ class SchedulerService:
     async def run_here(self, call: Call) -> None:
         """A forward found nobody at the peer: run here after all (with loss)."""
         await self.carry_out(call, run_locally(self, loss=True, probing_s=call.probing_s))
+
+    async def _sender_gone(self, node: str) -> None:
+        """``node`` went away (it died, or stopped after answering its callers itself): the calls it
+        forwarded here that still wait in a queue are dropped, not run. Their answers had nowhere to
+        go, they held queue places (calls of live callers were refused meanwhile), and an async one,
+        delivered again at its origin, ran twice."""
+        def from_it(call: Call) -> bool:
+            return call.request.external and call.request.peers[-1:] == (node,)
+
+        for pool in self.pools.values():
+            for call in pool.drop_queued(from_it):
+                await self.answerer.refused(call, codes.GENERIC, 503, f"not run: node {node}, which forwarded it, "
+                                                                      "went away", "sender_gone")
 
     async def _execute(self, call: Call, decision: Execute, pool: Dispatcher) -> None:
         if pool.n_queued >= MAX_WAITING:

@@ -199,6 +199,27 @@ async def test_a_forward_may_wait_in_its_peers_queue_longer_than_its_timeout(nod
     assert ran == 14   # each once
 
 
+async def test_calls_queued_for_a_sender_that_went_away_are_dropped_not_run(node_factory, faas, nc, prefix):
+    """What a dead node forwarded and its peer still holds queued is not run: nobody waits for its
+    answer (an async one runs again at its origin), and it held queue places live callers needed."""
+    s = Subjects(prefix)
+    async with cluster(node_factory, ("n1", ("ForwardScheduler", ["1"])),
+                       ("n2", ("NoScheduler", ["false"]), {"k": 1, "queue": 10})) as (n1, n2):
+        calls = [asyncio.create_task(faas.invoke("n1", "sleep", b"1", timeout_s=30)) for _ in range(4)]
+        await wait_until(lambda: n2.scheduler.main.n_running == 1 and n2.scheduler.main.n_queued == 3, 10)
+        # what n1's workers say when its process dies (n1 itself lives on here, to see what n2 does)
+        await nc.publish(s.gone("n1"), encode(NodeGone(node="n1", by="n1-w1", reason="node process ended")))
+        await wait_until(lambda: n2.scheduler.main.n_queued == 0, 2)
+        assert n2.scheduler.main.n_running == 1   # what runs finishes
+        await asyncio.gather(*calls, return_exceptions=True)   # their callers were told n1 went away
+        await wait_until(lambda: n2.scheduler.main.n_running == 0, 5)
+        ran = sum(s.value for m in n2.metrics.results.collect() for s in m.samples
+                  if s.name.endswith("_total") and s.labels["fn"] == "sleep")
+        dropped = [s.value for m in n2.metrics.errors.collect() for s in m.samples
+                   if s.name.endswith("_total") and s.labels["kind"] == "sender_gone"]
+    assert ran == 1 and dropped == [3.0]
+
+
 async def test_round_robin_master_deals_over_the_alive_nodes(node_factory, faas):
     slave = ("RoundRobinWithMasterScheduler", ["false", "n3", "true"])
     master = ("RoundRobinWithMasterScheduler", ["true", "", "true"])
