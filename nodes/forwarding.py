@@ -71,7 +71,7 @@ class Forwarder:
         self._run_here, self._on_forward = run_here, on_forward
         self.peers = peers
         self.pending: dict[int, Pending] = {}
-        self._over_http: dict[asyncio.Task, Call] = {}
+        self._over_http: dict[asyncio.Task, tuple[Call, str]] = {}   # to P2PFaaS machines: (call, peer)
         self._failing: set[asyncio.Task] = set()   # forwards of a removed peer being answered
         self._relaying = 0                         # peers' answers being relayed to their callers
         self._back = asyncio.Event()               # a forward ended (stop() waits for all of them)
@@ -101,9 +101,9 @@ class Forwarder:
         left = [(p.call, p.peer) for p in self.pending.values()]
         for pending in list(self.pending.values()):
             self._end(pending)
-        for task, call in list(self._over_http.items()):
+        for task, (call, peer) in list(self._over_http.items()):
             task.cancel()
-            left.append((call, "?"))
+            left.append((call, peer))
         await asyncio.gather(*self._over_http, *self._failing, return_exceptions=True)
         for call, peer in left:
             reason = f"node {self.node} stopped before its peer {peer} answered"
@@ -117,7 +117,7 @@ class Forwarder:
         if base is not None:   # an original P2PFaaS node: its /peer/function route
             self._on_forward(peer)
             task = asyncio.get_running_loop().create_task(self._forward_over_http(call, peer, base))
-            self._over_http[task] = call
+            self._over_http[task] = (call, peer)
             task.add_done_callback(self._http_done)
             return
         await self._forward_over_nats(call, peer)
