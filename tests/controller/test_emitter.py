@@ -37,6 +37,13 @@ async def test_tasks_nobody_runs_are_waited_for_grace_seconds_after_the_last_arr
     assert (report.completed, report.lost, report.unfinished) == (0, 0, report.submitted)
 
 
+def _ctrl_c_as_in_a_terminal() -> None:
+    """SIGINT as a terminal delivers it. A test run started in the background by a
+    non-interactive shell (``cmd &``) has SIGINT ignored, and its children inherit that: the
+    Ctrl-C below would be ignored and the run go on to its end."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 async def test_ctrl_c_mid_run_prints_what_was_measured_so_far(nats_server, nc, prefix, tmp_path):
     """Ctrl-C in the middle of ``p2pfaas farm run``: a summary of the tasks sent so far, marked
     interrupted, exit status 130 (it ended with the progress bar and no figures at all)."""
@@ -51,7 +58,7 @@ async def test_ctrl_c_mid_run_prints_what_was_measured_so_far(nats_server, nc, p
     proc = await asyncio.create_subprocess_exec(
         *P2PFAAS, "farm", "run", "--scenario", str(scenario), "--nats-url", nats_server.url, "--prefix", prefix,
         "--data-dir", str(tmp_path), "--pool", "farm", stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.STDOUT, env={**os.environ, "PYTHONFAULTHANDLER": "1"})
+        stderr=asyncio.subprocess.STDOUT, env={**os.environ, "PYTHONFAULTHANDLER": "1"}, preexec_fn=_ctrl_c_as_in_a_terminal)
     try:
         async def stored() -> int:
             return (await nc.jetstream().stream_info(async_stream(subjects))).state.messages
