@@ -2,8 +2,12 @@
 
 Each message is held (unacknowledged, kept alive with ``in_progress``) until its answer is
 stored, so a node that dies mid-call loses nothing: JetStream delivers the message again.
-The consumer is durable (``node-<id>``, filter ``<prefix>.async.<id>.>``) with explicit acks
-and ``max_deliver``; the last delivery of a call is dead-lettered by the service, not run.
+The consumer is durable (``node-<id>``, filter ``<prefix>.async.<id>.>``) with explicit acks.
+nats-server delivers a call without limit; the service counts the deliveries
+(``num_delivered``) and dead-letters the one numbered ``max_deliver`` instead of running it.
+A limit kept by nats-server itself stopped delivering a call whose deliveries were used up,
+even those that never reached the node (sent while it was reconnecting to another server of a
+cluster): the call stayed in the stream for ever, unrun and unanswered, ``/result`` "pending".
 
 Pulling: one pull request at a time (``batch`` messages, expiring after ``PULL_EXPIRES_S``)
 stays open on the consumer, and its messages arrive on a subscription with a callback, each
@@ -58,11 +62,17 @@ def consumer_name(node: str) -> str:
     return f"node-{node}"
 
 
+def consumer_config(node: str, subjects: Subjects, ack_wait_s: float) -> ConsumerConfig:
+    """The node's durable intake consumer (max_deliver unlimited: the service counts, see above)."""
+    return ConsumerConfig(durable_name=consumer_name(node), ack_policy=AckPolicy.EXPLICIT, ack_wait=ack_wait_s,
+                          max_deliver=-1, max_ack_pending=HOLD_LIMIT, filter_subject=subjects.async_of(node))
+
+
 class AsyncIntake:
-    def __init__(self, node: str, nc: Client, subjects: Subjects, *, ack_wait_s: float, max_deliver: int,
+    def __init__(self, node: str, nc: Client, subjects: Subjects, *, ack_wait_s: float,
                  take: Callable[[Msg], Awaitable[None]]) -> None:
         self.node, self.nc, self.js, self.subjects = node, nc, nc.jetstream(), subjects
-        self.ack_wait_s, self.max_deliver, self._take = ack_wait_s, max_deliver, take
+        self.ack_wait_s, self._take = ack_wait_s, take
         self.held: dict[str, Msg] = {}          # by delivery (its ack subject)
         self.healthy = False
         self._room = asyncio.Event()
@@ -107,9 +117,7 @@ class AsyncIntake:
 
     async def _bind(self) -> None:
         stream = async_stream(self.subjects)
-        config = ConsumerConfig(durable_name=consumer_name(self.node), ack_policy=AckPolicy.EXPLICIT,
-                                ack_wait=self.ack_wait_s, max_deliver=self.max_deliver, max_ack_pending=HOLD_LIMIT,
-                                filter_subject=self.subjects.async_of(self.node))
+        config = consumer_config(self.node, self.subjects, self.ack_wait_s)
         try:
             await self.js.add_consumer(stream, config)
         except NotFoundError as exc:

@@ -57,7 +57,7 @@ class NodeSettings(BaseModel):
     runtime: Literal["process", "inprocess", "docker"] = "process"
     docker_image: str = "p2pfaas-worker:latest"    # runtime "docker": the workers' image (docs/containers.md)
     ack_wait_s: float = Field(default=10.0, gt=0)   # a silent worker's task is redelivered after this
-    max_deliver: int = Field(default=4, ge=2)       # last delivery is not run: it dead-letters
+    max_deliver: int = Field(default=4, ge=2)       # counted by the node: this delivery is not run, it dead-letters
     unknown_node_after_s: float = Field(default=60.0, gt=0)   # async calls to a node never seen: refused after
     functions: list[tuple[str, str]] = Field(default_factory=list)  # user (name, module:function)
     initial: NodeConfiguration = NodeConfiguration()

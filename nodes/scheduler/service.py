@@ -82,7 +82,7 @@ class SchedulerService:
                                    peers)
         self.forwarder.on_gone.append(self._sender_gone)
         self.intake = AsyncIntake(self.node_id, nc, self.subjects, ack_wait_s=settings.ack_wait_s,
-                                  max_deliver=settings.max_deliver, take=self.take_async)
+                                  take=self.take_async)
         self.sweeper = UnknownNodeSweeper(self.node_id, nc, self.subjects, self._refuse_unknown_node,
                                           alive=self.peers, unknown_after_s=settings.unknown_node_after_s,
                                           period_s=min(15.0, settings.unknown_node_after_s / 2))
@@ -226,7 +226,8 @@ class SchedulerService:
         self._holding[key] = call
         if meta.num_delivered >= self.settings.max_deliver:
             return await self.answerer.dead_letter(
-                call, f"its worker or node failed {meta.num_delivered - 1} times while running it")
+                call, f"delivered {meta.num_delivered} times without an answer: its worker or node failed while "
+                      "running it, or the deliveries were lost (a broker outage)")
         await self.schedule(call)
 
     def reconnected(self) -> None:

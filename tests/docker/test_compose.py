@@ -206,7 +206,10 @@ async def test_compose_topology_invokes_over_http_and_mqtt_and_survives_a_nats_s
         report = await load_while_killing(http, urls, device, compose.container(docker_client, victim))
         print(f"\ncompose, NATS server {victim} (leader of {leaders[victim]} of {len(streams)} streams) "
               f"killed under load: {report}")
-        assert report["http_lost"] == 0 and report["mqtt_lost"] == 0, report
+        if report["http_lost"] or report["mqtt_lost"]:   # what the stack said about each lost call
+            logs = compose.run("logs", "--no-color", check=False).stdout.splitlines()
+            said = {key: [line for line in logs if key in line][:20] for key in report["http_lost_ids"]}
+            pytest.fail(f"accepted calls lost: {report}\nwhat the stack logged about them: {said}")
         assert report["http_accepted"] > 0.8 * report["http_sent"], report
 
         for url in urls:                                              # and again, over both
@@ -291,8 +294,12 @@ async def load_while_killing(http, urls, device, victim) -> dict:
         mqtt_answered = {r for r in mqtt_acked if r in device.answers}
     return {"http_sent": http_sent, "http_accepted": len(accepted), "http_refused": dict(refused),
             "http_answered": dict(Counter(answers.values())), "http_lost": len(accepted) - len(answers),
+            "http_lost_ids": sorted(set(accepted) - set(answers)), "http_errors": dict(ERRORS),
             "mqtt_sent": mqtt_sent, "mqtt_acked": len(mqtt_acked), "mqtt_answered": len(mqtt_answered),
             "mqtt_lost": len(mqtt_acked) - len(mqtt_answered), "killed_at_s": round(killed_at or -1, 1)}
+
+
+ERRORS: Counter = Counter()   # (status, start of the message) of the error answers found
 
 
 async def stored_answer(http, urls: list[str], call_id: str) -> int | None:
@@ -305,5 +312,6 @@ async def stored_answer(http, urls: list[str], call_id: str) -> int | None:
         if answer.status_code == 200:
             return 200
         if answer.status_code not in (202, 404) and answer.headers.get("content-type", "").startswith("application/json"):
+            ERRORS[answer.status_code, str(answer.json().get("message", ""))[:60]] += 1
             return answer.status_code
     return None

@@ -125,7 +125,7 @@ async def test_stopping_the_intake_as_its_pull_request_ends_stops_it(nc, prefix)
         pass
 
     for turns in range(6):   # where the window is depends on the loop turns between the two
-        intake = await AsyncIntake(f"n{turns}", nc, s, ack_wait_s=10, max_deliver=3, take=take).start()
+        intake = await AsyncIntake(f"n{turns}", nc, s, ack_wait_s=10, take=take).start()
         await wait_until(lambda: intake.healthy, timeout_s=10)
         await asyncio.sleep(0.05)   # its pull request is open
         intake._ended.set()

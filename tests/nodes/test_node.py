@@ -21,8 +21,9 @@ from broker.codec import decode
 from broker.control import control_request
 from broker.errors import NodeUnavailable
 from broker.messages import NodeConfiguration, Rejection, Result
-from broker.streams import results_stream
+from broker.streams import async_stream, deadletter_stream, results_stream
 from broker.subjects import Subjects
+from nodes.intake import consumer_name
 from nodes.scheduler.base import SchedulingAlgorithm
 from support import Collector, wait_until
 
@@ -43,6 +44,10 @@ def user_functions(tmp_path, monkeypatch):
         def explode(payload: bytes) -> bytes:
             raise RuntimeError("boom " + payload.decode())
 
+        def vanish(payload: bytes) -> bytes:
+            import os
+            os._exit(3)   # takes its worker with it, every time: a poison task
+
         def shout(payload: bytes) -> bytes:
             return payload.upper() + b"!"
 
@@ -55,7 +60,7 @@ def user_functions(tmp_path, monkeypatch):
     monkeypatch.setenv("PYTHONPATH", f"{tmp_path}{os.pathsep}{os.environ.get('PYTHONPATH', '')}")
     monkeypatch.syspath_prepend(str(tmp_path))
     return [("explode", "userfns:explode"), ("shout", "userfns:shout"), ("span", "userfns:span"),
-            ("chatty", "userfns:chatty")]
+            ("chatty", "userfns:chatty"), ("vanish", "userfns:vanish")]
 
 
 def spans(answers) -> list[tuple[float, float]]:
@@ -330,6 +335,47 @@ async def test_worker_killed_mid_task_async_call_runs_again_exactly_one_result(n
     assert len(results.messages) == 1
     result = decode(Result, results.messages[0].data)
     assert result.status == 200 and result.executed_by == "n1"
+
+
+async def test_a_task_that_kills_its_worker_every_time_is_dead_lettered_and_answered_once(node_factory, faas, nc,
+                                                                                         prefix, user_functions):
+    """A poison task runs max_deliver - 1 times (its worker dies each time), then its last delivery
+    is not run: it is kept in the dead-letter stream with its cause and its caller gets 500."""
+    s = Subjects(prefix)
+    async with Collector(nc, s.result("dev1", "poison")) as results, \
+            node_factory(k=1, queue=5, runtime="process", functions=user_functions, max_deliver=3) as node:
+        await faas.submit("n1", "vanish", b"", "poison")
+        await wait_until(lambda: len(results.messages) >= 1, timeout_s=40)
+        await asyncio.sleep(1.5)  # the window in which a second answer would show up
+        assert errors_of(node).get("worker_lost") == 2 and errors_of(node).get("dead_letter") == 1
+        assert len(results.messages) == 1
+        result = decode(Result, results.messages[0].data)
+        assert result.status == 500 and "dead-lettered" in result.error and "delivered 3 times" in result.error
+        kept = await nc.jetstream().get_last_msg(deadletter_stream(s), s.deadletter("n1", "vanish"))
+        assert "delivered 3 times" in kept.headers[H.DEAD_LETTER_REASON]
+        await node.pool.wait_ready(30)   # the pool is whole again (raises if not)
+
+
+async def test_a_call_whose_deliveries_were_lost_in_transit_is_still_answered(node_factory, faas, nc, prefix, tmp_path):
+    """Deliveries that never reached the node (sent while it reconnected to another server of a
+    cluster) count at nats-server like any other. With the limit kept there, a call whose deliveries
+    were used up that way was never delivered again: it stayed in the stream, unrun and unanswered,
+    /result "pending" for ever (seen once in the compose test, a NATS server killed under load).
+    The node counts the deliveries itself: the call comes again and is answered (dead-lettered, 500)."""
+    s = Subjects(prefix)
+    settings = dict(data_dir=tmp_path, ack_wait_s=1.0, max_deliver=3)
+    async with node_factory(**settings):
+        pass   # its streams and its durable consumer exist; the node is down below
+    answer = faas.expect("in-transit")
+    await faas.submit("n1", "echo", b"x", "in-transit")
+    stolen = await nc.jetstream().pull_subscribe_bind(durable=consumer_name("n1"), stream=async_stream(s))
+    for delivery in range(1, 4):   # delivered, never acknowledged: as if lost on the way
+        [msg] = await stolen.fetch(1, timeout=5)
+        assert msg.metadata.num_delivered == delivery
+    await stolen.unsubscribe()
+    async with node_factory(**settings):
+        got = await asyncio.wait_for(answer, 20)
+    assert got.status == 500 and "dead-lettered" in got.message and "deliveries were lost" in got.message, got
 
 
 async def test_worker_killed_mid_task_direct_call_fails_at_once(node_factory, faas):
