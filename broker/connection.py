@@ -206,6 +206,7 @@ async def connect(url: str | list[str], name: str, *, connect_timeout_s: float =
 
     connection: list[Client] = []
     first_error: list[Exception] = []   # the first connect retries until its deadline: its last error says why
+    refusal: list[Exception] = []       # ... unless the broker turned us away: that says it better
     loop = asyncio.get_running_loop()
     started, patience = loop.time(), GIVE_UP_TURNED_AWAY_S
     turned_away: asyncio.Future[None] = loop.create_future()
@@ -213,8 +214,13 @@ async def connect(url: str | list[str], name: str, *, connect_timeout_s: float =
     async def on_error(exc: Exception) -> None:
         if not connection:
             first_error[:] = [exc]
+            if _turned_away(exc):
+                refusal[:] = [exc]
             log.debug("nats %s: %s", name, exc)
-            if (patience is not None and _turned_away(exc) and loop.time() - started >= patience
+            # nats-server closes the connection after its -ERR: a retry's read may see only the
+            # reset (the -ERR discarded with the socket), which is the same refusal
+            if (patience is not None and refusal and loop.time() - started >= patience
+                    and (refusal[0] is exc or isinstance(exc, (ConnectionResetError, BrokenPipeError)))
                     and not turned_away.done()):
                 turned_away.set_result(None)
             return
@@ -254,7 +260,10 @@ async def connect(url: str | list[str], name: str, *, connect_timeout_s: float =
             raise TimeoutError
         connecting.result()
     except Exception as exc:  # nats raises several unrelated types here
-        reason = str(first_error[0] if first_error else exc) or f"no answer within {2 * connect_timeout_s:g} s"
+        last = first_error[0] if first_error else exc
+        if refusal and isinstance(last, (ConnectionResetError, BrokenPipeError)):
+            last = refusal[0]
+        reason = str(last) or f"no answer within {2 * connect_timeout_s:g} s"
         raise BrokerUnavailable(f"cannot connect to NATS at {url}: {reason}") from exc
     finally:
         connecting.cancel()   # we were cancelled while it connected (nothing, when it is done)
