@@ -122,7 +122,8 @@ class FaasClient(OnItsLoop):
         fut: asyncio.Future[Answer] = loop.create_future()
         self._calls[token] = (fut, node, subject)
         timer = loop.call_later(timeout_s, _expire, fut, timeout_s)
-        hdrs = {H.SENT_AT: repr(time.time())}
+        # the node does not run a call still queued when this caller has stopped waiting for it
+        hdrs = {H.SENT_AT: repr(time.time()), H.WAIT: repr(float(timeout_s))}
         if headers:
             hdrs.update(headers)
         try:

@@ -62,6 +62,7 @@ SERVICE_ERROR_CODE = "Nats-Service-Error-Code"
 DEAD_LETTER_REASON = "X-P2pfaas-Dead-Letter-Reason"
 TIMEOUT = "X-P2pfaas-Timeout-Seconds"      # function timeout asked by the caller
 DEADLINE = "X-P2pfaas-Deadline-Seconds"    # QoS deadline of the task (latency budget)
+WAIT = "X-P2pfaas-Wait-Seconds"            # how long a direct caller waits for the answer: queued past it, not run
 ARRIVAL = "X-P2pfaas-Arrival"              # unix time a forwarded request reached its origin
 SCHEDULER_NAME = "X-P2pfaas-Scheduler-Name"  # the origin's algorithm, carried with a forward
 
@@ -73,6 +74,6 @@ def is_true(value: str | None) -> bool:
 
 
 # request headers a caller may set (the HTTP bridge passes exactly these on)
-CALLER_HEADERS = (BYPASS, FORWARD, REJECT, TRACING_ID, TASK_TYPE, TIMEOUT, DEADLINE)
+CALLER_HEADERS = (BYPASS, FORWARD, REJECT, TRACING_ID, TASK_TYPE, TIMEOUT, DEADLINE, WAIT)
 # answer headers that reach the caller (HTTP response headers)
 TIMING_LISTS = (TIMING_TOTAL, TIMING_SCHEDULING, TIMING_PROBING)

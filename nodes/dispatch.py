@@ -45,6 +45,7 @@ STATUS_TIMEOUT_S = 2.0
 
 Done = Callable[[Call, WorkerOutcome, bytes], Awaitable[None]]
 Lost = Callable[[Call, str], Awaitable[None]]
+Abandoned = Callable[[list[Call]], Awaitable[None]]
 Direct = Callable[[Call], "DirectAnswer | None"]
 
 
@@ -62,13 +63,17 @@ class Dispatcher(OnItsLoop):
     def __init__(self, pool: str, nc: Client, subjects: Subjects, node: str, registry: FunctionRegistry,
                  inbox: Inbox, done: Done, lost: Lost, *, slots: int | None = None,
                  kill_worker: Callable[[str], None] = lambda name: None,
-                 direct: Direct = lambda call: None, unreachable: Callable[[str], None] | None = None) -> None:
+                 direct: Direct = lambda call: None, unreachable: Callable[[str], None] | None = None,
+                 abandoned: Abandoned | None = None) -> None:
         """``direct``: what a worker needs to answer a call's caller itself (None: the node answers).
         ``unreachable(worker)``: nobody listened on that worker's subject (its pool decides whether
-        that was expected; by default the worker only gets no more calls)."""
+        that was expected; by default the worker only gets no more calls). ``abandoned(calls)``:
+        queued direct calls whose callers stopped waiting (``Call.wanted_until``), taken out of
+        the queue unrun (by default they are only dropped)."""
         self.pool, self.nc, self.subjects, self.node = pool, nc, subjects, node
         self.registry, self.inbox = registry, inbox
         self._done, self._lost, self._kill_worker, self._direct = done, lost, kill_worker, direct
+        self._abandoned = abandoned
         self._unreachable = unreachable or self.retire_worker
         self.slots = slots                      # None: one per worker (dedicated pool)
         self.workers: dict[str, WorkerSlot] = {}
@@ -132,13 +137,21 @@ class Dispatcher(OnItsLoop):
         await self._pump()
 
     async def _pump(self) -> None:
-        """Dispatch queued calls, first come first served, while slots and workers allow."""
+        """Dispatch queued calls, first come first served, while slots and workers allow. A direct
+        call whose caller has stopped waiting is not run (see :meth:`_drop_abandoned`)."""
+        now, gone = 0.0, []
         while self.queue and len(self.running) < self.capacity:
-            concurrency = self._concurrency(self.queue[0].fn)
+            head = self.queue[0]
+            if head.wanted_until and head.wanted_until < (now := now or time.time()):
+                gone.append(self.queue.popleft())
+                continue
+            concurrency = self._concurrency(head.fn)
             slot = self._pick(concurrency)
             if slot is None:
                 break
             await self._dispatch(self.queue.popleft(), slot, concurrency)
+        if gone and self._abandoned is not None:
+            await self._abandoned(gone)
         if self.queue and self._sweep is None:   # calls wait: the peers that forwarded them hear from us
             self._sweep = self.loop.call_later(OVERRUN_SWEEP_S, self._sweep_overruns)
 
@@ -196,9 +209,7 @@ class Dispatcher(OnItsLoop):
         orders = [WorkerCall.model_construct(fn=c.fn, timeout_s=c.timeout_s, answer=self._direct(c), id=c.id,
                                              size=len(c.payload)) for c in calls]
         data = frame(WorkerCalls.model_construct(calls=orders), b"".join(c.payload for c in calls))
-        task = self.loop.create_task(self._publish(slot, reply, data, calls, self._due_notices(calls)))
-        self._sending.add(task)
-        task.add_done_callback(self._sending.discard)
+        self._spawn(self._publish(slot, reply, data, calls, self._due_notices(calls)))
 
     async def _publish(self, slot: WorkerSlot, reply: str, data: bytes, calls: list[Call], notices: list[str]) -> None:
         try:
@@ -332,11 +343,11 @@ class Dispatcher(OnItsLoop):
         now = time.time()
         for call in [c for c in self.running.values() if now > c.dispatched_at + c.timeout_s + OVERRUN_GRACE_S]:
             self._overrun(call)
+        if any(0 < c.wanted_until < now for c in self.queue):   # they hold queue places live callers need
+            self._spawn(self._drop_abandoned(lambda c: 0 < c.wanted_until < now))
         notices = self._due_notices(self.queue)
         if notices:
-            task = self.loop.create_task(self._notify(notices))
-            self._sending.add(task)
-            task.add_done_callback(self._sending.discard)
+            self._spawn(self._notify(notices))
         if self.running or self.queue:
             self._sweep = self.loop.call_later(OVERRUN_SWEEP_S, self._sweep_overruns)
 
@@ -367,6 +378,20 @@ class Dispatcher(OnItsLoop):
             slot.running = max(0, slot.running - 1)
             if slot.running == 0:
                 slot.limit = 1
+
+    async def _drop_abandoned(self, expired: Callable[[Call], bool]) -> None:
+        """Queued direct calls whose callers stopped waiting (their FaasClient or HTTP bridge timed
+        out): nobody would read their answers, and run they would hold slots (and wait, queue
+        places) from callers who still wait -- under overload every caller would time out while
+        the node worked at full speed on calls already given up."""
+        calls = self.drop_queued(expired)
+        if calls and self._abandoned is not None:
+            await self._abandoned(calls)
+
+    def _spawn(self, coro) -> None:
+        task = self.loop.create_task(coro)
+        self._sending.add(task)
+        task.add_done_callback(self._sending.discard)
 
     def drop_queued(self, unwanted: Callable[[Call], bool]) -> list[Call]:
         """Take the queued calls ``unwanted`` picks out of the queue (nobody waits for them any more)."""

@@ -159,6 +159,8 @@ class Forwarder:
                    H.NOTICES: "true"}
         if call.deadline_s is not None:
             headers[H.DEADLINE] = repr(call.deadline_s)
+        if call.wanted_until:   # what is left of the caller's wait: the peer does not run it past that
+            headers[H.WAIT] = repr(max(0.001, call.wanted_until - time.time()))
         if call.request.task_type is not None:
             headers[H.TASK_TYPE] = repr(call.request.task_type)
         if call.tracing_id:

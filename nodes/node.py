@@ -16,6 +16,7 @@ from nats.aio.msg import Msg
 from nats.js.errors import APIError, ServiceUnavailableError
 from prometheus_client import generate_latest
 
+from broker import codes
 from broker.codec import decode, decode_update, encode
 from broker.connection import close_quietly, connect, on_event
 from broker.control import ControlError, ControlServer
@@ -205,6 +206,12 @@ class Node:
             else:
                 await answerer.executed(call, outcome.status, output, outcome.error, outcome.execution_s)
 
+        async def abandoned(calls) -> None:
+            for call in calls:
+                waited = time.time() - call.arrival
+                await answerer.refused(call, codes.GENERIC, 504, f"not run: its caller stopped waiting for the answer "
+                                                                 f"after {waited:.3g} s in the queue", "caller_gone")
+
         def kill(pool: str):
             return lambda worker: self.pools[pool].kill(worker)
 
@@ -216,7 +223,8 @@ class Node:
             slots = self.store.node.parallel_running_functions_max if name == DEFAULT_POOL else None
             dispatchers[name] = Dispatcher(name, self.nc, self.subjects, node, self.registry, self.inbox, done,
                                            answerer.lost, slots=slots, kill_worker=kill(name),
-                                           direct=answerer.direct_context, unreachable=unreachable(name))
+                                           direct=answerer.direct_context, unreachable=unreachable(name),
+                                           abandoned=abandoned)
             self.stats[name] = PoolStats(node, name)
         self._dispatchers = dispatchers
         return dispatchers

@@ -72,6 +72,7 @@ class Inbound:
             peer_ips = tuple(name_list(h.get(H.PEERS_LIST_IP)))[:len(peers)] if external else ()
             timeout_s = _positive(h, H.TIMEOUT, MAX_TIMEOUT_S)
             deadline_s = _positive(h, H.DEADLINE, MAX_TIMEOUT_S)
+            wait_s = _positive(h, H.WAIT, math.inf) if reply else None
             task_type = _number(h, H.TASK_TYPE)
             sent_at = _number(h, H.SENT_AT)
             tracing = _text(h, H.TRACING_ID)
@@ -87,7 +88,8 @@ class Inbound:
         call = Call(inv=inv, payload=payload, request=request, arrival=arrival, reply=reply,
                     timeout_s=timeout_s or spec.timeout_s, deadline_s=deadline_s, transit_s=max(0.0, transit),
                     scheduler=scheduler, tracing_id=tracing, peer_ips=peer_ips,
-                    notices=external and bool(reply) and H.is_true(h.get(H.NOTICES)))
+                    notices=external and bool(reply) and H.is_true(h.get(H.NOTICES)),
+                    wanted_until=arrival + wait_s if wait_s is not None else 0.0)
         return call
 
 

@@ -138,7 +138,7 @@ async def test_user_function_and_errors_keep_node_serving(node_factory, faas, us
 
 
 @pytest.mark.parametrize("header, value", [(H.TIMEOUT, "abc"), (H.TIMEOUT, "-1"), (H.DEADLINE, "nan"),
-                                           (H.TASK_TYPE, "x"), (H.HOPS, "abc")])
+                                           (H.TASK_TYPE, "x"), (H.HOPS, "abc"), (H.WAIT, "0"), (H.WAIT, "inf")])
 async def test_garbled_headers_are_refused_and_the_node_keeps_serving(node_factory, faas, nc, prefix, header, value):
     s = Subjects(prefix)
     async with node_factory() as node:
@@ -224,6 +224,30 @@ async def test_noscheduler_loss_rejects_when_slots_and_queue_full(node_factory, 
     assert statuses == [200, 200, 500, 500, 500]   # P2PFaaS: the job cannot be scheduled
     rejection = next(a for a in answers if a.status == 500)
     assert rejection.code == codes.CANNOT_SCHEDULE and rejection.retry_after_s and rejection.scheduler == "NoScheduler"
+
+
+async def test_calls_whose_callers_stopped_waiting_are_not_run(node_factory, faas, nc, prefix):
+    """A direct call still queued when its caller has given up (FaasClient's timeout, sent as
+    X-P2pfaas-Wait-Seconds) is taken out of the queue unrun: run, it would hold the slot the
+    callers who still wait need. The one already running finishes."""
+    async with node_factory(k=1, queue=20, scheduler=("NoScheduler", ["false"])) as node:
+        running = asyncio.create_task(faas.invoke("n1", "sleep", b"1.0", timeout_s=30))
+        await wait_until(lambda: node.scheduler.main.n_running == 1, 10)
+        impatient = [asyncio.create_task(faas.invoke("n1", "sleep", b"1.0", timeout_s=0.3)) for _ in range(3)]
+        # a caller may also say how long it waits itself (the HTTP bridge passes the header on)
+        own = asyncio.create_task(nc.request(Subjects(prefix).request("n1", "sleep", "dev1", "w1"), b"1.0",
+                                             headers={H.WAIT: "0.3"}, timeout=10))
+        patient = asyncio.create_task(faas.invoke("n1", "sleep", b"0.1", timeout_s=30))
+        for call in impatient:
+            with pytest.raises(asyncio.TimeoutError):
+                await call
+        await wait_until(lambda: node.scheduler.main.n_queued == 1, 2)   # the sweep, before a slot frees
+        first, last, told = await asyncio.gather(running, patient, own)
+        gone = errors_of(node).get("caller_gone")
+    assert (first.status, last.status) == (200, 200)
+    assert last.timings.queueing_s < 1.2   # behind the running call only, not behind 4 seconds of abandoned ones
+    assert told.headers[H.STATUS] == "504" and b"stopped waiting" in told.data
+    assert results_of(node, "sleep") == 2 and gone == 4
 
 
 async def test_queue_disabled_rejects_beyond_k(node_factory, faas):

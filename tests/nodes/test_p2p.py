@@ -220,6 +220,24 @@ async def test_calls_queued_for_a_sender_that_went_away_are_dropped_not_run(node
     assert ran == 1 and dropped == [3.0]
 
 
+async def test_a_forward_carries_what_is_left_of_its_callers_wait(node_factory, faas):
+    """The peer does not run a forwarded call still queued there once its caller stopped waiting."""
+    async with cluster(node_factory, ("n1", ("ForwardScheduler", ["1"])),
+                       ("n2", ("NoScheduler", ["false"]), {"k": 1, "queue": 10})) as (n1, n2):
+        busy = asyncio.create_task(faas.invoke("n1", "sleep", b"1", timeout_s=30))
+        await wait_until(lambda: n2.scheduler.main.n_running == 1, 10)
+        impatient = [asyncio.create_task(faas.invoke("n1", "sleep", b"1", timeout_s=0.3)) for _ in range(2)]
+        patient = asyncio.create_task(faas.invoke("n1", "sleep", b"0.1", timeout_s=30))
+        first, last = await asyncio.gather(busy, patient)
+        for call in impatient:
+            with pytest.raises(asyncio.TimeoutError):
+                await call
+        gone = [s.value for m in n2.metrics.errors.collect() for s in m.samples
+                if s.name.endswith("_total") and s.labels["kind"] == "caller_gone"]
+    assert (first.status, first.executed_by, last.status, last.executed_by) == (200, "n2", 200, "n2")
+    assert gone == [2.0] and last.timings.queueing_s < 1.2
+
+
 async def test_round_robin_master_deals_over_the_alive_nodes(node_factory, faas):
     slave = ("RoundRobinWithMasterScheduler", ["false", "n3", "true"])
     master = ("RoundRobinWithMasterScheduler", ["true", "", "true"])
