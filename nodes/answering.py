@@ -129,13 +129,15 @@ class Answerer(OnItsLoop):
         await self._reply(call, answer.body, headers)
 
     async def refused(self, call: Call, code: int, http_status: int, reason: str, kind: str, *,
-                      retry_after_s: float | None = None) -> None:
-        """The call is not run: rejected by the algorithm (``kind`` "rejected") or refused as bad input."""
+                      retry_after_s: float | None = None, logged: bool = True) -> None:
+        """The call is not run: rejected by the algorithm (``kind`` "rejected") or refused as bad input
+        (``logged`` False: the caller logs a summary instead of a line per call)."""
         if kind == "rejected":
             self.metrics.request(call.fn, "rejected")
         else:
             self.metrics.error(kind)
-            log.warning("%s: refused %s (%s): %s", self.node, call.key, kind, reason)
+            if logged:
+                log.warning("%s: refused %s (%s): %s", self.node, call.key, kind, reason)
         if self.on_answer is not None:
             self.on_answer(call.key, http_status, time.time() - call.arrival)
         if call.is_async:

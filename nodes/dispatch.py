@@ -68,8 +68,9 @@ class Dispatcher(OnItsLoop):
         """``direct``: what a worker needs to answer a call's caller itself (None: the node answers).
         ``unreachable(worker)``: nobody listened on that worker's subject (its pool decides whether
         that was expected; by default the worker only gets no more calls). ``abandoned(calls)``:
-        queued direct calls whose callers stopped waiting (``Call.wanted_until``), taken out of
-        the queue unrun (by default they are only dropped)."""
+        queued direct calls whose callers stopped waiting (``Call.wanted_until``), or would have
+        before the call ended (the function's recent mean execution time), taken out of the queue
+        unrun (by default they are only dropped)."""
         self.pool, self.nc, self.subjects, self.node = pool, nc, subjects, node
         self.registry, self.inbox = registry, inbox
         self._done, self._lost, self._kill_worker, self._direct = done, lost, kill_worker, direct
@@ -83,6 +84,7 @@ class Dispatcher(OnItsLoop):
         self._batches: dict[str, dict[int, Call]] = {}      # reply token -> its calls still running
         self._sweep: asyncio.TimerHandle | None = None     # armed while calls run or wait
         self._sending: set[asyncio.Task] = set()
+        self.expected_s: dict[str, float] = {}   # fn -> recent mean execution time (moving average)
 
     # -- counts -----------------------------------------------------------------------
     @property
@@ -138,11 +140,11 @@ class Dispatcher(OnItsLoop):
 
     async def _pump(self) -> None:
         """Dispatch queued calls, first come first served, while slots and workers allow. A direct
-        call whose caller has stopped waiting is not run (see :meth:`_drop_abandoned`)."""
+        call whose caller will have stopped waiting before it ends is not run (see :meth:`_drop_abandoned`)."""
         now, gone = 0.0, []
         while self.queue and len(self.running) < self.capacity:
             head = self.queue[0]
-            if head.wanted_until and head.wanted_until < (now := now or time.time()):
+            if head.wanted_until and head.wanted_until < (now := now or time.time()) + self.expected_s.get(head.fn, 0.0):
                 gone.append(self.queue.popleft())
                 continue
             concurrency = self._concurrency(head.fn)
@@ -265,10 +267,15 @@ class Dispatcher(OnItsLoop):
             call = batch.get(outcome.id)
             if call is not None and self.running.get(call.id) is call:
                 ended.append((call, outcome, output))
+        expected = self.expected_s
         for call, outcome, _ in ended:
             self._end(call)
             if outcome.retiring:
                 self.retire_worker(call.worker)
+            if outcome.status == 200:
+                mean = expected.get(call.fn)
+                x = outcome.execution_s
+                expected[call.fn] = x if mean is None else mean + 0.1 * (x - mean)
         await self._pump()
         for call, outcome, output in ended:
             await self._done(call, outcome, output)
@@ -344,7 +351,7 @@ class Dispatcher(OnItsLoop):
         for call in [c for c in self.running.values() if now > c.dispatched_at + c.timeout_s + OVERRUN_GRACE_S]:
             self._overrun(call)
         if any(0 < c.wanted_until < now for c in self.queue):   # they hold queue places live callers need
-            self._spawn(self._drop_abandoned(lambda c: 0 < c.wanted_until < now))
+            self._spawn(self._drop_abandoned(lambda c: 0 < c.wanted_until < now + self.expected_s.get(c.fn, 0.0)))
         notices = self._due_notices(self.queue)
         if notices:
             self._spawn(self._notify(notices))
@@ -381,9 +388,11 @@ class Dispatcher(OnItsLoop):
 
     async def _drop_abandoned(self, expired: Callable[[Call], bool]) -> None:
         """Queued direct calls whose callers stopped waiting (their FaasClient or HTTP bridge timed
-        out): nobody would read their answers, and run they would hold slots (and wait, queue
-        places) from callers who still wait -- under overload every caller would time out while
-        the node worked at full speed on calls already given up."""
+        out), or will have by the time they would end: nobody would read their answers, and run
+        they would hold slots (and waiting, queue places) that callers who still wait need. Under
+        overload, a FIFO queue otherwise settles where every call starts just before its caller
+        gives up and ends after: the node works at full speed and every caller times out
+        (bench/overload.py). Those still waiting are told at once (504)."""
         calls = self.drop_queued(expired)
         if calls and self._abandoned is not None:
             await self._abandoned(calls)

@@ -47,6 +47,7 @@ log = logging.getLogger(__name__)
 VERSION = "0.1.0"
 MAX_K = 1024
 NODE_LOCK = Path("run") / "node.lock"   # under the node's directory: one node process per node
+LOG_DROPPED_EVERY_S = 5.0   # calls not run because their callers stopped waiting: one summary line at most this often
 JETSTREAM_READY_TIMEOUT_S = 30.0  # a fresh NATS cluster elects its JetStream leader first
 
 
@@ -68,6 +69,8 @@ class Node:
         self.pools: dict[str, WorkerPool] = {}       # every pool by name, the main one as "default"
         self.stats: dict[str, PoolStats] = {}        # per-pool telemetry bookkeeping
         self._dispatchers: dict[str, Dispatcher] = {}
+        self._dropped: dict[str, int] = {}             # calls not run since the last summary line, by kind
+        self._dropped_since = self._dropped_logged = 0.0
         self._telemetry: asyncio.Task | None = None
         self.scheduler: SchedulerService | None = None
         self.discovery: DiscoveryService | None = None
@@ -207,10 +210,29 @@ class Node:
                 await answerer.executed(call, outcome.status, output, outcome.error, outcome.execution_s)
 
         async def abandoned(calls) -> None:
+            """Queued calls taken out unrun: their callers stopped waiting, or would before they ended
+            (a log line every LOG_DROPPED_EVERY_S at most: under overload there are many)."""
+            now = time.time()
+            kinds = self._dropped
+            if not kinds:
+                self._dropped_since = now
             for call in calls:
-                waited = time.time() - call.arrival
-                await answerer.refused(call, codes.GENERIC, 504, f"not run: its caller stopped waiting for the answer "
-                                                                 f"after {waited:.3g} s in the queue", "caller_gone")
+                waited = now - call.arrival
+                if call.wanted_until <= now:
+                    reason, kind = f"not run: its caller stopped waiting for the answer after {waited:.3g} s in the queue", "caller_gone"
+                else:
+                    takes = self._dispatchers[call.pool].expected_s.get(call.fn, 0.0)
+                    reason, kind = (f"not run: after {waited:.3g} s in the queue it would end after its caller stops "
+                                    f"waiting ({call.wanted_until - now:.3g} s left, {call.fn} takes about {takes:.3g} s); "
+                                    "the node is overloaded, try again later"), "too_late"
+                kinds[kind] = kinds.get(kind, 0) + 1
+                await answerer.refused(call, codes.GENERIC, 504, reason, kind, retry_after_s=1.0, logged=False)
+            if now - self._dropped_logged >= LOG_DROPPED_EVERY_S:
+                self._dropped_logged = now
+                log.warning("%s: %s queued call(s) not run in the last %.0f s: %s (the last: %s)", node,
+                            sum(kinds.values()), now - self._dropped_since,
+                            ", ".join(f"{n} {k}" for k, n in sorted(kinds.items())), reason)
+                kinds.clear()
 
         def kill(pool: str):
             return lambda worker: self.pools[pool].kill(worker)

@@ -250,6 +250,25 @@ async def test_calls_whose_callers_stopped_waiting_are_not_run(node_factory, faa
     assert results_of(node, "sleep") == 2 and gone == 4
 
 
+async def test_a_call_that_would_end_after_its_caller_gave_up_is_told_so_at_once(node_factory, faas):
+    """When a slot frees, a queued call with less of its caller's wait left than the function's
+    recent mean execution time is not started: its caller gets 504 now, not a timeout later.
+    (Under overload a FIFO queue otherwise settles where every call starts just before its
+    caller gives up and ends after it: bench/overload.py.)"""
+    async with node_factory(k=1, queue=20, scheduler=("NoScheduler", ["false"])) as node:
+        assert (await faas.invoke("n1", "sleep", b"0.6", timeout_s=30)).status == 200   # sleep 0.6 takes ~0.6 s
+        await wait_until(lambda: node.scheduler.main.n_running == 0, 5)   # its outcome may come after its answer
+        busy = asyncio.create_task(faas.invoke("n1", "sleep", b"0.6", timeout_s=30))
+        await wait_until(lambda: node.scheduler.main.n_running == 1, 10)
+        started = time.monotonic()
+        late = await faas.invoke("n1", "sleep", b"0.6", timeout_s=1.0)   # ~0.4 s left when the slot frees
+        told_after = time.monotonic() - started
+        assert (await busy).status == 200
+        kinds = errors_of(node)
+    assert late.status == 504 and "would end after its caller stops waiting" in late.message, late.message
+    assert told_after < 0.95 and kinds.get("too_late") == 1 and results_of(node, "sleep") == 2
+
+
 async def test_queue_disabled_rejects_beyond_k(node_factory, faas):
     async with node_factory(k=2, queue=5, queue_enabled=False):
         answers = await asyncio.gather(*(faas.invoke("n1", "sleep", b"0.4", timeout_s=30) for _ in range(4)))
