@@ -25,6 +25,8 @@ from nodes.scheduler.base import (
 )
 from nodes.scheduler.forward import forwardable_peers, may_forward, parse_uint, run_locally
 
+MAX_TAU_NS = 10_000_000_000   # PowerOfNSchedulerTau's tau: a slower network's probing, emulated (P2PFaaS: 100ms)
+
 Clock = Callable[[], float]
 Sleep = Callable[[float], Awaitable[None]]
 
@@ -184,6 +186,9 @@ class PowerOfNSchedulerTau(PowerOfNScheduler):
         super().__init__(fanout, threshold, loss, max_hops, rng=rng, clock=clock)
         if tau_ns < 0:
             raise ValueError(f"tau must not be negative, got {format_go_duration(tau_ns)}")
+        if tau_ns > MAX_TAU_NS:   # it pads every probing decision: an hour would hold every call an hour
+            raise ValueError(f"tau must be at most {format_go_duration(MAX_TAU_NS)} (every probing decision "
+                             f"lasts at least tau), got {format_go_duration(tau_ns)}")
         self.tau_ns = tau_ns
         self.sleep = sleep
 
