@@ -152,11 +152,12 @@ class Answerer(OnItsLoop):
             headers.update(call.learning.headers())
         await self._reply(call, error_body(code, reason), headers)
 
-    async def lost(self, call: Call, reason: str) -> None:
+    async def lost(self, call: Call, reason: str, kind: str = "worker_lost") -> None:
         """The worker (or peer) running the call went away. A direct call fails now (as an HTTP call
-        to a crashed server would); an async one is delivered again, or dead-lettered on its last try."""
+        to a crashed server would); an async one is delivered again, or dead-lettered on its last try.
+        Counted once, as ``kind``: a worker lost, a forward that failed, the node stopping."""
         log.warning("%s: %s lost: %s", self.node, call.key, reason)
-        self.metrics.error("worker_lost")
+        self.metrics.error(kind)
         if not call.is_async:
             return await self.executed(call, 500, b"", f"{call.fn} was not completed: {reason}", 0.0)
         assert call.held is not None

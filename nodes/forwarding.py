@@ -108,7 +108,7 @@ class Forwarder:
         for call, peer in left:
             reason = f"node {self.node} stopped before its peer {peer} answered"
             if call.is_async:
-                await self.answerer.lost(call, reason)
+                await self.answerer.lost(call, reason, "node_stopping")
             else:
                 await self.answerer.refused(call, codes.GENERIC, 503, reason, "node_stopping", retry_after_s=1.0)
 
@@ -254,10 +254,11 @@ class Forwarder:
             await self._failed(pending, reason)
 
     async def _failed(self, pending: Pending, reason: str) -> None:
-        self.answerer.metrics.error("forward_failed")
+        """Counted once as forward_failed (it was twice for a direct call, and an async one also as
+        a worker lost)."""
         call = pending.call
         if call.is_async:  # delivered again: decided anew (maybe here, maybe another peer)
-            return await self.answerer.lost(call, reason)
+            return await self.answerer.lost(call, reason, "forward_failed")
         await self.answerer.refused(call, FORWARD_FAILED, 500, f"forward failed: {reason}", "forward_failed")
 
     def _end(self, pending: Pending) -> None:

@@ -156,7 +156,7 @@ class SchedulerService:
         for pool in self.pools.values():
             for call in pool.drain():
                 if call.is_async:
-                    await self.answerer.lost(call, f"node {self.node_id} stopped before running it")
+                    await self.answerer.lost(call, f"node {self.node_id} stopped before running it", "node_stopping")
                 else:
                     await self.answerer.refused(call, codes.GENERIC, 503, f"node {self.node_id} is stopping", "node_stopping",
                                                 retry_after_s=1.0)

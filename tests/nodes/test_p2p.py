@@ -109,6 +109,7 @@ async def test_peer_going_away_mid_call_fails_a_direct_call_and_reruns_an_async_
         await nc.publish(s.gone("n2"), gone)
         answer = await asyncio.wait_for(direct, 2)
         assert answer.status == 500 and answer.code == 403 and "went away" in answer.message
+        assert errors(n1) == {"forward_failed": 1.0}   # once (it was counted twice)
 
         async with Collector(nc, s.result("dev1", "again")) as results:
             fut = faas.expect("again")
@@ -119,6 +120,12 @@ async def test_peer_going_away_mid_call_fails_a_direct_call_and_reruns_an_async_
             await asyncio.sleep(1.0)   # the first run also ends: its late answer must not be stored twice
         assert stored.status == 200 and len(results.messages) == 1
         assert decode(Result, results.messages[0].data).status == 200
+        assert errors(n1) == {"forward_failed": 2.0}   # not also as a worker lost
+
+
+def errors(node) -> dict[str, float]:
+    return {s.labels["kind"]: s.value for m in node.metrics.errors.collect() for s in m.samples
+            if s.name.endswith("_total")}
 
 
 async def test_peer_falling_silent_fails_its_forwarded_call_when_discovery_removes_it(node_factory, faas):
