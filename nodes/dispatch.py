@@ -42,6 +42,7 @@ OVERRUN_GRACE_S = 2.0   # past its timeout plus this, a silent worker is taken f
 OVERRUN_SWEEP_S = 0.5   # how often running calls are checked for that (one timer per pool, not per call)
 STATUS_TRIES = 8        # after a broker outage, a worker is asked this many times (it may reconnect later)
 STATUS_TIMEOUT_S = 2.0
+EXECUTIONS_KEPT = 7     # a function's recent execution time is the median of its last this many runs
 
 Done = Callable[[Call, WorkerOutcome, bytes], Awaitable[None]]
 Lost = Callable[[Call, str], Awaitable[None]]
@@ -69,7 +70,7 @@ class Dispatcher(OnItsLoop):
         ``unreachable(worker)``: nobody listened on that worker's subject (its pool decides whether
         that was expected; by default the worker only gets no more calls). ``abandoned(calls)``:
         queued direct calls whose callers stopped waiting (``Call.wanted_until``), or would have
-        before the call ended (the function's recent mean execution time), taken out of the queue
+        before the call ended (the function's recent execution time), taken out of the queue
         unrun (by default they are only dropped)."""
         self.pool, self.nc, self.subjects, self.node = pool, nc, subjects, node
         self.registry, self.inbox = registry, inbox
@@ -84,7 +85,8 @@ class Dispatcher(OnItsLoop):
         self._batches: dict[str, dict[int, Call]] = {}      # reply token -> its calls still running
         self._sweep: asyncio.TimerHandle | None = None     # armed while calls run or wait
         self._sending: set[asyncio.Task] = set()
-        self.expected_s: dict[str, float] = {}   # fn -> recent mean execution time (moving average)
+        self.expected_s: dict[str, float] = {}   # fn -> its recent execution time: the median of the last few
+        self._recent_s: dict[str, deque[float]] = {}
 
     # -- counts -----------------------------------------------------------------------
     @property
@@ -135,6 +137,7 @@ class Dispatcher(OnItsLoop):
     # -- calls ------------------------------------------------------------------------
     async def submit(self, call: Call) -> None:
         call.pool = self.pool
+        call.queued = bool(self.queue) or len(self.running) >= self.capacity
         self.queue.append(call)
         await self._pump()
 
@@ -144,7 +147,7 @@ class Dispatcher(OnItsLoop):
         now, gone = 0.0, []
         while self.queue and len(self.running) < self.capacity:
             head = self.queue[0]
-            if head.wanted_until and head.wanted_until < (now := now or time.time()) + self.expected_s.get(head.fn, 0.0):
+            if head.wanted_until and self._too_late(head, now := now or time.time()):
                 gone.append(self.queue.popleft())
                 continue
             concurrency = self._concurrency(head.fn)
@@ -267,15 +270,12 @@ class Dispatcher(OnItsLoop):
             call = batch.get(outcome.id)
             if call is not None and self.running.get(call.id) is call:
                 ended.append((call, outcome, output))
-        expected = self.expected_s
         for call, outcome, _ in ended:
             self._end(call)
             if outcome.retiring:
                 self.retire_worker(call.worker)
             if outcome.status == 200:
-                mean = expected.get(call.fn)
-                x = outcome.execution_s
-                expected[call.fn] = x if mean is None else mean + 0.1 * (x - mean)
+                self._executed(call.fn, outcome.execution_s)
         await self._pump()
         for call, outcome, output in ended:
             await self._done(call, outcome, output)
@@ -351,7 +351,7 @@ class Dispatcher(OnItsLoop):
         for call in [c for c in self.running.values() if now > c.dispatched_at + c.timeout_s + OVERRUN_GRACE_S]:
             self._overrun(call)
         if any(0 < c.wanted_until < now for c in self.queue):   # they hold queue places live callers need
-            self._spawn(self._drop_abandoned(lambda c: 0 < c.wanted_until < now + self.expected_s.get(c.fn, 0.0)))
+            self._spawn(self._drop_abandoned(lambda c: c.wanted_until > 0 and self._too_late(c, now)))
         notices = self._due_notices(self.queue)
         if notices:
             self._spawn(self._notify(notices))
@@ -385,6 +385,21 @@ class Dispatcher(OnItsLoop):
             slot.running = max(0, slot.running - 1)
             if slot.running == 0:
                 slot.limit = 1
+
+    def _too_late(self, call: Call, now: float) -> bool:
+        """Its caller has stopped waiting; or it waited for a slot and its caller will stop
+        before the function's recent execution time is over. (A call that finds a free slot
+        always runs: an estimate, however wrong, never keeps a function from running at all.)"""
+        return call.wanted_until < now or (call.queued and call.wanted_until < now + self.expected_s.get(call.fn, 0.0))
+
+    def _executed(self, fn: str, seconds: float) -> None:
+        """The function's recent execution time: the median of its last EXECUTIONS_KEPT runs (one
+        long run, a large input, does not make every short call look too late)."""
+        recent = self._recent_s.get(fn)
+        if recent is None:
+            recent = self._recent_s[fn] = deque(maxlen=EXECUTIONS_KEPT)
+        recent.append(seconds)
+        self.expected_s[fn] = sorted(recent)[len(recent) // 2]
 
     async def _drop_abandoned(self, expired: Callable[[Call], bool]) -> None:
         """Queued direct calls whose callers stopped waiting (their FaasClient or HTTP bridge timed

@@ -269,6 +269,19 @@ async def test_a_call_that_would_end_after_its_caller_gave_up_is_told_so_at_once
     assert told_after < 0.95 and kinds.get("too_late") == 1 and results_of(node, "sleep") == 2
 
 
+async def test_one_long_run_does_not_make_every_short_call_too_late(node_factory, faas):
+    """The estimate of a function's execution time is the median of its last runs: after one long
+    run (a large input) short calls with short waits still run, queued or not."""
+    async with node_factory(k=1, queue=20, scheduler=("NoScheduler", ["false"])) as node:
+        for _ in range(3):
+            assert (await faas.invoke("n1", "sleep", b"0.05", timeout_s=30)).status == 200
+        assert (await faas.invoke("n1", "sleep", b"4", timeout_s=30)).status == 200
+        await wait_until(lambda: node.scheduler.main.n_running == 0, 5)
+        answers = await asyncio.gather(*(faas.invoke("n1", "sleep", b"0.05", timeout_s=0.4) for _ in range(3)))
+        kinds = errors_of(node)
+    assert [a.status for a in answers] == [200] * 3 and "too_late" not in kinds, [a.message for a in answers]
+
+
 async def test_queue_disabled_rejects_beyond_k(node_factory, faas):
     async with node_factory(k=2, queue=5, queue_enabled=False):
         answers = await asyncio.gather(*(faas.invoke("n1", "sleep", b"0.4", timeout_s=30) for _ in range(4)))
