@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import math
 import os
 import time
 from typing import Callable
@@ -122,10 +123,10 @@ class FaasClient(OnItsLoop):
         fut: asyncio.Future[Answer] = loop.create_future()
         self._calls[token] = (fut, node, subject)
         timer = loop.call_later(timeout_s, _expire, fut, timeout_s)
-        # the node does not run a call still queued when this caller has stopped waiting for it
-        hdrs = {H.SENT_AT: repr(time.time()), H.WAIT: repr(float(timeout_s))}
+        hdrs = {H.SENT_AT: repr(time.time())}
         if headers:
             hdrs.update(headers)
+        _say_wait(hdrs, timeout_s)
         try:
             await self.nc.publish(subject, payload, reply=f"{self._inbox}.{token}", headers=hdrs)
             return await fut
@@ -289,6 +290,22 @@ class FaasClient(OnItsLoop):
             raise BrokerUnavailable(f"the stored calls cannot be read now ({type(exc).__name__}: {exc}); "
                                     "try again") from None
         return True
+
+
+def _say_wait(headers: dict[str, str], timeout_s: float) -> None:
+    """X-P2pfaas-Wait-Seconds: the node does not run a call still queued once its caller has stopped
+    waiting. This client waits ``timeout_s``; a caller's own value counts only when shorter (a
+    value that is not a number is left for the node to refuse, 400)."""
+    if not math.isfinite(timeout_s):
+        return
+    asked = headers.get(H.WAIT)
+    if asked is not None:
+        try:
+            if float(asked) <= timeout_s:
+                return
+        except ValueError:
+            return
+    headers[H.WAIT] = repr(float(timeout_s))
 
 
 def _expire_store(fut: asyncio.Future) -> None:

@@ -101,6 +101,13 @@ class Answerer(OnItsLoop):
         if stats is not None:
             stats.completed(total_s, call.deadline_s, status == 200)
 
+    def count_unrun(self, call: Call) -> None:
+        """Pool telemetry of an admitted call taken out of its queue unrun (its caller or sender
+        gone): a task that arrived and did not meet its QoS, not one that never ended."""
+        stats = self.stats_of(call.pool)
+        if stats is not None:
+            stats.completed(time.time() - call.arrival, call.deadline_s, False)
+
     async def relayed(self, call: Call, answer: Answer) -> None:
         """A peer answered a call this node forwarded: this node's timings go in front of its own."""
         total_s = time.time() - call.arrival

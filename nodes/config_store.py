@@ -40,7 +40,8 @@ class ConfigStore:
         self.directory = directory
         directory.mkdir(parents=True, exist_ok=True)
         self.node: NodeConfiguration = self._load("configuration.json", NodeConfiguration, node)
-        self.scheduler: SchedulerConfiguration = self._load("scheduler.json", SchedulerConfiguration, scheduler)
+        self.scheduler: SchedulerConfiguration = self._load("scheduler.json", SchedulerConfiguration, scheduler,
+                                                            check=_buildable)
 
     def set_node(self, config: NodeConfiguration) -> None:
         self._write("configuration.json", config)
@@ -50,9 +51,17 @@ class ConfigStore:
         self._write("scheduler.json", config)
         self.scheduler = config
 
-    def _load(self, name: str, contract, default):
-        saved = read_node_file(self.directory / name, lambda data: decode(contract, data), TO_DEFAULTS)
+    def _load(self, name: str, contract, default, check: Callable = lambda config: config):
+        saved = read_node_file(self.directory / name, lambda data: check(decode(contract, data)), TO_DEFAULTS)
         return default if saved is None else saved
 
     def _write(self, name: str, config) -> None:
         write_node_file(self.directory / name, orjson.dumps(orjson.loads(encode(config)), option=orjson.OPT_INDENT_2))
+
+
+def _buildable(config: SchedulerConfiguration) -> SchedulerConfiguration:
+    """A saved algorithm this version refuses (ValueError: e.g. a PowerOfNSchedulerTau tau above
+    10 s, accepted before) is a file to fix, said as such -- not a traceback from the node's start."""
+    from nodes.scheduler.algorithms import build_algorithm   # the algorithms import the node's parts
+    build_algorithm(config.name, config.parameters)
+    return config

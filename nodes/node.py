@@ -226,6 +226,7 @@ class Node:
                                     f"waiting ({call.wanted_until - now:.3g} s left, {call.fn} takes about {takes:.3g} s); "
                                     "the node is overloaded, try again later"), "too_late"
                 kinds[kind] = kinds.get(kind, 0) + 1
+                answerer.count_unrun(call)
                 await answerer.refused(call, codes.GENERIC, 504, reason, kind, retry_after_s=1.0, logged=False)
             if now - self._dropped_logged >= LOG_DROPPED_EVERY_S:
                 self._dropped_logged = now

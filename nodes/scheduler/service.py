@@ -318,6 +318,7 @@ class SchedulerService:
 
         for pool in self.pools.values():
             for call in pool.drop_queued(from_it):
+                self.answerer.count_unrun(call)
                 await self.answerer.refused(call, codes.GENERIC, 503, f"not run: node {node}, which forwarded it, "
                                                                       "went away", "sender_gone")
 

@@ -102,13 +102,15 @@ async def test_overload_is_500_job_cannot_be_scheduled(http):
     assert all(r.json()["code"] == 400 and r.headers.get("Retry-After") for r in overloaded)
 
 
-async def test_a_call_still_queued_after_the_wait_its_caller_gave_is_504_not_run(http):
+async def test_a_call_still_queued_after_the_wait_its_caller_gave_is_504_not_run(node_factory, nc, prefix):
     """X-P2pfaas-Wait-Seconds: how long the HTTP caller waits; a call not started by then is not run."""
-    busy = [asyncio.create_task(http.post("/function/sleep", content=b"1")) for _ in range(2)]   # K=2
-    await asyncio.sleep(0.2)
-    r = await http.post("/function/sleep", content=b"1", headers={H.WAIT: "0.3"})
-    assert r.status_code == 504 and "stopped waiting" in r.json()["message"]
-    assert [b.status_code for b in await asyncio.gather(*busy)] == [200, 200]
+    async with node_factory(k=2, queue=2) as node:
+        async with serving(HttpBridge(nc, "n1", prefix=prefix, invoke_timeout_s=5)) as http:
+            busy = [asyncio.create_task(http.post("/function/sleep", content=b"1.5")) for _ in range(2)]   # K=2
+            await wait_until(lambda: node.scheduler.main.n_running == 2, 10)
+            r = await http.post("/function/sleep", content=b"1", headers={H.WAIT: "0.3"})
+            assert r.status_code == 504 and "stopped waiting" in r.json()["message"]
+            assert [b.status_code for b in await asyncio.gather(*busy)] == [200, 200]
 
 
 async def test_async_invoke_result_and_callback(http, callbacks):

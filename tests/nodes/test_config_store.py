@@ -26,6 +26,9 @@ def settings_in(tmp_path) -> NodeSettings:
     ("configuration.json", b'{"parallel_running_functions_max": 4, "queue'),
     ("configuration.json", b'{"parallel_running_functions_max": 0}'),
     ("scheduler.json", b'{"name": "PowerOfNSched'),
+    # an algorithm this version refuses (a tau above 10 s was accepted before): said, not a traceback
+    ("scheduler.json", b'{"name": "PowerOfNSchedulerTau", "parameters": ["1", "2", "true", "1", "1h"]}'),
+    ("scheduler.json", b'{"name": "NoSuchScheduler", "parameters": []}'),
 ])
 def test_a_broken_configuration_file_is_refused_by_name(tmp_path, name, content):
     settings = settings_in(tmp_path)
