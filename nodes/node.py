@@ -71,6 +71,8 @@ class Node:
         self._dispatchers: dict[str, Dispatcher] = {}
         self._dropped: dict[str, int] = {}             # calls not run since the last summary line, by kind
         self._dropped_since = self._dropped_logged = 0.0
+        self._dropped_reason = ""
+        self._dropped_timer: asyncio.TimerHandle | None = None   # the summary line of a window still open
         self._telemetry: asyncio.Task | None = None
         self.scheduler: SchedulerService | None = None
         self.discovery: DiscoveryService | None = None
@@ -156,6 +158,9 @@ class Node:
 
     async def stop(self) -> None:
         self._unlisten()
+        if self._dropped_timer is not None:
+            self._dropped_timer.cancel()
+        self._log_dropped()
         for task in self._reconciling:
             task.cancel()
         if self._telemetry:
@@ -226,14 +231,14 @@ class Node:
                                     f"waiting ({call.wanted_until - now:.3g} s left, {call.fn} takes about {takes:.3g} s); "
                                     "the node is overloaded, try again later"), "too_late"
                 kinds[kind] = kinds.get(kind, 0) + 1
+                self._dropped_reason = reason
                 answerer.count_unrun(call)
                 await answerer.refused(call, codes.GENERIC, 504, reason, kind, retry_after_s=1.0, logged=False)
-            if now - self._dropped_logged >= LOG_DROPPED_EVERY_S:
-                self._dropped_logged = now
-                log.warning("%s: %s queued call(s) not run in the last %.0f s: %s (the last: %s)", node,
-                            sum(kinds.values()), now - self._dropped_since,
-                            ", ".join(f"{n} {k}" for k, n in sorted(kinds.items())), reason)
-                kinds.clear()
+            due_in = self._dropped_logged + LOG_DROPPED_EVERY_S - now
+            if due_in <= 0:
+                self._log_dropped()
+            elif self._dropped_timer is None:   # what comes within the window is said at its end
+                self._dropped_timer = asyncio.get_running_loop().call_later(due_in, self._log_dropped)
 
         def kill(pool: str):
             return lambda worker: self.pools[pool].kill(worker)
@@ -251,6 +256,19 @@ class Node:
             self.stats[name] = PoolStats(node, name)
         self._dispatchers = dispatchers
         return dispatchers
+
+    def _log_dropped(self) -> None:
+        """One line for the calls not run since the last one (their callers stopped waiting)."""
+        self._dropped_timer = None
+        kinds = self._dropped
+        if not kinds:
+            return
+        now = time.time()
+        self._dropped_logged = now
+        log.warning("%s: %s queued call(s) not run in the last %.0f s: %s (the last: %s)", self.settings.node_id,
+                    sum(kinds.values()), now - self._dropped_since,
+                    ", ".join(f"{n} {k}" for k, n in sorted(kinds.items())), self._dropped_reason)
+        kinds.clear()
 
     async def _start_pools(self) -> None:
         for name, dispatcher in self._dispatchers.items():

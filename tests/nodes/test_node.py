@@ -258,6 +258,28 @@ async def test_calls_whose_callers_stopped_waiting_are_not_run(node_factory, faa
     assert results_of(node, "sleep") == 2 and gone == 4 and completed() == 6
 
 
+async def test_calls_not_run_are_logged_in_a_summary_line_that_always_comes(node_factory, faas, monkeypatch, caplog):
+    """A summary line per window, not a line per call; calls dropped inside a window are said at
+    its end (not only when another one is dropped later)."""
+    monkeypatch.setattr("nodes.node.LOG_DROPPED_EVERY_S", 0.6)
+    caplog.set_level(logging.WARNING, logger="nodes.node")
+
+    def said() -> int:
+        lines = [r.getMessage() for r in caplog.records if "not run in the last" in r.getMessage()]
+        assert all("caller_gone" in line for line in lines), lines
+        return sum(int(line.split()[1]) for line in lines)
+    async with node_factory(k=1, queue=20, scheduler=("NoScheduler", ["false"])) as node:
+        running = asyncio.create_task(faas.invoke("n1", "sleep", b"2.5", timeout_s=30))
+        await wait_until(lambda: node.scheduler.main.n_running == 1, 10)
+        for _ in range(4):   # given up one after the other: dropped by several sweeps
+            with pytest.raises(asyncio.TimeoutError):
+                await faas.invoke("n1", "sleep", b"1", timeout_s=0.2)
+        await wait_until(lambda: errors_of(node).get("caller_gone") == 4, 3)
+        await wait_until(lambda: said() == 4, 2)   # the last ones too, when their window ends
+        assert (await running).status == 200
+    assert said() == 4
+
+
 async def test_a_call_that_would_end_after_its_caller_gave_up_is_told_so_at_once(node_factory, faas):
     """When a slot frees, a queued call with less of its caller's wait left than the function's
     recent execution time is not started: its caller gets 504 now, not a timeout later.
