@@ -209,7 +209,18 @@ async def test_compose_topology_invokes_over_http_and_mqtt_and_survives_a_nats_s
         if report["http_lost"] or report["mqtt_lost"]:   # what the stack said about each lost call
             logs = compose.run("logs", "--no-color", check=False).stdout.splitlines()
             said = {key: [line for line in logs if key in line][:20] for key in report["http_lost_ids"]}
-            pytest.fail(f"accepted calls lost: {report}\nwhat the stack logged about them: {said}")
+            # where each one is: its bridge's /result (202: its task is still stored; 404: neither task
+            # nor answer), and what JetStream holds (streams, replicas, the intake consumers, its messages)
+            states = {}
+            for call_id in report["http_lost_ids"]:
+                bridge = report["http_lost_at"][call_id]
+                answer = await http.get(f"{bridge}/result/{call_id}")
+                states[call_id] = (bridge, answer.status_code, answer.text[:200])
+            nodes = [f"n{urls.index(report['http_lost_at'][i]) + 1}" for i in report["http_lost_ids"]]
+            held = compose.run("exec", "-T", "n1", "python", "-c", WHERE, *report["http_lost_ids"], *nodes,
+                               check=False)
+            pytest.fail(f"accepted calls lost: {report}\nwhat the stack logged about them: {said}\n"
+                        f"their /result: {states}\nJetStream: {held.stdout}{held.stderr[-2000:]}")
         assert report["http_accepted"] > 0.8 * report["http_sent"], report
 
         for url in urls:                                              # and again, over both
@@ -227,6 +238,36 @@ async def main():
     nc = await nats.connect(os.environ["P2PFAAS_NATS_URL"])
     for info in await nc.jetstream().streams_info():
         print(info.config.name, info.config.num_replicas, info.cluster.leader)
+    await nc.close()
+asyncio.run(main())
+"""
+
+
+WHERE = """
+import asyncio, os, sys, nats
+async def main():
+    nc = await nats.connect(os.environ["P2PFAAS_NATS_URL"])
+    js = nc.jetstream()
+    half = (len(sys.argv) - 1) // 2
+    ids, nodes = sys.argv[1:1 + half], sys.argv[1 + half:]
+    for info in await js.streams_info():
+        cluster = info.cluster
+        replicas = [(r.name, r.current, r.lag) for r in (cluster.replicas or [])] if cluster else []
+        print("stream", info.config.name, "msgs", info.state.messages, "last", info.state.last_seq,
+              "leader", cluster.leader if cluster else None, "replicas", replicas)
+        if info.config.name.endswith("ASYNC"):
+            for c in await js.consumers_info(info.config.name):
+                print("  consumer", c.name, "pending", c.num_pending, "ack_pending", c.num_ack_pending,
+                      "redelivered", c.num_redelivered, "delivered", c.delivered.stream_seq,
+                      "ack_floor", c.ack_floor.stream_seq, "leader", c.cluster.leader if c.cluster else None)
+        for call_id, node in zip(ids, nodes):
+            for subject in (f"faas.async.{node}.sleep.http-{node}.{call_id}", f"faas.result.http-{node}.{call_id}",
+                            f"faas.reject.http-{node}.{call_id}"):
+                try:
+                    msg = await js.get_last_msg(info.config.name, subject)
+                    print("  found", subject, "seq", msg.seq, "headers", msg.headers)
+                except Exception:
+                    pass
     await nc.close()
 asyncio.run(main())
 """
@@ -295,6 +336,7 @@ async def load_while_killing(http, urls, device, victim) -> dict:
     return {"http_sent": http_sent, "http_accepted": len(accepted), "http_refused": dict(refused),
             "http_answered": dict(Counter(answers.values())), "http_lost": len(accepted) - len(answers),
             "http_lost_ids": sorted(set(accepted) - set(answers)), "http_errors": dict(ERRORS),
+            "http_lost_at": {i: accepted[i] for i in set(accepted) - set(answers)},
             "mqtt_sent": mqtt_sent, "mqtt_acked": len(mqtt_acked), "mqtt_answered": len(mqtt_answered),
             "mqtt_lost": len(mqtt_acked) - len(mqtt_answered), "killed_at_s": round(killed_at or -1, 1)}
 
