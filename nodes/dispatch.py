@@ -43,6 +43,7 @@ OVERRUN_SWEEP_S = 0.5   # how often running calls are checked for that (one time
 STATUS_TRIES = 8        # after a broker outage, a worker is asked this many times (it may reconnect later)
 STATUS_TIMEOUT_S = 2.0
 EXECUTIONS_KEPT = 7     # a function's recent execution time is the median of its last this many runs
+CHECK_AFTER_S = 10.0    # a call running this long is checked with its worker (then every as long again)
 
 Done = Callable[[Call, WorkerOutcome, bytes], Awaitable[None]]
 Lost = Callable[[Call, str], Awaitable[None]]
@@ -85,6 +86,8 @@ class Dispatcher(OnItsLoop):
         self._batches: dict[str, dict[int, Call]] = {}      # reply token -> its calls still running
         self._sweep: asyncio.TimerHandle | None = None     # armed while calls run or wait
         self._sending: set[asyncio.Task] = set()
+        self._checking: set[str] = set()          # workers asked about their long calls right now
+        self._checked_at = 0.0
         self.expected_s: dict[str, float] = {}   # fn -> its recent execution time: the median of the last few
         self._recent_s: dict[str, deque[float]] = {}
 
@@ -296,10 +299,30 @@ class Dispatcher(OnItsLoop):
                 by_worker.setdefault(call.worker, []).append(call)
         await asyncio.gather(*(self._reconcile_worker(worker, calls) for worker, calls in by_worker.items()))
 
-    async def _reconcile_worker(self, worker: str, calls: list[Call]) -> None:
-        status = await self._ask_status(worker, [c.id for c in calls])
+    def _check_long_calls(self, now: float) -> None:
+        """Calls running longer than CHECK_AFTER_S are checked with their workers, every CHECK_AFTER_S.
+        A call (or its outcome) lost in transit while this node stayed connected -- its worker's
+        NATS server died with the message in its buffers, and the worker reconnected elsewhere -- is
+        found here, not at the function's timeout (an hour for ``sleep``): an async call meanwhile
+        held its intake message alive and no other node could run it. A worker that does not
+        answer is left alone (a function may hold its loop); only what it says counts."""
+        if now - self._checked_at < CHECK_AFTER_S:
+            return
+        self._checked_at = now
+        by_worker: dict[str, list[Call]] = {}
+        for call in self.running.values():
+            if now - call.dispatched_at >= CHECK_AFTER_S and call.worker not in self._checking:
+                by_worker.setdefault(call.worker, []).append(call)
+        for worker, calls in by_worker.items():
+            self._checking.add(worker)
+            task = self.loop.create_task(self._reconcile_worker(worker, calls, replace_silent=False))
+            self._sending.add(task)
+            task.add_done_callback(lambda t, w=worker: (self._sending.discard(t), self._checking.discard(w)))
+
+    async def _reconcile_worker(self, worker: str, calls: list[Call], *, replace_silent: bool = True) -> None:
+        status = await self._ask_status(worker, [c.id for c in calls], tries=STATUS_TRIES if replace_silent else 1)
         if status is None:
-            if worker in self.workers:
+            if replace_silent and worker in self.workers:
                 log.warning("%s: worker %s does not answer after the broker outage; replacing it", self.pool, worker)
                 self._kill_worker(worker)   # the pool replaces it; lose_worker answers its calls
             return
@@ -313,12 +336,12 @@ class Dispatcher(OnItsLoop):
         if lost:
             await self._pump()
 
-    async def _ask_status(self, worker: str, ids: list[int]) -> WorkerStatus | None:
+    async def _ask_status(self, worker: str, ids: list[int], tries: int = STATUS_TRIES) -> WorkerStatus | None:
         """The worker's answer through the node's inbox (the outcomes it sends again come on the same
         subscription first, so they are counted before its answer is read); None if it never answers."""
         loop = asyncio.get_running_loop()
         delay = 0.5
-        for _ in range(STATUS_TRIES):
+        for _ in range(tries):
             if worker not in self.workers:
                 return None
             answer: asyncio.Future[Msg] = loop.create_future()
@@ -353,6 +376,7 @@ class Dispatcher(OnItsLoop):
         now = time.time()
         for call in [c for c in self.running.values() if now > c.dispatched_at + c.timeout_s + OVERRUN_GRACE_S]:
             self._overrun(call)
+        self._check_long_calls(now)
         if any(0 < c.wanted_until < now for c in self.queue):   # they hold queue places live callers need
             self._spawn(self._drop_abandoned(lambda c: c.wanted_until > 0 and self._too_late(c, now)))
         notices = self._due_notices(self.queue)

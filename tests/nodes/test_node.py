@@ -423,6 +423,45 @@ async def test_worker_killed_mid_task_async_call_runs_again_exactly_one_result(n
     assert result.status == 200 and result.executed_by == "n1"
 
 
+@pytest.mark.parametrize("lose", ["call", "outcome"])
+async def test_a_call_or_outcome_lost_in_transit_is_found_without_waiting_for_the_timeout(node_factory, faas, nc,
+                                                                                          prefix, monkeypatch, lose):
+    """The node stayed connected, but its message to a worker (or the worker's outcome) was lost
+    with the worker's NATS server (a cluster server dying with it in its buffers; the worker
+    reconnects elsewhere). Calls running long are checked with their workers: the lost one is
+    found and delivered again -- not held, its intake message kept alive, for the function's
+    timeout (an hour for sleep)."""
+    from nodes import dispatch, worker
+    monkeypatch.setattr(dispatch, "CHECK_AFTER_S", 0.5, raising=False)
+    dropped: list[bytes] = []
+    if lose == "call":
+        on_call = worker.Worker._on_call
+
+        async def lossy_call(self, msg):
+            if not dropped and b'"sleep"' in msg.data:
+                dropped.append(msg.data)   # never reached the worker
+                return
+            await on_call(self, msg)
+        monkeypatch.setattr(worker.Worker, "_on_call", lossy_call)
+    else:
+        publish = worker.Worker._publish_outcomes
+
+        async def lossy_outcome(self, reply, outcomes, outputs):
+            if not dropped and outcomes.outcomes and outcomes.outcomes[0].status == 200:
+                dropped.append(b"outcome")   # never reached the node
+                return
+            await publish(self, reply, outcomes, outputs)
+        monkeypatch.setattr(worker.Worker, "_publish_outcomes", lossy_outcome)
+    async with Collector(nc, Subjects(prefix).result("dev1", "lost1")) as results, \
+            node_factory(k=1, queue=5, runtime="inprocess") as node:
+        await faas.submit("n1", "sleep", b"0.2", "lost1")
+        await wait_until(lambda: len(results.messages) >= 1, timeout_s=15)   # sleep's timeout is an hour
+        await asyncio.sleep(0.5)  # no second answer
+        ran, lost = results_of(node, "sleep"), errors_of(node).get("worker_lost", 0)
+    assert dropped and len(results.messages) == 1 and decode(Result, results.messages[0].data).status == 200
+    assert ran == 1 and lost == (1 if lose == "call" else 0)   # a lost call runs again; a lost outcome is sent again
+
+
 async def test_a_task_that_kills_its_worker_every_time_is_dead_lettered_and_answered_once(node_factory, faas, nc,
                                                                                          prefix, user_functions):
     """A poison task runs max_deliver - 1 times (its worker dies each time), then its last delivery
