@@ -146,7 +146,7 @@ class Dispatcher(OnItsLoop):
 
     async def _pump(self) -> None:
         """Dispatch queued calls, first come first served, while slots and workers allow. A direct
-        call whose caller will have stopped waiting before it ends is not run (see :meth:`_drop_abandoned`)."""
+        call whose caller will have stopped waiting before it ends is not run (see :meth:`_answer_abandoned`)."""
         now, gone = 0.0, []
         while self.queue and len(self.running) < self.capacity:
             head = self.queue[0]
@@ -158,11 +158,7 @@ class Dispatcher(OnItsLoop):
             if slot is None:
                 break
             await self._dispatch(self.queue.popleft(), slot, concurrency)
-        if gone and self._abandoned is not None:
-            try:
-                await self._abandoned(gone)
-            except Exception as exc:  # never in the way of the calls that just ended (their answers come next)
-                log.error("%s: answering %d call(s) not run: %r", self.pool, len(gone), exc)
+        await self._answer_abandoned(gone)
         if self.queue and self._sweep is None:   # calls wait: the peers that forwarded them hear from us
             self._sweep = self.loop.call_later(OVERRUN_SWEEP_S, self._sweep_overruns)
 
@@ -315,9 +311,13 @@ class Dispatcher(OnItsLoop):
                 by_worker.setdefault(call.worker, []).append(call)
         for worker, calls in by_worker.items():
             self._checking.add(worker)
-            task = self.loop.create_task(self._reconcile_worker(worker, calls, replace_silent=False))
-            self._sending.add(task)
-            task.add_done_callback(lambda t, w=worker: (self._sending.discard(t), self._checking.discard(w)))
+            self._spawn(self._check_worker(worker, calls))
+
+    async def _check_worker(self, worker: str, calls: list[Call]) -> None:
+        try:
+            await self._reconcile_worker(worker, calls, replace_silent=False)
+        finally:
+            self._checking.discard(worker)
 
     async def _reconcile_worker(self, worker: str, calls: list[Call], *, replace_silent: bool = True) -> None:
         status = await self._ask_status(worker, [c.id for c in calls], tries=STATUS_TRIES if replace_silent else 1)
@@ -377,8 +377,10 @@ class Dispatcher(OnItsLoop):
         for call in [c for c in self.running.values() if now > c.dispatched_at + c.timeout_s + OVERRUN_GRACE_S]:
             self._overrun(call)
         self._check_long_calls(now)
-        if any(0 < c.wanted_until < now for c in self.queue):   # they hold queue places live callers need
-            self._spawn(self._drop_abandoned(lambda c: c.wanted_until > 0 and self._too_late(c, now)))
+        def abandoned(call: Call) -> bool:
+            return call.wanted_until > 0 and self._too_late(call, now)
+        if any(map(abandoned, self.queue)):   # they hold queue places live callers need
+            self._spawn(self._answer_abandoned(self.drop_queued(abandoned)))
         notices = self._due_notices(self.queue)
         if notices:
             self._spawn(self._notify(notices))
@@ -428,16 +430,19 @@ class Dispatcher(OnItsLoop):
         recent.append(seconds)
         self.expected_s[fn] = sorted(recent)[len(recent) // 2]
 
-    async def _drop_abandoned(self, expired: Callable[[Call], bool]) -> None:
-        """Queued direct calls whose callers stopped waiting (their FaasClient or HTTP bridge timed
-        out), or will have by the time they would end: nobody would read their answers, and run
-        they would hold slots (and waiting, queue places) that callers who still wait need. Under
-        overload, a FIFO queue otherwise settles where every call starts just before its caller
-        gives up and ends after: the node works at full speed and every caller times out
-        (bench/overload.py). Those still waiting are told at once (504)."""
-        calls = self.drop_queued(expired)
-        if calls and self._abandoned is not None:
+    async def _answer_abandoned(self, calls: list[Call]) -> None:
+        """Queued direct calls taken out unrun: their callers stopped waiting (their FaasClient or
+        HTTP bridge timed out), or will have by the time they would end. Nobody would read their
+        answers, and run they would hold slots (and waiting, queue places) that callers who still
+        wait need. Under overload, a FIFO queue otherwise settles where every call starts just
+        before its caller gives up and ends after: the node works at full speed and every caller
+        times out (bench/overload.py). Those still waiting are told at once (504)."""
+        if not calls or self._abandoned is None:
+            return
+        try:
             await self._abandoned(calls)
+        except Exception as exc:  # never in the way of the calls that just ended (their answers come next)
+            log.error("%s: answering %d call(s) not run: %r", self.pool, len(calls), exc)
 
     def _spawn(self, coro) -> None:
         task = self.loop.create_task(coro)

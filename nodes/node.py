@@ -69,10 +69,7 @@ class Node:
         self.pools: dict[str, WorkerPool] = {}       # every pool by name, the main one as "default"
         self.stats: dict[str, PoolStats] = {}        # per-pool telemetry bookkeeping
         self._dispatchers: dict[str, Dispatcher] = {}
-        self._dropped: dict[str, int] = {}             # calls not run since the last summary line, by kind
-        self._dropped_since = self._dropped_logged = 0.0
-        self._dropped_reason = ""
-        self._dropped_timer: asyncio.TimerHandle | None = None   # the summary line of a window still open
+        self._dropped = DropSummary(settings.node_id)   # calls not run: a log line per window, not per call
         self._telemetry: asyncio.Task | None = None
         self.scheduler: SchedulerService | None = None
         self.discovery: DiscoveryService | None = None
@@ -158,9 +155,7 @@ class Node:
 
     async def stop(self) -> None:
         self._unlisten()
-        if self._dropped_timer is not None:
-            self._dropped_timer.cancel()
-        self._log_dropped()
+        self._dropped.flush()
         for task in self._reconciling:
             task.cancel()
         if self._telemetry:
@@ -215,12 +210,8 @@ class Node:
                 await answerer.executed(call, outcome.status, output, outcome.error, outcome.execution_s)
 
         async def abandoned(calls) -> None:
-            """Queued calls taken out unrun: their callers stopped waiting, or would before they ended
-            (a log line every LOG_DROPPED_EVERY_S at most: under overload there are many)."""
+            """Queued calls taken out unrun: their callers stopped waiting, or would before they ended."""
             now = time.time()
-            kinds = self._dropped
-            if not kinds:
-                self._dropped_since = now
             for call in calls:
                 waited = now - call.arrival
                 if call.wanted_until <= now:
@@ -230,15 +221,9 @@ class Node:
                     reason, kind = (f"not run: after {waited:.3g} s in the queue it would end after its caller stops "
                                     f"waiting ({call.wanted_until - now:.3g} s left, {call.fn} takes about {takes:.3g} s); "
                                     "the node is overloaded, try again later"), "too_late"
-                kinds[kind] = kinds.get(kind, 0) + 1
-                self._dropped_reason = reason
+                self._dropped.add(kind, reason)
                 answerer.count_unrun(call)
                 await answerer.refused(call, codes.GENERIC, 504, reason, kind, retry_after_s=1.0, logged=False)
-            due_in = self._dropped_logged + LOG_DROPPED_EVERY_S - now
-            if due_in <= 0:
-                self._log_dropped()
-            elif self._dropped_timer is None:   # what comes within the window is said at its end
-                self._dropped_timer = asyncio.get_running_loop().call_later(due_in, self._log_dropped)
 
         def kill(pool: str):
             return lambda worker: self.pools[pool].kill(worker)
@@ -256,19 +241,6 @@ class Node:
             self.stats[name] = PoolStats(node, name)
         self._dispatchers = dispatchers
         return dispatchers
-
-    def _log_dropped(self) -> None:
-        """One line for the calls not run since the last one (their callers stopped waiting)."""
-        self._dropped_timer = None
-        kinds = self._dropped
-        if not kinds:
-            return
-        now = time.time()
-        self._dropped_logged = now
-        log.warning("%s: %s queued call(s) not run in the last %.0f s: %s (the last: %s)", self.settings.node_id,
-                    sum(kinds.values()), now - self._dropped_since,
-                    ", ".join(f"{n} {k}" for k, n in sorted(kinds.items())), self._dropped_reason)
-        kinds.clear()
 
     async def _start_pools(self) -> None:
         for name, dispatcher in self._dispatchers.items():
@@ -419,6 +391,44 @@ class Node:
     def _refused(self, subject: str, message: str) -> None:
         log.warning("control request on %s refused: %s", subject, message)
         self.metrics.error("bad_configuration")
+
+
+class DropSummary:
+    """Calls not run because their callers stopped waiting, said in one log line every
+    LOG_DROPPED_EVERY_S at most (under overload there are many a second); what comes inside a
+    window is said when it ends. The metrics count every call."""
+
+    def __init__(self, node: str) -> None:
+        self.node = node
+        self.kinds: dict[str, int] = {}
+        self.since = self.logged = 0.0
+        self.reason = ""                                   # the last one's
+        self.timer: asyncio.TimerHandle | None = None      # the line of a window still open
+
+    def add(self, kind: str, reason: str) -> None:
+        now = time.time()
+        if not self.kinds:
+            self.since = now
+        self.kinds[kind] = self.kinds.get(kind, 0) + 1
+        self.reason = reason
+        due_in = self.logged + LOG_DROPPED_EVERY_S - now
+        if due_in <= 0:
+            self.flush()
+        elif self.timer is None:
+            self.timer = asyncio.get_running_loop().call_later(due_in, self.flush)
+
+    def flush(self) -> None:
+        if self.timer is not None:
+            self.timer.cancel()
+            self.timer = None
+        if not self.kinds:
+            return
+        now = time.time()
+        self.logged = now
+        log.warning("%s: %s queued call(s) not run in the last %.0f s: %s (the last: %s)", self.node,
+                    sum(self.kinds.values()), now - self.since,
+                    ", ".join(f"{n} {k}" for k, n in sorted(self.kinds.items())), self.reason)
+        self.kinds.clear()
 
 
 async def _when_jetstream_ready(action, timeout_s: float = JETSTREAM_READY_TIMEOUT_S) -> None:
