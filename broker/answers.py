@@ -19,6 +19,7 @@ import orjson
 from broker import codes
 from broker import headers as H
 from broker.codec import decode
+from broker.connection import header_block
 from broker.errors import ContractError
 from broker.messages import DirectAnswer, ErrorBody, HopTiming, LearningDecision, Rejection, Result, Timings
 
@@ -26,7 +27,8 @@ VERSION = "0.1.0"
 SCHEDULER_NAME = "p2pfaas-scheduler"   # GET / of the scheduler API, as P2PFaaS names its service
 
 
-def _seconds(value: float) -> str:
+def seconds_text(value: float) -> str:
+    """Seconds as a timing header writes them (6 decimals, shortest form)."""
     return repr(round(value, 6))
 
 
@@ -38,16 +40,28 @@ def answer_headers(*, status: int, scheduler: str, executed_by: str, hops: Seque
 
     As P2PFaaS: the probing list only when some node probed or the call was forwarded; the peers
     lists (JSON arrays of ids and IPs, origin first) only for a forwarded call."""
-    out = {
-        H.STATUS: str(status), H.VERSION: VERSION, H.SCHEDULER: scheduler,
-        H.TIMING_TOTAL: orjson.dumps([round(h.total_s, 6) for h in hops]).decode(),
-        H.TIMING_SCHEDULING: orjson.dumps([round(h.scheduling_s, 6) for h in hops]).decode(),
-        H.TIMING_EXECUTION: _seconds(execution_s), H.TIMING_QUEUEING: _seconds(queueing_s),
-    }
-    if forwards or any(h.probing_s > 0 for h in hops):
-        out[H.TIMING_PROBING] = orjson.dumps([round(h.probing_s, 6) for h in hops]).decode()
+    out = {H.STATUS: str(status), H.TIMING_TOTAL: orjson.dumps([round(h.total_s, 6) for h in hops]).decode(),
+           H.TIMING_EXECUTION: seconds_text(execution_s)}
+    out.update(context_headers(scheduler=scheduler, executed_by=executed_by, scheduling=[h.scheduling_s for h in hops],
+                               probing=[h.probing_s for h in hops], queueing_s=queueing_s, transit_s=transit_s,
+                               forwards=forwards, peers=peers, peer_ips=peer_ips, learning=learning,
+                               retry_after_s=retry_after_s))
+    return out
+
+
+def context_headers(*, scheduler: str, executed_by: str, scheduling: Sequence[float], probing: Sequence[float],
+                    queueing_s: float, transit_s: float = 0.0, forwards: int = 0, peers: Sequence[str] = (),
+                    peer_ips: Sequence[str] = (), learning: LearningDecision | None = None,
+                    retry_after_s: float | None = None) -> dict[str, str]:
+    """The headers of :func:`answer_headers` known before the function runs (all but the status,
+    the total time and the execution time): what a node hands the worker that answers for it."""
+    out = {H.VERSION: VERSION, H.SCHEDULER: scheduler,
+           H.TIMING_SCHEDULING: orjson.dumps([round(s, 6) for s in scheduling]).decode(),
+           H.TIMING_QUEUEING: seconds_text(queueing_s)}
+    if forwards or any(p > 0 for p in probing):
+        out[H.TIMING_PROBING] = orjson.dumps([round(p, 6) for p in probing]).decode()
     if transit_s:
-        out[H.TIMING_TRANSIT] = _seconds(transit_s)
+        out[H.TIMING_TRANSIT] = seconds_text(transit_s)
     if executed_by:
         out[H.EXECUTED_BY] = executed_by
     if forwards:
@@ -61,16 +75,28 @@ def answer_headers(*, status: int, scheduler: str, executed_by: str, hops: Seque
     return out
 
 
+_TOTAL_LINE = f"{H.TIMING_TOTAL}: ".encode()
+_EXECUTION_LINE = f"\r\n{H.TIMING_EXECUTION}: ".encode()
+
+
+def direct_block(ctx: DirectAnswer, status: int, execution_s: float) -> bytes:
+    """The header block of a direct call's answer: the node's side, rendered when it dispatched
+    the call (``ctx.headers``), with the status, the total time and the execution time the worker
+    measured. The same headers as :func:`answer_headers` (tests/broker/test_answers.py), written
+    in one pass: on every direct call's path, where building and encoding the dict took 13 µs."""
+    total = orjson.dumps([round(max(0.0, time.time() - ctx.arrival), 6)])
+    return header_block(b"%s: %d\r\n%s%s%s%s%s\r\n" % (_STATUS_NAME, status, ctx.headers.encode(), _TOTAL_LINE, total,
+                                                       _EXECUTION_LINE, seconds_text(execution_s).encode()))
+
+
+_STATUS_NAME = H.STATUS.encode()
+
+
 def render_direct(ctx: DirectAnswer, status: int, output: bytes, error: str | None,
-                  execution_s: float) -> tuple[bytes, dict[str, str]]:
-    """(body, headers) of a direct call's answer, the same whether its worker or its node sends it."""
-    hop = HopTiming(node=ctx.node, arrival=ctx.arrival, scheduling_s=ctx.scheduling_s, probing_s=ctx.probing_s,
-                    total_s=max(0.0, time.time() - ctx.arrival))
-    headers = answer_headers(status=status, scheduler=ctx.scheduler, executed_by=ctx.node, hops=[hop],
-                             execution_s=execution_s, queueing_s=ctx.queueing_s, transit_s=ctx.transit_s,
-                             forwards=ctx.forwards, peers=ctx.peers, peer_ips=ctx.peer_ips, learning=ctx.learning)
+                  execution_s: float) -> tuple[bytes, bytes]:
+    """(body, header block) of a direct call's answer, the same whether its worker or its node sends it."""
     body = output if status == 200 else error_body(codes.for_status(status), error or "function failed")
-    return body, headers
+    return body, direct_block(ctx, status, execution_s)
 
 
 def error_body(code: int, message: str) -> bytes:

@@ -3,7 +3,7 @@ a contract together with raw bytes (a worker call and its payload) without base6
 
 from __future__ import annotations
 
-from typing import TypeVar
+from typing import Iterator, Sequence, TypeVar
 
 import orjson
 from pydantic import BaseModel, ValidationError
@@ -11,6 +11,8 @@ from pydantic import BaseModel, ValidationError
 from broker.errors import ContractError
 
 M = TypeVar("M", bound=BaseModel)
+T = TypeVar("T")
+ENTRY_ROOM = 1024   # bytes a batch's JSON may take per entry, beside its payload (split_by_size)
 _LENGTH = 4  # bytes of the frame's header: the length of the contract's JSON, big-endian
 
 
@@ -45,9 +47,12 @@ def decode_update(current: M, data: bytes) -> M:
     return decode(type(current), orjson.dumps({**current.model_dump(mode="json"), **sent}))
 
 
-def frame(message: BaseModel, payload: bytes) -> bytes:
-    """``message`` and raw ``payload`` in one body: length, JSON, payload."""
-    meta = encode(message)
+def frame(message: BaseModel | dict, payload: bytes) -> bytes:
+    """``message`` and raw ``payload`` in one body: length, JSON, payload. ``message`` may be the
+    JSON document of a contract, written out by the sender from values it validated itself (on
+    the request path, where building the model to dump it again costs more than the call); the
+    receiver decodes it into the contract all the same."""
+    meta = orjson.dumps(message) if isinstance(message, dict) else encode(message)
     return len(meta).to_bytes(_LENGTH, "big") + meta + payload
 
 
@@ -57,3 +62,20 @@ def unframe(contract: type[M], data: bytes) -> tuple[M, bytes]:
     if len(data) < _LENGTH or len(data) < _LENGTH + size:
         raise ContractError(f"{contract.__name__}: truncated frame ({len(data)} bytes)")
     return decode(contract, data[_LENGTH:_LENGTH + size]), data[_LENGTH + size:]
+
+
+def split_by_size(items: Sequence[T], sizes: Sequence[int], limit: int) -> Iterator[list[T]]:
+    """``items`` in runs whose payloads (``sizes``, plus :data:`ENTRY_ROOM` each for their JSON)
+    fit ``limit``, in order; an item too large alone still gets a run of its own (the broker
+    refuses it, and its sender answers for it). A batch of calls, or of their outputs, that
+    would not fit one message goes as several."""
+    run: list[T] = []
+    used = 0
+    for item, size in zip(items, sizes):
+        if run and used + size + ENTRY_ROOM > limit:
+            yield run
+            run, used = [], 0
+        run.append(item)
+        used += size + ENTRY_ROOM
+    if run:
+        yield run

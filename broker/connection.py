@@ -13,6 +13,7 @@ from typing import Callable, Literal
 
 from nats import errors as nats_errors
 from nats.aio.client import _CRLF_, _HEADER_KEY_RE, _HEADER_VALUE_NEWLINES, NATS_HDR_LINE, Client
+from nats.aio.client import _SUBJECT_INVALID_RE as _SUBJECT_BAD   # what publish refuses (CRLF would inject commands)
 from nats.aio.msg import Msg
 from nats.protocol import command as nats_command
 
@@ -36,7 +37,7 @@ GIVE_UP_TURNED_AWAY_S: float | None = None
 
 _HEADER_WS = " \t\n\r\x0b\x0c"   # what bytes.strip() strips
 _HEADER_START = bytes(NATS_HDR_LINE) + _CRLF_
-_HEADER_NAMES: dict[str, bytes] = {}   # header name -> its validated b"Name: " (names repeat on every call)
+_HEADER_NAMES: dict[str, str] = {}   # header name -> its validated "Name: " (names repeat on every call)
 _HEADER_NAMES_MAX = 1024
 
 
@@ -77,6 +78,36 @@ class NatsClient(Client):
             return await super()._flush_pending(force_flush)
         queue.put_nowait(_NOBODY_WAITS)   # type: ignore[arg-type]
 
+    def send(self, subject: str, payload: bytes = b"", *, reply: str = "", headers: bytes = b"") -> None:
+        """``publish`` without a coroutine, for the request path's own messages (a worker's answers
+        and outcomes, the node's dispatches): nats-py's checks and errors, and ``headers`` a block
+        already rendered (:func:`header_block`) instead of a dict. What a turn of the loop sends
+        leaves in one write, as with ``publish``. Unlike ``publish`` it never waits for a full
+        outbound buffer to drain: what it sends is bounded by the calls in flight (K)."""
+        if not subject or _SUBJECT_BAD.search(subject) or (reply and _SUBJECT_BAD.search(reply)):
+            raise nats_errors.BadSubjectError
+        if self.is_closed:
+            raise nats_errors.ConnectionClosedError
+        if self.is_draining_pubs:
+            raise nats_errors.ConnectionDrainingError
+        size = len(payload) + len(headers)
+        if not self.is_connected and (self._max_pending_size <= 0
+                                      or size + self._pending_data_size > self._max_pending_size):
+            raise nats_errors.OutboundBufferLimitError
+        if size > self._max_payload:   # nats-server counts the headers too, and closes a connection that sends more
+            raise nats_errors.MaxPayloadError
+        if headers:
+            command = b"HPUB %s %s %d %d\r\n%s%s\r\n" % (subject.encode(), reply.encode(), len(headers), size, headers, payload)
+        else:
+            command = b"PUB %s %s %d\r\n%s\r\n" % (subject.encode(), reply.encode(), size, payload)
+        self.stats["out_msgs"] += 1
+        self.stats["out_bytes"] += len(payload)
+        self._pending.append(command)
+        self._pending_data_size += len(command)
+        queue = self._flush_queue
+        if queue is not None and queue.empty() and self.is_connected:   # else the reconnect sends it
+            queue.put_nowait(_NOBODY_WAITS)   # type: ignore[arg-type]
+
     @staticmethod
     def _parse_header_lines(raw: bytes) -> dict[str, str]:
         if not raw.isascii():
@@ -106,21 +137,31 @@ _NOBODY_WAITS = _NobodyWaits()
 def _encode_headers(headers: dict) -> bytes:
     """nats-py's header block for ``headers`` (empty names skipped, a bad name BadHeaderError, CR
     and LF in a value made spaces), with each name's check and encoding done once."""
-    parts = [_HEADER_START]
+    return _HEADER_START + header_text(headers).encode() + _CRLF_
+
+
+def header_block(lines: bytes) -> bytes:
+    """The header block of :meth:`NatsClient.send` around ``lines`` (:func:`header_text`, encoded)."""
+    return _HEADER_START + lines + _CRLF_
+
+
+def header_text(headers: dict) -> str:
+    """``Name: value`` CRLF for each header, as nats-py writes them (see :func:`_encode_headers`):
+    the lines of a block rendered ahead of its message (a direct answer's node side)."""
+    parts = []
     for name, value in headers.items():
-        encoded = _HEADER_NAMES.get(name)
-        if encoded is None:
+        prefix = _HEADER_NAMES.get(name)
+        if prefix is None:
             key = name.strip()
             if not key:
                 continue
             if not _HEADER_KEY_RE.fullmatch(key):
                 raise nats_errors.BadHeaderError(key)
-            encoded = key.encode() + b": "
+            prefix = key + ": "
             if len(_HEADER_NAMES) < _HEADER_NAMES_MAX:
-                _HEADER_NAMES[name] = encoded
-        parts += (encoded, value.strip().translate(_HEADER_VALUE_NEWLINES).encode(), _CRLF_)
-    parts.append(_CRLF_)
-    return b"".join(parts)
+                _HEADER_NAMES[name] = prefix
+        parts += (prefix, value.strip().translate(_HEADER_VALUE_NEWLINES), "\r\n")
+    return "".join(parts)
 
 
 def on_event(nc: Client, event: Event, listener: Callable[..., None]) -> Callable[[], None]:

@@ -131,20 +131,14 @@ class Rejection(Contract):
 
 class DirectAnswer(Contract):
     """What a worker needs to answer a direct call's caller itself (one hop less than through its
-    node): where, and the node's side of the P2PFaaS headers (docs/architecture.md)."""
+    node): where (``reply``), since when (``arrival``: the total time runs from there) and the
+    node's side of the P2PFaaS headers, rendered when it dispatched the call (``headers``: header
+    lines, each ending in CRLF; :func:`broker.answers.context_headers`). The worker adds the
+    status, the total and the execution time (:func:`broker.answers.direct_block`)."""
 
-    reply: str
-    node: str
+    reply: str = Field(min_length=1)
     arrival: float
-    scheduling_s: float = 0.0
-    probing_s: float = 0.0
-    queueing_s: float = 0.0
-    transit_s: float = 0.0
-    scheduler: str = ""
-    forwards: int = 0
-    peers: list[str] = Field(default_factory=list)
-    peer_ips: list[str] = Field(default_factory=list)
-    learning: LearningDecision | None = None
+    headers: str = Field(default="", pattern=r"^([^\r\n]+\r\n)*$")
 
 
 class WorkerCall(Contract):

@@ -24,8 +24,9 @@ from nats.aio.msg import Msg
 from nats.js.errors import NotFoundError
 
 from broker import headers as H
-from broker.answers import Answer, answer_headers, error_body, output_limit, render_direct
+from broker.answers import VERSION, Answer, seconds_text, answer_headers, context_headers, error_body, output_limit, render_direct
 from broker.codec import encode
+from broker.connection import header_text
 from broker.lifecycle import OnItsLoop
 from broker.messages import DirectAnswer, HopTiming, Rejection, Result, Timings
 from broker.streams import deadletter_stream, ensure_shared_streams, results_stream
@@ -48,6 +49,8 @@ class Answerer(OnItsLoop):
         self.node, self.nc, self.js, self.subjects = node, nc, nc.jetstream(), subjects
         self.inbox = inbox
         self.ip = ""   # this node's IP address, as P2PFaaS lists it (X-P2pfaas-Peers-List-Ip)
+        self._executed_by = header_text({H.EXECUTED_BY: node}) if node else ""
+        self._plain_lines: dict[str, str] = {}   # scheduler -> its answers' first lines (_context_text)
         self.metrics = metrics
         self.stats_of, self.released = stats_of, released
         self.on_answer: Callable[[str, int, float], None] | None = None   # (key, status, total_s): rewards
@@ -66,9 +69,13 @@ class Answerer(OnItsLoop):
             status, error, output = 500, f"{call.fn}: output of {len(output)} bytes exceeds the limit of {limit}", b""
         self.count_execution(call, status, execution_s)
         if not call.is_async:
-            context = self.direct_context(call)
-            assert context is not None
-            return await self._reply(call, *render_direct(context, status, output, error, execution_s))
+            context = DirectAnswer.model_construct(reply=call.reply, arrival=call.arrival, headers=self._context_text(call))
+            body, block = render_direct(context, status, output, error, execution_s)
+            try:
+                return self.nc.send(call.reply, body, headers=block)
+            except Exception as exc:  # the caller cannot be reached any more
+                log.warning("%s: answer to %s not sent: %s", self.node, call.key, exc)
+                return
         total_s = time.time() - call.arrival
         await self._store(call, self.subjects.result(call.inv.client, call.inv.request_id),
                           orjson.dumps(result_document(call, self.node, self.ip, status, error, execution_s, total_s,
@@ -79,19 +86,34 @@ class Answerer(OnItsLoop):
         headers, and for a stored answer's base64 and JSON (3/4 of it)."""
         return output_limit(self.nc.max_payload)
 
-    def direct_context(self, call: Call) -> DirectAnswer | None:
-        """A direct call's side of its answer, handed to the worker that runs it (it answers the
-        caller itself: one hop less); None for an async call, whose answer is stored by us."""
+    def direct_context(self, call: Call) -> dict | None:
+        """A direct call's side of its answer (the JSON document of a :class:`DirectAnswer`, written
+        from the node's own validated call), handed to the worker that runs it: it answers the
+        caller itself, one hop less. None for an async call, whose answer is stored by us."""
         if call.is_async:
             return None
+        return {"reply": call.reply, "arrival": call.arrival, "headers": self._context_text(call)}
+
+    def _context_text(self, call: Call) -> str:
+        """The node's side of a direct answer's P2PFaaS headers, rendered (header lines): what
+        :func:`~broker.answers.context_headers` says, written in one pass for the common call (not
+        forwarded, not probed, no learning decision; 1.5 µs instead of 6, on every direct call)."""
         forwarded = call.request.external
-        return DirectAnswer.model_construct(   # from the node's own validated call: no second validation
-            reply=call.reply, node=self.node, arrival=call.arrival, scheduling_s=call.scheduling_s,
-            probing_s=call.probing_s, queueing_s=call.queueing_s, transit_s=call.transit_s, scheduler=call.scheduler,
-            forwards=call.request.hops if forwarded else 0,
-            peers=[*call.request.peers, self.node] if forwarded else [],
-            peer_ips=[*call.peer_ips, *[""] * (len(call.request.peers) - len(call.peer_ips)), self.ip] if forwarded else [],
-            learning=call.learning)
+        if not forwarded and not call.probing_s and call.learning is None:
+            lines = self._plain_lines.get(call.scheduler)
+            if lines is None:
+                lines = header_text({H.VERSION: VERSION, H.SCHEDULER: call.scheduler})
+                if len(self._plain_lines) < 64:
+                    self._plain_lines[call.scheduler] = lines
+            transit = f"{H.TIMING_TRANSIT}: {seconds_text(call.transit_s)}\r\n" if call.transit_s else ""
+            return (f"{lines}{H.TIMING_SCHEDULING}: {orjson.dumps([round(call.scheduling_s, 6)]).decode()}\r\n"
+                    f"{H.TIMING_QUEUEING}: {seconds_text(call.queueing_s)}\r\n{transit}{self._executed_by}")
+        return header_text(context_headers(
+            scheduler=call.scheduler, executed_by=self.node, scheduling=(call.scheduling_s,), probing=(call.probing_s,),
+            queueing_s=call.queueing_s, transit_s=call.transit_s, forwards=call.request.hops if forwarded else 0,
+            peers=[*call.request.peers, self.node] if forwarded else (),
+            peer_ips=[*call.peer_ips, *[""] * (len(call.request.peers) - len(call.peer_ips)), self.ip] if forwarded else (),
+            learning=call.learning))
 
     def count_execution(self, call: Call, status: int, execution_s: float) -> None:
         """Metrics, pool telemetry and rewards of a call a worker ran (whoever answered it)."""

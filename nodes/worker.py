@@ -31,13 +31,12 @@ from dataclasses import dataclass, field
 from nats.aio.client import Client
 from nats.aio.msg import Msg
 
-from broker.answers import output_limit, render_direct
-from broker.codec import decode, encode, frame, unframe
+from broker.answers import HEADER_ROOM, output_limit, render_direct
+from broker.codec import decode, encode, frame, split_by_size, unframe
 from broker.connection import close_quietly, connect, credentials_from_env
 from broker.errors import ContractError
 from broker.lifecycle import OnItsLoop, hard_exit_after, on_parent_gone, parent_gone, parent_pipe_watched, run_loop
-from broker.messages import (DirectAnswer, NodeGone, WorkerCall, WorkerCalls, WorkerOutcome, WorkerOutcomes,
-                             WorkerStatus, WorkerStatusRequest)
+from broker.messages import (DirectAnswer, NodeGone, WorkerCall, WorkerCalls, WorkerOutcome, WorkerStatus, WorkerStatusRequest)
 from broker.subjects import Subjects
 from functions.registry import FunctionInputError, FunctionRegistry, FunctionSpec, default_registry
 from nodes.settings import NodeSettings
@@ -72,9 +71,8 @@ class Worker(OnItsLoop):
         self._active: set[int] = set()                  # ids of the calls running here
         # the last outcomes sent, by call id, with their reply subject: sent again when the node asks
         # after a broker outage (an outcome in flight when nats-server died is lost with it)
-        self._sent: OrderedDict[int, tuple[str, WorkerOutcome, bytes]] = OrderedDict()
+        self._sent: OrderedDict[int, tuple[str, dict, bytes]] = OrderedDict()   # outcome documents
         self._sent_bytes = 0
-        self._sending: set[asyncio.Task] = set()
         # CPU-bound calls get one thread (one at a time); I/O-bound ones share a pool
         self._cpu = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"{name}-cpu")
         self._io: ThreadPoolExecutor | None = None
@@ -142,25 +140,25 @@ class Worker(OnItsLoop):
         try:
             batch, payloads = unframe(WorkerCalls, msg.data)
         except ContractError as exc:
-            return await self._publish_outcomes(msg.reply, WorkerOutcomes(error=f"malformed worker call: {exc}"), b"")
+            return self._send_outcomes(msg.reply, [], [], error=f"malformed worker call: {exc}")
         offset = 0
         for call in batch.calls:
             payload, offset = payloads[offset:offset + call.size], offset + call.size
-            await self._start(msg.reply, call, payload)
+            self._start(msg.reply, call, payload)
 
-    async def _start(self, reply: str, call: WorkerCall, payload: bytes) -> None:
+    def _start(self, reply: str, call: WorkerCall, payload: bytes) -> None:
         self._active.add(call.id)
         spec = self.registry.get(call.fn)
         if spec is None:
-            return await self._answer(reply, call, WorkerOutcome(status=404, error=f"unknown function {call.fn!r} on worker"), b"")
+            return self._answer(reply, call, 404, 0.0, b"", f"unknown function {call.fn!r} on worker")
         if spec.inline and self.settings.speed >= 1.0:
             started = time.perf_counter()
             try:
-                output = spec.body(payload)
-                outcome = WorkerOutcome(status=200, execution_s=time.perf_counter() - started)
+                output = _as_bytes(spec.body(payload))
             except Exception as exc:
-                output, outcome = b"", _failure(spec.name, exc, time.perf_counter() - started)
-            return await self._answer(reply, call, outcome, _as_bytes(output))
+                failure = _failure(spec.name, exc, time.perf_counter() - started)
+                return self._answer(reply, call, failure.status, failure.execution_s, b"", failure.error)
+            return self._answer(reply, call, 200, time.perf_counter() - started, output)
         task = asyncio.create_task(self._execute(reply, spec, call, payload))
         self._running.add(task)
         task.add_done_callback(self._running.discard)
@@ -178,7 +176,7 @@ class Worker(OnItsLoop):
                                     error=f"{spec.name} exceeded its timeout of {call.timeout_s:g} s")
         except Exception as exc:
             outcome = _failure(spec.name, exc, time.perf_counter() - started)
-        await self._answer(reply, call, outcome, _as_bytes(output))
+        self._answer(reply, call, outcome.status, outcome.execution_s, _as_bytes(output), outcome.error, outcome.retiring)
         if self.recycle:
             self.stopping.set()
 
@@ -211,76 +209,61 @@ class Worker(OnItsLoop):
             self._cpu.shutdown(wait=False)
             self._cpu = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"{self.name}-cpu")
 
-    async def _answer(self, reply: str, call: WorkerCall, outcome: WorkerOutcome, output: bytes) -> None:
-        """A call ended. Its outcome goes to the node, with the others that ended in the same turn
-        of the loop, as one message; a direct call's caller gets its answer from here (one hop less
-        than through the node), rendered and sent right after that message is written: the node
-        frees the slots while this worker renders the answers, instead of after (under load a
-        slot's round trip, not CPU, bounded a K=16 node: bench/README.md). The turn's first answer
-        goes at once, before its outcome: a call alone is not delayed."""
+    def _answer(self, reply: str, call: WorkerCall, status: int, execution_s: float, output: bytes,
+                error: str | None = None, retiring: bool = False) -> None:
+        """A call ended. Its outcome goes to the node with the others that ended in the same turn of
+        the loop, as one message, at the end of the turn; a direct call's caller gets its answer
+        from here right after it (one hop less than through the node), in the same write."""
         limit = output_limit(self.nc.max_payload) if self.nc is not None else len(output)
         if len(output) > limit:   # no message could carry it: the caller gets an error it can read
-            outcome = WorkerOutcome(status=500, execution_s=outcome.execution_s, retiring=outcome.retiring,
-                                    error=f"{call.fn}: output of {len(output)} bytes exceeds the limit of {limit}")
+            status, error = 500, f"{call.fn}: output of {len(output)} bytes exceeds the limit of {limit}"
             output = b""
-        if outcome.status != 200:
-            log.warning("%s: call -> %d: %s", self.name, outcome.status, outcome.error)
+        if status != 200:
+            log.warning("%s: call -> %d: %s", self.name, status, error)
         direct = call.answer is not None and self.nc is not None
         kept = b"" if direct else output   # the node answers an async call (it stores the answer)
-        final = WorkerOutcome.model_construct(id=call.id, status=outcome.status, error=outcome.error,
-                                              execution_s=outcome.execution_s, retiring=outcome.retiring,
-                                              answered=direct, size=len(kept))
+        # a WorkerOutcome document (the node validates it)
+        outcome = {"id": call.id, "status": status, "error": error, "execution_s": execution_s, "retiring": retiring,
+                   "answered": direct, "size": len(kept)}
         self._active.discard(call.id)
-        self._remember(call.id, reply, final, kept)
+        self._remember(call.id, reply, outcome, kept)
         entry = self._outbox.get(reply)
-        first = entry is None
         if entry is None:
             entry = self._outbox[reply] = _Ended()
             self.loop.call_soon(self._flush_outcomes, reply)
-        entry.outcomes.append(final)
+        entry.outcomes.append(outcome)
         entry.outputs.append(kept)
-        if not direct:
-            return
-        answer = (call.answer, outcome, output)
-        if first:   # the turn's first answer goes at once: a call alone waits for nothing
-            await self._send_answers([answer])   # type: ignore[list-item]
-        else:
-            entry.answers.append(answer)   # type: ignore[arg-type]
+        if direct:
+            entry.answers.append((call.answer, status, execution_s, output, error))   # type: ignore[arg-type]
 
     def _flush_outcomes(self, reply: str) -> None:
-        """End of the turn: what ended during it goes to the node as one message, then the answers."""
+        """End of the turn: what ended during it goes to the node as one message, and the direct
+        calls' answers to their callers; all of it leaves in one write."""
         entry = self._outbox.pop(reply, None)
         if entry is None:
             return
-        task = self.loop.create_task(self._send_ended(reply, entry))
-        self._sending.add(task)
-        task.add_done_callback(self._sending.discard)
-
-    async def _send_ended(self, reply: str, entry: "_Ended", *, stopping: bool = False) -> None:
-        """The outcomes, then the answers still to send (all but the turn's first)."""
-        outcomes = WorkerOutcomes.model_construct(outcomes=entry.outcomes, error=None)
-        await self._publish_outcomes(reply, outcomes, b"".join(entry.outputs))
-        if entry.answers:
-            if not stopping:
-                await asyncio.sleep(0)   # nats-py's flusher writes the outcomes now, before the answers are rendered
-            await self._send_answers(entry.answers)
-
-    async def _send_answers(self, answers: list[tuple[DirectAnswer, WorkerOutcome, bytes]]) -> None:
-        for ctx, outcome, output in answers:
-            body, headers = render_direct(ctx, outcome.status, output, outcome.error, outcome.execution_s)
+        self._send_outcomes(reply, entry.outcomes, entry.outputs)
+        for ctx, status, execution_s, output, error in entry.answers:
+            body, block = render_direct(ctx, status, output, error, execution_s)
             try:
-                await self.nc.publish(ctx.reply, body, headers=headers)   # type: ignore[union-attr]
+                self.nc.send(ctx.reply, body, headers=block)   # type: ignore[union-attr]
             except Exception as exc:  # the connection is closed: the caller's FaasClient fails the call on its own
-                log.error("%s: the answer to a call of %s could not be sent: %s", self.name, ctx.node, exc)
+                log.error("%s: the answer to a call could not be sent: %s", self.name, exc)
 
-    async def _publish_outcomes(self, reply: str, outcomes: WorkerOutcomes, outputs: bytes) -> None:
-        if reply and self.nc is not None:
+    def _send_outcomes(self, reply: str, outcomes: list[dict], outputs: list[bytes], error: str | None = None) -> None:
+        """Outcome documents (with the outputs of async calls) to the node: one message, or as few
+        as the outputs fit."""
+        if not reply or self.nc is None:
+            return
+        sizes = [len(o) for o in outputs]
+        for run in split_by_size(range(len(sizes)), sizes, self.nc.max_payload - HEADER_ROOM) if outcomes else [[]]:
             try:
-                await self.nc.publish(reply, frame(outcomes, outputs))
+                self.nc.send(reply, frame({"outcomes": [outcomes[i] for i in run], "error": error},
+                                          b"".join(outputs[i] for i in run)))
             except Exception as exc:  # connection closed: the node sees the worker go and answers for it
                 log.warning("%s: could not answer: %s", self.name, exc)
 
-    def _remember(self, call_id: int, reply: str, outcome: WorkerOutcome, output: bytes) -> None:
+    def _remember(self, call_id: int, reply: str, outcome: dict, output: bytes) -> None:
         """Keep a sent outcome for a node that may ask again (bounded in count and bytes)."""
         self._sent[call_id] = (reply, outcome, output)
         self._sent_bytes += len(output)
@@ -296,7 +279,7 @@ class Worker(OnItsLoop):
         except ContractError as exc:
             log.warning("%s: malformed status request: %s", self.name, exc)
             return
-        again: dict[str, tuple[list[WorkerOutcome], list[bytes]]] = {}
+        again: dict[str, tuple[list[dict], list[bytes]]] = {}
         for call_id in asked.ids:
             sent = self._sent.get(call_id)
             if sent is not None:
@@ -304,18 +287,21 @@ class Worker(OnItsLoop):
                 outcomes.append(sent[1])
                 outputs.append(sent[2])
         for reply, (outcomes, outputs) in again.items():
-            await self._publish_outcomes(reply, WorkerOutcomes.model_construct(outcomes=outcomes, error=None),
-                                         b"".join(outputs))
+            self._send_outcomes(reply, outcomes, outputs)
         running = [i for i in asked.ids if i in self._active]
         if msg.reply and self.nc is not None:
             await self.nc.publish(msg.reply, encode(WorkerStatus(running=running)))
 
     async def _flush_all(self) -> None:
-        """Stopping: every outcome still waiting for the end of a turn, and those being sent, go out."""
+        """Stopping: every outcome still waiting for the end of a turn goes out, and is written."""
         for reply in list(self._outbox):
-            await self._send_ended(reply, self._outbox.pop(reply), stopping=True)
-        if self._sending:
-            await asyncio.wait(list(self._sending), timeout=2.0)
+            self._flush_outcomes(reply)
+        if self.nc is not None and self.nc.is_connected:
+            try:
+                async with asyncio.timeout(2.0):
+                    await self.nc.flush()
+            except Exception as exc:  # the broker went away meanwhile: the node answers for us
+                log.debug("%s: last outcomes not flushed: %s", self.name, exc)
 
     async def announce_node_gone(self) -> None:
         """Our node died (we were orphaned): tell its callers, so they fail now, not at their timeout."""
@@ -333,9 +319,10 @@ class Worker(OnItsLoop):
 @dataclass(slots=True)
 class _Ended:
     """The calls that ended in one turn of the loop, for one node (reply subject)."""
-    outcomes: list[WorkerOutcome] = field(default_factory=list)
+    outcomes: list[dict] = field(default_factory=list)           # WorkerOutcome documents
     outputs: list[bytes] = field(default_factory=list)           # async calls' outputs, for the node
-    answers: list[tuple[DirectAnswer, WorkerOutcome, bytes]] = field(default_factory=list)   # direct calls'
+    # direct calls' answers: (context, status, execution_s, output, error)
+    answers: list[tuple[DirectAnswer, int, float, bytes, str | None]] = field(default_factory=list)
 
 
 def _failure(fn: str, exc: Exception, execution_s: float) -> WorkerOutcome:

@@ -32,3 +32,16 @@ def test_contracts_are_frozen():
     with pytest.raises(pydantic.ValidationError, match="frozen"):
         cmd.target_workers = 4  # type: ignore[misc]
     assert cmd.target_workers == 3
+
+
+def test_batches_too_large_for_one_message_are_split_in_order():
+    from broker.codec import ENTRY_ROOM, split_by_size
+
+    limit = 9 * ENTRY_ROOM
+    sizes = [4 * ENTRY_ROOM, 4 * ENTRY_ROOM, 100, 20 * ENTRY_ROOM, 0, 0]
+    runs = list(split_by_size("abcdef", sizes, limit))
+    assert runs == [["a"], ["b", "c"], ["d"], ["e", "f"]]   # in order; one too large alone gets its own run
+    for run in runs:
+        fits = sum(sizes["abcdef".index(x)] + ENTRY_ROOM for x in run) <= limit
+        assert fits or len(run) == 1
+    assert list(split_by_size([], [], limit)) == []

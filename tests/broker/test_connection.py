@@ -141,3 +141,50 @@ async def test_close_quietly_returns_when_the_broker_went_away_meanwhile(tmp_pat
     await wait_until(lambda: not conn.is_connected, timeout_s=10)
     await asyncio.wait_for(close_quietly(conn, sub), 10)
     assert conn.is_closed
+
+
+async def test_send_writes_what_publish_writes_and_refuses_what_it_refuses():
+    """``send`` (no coroutine, a block already rendered) writes the command ``publish`` would, and
+    refuses a subject with whitespace, a closed connection and a message over the broker's limit
+    (headers counted, as nats-server counts them)."""
+    from broker.connection import _encode_headers
+
+    headers = {"X-P2pfaas-Status": "200", "X-Note": "a\r\nb"}
+    ours = NatsClient()
+    ours._status, ours._flush_queue, ours._max_payload = Client.CONNECTED, None, 64   # no flusher to kick
+    for hdrs in (headers, None):
+        ours._pending = []
+        ours.send("a.b", b"payload", reply="_INBOX.x", headers=_encode_headers(hdrs) if hdrs else b"")
+        assert ours._pending == [await _written(Client(), hdrs)]
+    for subject, reply in (("a b", ""), ("a.b\r\nPUB x 1", ""), ("", ""), ("a.b", "in box")):
+        with pytest.raises(nats_errors.BadSubjectError):
+            ours.send(subject, b"x", reply=reply)
+    with pytest.raises(nats_errors.MaxPayloadError):
+        ours.send("a.b", b"x" * 40, headers=b"H" * 30)
+    ours._status = Client.CLOSED
+    with pytest.raises(nats_errors.ConnectionClosedError):
+        ours.send("a.b", b"x")
+
+
+async def test_sent_messages_reach_a_subscriber_in_order(nc, prefix):
+    """Through nats-server: a burst of ``send``s, with and without a header block, arrive in order,
+    headers intact, without a forced flush."""
+    from broker.connection import header_block, header_text
+
+    subject, got, done = f"{prefix}.send.check", [], asyncio.Event()
+
+    async def on_msg(msg) -> None:
+        got.append((msg.data, msg.headers))
+        if len(got) == 500:
+            done.set()
+
+    sub = await nc.subscribe(subject, cb=on_msg)
+    await nc.flush()
+    try:
+        for i in range(500):
+            block = header_block(header_text({"X-N": str(i)}).encode()) if i % 2 else b""
+            nc.send(subject, str(i).encode(), headers=block)
+        await asyncio.wait_for(done.wait(), 10)
+    finally:
+        await sub.unsubscribe()
+    assert got == [(str(i).encode(), {"X-N": str(i)} if i % 2 else None) for i in range(500)]

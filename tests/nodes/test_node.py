@@ -111,6 +111,24 @@ async def test_async_call_is_stored_answered_and_fetchable_later(node_factory, f
     assert await faas.stored_answer("dev1", "never") is None
 
 
+@pytest.mark.parametrize("kind", ["direct", "async"])
+async def test_calls_dispatched_together_may_exceed_one_message(node_factory, faas, nc, kind):
+    """Large inputs dispatched to one worker in the same turn go in as many messages as they need
+    (and their outputs come back the same way): three 3 MiB echoes on an 8 MiB broker. Sent as one
+    batch, the dispatch was refused by the client (MaxPayloadError) and every call in it lost."""
+    assert nc.max_payload <= 8 * 1024 * 1024
+    size = 3 * 1024 * 1024
+    payloads = [bytes([65 + i]) * size for i in range(3)]
+    async with node_factory(k=4, queue=4, max_payload_bytes=4 * 1024 * 1024):
+        if kind == "direct":
+            answers = await asyncio.gather(*(faas.invoke("n1", "echo", p, timeout_s=30) for p in payloads))
+        else:
+            answers = await asyncio.gather(*(faas.call_async("n1", "echo", p, req=f"big{i}", timeout_s=30)
+                                             for i, p in enumerate(payloads)))
+    assert [a.status for a in answers] == [200, 200, 200], [a.message for a in answers]
+    assert [a.output for a in answers] == payloads
+
+
 async def test_user_function_and_errors_keep_node_serving(node_factory, faas, user_functions):
     async with node_factory(functions=user_functions, max_payload_bytes=1000) as node:
         assert (await faas.invoke("n1", "shout", b"hey", timeout_s=20)).output == b"HEY!"
@@ -444,14 +462,14 @@ async def test_a_call_or_outcome_lost_in_transit_is_found_without_waiting_for_th
             await on_call(self, msg)
         monkeypatch.setattr(worker.Worker, "_on_call", lossy_call)
     else:
-        publish = worker.Worker._publish_outcomes
+        send = worker.Worker._send_outcomes
 
-        async def lossy_outcome(self, reply, outcomes, outputs):
-            if not dropped and outcomes.outcomes and outcomes.outcomes[0].status == 200:
+        def lossy_outcome(self, reply, outcomes, outputs, error=None):
+            if not dropped and outcomes and outcomes[0]["status"] == 200:
                 dropped.append(b"outcome")   # never reached the node
                 return
-            await publish(self, reply, outcomes, outputs)
-        monkeypatch.setattr(worker.Worker, "_publish_outcomes", lossy_outcome)
+            send(self, reply, outcomes, outputs, error)
+        monkeypatch.setattr(worker.Worker, "_send_outcomes", lossy_outcome)
     async with Collector(nc, Subjects(prefix).result("dev1", "lost1")) as results, \
             node_factory(k=1, queue=5, runtime="inprocess") as node:
         await faas.submit("n1", "sleep", b"0.2", "lost1")
