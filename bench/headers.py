@@ -14,17 +14,17 @@ import time
 
 from nats.aio.client import Client
 
-from broker.answers import render_direct
+from broker.answers import answer_headers
 from broker.connection import NatsClient
-from broker.messages import DirectAnswer
+from broker.messages import HopTiming
 
 
 def answer_headers_of_a_direct_call() -> tuple[bytes, dict[str, str], bytes]:
-    ctx = DirectAnswer(reply="_INBOX.abc.1", node="n1", arrival=time.time(), scheduling_s=4e-5,
-                       queueing_s=2e-5, transit_s=3e-4, scheduler="NoScheduler(false)")
-    body, headers = render_direct(ctx, 200, b"hello", None, 1e-6)
+    hop = HopTiming(node="n1", arrival=time.time(), scheduling_s=4e-5, total_s=6e-4)
+    headers = answer_headers(status=200, scheduler="NoScheduler(false)", executed_by="n1", hops=[hop],
+                             execution_s=1e-6, queueing_s=2e-5, transit_s=3e-4)
     block = b"".join(f"{k}: {v}\r\n".encode() for k, v in headers.items()) + b"\r\n"
-    return body, headers, block
+    return b"hello", headers, block
 
 
 async def measure(reps: int, n: int) -> dict[str, list[float]]:
