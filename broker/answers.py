@@ -19,7 +19,7 @@ import orjson
 from broker import codes
 from broker import headers as H
 from broker.codec import decode
-from broker.connection import header_block
+from broker.header_blocks import header_block
 from broker.errors import ContractError
 from broker.messages import DirectAnswer, ErrorBody, HopTiming, LearningDecision, Rejection, Result, Timings
 

@@ -20,7 +20,7 @@ import itertools
 import math
 import os
 import time
-from typing import Callable
+from typing import Callable, Mapping
 
 import orjson
 from nats.aio.client import Client
@@ -33,7 +33,8 @@ from nats.js.errors import APIError, NoStreamResponseError, NotFoundError
 from broker import headers as H
 from broker.answers import Answer, input_limit, status_of
 from broker.codec import decode
-from broker.connection import on_event, on_publish_refused
+from broker.connection import NatsClient, on_event, on_publish_refused
+from broker.header_blocks import HeaderBlock, encode_headers, header_block
 from broker.errors import BrokerUnavailable, ContractError, InvalidSubject, NodeUnavailable, NotPermitted, PayloadTooLarge
 from broker.lifecycle import OnItsLoop
 from broker.messages import NodeGone
@@ -69,7 +70,7 @@ class FaasClient(OnItsLoop):
         self.subjects = Subjects(prefix)
         self._waiting: dict[str, asyncio.Future[Answer]] = {}            # async answers by request id
         self._calls: dict[str, tuple[asyncio.Future[Answer], str, str]] = {}  # by token: (future, node, subject)
-        self._stores: dict[str, asyncio.Future[Msg]] = {}   # async calls' JetStream acknowledgements, by token
+        self._stores: dict[str, asyncio.Future] = {}   # async calls' JetStream acknowledgements, by token
         self._tokens = itertools.count()
         self._inbox = ""
         self._subs: list = []
@@ -80,9 +81,9 @@ class FaasClient(OnItsLoop):
         self._inbox = self.nc.new_inbox()
         for subject, handler in ((f"{self._inbox}.*", self._on_reply),
                                  (self.subjects.results_of(self.client), self._on_answer),
-                                 (self.subjects.rejects_of(self.client), self._on_answer),
-                                 (self.subjects.all_gone(), self._on_gone)):
-            self._subs.append(await self.nc.subscribe(subject, cb=handler))
+                                 (self.subjects.rejects_of(self.client), self._on_answer)):
+            self._subs.append(await _subscribe(self.nc, subject, handler))
+        self._subs.append(await self.nc.subscribe(self.subjects.all_gone(), cb=self._on_gone))
         self._unlisten = [on_publish_refused(self.nc, self._on_refused),
                           on_event(self.nc, "disconnected", self._on_disconnected)]
         return self
@@ -123,12 +124,13 @@ class FaasClient(OnItsLoop):
         fut: asyncio.Future[Answer] = loop.create_future()
         self._calls[token] = (fut, node, subject)
         timer = loop.call_later(timeout_s, _expire, fut, timeout_s)
-        hdrs = {H.SENT_AT: repr(time.time())}
-        if headers:
-            hdrs.update(headers)
-        _say_wait(hdrs, timeout_s)
         try:
-            await self.nc.publish(subject, payload, reply=f"{self._inbox}.{token}", headers=hdrs)
+            if isinstance(self.nc, NatsClient):
+                self.nc.send(subject, payload, reply=f"{self._inbox}.{token}", headers=_request_block(headers, timeout_s))
+            else:
+                hdrs = {H.SENT_AT: repr(time.time()), **(headers or {})}
+                _say_wait(hdrs, timeout_s)
+                await self.nc.publish(subject, payload, reply=f"{self._inbox}.{token}", headers=hdrs)
             return await fut
         finally:
             timer.cancel()
@@ -142,22 +144,21 @@ class FaasClient(OnItsLoop):
             raise PayloadTooLarge(f"payload of {len(payload)} bytes exceeds the limit of {limit} "
                                   f"(the broker's max_payload {self.nc.max_payload}, less room for headers)")
 
-    async def _on_reply(self, msg: Msg) -> None:
-        token = msg.subject.rpartition(".")[2]
+    def _on_reply(self, subject: str, data: bytes, headers: Mapping[str, str]) -> None:
+        token = subject.rpartition(".")[2]
         entry = self._calls.pop(token, None)
         if entry is None:
             stored = self._stores.pop(token, None)
             if stored is not None and not stored.done():
-                stored.set_result(msg)
-            return
-        if entry[0].done():
+                stored.set_result((data, headers))
             return
         fut, node, _ = entry
-        headers = msg.headers or {}
-        if headers.get(H.NATS_STATUS) == "503" and not msg.data:
+        if fut.done():
+            return
+        if not data and headers.get(H.NATS_STATUS) == "503":
             fut.set_exception(NodeUnavailable(f"node {node} is not running (nobody answers its requests)"))
             return
-        fut.set_result(Answer(status_of(headers.get(H.STATUS)), msg.data, headers))
+        fut.set_result(Answer(status_of(headers.get(H.STATUS)), data, headers))
 
     async def _on_gone(self, msg: Msg) -> None:
         try:
@@ -212,20 +213,20 @@ class FaasClient(OnItsLoop):
         the same errors: nats' TimeoutError, NoStreamResponseError, APIError."""
         token = f"s{next(self._tokens)}"
         loop = self.loop
-        fut: asyncio.Future[Msg] = loop.create_future()
+        fut: asyncio.Future[tuple[bytes, Mapping[str, str]]] = loop.create_future()
         self._stores[token] = fut
         timer = loop.call_later(timeout_s, _expire_store, fut)
         try:
             await self.nc.publish(subject, payload, reply=f"{self._inbox}.{token}", headers=headers)
-            ack = await fut
+            data, ack_headers = await fut
         finally:
             timer.cancel()
             self._stores.pop(token, None)
-        if not ack.data:
-            if (ack.headers or {}).get(H.NATS_STATUS) == "503":
+        if not data:
+            if ack_headers.get(H.NATS_STATUS) == "503":
                 raise NoStreamResponseError   # no stream takes this subject (or JetStream is away)
-            raise APIError(description=f"empty JetStream acknowledgement ({dict(ack.headers or {})})")
-        reply = orjson.loads(ack.data)
+            raise APIError(description=f"empty JetStream acknowledgement ({dict(ack_headers)})")
+        reply = orjson.loads(data)
         if "error" in reply:
             raise APIError.from_error(reply["error"])
 
@@ -251,16 +252,16 @@ class FaasClient(OnItsLoop):
             timer.cancel()
             self.forget(req)
 
-    async def _on_answer(self, msg: Msg) -> None:
+    def _on_answer(self, subject: str, data: bytes, headers: Mapping[str, str]) -> None:
         try:
-            kind, _, req = self.subjects.answer_ids(msg.subject)
+            kind, _, req = self.subjects.answer_ids(subject)
         except InvalidSubject:
             return
         fut = self._waiting.pop(req, None)
         if fut is None or fut.done():
             return
         try:
-            fut.set_result(Answer.of_stored(kind, msg.data))
+            fut.set_result(Answer.of_stored(kind, data))
         except ContractError as exc:
             fut.set_exception(exc)
 
@@ -290,6 +291,38 @@ class FaasClient(OnItsLoop):
             raise BrokerUnavailable(f"the stored calls cannot be read now ({type(exc).__name__}: {exc}); "
                                     "try again") from None
         return True
+
+
+Handler = Callable[[str, bytes, Mapping[str, str]], None]   # (subject, data, headers)
+_NO_HEADERS: Mapping[str, str] = {}
+
+
+async def _subscribe(nc: Client, subject: str, handler: Handler):
+    """``handler`` called for each message: from the read loop with the headers read only when
+    asked (a :class:`NatsClient`, as every connection :func:`~broker.connection.connect` makes),
+    or through nats-py's own subscription (any other client)."""
+    if isinstance(nc, NatsClient):
+        return await nc.subscribe_lean(subject, lambda subj, reply, data, block: handler(
+            subj, data, HeaderBlock(block) if block else _NO_HEADERS))
+
+    async def on_msg(msg: Msg) -> None:
+        handler(msg.subject, msg.data, msg.headers or _NO_HEADERS)
+    return await nc.subscribe(subject, cb=on_msg)
+
+
+_SENT_AT_LINE = f"{H.SENT_AT}: ".encode()
+_WAIT_LINE = f"{H.WAIT}: ".encode()
+
+
+def _request_block(headers: dict[str, str] | None, timeout_s: float) -> bytes:
+    """The header block of a direct call: when it was sent, how long this client waits (as
+    :func:`_say_wait` says) and the caller's own headers; written at once for a call without any."""
+    if headers:
+        hdrs = {H.SENT_AT: repr(time.time()), **headers}
+        _say_wait(hdrs, timeout_s)
+        return encode_headers(hdrs)
+    wait = b"%s%r\r\n" % (_WAIT_LINE, float(timeout_s)) if math.isfinite(timeout_s) else b""
+    return header_block(b"%s%r\r\n%s" % (_SENT_AT_LINE, time.time(), wait))
 
 
 def _say_wait(headers: dict[str, str], timeout_s: float) -> None:

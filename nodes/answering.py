@@ -26,7 +26,7 @@ from nats.js.errors import NotFoundError
 from broker import headers as H
 from broker.answers import VERSION, Answer, seconds_text, answer_headers, context_headers, error_body, output_limit, render_direct
 from broker.codec import encode
-from broker.connection import header_text
+from broker.header_blocks import header_text
 from broker.lifecycle import OnItsLoop
 from broker.messages import DirectAnswer, HopTiming, Rejection, Result, Timings
 from broker.streams import deadletter_stream, ensure_shared_streams, results_stream

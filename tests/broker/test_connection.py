@@ -188,3 +188,52 @@ async def test_sent_messages_reach_a_subscriber_in_order(nc, prefix):
     finally:
         await sub.unsubscribe()
     assert got == [(str(i).encode(), {"X-N": str(i)} if i % 2 else None) for i in range(500)]
+
+
+async def test_header_blocks_read_in_the_read_loop_give_what_nats_py_gives():
+    """``parse_header_block`` (no coroutine) is nats-py's ``_process_headers`` for any block, inline
+    status lines included; ``HeaderBlock.get`` finds one header in the bytes exactly as the whole
+    parse would, whatever the block holds (repeated names, spaces, non-ASCII, a description)."""
+    from broker.header_blocks import HeaderBlock, parse_header_block
+
+    rnd = random.Random(9)
+    client = Client()
+    starts = [b"NATS/1.0\r\n", b"NATS/1.0 503\r\n", b"NATS/1.0 100 Idle Heartbeat\r\n", b"NATS/1.0 404 No Messages\r\n",
+              b"NATS/1.0 xx\r\n"]
+    names = [b"X-P2pfaas-Status", b"Status", b"X-P2pfaas-Status-More", b" X-P2pfaas-Status", b"X-P2pfaas-Status ",
+             b"Nats-Msg-Id", b"Description"]
+    values = [b"200", b" 503 ", b"", b"caf\xc3\xa9", b"X-P2pfaas-Status: 1", b"a:b"]
+    names_asked = ["X-P2pfaas-Status", "Status", "Description", "Nats-Msg-Id", "Missing"]
+    for _ in range(20_000):
+        lines = b"".join(rnd.choice(names) + b":" + rnd.choice(values) + b"\r\n" for _ in range(rnd.randint(0, 5)))
+        block = rnd.choice(starts) + lines + b"\r\n"
+        expected = await client._process_headers(block)
+        assert parse_header_block(block) == expected, block
+        for name in names_asked:
+            assert HeaderBlock(block).get(name) == (expected or {}).get(name), (block, name)
+        assert dict(HeaderBlock(block)) == (expected or {})
+
+
+async def test_a_lean_subscription_gets_every_message_in_order_and_survives_a_bad_one(nc, prefix):
+    """Messages of a lean subscription reach its handler as they are read, in order, with their raw
+    header block; one that makes the handler raise is logged and the next still comes; after
+    unsubscribe nothing more does."""
+    from broker.header_blocks import HeaderBlock
+
+    subject, got = f"{prefix}.lean.check", []
+
+    def handler(subj: str, reply: str, data: bytes, block: bytes) -> None:
+        if data == b"13":
+            raise RuntimeError("a handler's bug")
+        got.append((subj, reply, data, dict(HeaderBlock(block)) if block else None))
+
+    sub = await nc.subscribe_lean(subject, handler)
+    for i in range(200):
+        await nc.publish(subject, str(i).encode(), reply="r.x" if i % 3 else "", headers={"X-N": str(i)} if i % 2 else None)
+    await wait_until(lambda: len(got) == 199, timeout_s=10)
+    assert got == [(subject, "r.x" if i % 3 else "", str(i).encode(), {"X-N": str(i)} if i % 2 else None)
+                   for i in range(200) if i != 13]
+    await sub.unsubscribe()
+    await nc.publish(subject, b"late")
+    await nc.flush()
+    assert sub._id not in nc._lean and len(got) == 199
