@@ -33,8 +33,8 @@ from nats.js.errors import APIError, NoStreamResponseError, NotFoundError
 from broker import headers as H
 from broker.answers import Answer, input_limit, status_of
 from broker.codec import decode
-from broker.connection import NatsClient, on_event, on_publish_refused
-from broker.header_blocks import HeaderBlock, encode_headers, header_block
+from broker.connection import NatsClient, listen, on_event, on_publish_refused
+from broker.header_blocks import encode_headers, header_block
 from broker.errors import BrokerUnavailable, ContractError, InvalidSubject, NodeUnavailable, NotPermitted, PayloadTooLarge
 from broker.lifecycle import OnItsLoop
 from broker.messages import NodeGone
@@ -82,7 +82,7 @@ class FaasClient(OnItsLoop):
         for subject, handler in ((f"{self._inbox}.*", self._on_reply),
                                  (self.subjects.results_of(self.client), self._on_answer),
                                  (self.subjects.rejects_of(self.client), self._on_answer)):
-            self._subs.append(await _subscribe(self.nc, subject, handler))
+            self._subs.append(await listen(self.nc, subject, lambda subj, reply, data, headers, h=handler: h(subj, data, headers)))
         self._subs.append(await self.nc.subscribe(self.subjects.all_gone(), cb=self._on_gone))
         self._unlisten = [on_publish_refused(self.nc, self._on_refused),
                           on_event(self.nc, "disconnected", self._on_disconnected)]
@@ -291,23 +291,6 @@ class FaasClient(OnItsLoop):
             raise BrokerUnavailable(f"the stored calls cannot be read now ({type(exc).__name__}: {exc}); "
                                     "try again") from None
         return True
-
-
-Handler = Callable[[str, bytes, Mapping[str, str]], None]   # (subject, data, headers)
-_NO_HEADERS: Mapping[str, str] = {}
-
-
-async def _subscribe(nc: Client, subject: str, handler: Handler):
-    """``handler`` called for each message: from the read loop with the headers read only when
-    asked (a :class:`NatsClient`, as every connection :func:`~broker.connection.connect` makes),
-    or through nats-py's own subscription (any other client)."""
-    if isinstance(nc, NatsClient):
-        return await nc.subscribe_lean(subject, lambda subj, reply, data, block: handler(
-            subj, data, HeaderBlock(block) if block else _NO_HEADERS))
-
-    async def on_msg(msg: Msg) -> None:
-        handler(msg.subject, msg.data, msg.headers or _NO_HEADERS)
-    return await nc.subscribe(subject, cb=on_msg)
 
 
 _SENT_AT_LINE = f"{H.SENT_AT}: ".encode()

@@ -9,7 +9,7 @@ import re
 import socket
 import ssl
 import weakref
-from typing import Callable, Literal
+from typing import Callable, Literal, Mapping
 
 from nats import errors as nats_errors
 from nats.aio.client import Client
@@ -17,10 +17,12 @@ from nats.aio.client import _SUBJECT_INVALID_RE as _SUBJECT_BAD   # what publish
 from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
 from nats.protocol import command as nats_command
+from nats.protocol.parser import AWAITING_CONTROL_LINE, AWAITING_MSG_PAYLOAD, MAX_CONTROL_LINE_SIZE, Parser
 
 from broker.errors import BrokerUnavailable, NotPermitted
 from broker.header_blocks import encode_headers as _encode_headers
-from broker.header_blocks import header_block, header_text, parse_header_lines   # noqa: F401 (re-exported)
+from broker.header_blocks import HeaderBlock, parse_header_lines
+from broker.header_blocks import header_block, header_text   # noqa: F401 (re-exported)
 
 log = logging.getLogger(__name__)
 
@@ -56,6 +58,7 @@ class NatsClient(Client):
     def __init__(self) -> None:
         super().__init__()
         self._lean: dict[int, LeanHandler] = {}   # sid -> handler (subscribe_lean)
+        self._ps = MessageParser(self)
 
     async def subscribe_lean(self, subject: str, handler: LeanHandler, queue: str = "") -> Subscription:
         """A subscription whose messages go straight to ``handler(subject, reply, data, headers)``
@@ -145,6 +148,59 @@ async def _never_called(msg: Msg) -> None:   # a lean subscription's messages ne
     raise AssertionError("a lean subscription's message took nats-py's path")
 
 
+class MessageParser(Parser):
+    """nats-py's protocol parser, with messages (MSG, HMSG: all but a handful of what a busy
+    connection reads) split at their spaces instead of matched against its regular expressions
+    one after the other; every other line, and anything malformed, goes to nats-py's own. The
+    same calls for any stream, however it is cut (tests/broker/test_connection.py)."""
+
+    async def parse(self, data: bytes = b"") -> None:
+        buf = self.buf
+        buf.extend(data)
+        while buf:
+            if self.state == AWAITING_MSG_PAYLOAD:
+                if len(buf) < self.needed + 2:
+                    return
+                arg = self.msg_arg
+                await self._deliver(arg["subject"], arg["sid"], arg["reply"])
+                continue
+            head = buf[:5]
+            if head[:4] != b"MSG " and head != b"HMSG ":
+                return await super().parse()   # PING, PONG, INFO, +OK, -ERR: nats-py's way
+            end = buf.find(b"\r\n")
+            if end < 0:
+                if len(buf) > MAX_CONTROL_LINE_SIZE:
+                    return await super().parse()   # nats-py says what is wrong with it
+                return
+            args = bytes(buf[:end]).split()
+            with_headers = args[0] == b"HMSG"
+            if len(args) not in ((5, 6) if with_headers else (4, 5)) or not all(a.isdigit() for a in args[-2 if with_headers else -1:]) \
+                    or not args[2].isdigit():
+                return await super().parse()   # malformed: nats-py raises its ProtocolError
+            subject, sid = args[1], int(args[2])
+            reply = args[3] if len(args) == (6 if with_headers else 5) else b""
+            self.needed = int(args[-1])
+            self.header_needed = int(args[-2]) if with_headers else 0
+            del buf[:end + 2]
+            self.state = AWAITING_MSG_PAYLOAD
+            if len(buf) >= self.needed + 2:
+                await self._deliver(subject, sid, reply)
+            else:
+                self.msg_arg["subject"], self.msg_arg["sid"], self.msg_arg["reply"] = subject, sid, reply
+
+    async def _deliver(self, subject: bytes, sid: int, reply: bytes) -> None:
+        buf, needed, header_needed = self.buf, self.needed, self.header_needed
+        if header_needed > 0:
+            hdr: bytes | None = bytes(buf[:header_needed])
+            payload = bytes(buf[header_needed:needed])
+            self.header_needed = 0
+        else:
+            hdr, payload = None, bytes(buf[:needed])
+        del buf[:needed + 2]
+        self.state = AWAITING_CONTROL_LINE
+        await self.nc._process_msg(sid, subject, reply, payload, hdr)
+
+
 class _NobodyWaits:
     """What the flusher is handed for a flush no one waits for: it only asks whether it is done."""
 
@@ -154,6 +210,24 @@ class _NobodyWaits:
 
 
 _NOBODY_WAITS = _NobodyWaits()
+
+
+Handler = Callable[[str, str, bytes, Mapping[str, str]], None]   # (subject, reply, data, headers)
+_NO_HEADERS: Mapping[str, str] = {}
+
+
+async def listen(nc: Client, subject: str, handler: Handler, queue: str = "") -> Subscription:
+    """``handler(subject, reply, data, headers)`` for each message on ``subject``: from the read loop,
+    the headers read only when asked (a :class:`NatsClient`, as every connection :func:`connect`
+    makes), or through nats-py's own subscription (any other client). The request path's doors
+    and replies listen this way: the handler must not block (it spawns what has to wait)."""
+    if isinstance(nc, NatsClient):
+        return await nc.subscribe_lean(subject, lambda subj, reply, data, block: handler(
+            subj, reply, data, HeaderBlock(block) if block else _NO_HEADERS), queue=queue)
+
+    async def on_msg(msg: Msg) -> None:
+        handler(msg.subject, msg.reply, msg.data, msg.headers or _NO_HEADERS)
+    return await nc.subscribe(subject, queue=queue, cb=on_msg)
 
 
 def on_event(nc: Client, event: Event, listener: Callable[..., None]) -> Callable[[], None]:

@@ -111,10 +111,13 @@ class HeaderBlock(Mapping[str, str]):
     def block(self) -> bytes:
         return self._block
 
-    def _all(self) -> dict[str, str]:
+    def parsed(self) -> dict[str, str]:
+        """Every header, as a dict (the block is read once; ``dict(self)`` costs a call per name)."""
         if self._parsed is None:
             self._parsed = parse_header_block(self._block) or {}
         return self._parsed
+
+    _all = parsed
 
     def get(self, name: str, default: str | None = None) -> str | None:   # type: ignore[override]
         """``Mapping.get`` without parsing the rest where the bytes leave no doubt: the name occurs

@@ -35,7 +35,7 @@ from broker.subjects import Subjects
 from functions.registry import FunctionRegistry
 from nodes.calls import Call
 from nodes.forwarding import NOTICE_EVERY_S, processing_notice
-from nodes.inbox import Inbox
+from nodes.inbox import Inbox, Reply
 
 log = logging.getLogger(__name__)
 
@@ -46,7 +46,7 @@ STATUS_TIMEOUT_S = 2.0
 EXECUTIONS_KEPT = 7     # a function's recent execution time is the median of its last this many runs
 CHECK_AFTER_S = 10.0    # a call running this long is checked with its worker (then every as long again)
 
-Done = Callable[[Call, WorkerOutcome, bytes], Awaitable[None]]
+Done = Callable[[Call, WorkerOutcome, bytes], "Awaitable[None] | None"]   # None: nothing left to await
 Lost = Callable[[Call, str], Awaitable[None]]
 Abandoned = Callable[[list[Call]], Awaitable[None]]
 Direct = Callable[[Call], "dict | None"]   # a DirectAnswer document, or None (the node answers)
@@ -116,7 +116,7 @@ class Dispatcher(OnItsLoop):
     async def add_worker(self, name: str) -> None:
         """A worker is ready for calls."""
         self.workers[name] = WorkerSlot(name, self.subjects.worker(self.node, name))
-        await self._pump()
+        self._pump()
 
     def retire_worker(self, name: str) -> None:
         """A worker is stopping: it finishes its calls and gets no new ones."""
@@ -132,20 +132,20 @@ class Dispatcher(OnItsLoop):
         for call in [c for c in self.running.values() if c.worker == name]:
             self._end(call)
             await self._lost(call, reason)
-        await self._pump()
+        self._pump()
 
     async def set_slots(self, slots: int | None) -> None:
         self.slots = slots
-        await self._pump()
+        self._pump()
 
     # -- calls ------------------------------------------------------------------------
-    async def submit(self, call: Call) -> None:
+    def submit(self, call: Call) -> None:
         call.pool = self.pool
         call.queued = bool(self.queue) or len(self.running) >= self.capacity
         self.queue.append(call)
-        await self._pump()
+        self._pump()
 
-    async def _pump(self) -> None:
+    def _pump(self) -> None:
         """Dispatch queued calls, first come first served, while slots and workers allow. A direct
         call whose caller will have stopped waiting before it ends is not run (see :meth:`_answer_abandoned`)."""
         now, gone = 0.0, []
@@ -158,8 +158,9 @@ class Dispatcher(OnItsLoop):
             slot = self._pick(concurrency)
             if slot is None:
                 break
-            await self._dispatch(self.queue.popleft(), slot, concurrency)
-        await self._answer_abandoned(gone)
+            self._dispatch(self.queue.popleft(), slot, concurrency)
+        if gone:
+            self._spawn(self._answer_abandoned(gone))
         if self.queue and self._sweep is None:   # calls wait: the peers that forwarded them hear from us
             self._sweep = self.loop.call_later(OVERRUN_SWEEP_S, self._sweep_overruns)
 
@@ -186,7 +187,7 @@ class Dispatcher(OnItsLoop):
                 best = slot
         return best or idle
 
-    async def _dispatch(self, call: Call, slot: WorkerSlot, concurrency: int) -> None:
+    def _dispatch(self, call: Call, slot: WorkerSlot, concurrency: int) -> None:
         slot.limit = concurrency if slot.running == 0 else min(slot.limit, concurrency)
         slot.running += 1
         call.worker, call.dispatched_at = slot.name, time.time()
@@ -207,8 +208,8 @@ class Dispatcher(OnItsLoop):
             return
         batch = {c.id: c for c in calls}
 
-        async def on_reply(msg: Msg) -> None:
-            await self._on_outcomes(token, batch, msg)
+        def on_reply(msg: Reply) -> None:
+            self._on_outcomes(token, batch, msg)
 
         token, reply = self.inbox.expect(on_reply, standing=True)
         self._batches[token] = batch
@@ -249,7 +250,7 @@ class Dispatcher(OnItsLoop):
             except Exception as exc:  # the connection is gone: the peer's own limit applies then
                 log.debug("%s: processing notice to %s not sent: %s", self.pool, reply, exc)
 
-    async def _on_outcomes(self, token: str, batch: dict[int, Call], msg: Msg) -> None:
+    def _on_outcomes(self, token: str, batch: dict[int, Call], msg: Reply) -> None:
         if not msg.data and (msg.headers or {}).get(H.NATS_STATUS) == "503":
             # nobody listens on that worker's subject (it is exiting, or lost its subscription):
             # the calls never ran there and go to another worker
@@ -259,7 +260,7 @@ class Dispatcher(OnItsLoop):
             for worker in {c.worker for c in waiting}:
                 self._unreachable(worker)
             self.queue.extendleft(reversed(waiting))
-            return await self._pump()
+            return self._pump()
         try:
             answer, outputs = unframe(WorkerOutcomes, msg.data)
         except ContractError as exc:
@@ -280,9 +281,11 @@ class Dispatcher(OnItsLoop):
                 self.retire_worker(call.worker)
             if outcome.status == 200:
                 self._executed(call.fn, outcome.execution_s)
-        await self._pump()
+        self._pump()
         for call, outcome, output in ended:
-            await self._done(call, outcome, output)
+            pending = self._done(call, outcome, output)
+            if pending is not None:   # the node answers it (an async call's answer is stored)
+                self._spawn(pending)
 
     # -- after a broker outage ----------------------------------------------------------
     async def reconcile(self, before: float) -> None:
@@ -336,7 +339,7 @@ class Dispatcher(OnItsLoop):
             self._end(call)
             await self._lost(call, "the call or its outcome was lost with the broker connection")
         if lost:
-            await self._pump()
+            self._pump()
 
     async def _ask_status(self, worker: str, ids: list[int], tries: int = STATUS_TRIES) -> WorkerStatus | None:
         """The worker's answer through the node's inbox (the outcomes it sends again come on the same
@@ -348,7 +351,7 @@ class Dispatcher(OnItsLoop):
                 return None
             answer: asyncio.Future[Msg] = loop.create_future()
 
-            async def on_reply(msg: Msg, answer=answer) -> None:
+            def on_reply(msg: Reply, answer=answer) -> None:
                 if not answer.done():
                     answer.set_result(msg)
 
@@ -399,8 +402,9 @@ class Dispatcher(OnItsLoop):
         self._kill_worker(call.worker)
         outcome = WorkerOutcome(status=504, error=f"{call.fn} exceeded its timeout of {call.timeout_s:g} s "
                                                   f"(worker {call.worker} did not answer)")
-        task = asyncio.get_running_loop().create_task(self._done(call, outcome, b""))
-        task.add_done_callback(lambda t: t.exception() and log.error("answering %s: %r", call.key, t.exception()))
+        pending = self._done(call, outcome, b"")
+        if pending is not None:
+            self._spawn(pending)
 
     def _end(self, call: Call) -> None:
         self.running.pop(call.id, None)
@@ -449,7 +453,12 @@ class Dispatcher(OnItsLoop):
     def _spawn(self, coro) -> None:
         task = self.loop.create_task(coro)
         self._sending.add(task)
-        task.add_done_callback(self._sending.discard)
+        task.add_done_callback(self._spawned)
+
+    def _spawned(self, task: asyncio.Task) -> None:
+        self._sending.discard(task)
+        if not task.cancelled() and task.exception() is not None:
+            log.error("%s: %r", self.pool, task.exception())
 
     def drop_queued(self, unwanted: Callable[[Call], bool]) -> list[Call]:
         """Take the queued calls ``unwanted`` picks out of the queue (nobody waits for them any more)."""

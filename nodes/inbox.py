@@ -1,18 +1,35 @@
 """The node's one reply subscription: every request it sends (a call to a worker, a forward to
-a peer) gets a token on it, and the reply goes to the handler registered for that token."""
+a peer) gets a token on it, and the reply goes to the handler registered for that token.
+
+Replies are taken in the connection's read loop (broker.connection.listen): a handler that
+needs nothing awaited (a worker's outcomes, a store's acknowledgement) runs there and then; one
+that returns a coroutine has it run as a task.
+"""
 
 from __future__ import annotations
 
+import asyncio
 import itertools
 import logging
-from typing import Awaitable, Callable
+from typing import Awaitable, Callable, Mapping
 
 from nats.aio.client import Client
-from nats.aio.msg import Msg
+
+from broker.connection import listen
 
 log = logging.getLogger(__name__)
 
-ReplyHandler = Callable[[Msg], Awaitable[None]]
+
+class Reply:
+    """One reply: what its handler reads (a ``Msg``'s ``subject``, ``data`` and ``headers``)."""
+
+    __slots__ = ("subject", "data", "headers")
+
+    def __init__(self, subject: str, data: bytes, headers: Mapping[str, str]) -> None:
+        self.subject, self.data, self.headers = subject, data, headers
+
+
+ReplyHandler = Callable[[Reply], "Awaitable[None] | None"]
 
 
 class Inbox:
@@ -23,10 +40,11 @@ class Inbox:
         self._standing: dict[str, ReplyHandler] = {}   # every reply until forgotten
         self._tokens = itertools.count()
         self._sub = None
+        self._running: set[asyncio.Task] = set()
 
     async def start(self) -> "Inbox":
         self.prefix = self.nc.new_inbox()
-        self._sub = await self.nc.subscribe(f"{self.prefix}.*", cb=self._on_reply)
+        self._sub = await listen(self.nc, f"{self.prefix}.*", self._on_reply)
         return self
 
     async def stop(self) -> None:
@@ -49,12 +67,22 @@ class Inbox:
         self._handlers.pop(token, None)
         self._standing.pop(token, None)
 
-    async def _on_reply(self, msg: Msg) -> None:
-        token = msg.subject[len(self.prefix) + 1:]
+    def _on_reply(self, subject: str, reply: str, data: bytes, headers: Mapping[str, str]) -> None:
+        token = subject[len(self.prefix) + 1:]
         handler = self._handlers.pop(token, None) or self._standing.get(token)
         if handler is None:  # late (its call already ended: timeout, worker lost)
             return
         try:
-            await handler(msg)
+            pending = handler(Reply(subject, data, headers))
         except Exception:  # one bad reply must not stop the node's replies
-            log.exception("handling reply on %s", msg.subject)
+            log.exception("handling reply on %s", subject)
+            return
+        if pending is not None:
+            task = asyncio.get_running_loop().create_task(pending)   # type: ignore[arg-type]
+            self._running.add(task)
+            task.add_done_callback(self._handled)
+
+    def _handled(self, task: asyncio.Task) -> None:
+        self._running.discard(task)
+        if not task.cancelled() and task.exception() is not None:
+            log.error("handling a reply: %r", task.exception())

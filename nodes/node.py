@@ -203,11 +203,10 @@ class Node:
         assert self.nc is not None and self.inbox is not None
         node = self.settings.node_id
 
-        async def done(call, outcome, output) -> None:
+        def done(call, outcome, output):
             if outcome.answered:  # the worker answered the caller; the node only counts it
-                answerer.count_execution(call, outcome.status, outcome.execution_s)
-            else:
-                await answerer.executed(call, outcome.status, output, outcome.error, outcome.execution_s)
+                return answerer.count_execution(call, outcome.status, outcome.execution_s)
+            return answerer.executed(call, outcome.status, output, outcome.error, outcome.execution_s)
 
         async def abandoned(calls) -> None:
             """Queued calls taken out unrun: their callers stopped waiting, or would before they ended."""

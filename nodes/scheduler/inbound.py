@@ -13,6 +13,7 @@ from broker import codes
 from broker import headers as H
 from broker.answers import name_list
 from broker.errors import InvalidSubject, InvalidToken
+from broker.header_blocks import HeaderBlock
 from broker.subjects import TOKEN_RE, Invocation, Subjects
 from functions.registry import FunctionRegistry
 from nodes.calls import Call
@@ -64,7 +65,7 @@ class Inbound:
                            "too_large")
         if not payload and spec.requires_input:
             return bad(f"{inv.fn} needs an input payload; it was empty", "empty_payload")
-        h = headers or {}
+        h = headers.parsed() if isinstance(headers, HeaderBlock) else headers or {}
         try:
             external = inv.kind == "forward"
             hops = _int(h, H.HOPS, 0, MAX_HOPS) if external else 0

@@ -16,7 +16,7 @@ import logging
 import random
 import time
 from collections import OrderedDict
-from typing import TYPE_CHECKING, Sequence
+from typing import TYPE_CHECKING, Mapping, Sequence
 
 from nats.aio.client import Client
 from nats.aio.msg import Msg
@@ -26,6 +26,7 @@ from broker import codes
 from broker import headers as H
 from broker.answers import error_body, input_limit
 from broker.codec import encode
+from broker.connection import listen
 from broker.messages import Rejection
 from broker.streams import results_stream
 from broker.subjects import Invocation, Subjects
@@ -92,6 +93,7 @@ class SchedulerService:
         self._peers = peers
         self._subs: list = []
         self._deciding: set[asyncio.Task] = set()
+        self._carrying: set[asyncio.Task] = set()
         self._recent: OrderedDict[str, None] = OrderedDict()
         self._holding: dict[str, Call] = {}    # async calls taken and not yet released, by key
         self._started_at = time.time()
@@ -128,8 +130,8 @@ class SchedulerService:
     # -- lifecycle ----------------------------------------------------------------------
     async def start(self) -> None:
         await self.forwarder.start()
-        self._subs.append(await self.nc.subscribe(self.subjects.requests_of(self.node_id), cb=self._on_request))
-        self._subs.append(await self.nc.subscribe(self.subjects.forwards_of(self.node_id), cb=self._on_forward))
+        self._subs.append(await listen(self.nc, self.subjects.requests_of(self.node_id), self._on_request))
+        self._subs.append(await listen(self.nc, self.subjects.forwards_of(self.node_id), self._on_forward))
         await self.intake.start()
         self.sweeper.start()
 
@@ -147,6 +149,8 @@ class SchedulerService:
         for task in self._deciding:
             task.cancel()
         await asyncio.gather(*self._deciding, return_exceptions=True)
+        if self._carrying:   # forwards being sent, answers being published: brief
+            await asyncio.wait(list(self._carrying), timeout=5.0)
 
     async def stop(self) -> None:
         """After the pools stopped: forwarded calls get what is left of the workers' grace to come
@@ -167,28 +171,31 @@ class SchedulerService:
         return self.algorithm
 
     # -- the three doors ----------------------------------------------------------------
-    async def _on_request(self, msg: Msg) -> None:
-        if not msg.reply:  # published without a reply (MQTT through a foreign nats-server): make it async
-            return self._spawn(self._to_async(msg))
-        await self._take_direct(msg)
+    # Direct calls and forwards are taken in the connection's read loop (broker.connection.listen):
+    # validated, decided and dispatched without a coroutine when the algorithm decides at once;
+    # whatever has to wait (a probe, a forward, an answer to publish) is spawned.
+    def _on_request(self, subject: str, reply: str, data: bytes, headers: Mapping[str, str]) -> None:
+        if not reply:  # published without a reply (MQTT through a foreign nats-server): make it async
+            return self._answer_later(self._to_async(subject, data, headers))
+        self._take_direct(subject, reply, data, headers)
 
-    async def _on_forward(self, msg: Msg) -> None:
-        if not msg.reply:
+    def _on_forward(self, subject: str, reply: str, data: bytes, headers: Mapping[str, str]) -> None:
+        if not reply:
             self.metrics.error("malformed_subject")
-            log.warning("%s: forward on %s without a reply subject ignored", self.node_id, msg.subject)
+            log.warning("%s: forward on %s without a reply subject ignored", self.node_id, subject)
             return
-        await self._take_direct(msg)
+        self._take_direct(subject, reply, data, headers)
 
-    async def _take_direct(self, msg: Msg) -> None:
+    def _take_direct(self, subject: str, reply: str, data: bytes, headers: Mapping[str, str]) -> None:
         now = time.time()
-        inv = self.inbound.invocation(msg.subject)
+        inv = self.inbound.invocation(subject)
         if isinstance(inv, Refusal):
-            return await self._refuse_raw(msg.reply, inv)
-        call = self.inbound.call(inv, msg.data, msg.headers, arrival=now, reply=msg.reply)
+            return self._answer_later(self._refuse_raw(reply, inv))
+        call = self.inbound.call(inv, data, headers, arrival=now, reply=reply)
         if isinstance(call, Refusal):
-            return await self.answerer.refused(self._bare(inv, now, reply=msg.reply), call.code,
-                                               call.http_status, call.reason, call.kind)
-        await self.schedule(call)
+            return self._answer_later(self.answerer.refused(self._bare(inv, now, reply=reply), call.code,
+                                                            call.http_status, call.reason, call.kind))
+        self.schedule(call)
 
     async def take_async(self, msg: Msg) -> None:
         """One message of the durable intake (see :class:`~nodes.intake.AsyncIntake`)."""
@@ -228,7 +235,7 @@ class SchedulerService:
             return await self.answerer.dead_letter(
                 call, f"delivered {meta.num_delivered} times without an answer: its worker or node failed while "
                       "running it, or the deliveries were lost (a broker outage)")
-        await self.schedule(call)
+        self.schedule(call)
 
     def reconnected(self) -> None:
         """Back on the broker after an outage: intake messages taken so far may come again."""
@@ -247,13 +254,15 @@ class SchedulerService:
                 self._recent.popitem(last=False)
 
     # -- deciding -----------------------------------------------------------------------
-    async def schedule(self, call: Call) -> None:
+    def schedule(self, call: Call) -> None:
+        """Decide and carry the decision out; an algorithm that has to wait (it probes, or asks the
+        learner) decides in a task of its own."""
         request = call.request
         dedicated = self.pool_of.get(call.fn)
         if dedicated is not None and not request.force_reject:
             # a dedicated (autoscaled) pool queues every task: scaling, not admission, keeps its QoS
             call.scheduler = call.scheduler or f"pool {dedicated}"
-            return await self._execute(call, Execute(), self.pools[dedicated])
+            return self._execute(call, Execute(), self.pools[dedicated])
         algorithm = self.algorithm
         forced = forced_algorithm(request)
         # X-P2pfaas-Scheduler names the algorithm that decided: the forced one, as P2PFaaS does
@@ -262,8 +271,8 @@ class SchedulerService:
             try:
                 decision = complete_now(decide(algorithm, request, self))
             except Exception as exc:
-                return await self._undecided(call, exc)
-            return await self.carry_out(call, decision)
+                return self._answer_later(self._undecided(call, exc))
+            return self.carry_out(call, decision)
         self._spawn(self._decide_and_carry_out(call, algorithm))   # it probes or asks the learner
 
     def _describe(self, algorithm: SchedulingAlgorithm) -> str:
@@ -277,7 +286,7 @@ class SchedulerService:
             decision = await decide(algorithm, call.request, self)
         except Exception as exc:
             return await self._undecided(call, exc)
-        await self.carry_out(call, decision)
+        self.carry_out(call, decision)
 
     async def _undecided(self, call: Call, exc: Exception) -> None:
         """The algorithm raised instead of deciding (a bug in it, a learner's answer it could not
@@ -289,24 +298,24 @@ class SchedulerService:
                                     f"scheduler {call.scheduler} failed to decide: {type(exc).__name__}: {exc}",
                                     "scheduler_failed", retry_after_s=1.0)
 
-    async def carry_out(self, call: Call, decision: Decision) -> None:
+    def carry_out(self, call: Call, decision: Decision) -> None:
         call.scheduled_at = time.time()
         call.probing_s = decision.probing_s
         if self.learning is not None:  # X-P2pfaas-Scheduler-Learning-* go back with the answer
             call.learning = self.learning.decision_for(call.key, call.request, decision)
         if isinstance(decision, Execute):
-            return await self._execute(call, decision, self.main)
+            return self._execute(call, decision, self.main)
         if isinstance(decision, Forward):
             self.metrics.request(call.fn, "forwarded")
-            return await self.forwarder.forward(call, decision.peer)
+            return self._answer_later(self.forwarder.forward(call, decision.peer))
         assert isinstance(decision, Reject)
         # P2PFaaS: 401 deliberately rejected -> HTTP 503; 400 cannot schedule (overload) -> HTTP 500
-        await self.answerer.refused(call, decision.code, codes.STATUS.get(decision.code, 500), decision.reason,
-                                    "rejected", retry_after_s=1.0)
+        self._answer_later(self.answerer.refused(call, decision.code, codes.STATUS.get(decision.code, 500),
+                                                 decision.reason, "rejected", retry_after_s=1.0))
 
     async def run_here(self, call: Call) -> None:
         """A forward found nobody at the peer: run here after all (with loss)."""
-        await self.carry_out(call, run_locally(self, loss=True, probing_s=call.probing_s))
+        self.carry_out(call, run_locally(self, loss=True, probing_s=call.probing_s))
 
     async def _sender_gone(self, node: str) -> None:
         """``node`` went away (it died, or stopped after answering its callers itself): the calls it
@@ -322,17 +331,17 @@ class SchedulerService:
                 await self.answerer.refused(call, codes.GENERIC, 503, f"not run: node {node}, which forwarded it, "
                                                                       "went away", "sender_gone")
 
-    async def _execute(self, call: Call, decision: Execute, pool: Dispatcher) -> None:
+    def _execute(self, call: Call, decision: Execute, pool: Dispatcher) -> None:
         if pool.n_queued >= MAX_WAITING:
-            return await self.answerer.refused(call, codes.CANNOT_SCHEDULE, 500,
-                                               f"{MAX_WAITING} calls already wait on {pool.pool}", "rejected",
-                                               retry_after_s=1.0)
+            return self._answer_later(self.answerer.refused(call, codes.CANNOT_SCHEDULE, 500,
+                                                            f"{MAX_WAITING} calls already wait on {pool.pool}",
+                                                            "rejected", retry_after_s=1.0))
         call.scheduled_at = call.scheduled_at or time.time()
         self.metrics.request(call.fn, "scheduled")
         stats = self.answerer.stats_of(pool.pool)
         if stats is not None:
             stats.arrived()
-        await pool.submit(call)
+        pool.submit(call)
 
     # -- helpers ------------------------------------------------------------------------
     def _spawn(self, coro) -> None:
@@ -344,6 +353,18 @@ class SchedulerService:
         self._deciding.discard(task)
         if not task.cancelled() and task.exception() is not None:
             log.error("%s: a call failed while being decided: %r", self.node_id, task.exception())
+
+    def _answer_later(self, coro) -> None:
+        """What a decision leaves to do that has to wait (a forward, an answer to publish): a task
+        that the node's stop waits for, never cancels (it would leave its call unanswered)."""
+        task = asyncio.get_running_loop().create_task(coro)
+        self._carrying.add(task)
+        task.add_done_callback(self._carried)
+
+    def _carried(self, task: asyncio.Task) -> None:
+        self._carrying.discard(task)
+        if not task.cancelled() and task.exception() is not None:
+            log.error("%s: a call failed while being carried out: %r", self.node_id, task.exception())
 
     def _count_forward(self, peer: str) -> None:
         self.forwards[peer] = self.forwards.get(peer, 0) + 1
@@ -384,22 +405,22 @@ class SchedulerService:
                 continue
         return False
 
-    async def _to_async(self, msg: Msg) -> None:
+    async def _to_async(self, subject: str, data: bytes, headers: Mapping[str, str]) -> None:
         """A call published without a reply subject: stored in the async intake, then answered on
         the client's result subject. (Without our nats-server configuration, MQTT through its own
         listener arrives this way: such a call is as durable as this node is up; docs/architecture.md.)"""
-        inv = self.inbound.invocation(msg.subject)
+        inv = self.inbound.invocation(subject)
         if isinstance(inv, Refusal):
-            return await self._refuse_raw("", inv, subject=msg.subject)
-        headers = dict(msg.headers or {})
+            return await self._refuse_raw("", inv, subject=subject)
+        headers = dict(headers)
         headers.setdefault(H.MSG_ID, inv.call_key)
         try:
             await self.nc.jetstream().publish(self.subjects.async_request(inv.node, inv.fn, inv.client, inv.request_id),
-                                              msg.data, headers=headers, timeout=5.0)
+                                              data, headers=headers, timeout=5.0)
         except Exception as exc:   # the intake is full or away: the client is told (its reject subject)
             await self._refuse_raw("", Refusal(codes.GENERIC, 503, f"{inv.fn}: not stored, try again later "
                                                                   f"({type(exc).__name__}: {exc})", "not_stored"),
-                                   subject=msg.subject)
+                                   subject=subject)
 
 
 class PeerSource:

@@ -237,3 +237,66 @@ async def test_a_lean_subscription_gets_every_message_in_order_and_survives_a_ba
     await nc.publish(subject, b"late")
     await nc.flush()
     assert sub._id not in nc._lean and len(got) == 199
+
+
+async def test_the_message_parser_makes_the_calls_nats_pys_makes_however_the_stream_is_cut():
+    """MSG and HMSG (with and without reply, empty payloads, headers only), PING, PONG, +OK, INFO
+    and -ERR in one stream, cut at random places: the same calls, in the same order, as nats-py's
+    parser; a malformed message line is refused as nats-py refuses it."""
+    from nats.errors import ProtocolError
+    from nats.protocol.parser import Parser
+
+    from broker.connection import MessageParser
+
+    class Recorder:
+        def __init__(self) -> None:
+            self.calls: list[tuple] = []
+
+        async def _process_msg(self, *args) -> None:
+            self.calls.append(("msg", *args))
+
+        async def _process_ping(self) -> None:
+            self.calls.append(("ping",))
+
+        async def _process_pong(self) -> None:
+            self.calls.append(("pong",))
+
+        async def _process_info(self, info) -> None:
+            self.calls.append(("info", info))
+
+        async def _process_err(self, err) -> None:
+            self.calls.append(("err", err))
+
+    rnd = random.Random(6)
+
+    def op() -> bytes:
+        kind = rnd.choice(["msg", "hmsg", "hmsg", "ping", "pong", "ok", "info", "err"])
+        subject = rnd.choice([b"a.b", b"faas.n1.request.echo.c.r1", b"_INBOX.x.1"])
+        reply = rnd.choice([b"", b"_INBOX.y.2"])
+        payload = rnd.choice([b"", b"hello", b"MSG a 1 5\r\n", bytes(rnd.randrange(256) for _ in range(40))])
+        sep = rnd.choice([b" ", b"  ", b"\t"])
+        if kind == "msg":
+            return sep.join([b"MSG", subject, b"7", *([reply] if reply else []), str(len(payload)).encode()]) + b"\r\n" + payload + b"\r\n"
+        if kind == "hmsg":
+            hdr = rnd.choice([b"NATS/1.0\r\nA: b\r\n\r\n", b"NATS/1.0 503\r\n\r\n"])
+            return sep.join([b"HMSG", subject, b"9", *([reply] if reply else []), str(len(hdr)).encode(),
+                             str(len(hdr) + len(payload)).encode()]) + b"\r\n" + hdr + payload + b"\r\n"
+        return {"ping": b"PING\r\n", "pong": b"PONG\r\n", "ok": b"+OK\r\n", "info": b'INFO {"a":1}\r\n',
+                "err": b"-ERR 'Slow Consumer'\r\n"}[kind]
+
+    for _ in range(300):
+        stream = b"".join(op() for _ in range(rnd.randint(1, 25)))
+        cuts = sorted(rnd.sample(range(1, len(stream)), min(len(stream) - 1, rnd.randint(0, 8))))
+        chunks = [stream[a:b] for a, b in zip([0, *cuts], [*cuts, len(stream)])]
+        ours, theirs = Recorder(), Recorder()
+        our_parser, their_parser = MessageParser(ours), Parser(theirs)
+        for chunk in chunks:
+            await our_parser.parse(chunk)
+            await their_parser.parse(chunk)
+        assert ours.calls == theirs.calls, stream
+        assert not our_parser.buf and not their_parser.buf
+    for bad in (b"MSG a.b x 5\r\nhello\r\n", b"HMSG a.b 1 z 9\r\nNATS/1.0\r\n\r\n"):
+        with pytest.raises(ProtocolError):
+            await MessageParser(Recorder()).parse(bad)
+        with pytest.raises(ProtocolError):
+            await Parser(Recorder()).parse(bad)

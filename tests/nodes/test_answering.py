@@ -159,7 +159,7 @@ async def test_a_batch_larger_than_a_message_goes_in_several():
         call.inv = Subjects("faas").parse_invocation(f"faas.async.n1.echo.app1.r{i}")
         call.payload = bytes([65 + i]) * 120_000
         calls.append(call)
-        await dispatcher.submit(call)
+        dispatcher.submit(call)
     await asyncio.sleep(0)   # the end of the turn: the batch is sent
     messages = [(unframe(WorkerCalls, data), reply) for _, data, reply in wire.sent]
     assert len(messages) == 3 and len({reply for _, reply in messages}) == 1

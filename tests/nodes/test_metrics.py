@@ -37,3 +37,19 @@ def test_node_metrics_count_results():
     assert 'p2pfaas_execution_seconds_count{fn="fib",node="n1"} 1.0' in text
     assert 'p2pfaas_total_seconds_bucket{fn="fib",le="0.005",node="n1"} 1.0' in text
     assert metrics.invocations("fib") == 2
+
+
+def test_loop_counter_scrapes_like_prometheus_client():
+    from prometheus_client import Counter
+
+    from nodes.metrics import LoopCounter
+
+    ours_registry, theirs_registry = CollectorRegistry(), CollectorRegistry()
+    ours = LoopCounter("p2pfaas_x", "X", ["node", "kind"], ours_registry)
+    theirs = Counter("p2pfaas_x", "X", ["node", "kind"], registry=theirs_registry)
+    rnd = random.Random(4)
+    for _ in range(500):
+        labels, amount = {"node": "n1", "kind": rnd.choice(["a", "b", "c"])}, rnd.choice([1, 1, 2.5])
+        ours.labels(**labels).inc(amount)
+        theirs.labels(**labels).inc(amount)
+    assert _exposition(ours_registry) == _exposition(theirs_registry)
