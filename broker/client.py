@@ -217,7 +217,10 @@ class FaasClient(OnItsLoop):
         self._stores[token] = fut
         timer = loop.call_later(timeout_s, _expire_store, fut)
         try:
-            await self.nc.publish(subject, payload, reply=f"{self._inbox}.{token}", headers=headers)
+            if isinstance(self.nc, NatsClient):
+                self.nc.send(subject, payload, reply=f"{self._inbox}.{token}", headers=encode_headers(headers))
+            else:
+                await self.nc.publish(subject, payload, reply=f"{self._inbox}.{token}", headers=headers)
             data, ack_headers = await fut
         finally:
             timer.cancel()

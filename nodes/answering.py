@@ -26,13 +26,14 @@ from nats.js.errors import NotFoundError
 from broker import headers as H
 from broker.answers import VERSION, Answer, seconds_text, answer_headers, context_headers, error_body, output_limit, render_direct
 from broker.codec import encode
-from broker.header_blocks import header_text
+from broker.deliveries import ack_now
+from broker.header_blocks import header_block, header_text
 from broker.lifecycle import OnItsLoop
 from broker.messages import DirectAnswer, HopTiming, Rejection, Result, Timings
 from broker.streams import deadletter_stream, ensure_shared_streams, results_stream
 from broker.subjects import Subjects
 from nodes.calls import Call
-from nodes.inbox import Inbox
+from nodes.inbox import Inbox, Reply
 from nodes.metrics import NodeMetrics
 from nodes.telemetry import PoolStats
 
@@ -57,6 +58,7 @@ class Answerer(OnItsLoop):
         self._stores: set[asyncio.Task] = set()                        # stores being retried
         self._acking: dict[str, tuple[Call, asyncio.TimerHandle]] = {}   # stores awaiting their ack, by token
         self._results_stream = results_stream(subjects)
+        self._expected_stream = header_text({H.EXPECTED_STREAM: self._results_stream})
         self._stopping = False
         self.unstored = 0   # answers waiting for JetStream to take them (disk full, broker away)
         self._remade_at = -REMAKE_PERIOD_S
@@ -64,6 +66,11 @@ class Answerer(OnItsLoop):
     # -- outcomes -----------------------------------------------------------------------
     async def executed(self, call: Call, status: int, output: bytes, error: str | None, execution_s: float) -> None:
         """A worker of this node ran the call (and did not answer a direct caller itself)."""
+        self.executed_now(call, status, output, error, execution_s)
+
+    def executed_now(self, call: Call, status: int, output: bytes, error: str | None, execution_s: float) -> None:
+        """:meth:`executed` without a coroutine: the answer is sent, or its store started (its
+        acknowledgement acknowledges the intake message; a failed store is retried in a task)."""
         limit = self.output_limit()
         if len(output) > limit:   # it could never be sent (nor stored): an error the caller can read instead
             status, error, output = 500, f"{call.fn}: output of {len(output)} bytes exceeds the limit of {limit}", b""
@@ -77,7 +84,7 @@ class Answerer(OnItsLoop):
                 log.warning("%s: answer to %s not sent: %s", self.node, call.key, exc)
                 return
         total_s = time.time() - call.arrival
-        await self._store(call, self.subjects.result(call.inv.client, call.inv.request_id),
+        self._store(call, self.subjects.result(call.inv.client, call.inv.request_id),
                           orjson.dumps(result_document(call, self.node, self.ip, status, error, execution_s, total_s,
                                                        output if status == 200 else b"")))
 
@@ -145,7 +152,7 @@ class Answerer(OnItsLoop):
                             scheduler=call.scheduler,
                             timings=self._timings(call, timings.execution_s, total_s, timings.queueing_s),
                             hop_timings=hops, learning=call.learning, **_output_fields(answer.output))
-            return await self._store(call, self.subjects.result(call.inv.client, call.inv.request_id), encode(result))
+            return self._store(call, self.subjects.result(call.inv.client, call.inv.request_id), encode(result))
         headers = {k: v for k, v in answer.headers.items() if k not in H.LEARNING}
         headers[H.SCHEDULER] = call.scheduler   # P2PFaaS reports the origin's algorithm
         if H.TIMING_TOTAL in headers:           # the peer ran it: this node's timings go in front
@@ -173,7 +180,7 @@ class Answerer(OnItsLoop):
             rejection = Rejection(request_id=call.inv.request_id, client=call.inv.client, fn=call.fn, code=code,
                                   http_status=http_status, reason=reason, node=self.node,
                                   retry_after_s=retry_after_s, scheduler=call.scheduler, learning=call.learning)
-            return await self._store(call, self.subjects.reject(call.inv.client, call.inv.request_id), encode(rejection))
+            return self._store(call, self.subjects.reject(call.inv.client, call.inv.request_id), encode(rejection))
         headers = {H.STATUS: str(http_status), H.SCHEDULER: call.scheduler, H.REJECTED_BY: self.node}
         if retry_after_s is not None:
             headers[H.RETRY_AFTER] = str(max(1, round(retry_after_s)))
@@ -220,14 +227,14 @@ class Answerer(OnItsLoop):
         except Exception as exc:  # the caller cannot be reached any more
             log.warning("%s: answer to %s not sent: %s", self.node, call.key, exc)
 
-    async def _store(self, call: Call, subject: str, data: bytes) -> None:
+    def _store(self, call: Call, subject: str, data: bytes) -> None:
         """Store the answer; its acknowledgement (to the node's inbox) acknowledges the intake
         message. The JetStream round trip holds up nothing: the answers that follow go out meanwhile."""
         if self._stopping:
             return self._retry_store(call, subject, data)
         loop = self.loop
 
-        async def on_ack(msg: Msg) -> None:
+        def on_ack(msg: Reply) -> None:
             entry = self._acking.pop(token, None)
             if entry is None:   # too late: the retry loop has it
                 return
@@ -237,7 +244,7 @@ class Answerer(OnItsLoop):
                 log.warning("%s: answer of %s not stored (%s)", self.node, call.key, problem)
                 self.metrics.error("answer_not_stored")
                 return self._retry_store(call, subject, data)
-            await self._ack(call)
+            self._ack(call)
 
         def on_timeout() -> None:
             if self._acking.pop(token, None) is not None:
@@ -247,8 +254,8 @@ class Answerer(OnItsLoop):
         token, reply = self.inbox.expect(on_ack)
         self._acking[token] = (call, loop.call_later(STORE_TIMEOUT_S, on_timeout))
         try:
-            await self.nc.publish(subject, data, reply=reply,
-                                  headers={H.MSG_ID: f"answer.{call.key}", H.EXPECTED_STREAM: self._results_stream})
+            self.nc.send(subject, data, reply=reply, headers=header_block(
+                f"{H.MSG_ID}: answer.{call.key}\r\n{self._expected_stream}".encode()))
         except Exception as exc:  # not connected: the retry loop waits for the broker
             entry = self._acking.pop(token, None)
             if entry is not None:
@@ -262,11 +269,11 @@ class Answerer(OnItsLoop):
         self._stores.add(task)
         task.add_done_callback(self._stores.discard)
 
-    async def _ack(self, call: Call) -> None:
+    def _ack(self, call: Call) -> None:
         """The answer is stored: the intake message is done with."""
         assert call.held is not None
         try:
-            await call.held.ack()
+            ack_now(call.held)
         except Exception as exc:  # answered and stored: a redelivery finds the answer and stops there
             log.warning("%s: ack of %s failed: %s", self.node, call.key, exc)
         self.released(call, True)
@@ -300,7 +307,7 @@ class Answerer(OnItsLoop):
         finally:
             if waiting:
                 self.unstored -= 1
-        await self._ack(call)
+        self._ack(call)
 
     async def _remade_streams(self, exc: Exception, stream: str) -> bool:
         """A store in ``stream`` failed (``exc``): if that stream is gone (an operator's ``nats stream rm``,

@@ -31,7 +31,7 @@ import random
 import time
 
 import orjson
-from typing import Awaitable, Callable, Iterable
+from typing import Awaitable, Callable, Iterable, Mapping
 
 from nats.aio.client import Client
 from nats.aio.msg import Msg
@@ -40,7 +40,8 @@ from nats.js.api import AckPolicy, ConsumerConfig
 from nats.js.errors import BadRequestError, NotFoundError
 
 from broker import headers as H
-from broker.connection import on_event
+from broker.connection import listen, on_event
+from broker.deliveries import delivery
 from broker.streams import async_stream, ensure_shared_streams
 from broker.errors import InvalidToken
 from broker.subjects import TOKEN_RE, Subjects, check_node
@@ -70,7 +71,9 @@ def consumer_config(node: str, subjects: Subjects, ack_wait_s: float) -> Consume
 
 class AsyncIntake:
     def __init__(self, node: str, nc: Client, subjects: Subjects, *, ack_wait_s: float,
-                 take: Callable[[Msg], Awaitable[None]]) -> None:
+                 take: Callable[[Msg], None]) -> None:
+        """``take(msg)``: a plain call for each delivery, from the connection's read loop (it
+        spawns what has to wait)."""
         self.node, self.nc, self.js, self.subjects = node, nc, nc.jetstream(), subjects
         self.ack_wait_s, self._take = ack_wait_s, take
         self.held: dict[str, Msg] = {}          # by delivery (its ack subject)
@@ -135,7 +138,7 @@ class AsyncIntake:
             await self.js.delete_consumer(stream, config.durable_name)
             await self.js.add_consumer(stream, config)
         self._next_subject = f"{self.js._prefix}.CONSUMER.MSG.NEXT.{stream}.{config.durable_name}"
-        self._sub = await self.nc.subscribe(self.nc.new_inbox(), cb=self._on_message)
+        self._sub = await listen(self.nc, self.nc.new_inbox(), self._on_message)
 
     async def stop(self) -> None:
         """Stop pulling; what is still held is handed back at once (a restarted node takes it)."""
@@ -229,24 +232,25 @@ class AsyncIntake:
             except Exception as exc:  # the connection may be gone too
                 log.debug("intake unsubscribe: %s", exc)
 
-    async def _on_message(self, msg: Msg) -> None:
+    def _on_message(self, subject: str, reply: str, data: bytes, headers: Mapping[str, str]) -> None:
         """A message of the open pull request, or nats-server's word that it ended."""
-        if not msg.data and msg.headers and H.NATS_STATUS in msg.headers:
-            status = msg.headers[H.NATS_STATUS]
+        if not data and headers and H.NATS_STATUS in headers:
+            status = headers[H.NATS_STATUS]
             if status == "100":       # idle heartbeat (not asked for)
                 return
             if status not in ("404", "408"):   # 404 no messages, 408 expired: the normal ends
-                text = next((v for k, v in msg.headers.items() if k == H.NATS_DESCRIPTION), "")
+                text = next((v for k, v in headers.items() if k == H.NATS_DESCRIPTION), "")
                 self._refusal = f"{status} {text}".strip()
             self._ended.set()
             return
         self._asked -= 1
         if self._asked <= 0:
             self._ended.set()
+        msg = delivery(self.nc, subject, reply, data, headers)
         try:
-            await self._take(msg)
+            self._take(msg)
         except Exception:  # never let one message stop the intake
-            log.exception("%s: async call on %s failed to start", self.node, msg.subject)
+            log.exception("%s: async call on %s failed to start", self.node, subject)
             self.release(msg)
 
     async def _keep_alive(self) -> None:

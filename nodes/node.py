@@ -206,7 +206,7 @@ class Node:
         def done(call, outcome, output):
             if outcome.answered:  # the worker answered the caller; the node only counts it
                 return answerer.count_execution(call, outcome.status, outcome.execution_s)
-            return answerer.executed(call, outcome.status, output, outcome.error, outcome.execution_s)
+            return answerer.executed_now(call, outcome.status, output, outcome.error, outcome.execution_s)
 
         async def abandoned(calls) -> None:
             """Queued calls taken out unrun: their callers stopped waiting, or would before they ended."""

@@ -27,6 +27,7 @@ from broker import headers as H
 from broker.answers import error_body, input_limit
 from broker.codec import encode
 from broker.connection import listen
+from broker.deliveries import ack_now, delivery_info
 from broker.messages import Rejection
 from broker.streams import results_stream
 from broker.subjects import Invocation, Subjects
@@ -96,6 +97,7 @@ class SchedulerService:
         self._carrying: set[asyncio.Task] = set()
         self._recent: OrderedDict[str, None] = OrderedDict()
         self._holding: dict[str, Call] = {}    # async calls taken and not yet released, by key
+        self._checking: dict[str, Msg] = {}    # async calls whose stored answer is being looked up, by key
         self._started_at = time.time()
         self._stopping_at: float | None = None   # loop time the node began to stop
         self._last_seq = 0        # highest intake stream sequence taken
@@ -197,18 +199,16 @@ class SchedulerService:
                                                             call.http_status, call.reason, call.kind))
         self.schedule(call)
 
-    async def take_async(self, msg: Msg) -> None:
-        """One message of the durable intake (see :class:`~nodes.intake.AsyncIntake`)."""
+    def take_async(self, msg: Msg) -> None:
+        """One message of the durable intake (see :class:`~nodes.intake.AsyncIntake`), taken in
+        the read loop; what has to wait (a stored answer looked up, a refusal) is a task."""
         now = time.time()
-        meta = msg.metadata
-        stored_at = meta.timestamp.timestamp()
+        info = delivery_info(msg.reply)
         inv = self.inbound.invocation(msg.subject)
         if isinstance(inv, Refusal):
-            await self._refuse_raw("", inv, subject=msg.subject)
-            return await msg.ack()
+            return self._answer_later(self._refuse_and_ack(msg, inv))
         key = inv.call_key
-        seq = meta.sequence.stream
-        self._last_seq = max(self._last_seq, seq)
+        self._last_seq = max(self._last_seq, info.stream_seq)
         holding = self._holding.get(key)
         if holding is not None:
             # delivered again while this node still runs it (its keep-alive was lost in a broker
@@ -218,24 +218,52 @@ class SchedulerService:
                 self.intake.hold(msg)
                 holding.held = msg
             return
+        if key in self._checking:   # its answer is being looked up: the later delivery is the one kept
+            self._checking[key] = msg
+            return
+        if key in self._recent:
+            return self._drop_duplicate(msg, key)
         # a redelivery says so (num_delivered), except after nats-server lost its consumer state
         # in a crash: then anything stored before our start or taken before the outage may have run
-        doubtful = meta.num_delivered > 1 or stored_at < self._started_at or seq <= self._doubtful_seq
-        if key in self._recent or (doubtful and await self._answered(inv)):
-            log.info("%s: %s already answered; dropping the duplicate", self.node_id, key)
-            return await msg.ack()
+        if info.num_delivered > 1 or info.timestamp < self._started_at or info.stream_seq <= self._doubtful_seq:
+            self._checking[key] = msg
+            return self._answer_later(self._take_unless_answered(inv, now))
+        self._admit(msg, inv, now)
+
+    async def _take_unless_answered(self, inv: Invocation, now: float) -> None:
+        try:
+            answered = await self._answered(inv)
+        finally:
+            msg = self._checking.pop(inv.call_key)
+        if answered:
+            return self._drop_duplicate(msg, inv.call_key)
+        self._admit(msg, inv, now)
+
+    def _admit(self, msg: Msg, inv: Invocation, now: float) -> None:
+        info = delivery_info(msg.reply)
         self.intake.hold(msg)
-        call = self.inbound.call(inv, msg.data, msg.headers, arrival=stored_at)
+        call = self.inbound.call(inv, msg.data, msg.headers, arrival=info.timestamp)
         if isinstance(call, Refusal):
-            return await self.answerer.refused(self._bare(inv, stored_at, held=msg), call.code, call.http_status,
-                                               call.reason, call.kind)
-        call.held, call.waited_s = msg, max(0.0, now - stored_at)
-        self._holding[key] = call
-        if meta.num_delivered >= self.settings.max_deliver:
-            return await self.answerer.dead_letter(
-                call, f"delivered {meta.num_delivered} times without an answer: its worker or node failed while "
-                      "running it, or the deliveries were lost (a broker outage)")
+            return self._answer_later(self.answerer.refused(self._bare(inv, info.timestamp, held=msg), call.code,
+                                                            call.http_status, call.reason, call.kind))
+        call.held, call.waited_s = msg, max(0.0, now - info.timestamp)
+        self._holding[inv.call_key] = call
+        if info.num_delivered >= self.settings.max_deliver:
+            return self._answer_later(self.answerer.dead_letter(
+                call, f"delivered {info.num_delivered} times without an answer: its worker or node failed while "
+                      "running it, or the deliveries were lost (a broker outage)"))
         self.schedule(call)
+
+    def _drop_duplicate(self, msg: Msg, key: str) -> None:
+        log.info("%s: %s already answered; dropping the duplicate", self.node_id, key)
+        try:
+            ack_now(msg)
+        except Exception as exc:  # the connection is away: it comes again and is dropped again
+            log.debug("%s: ack of the duplicate %s: %s", self.node_id, key, exc)
+
+    async def _refuse_and_ack(self, msg: Msg, refusal: Refusal) -> None:
+        await self._refuse_raw("", refusal, subject=msg.subject)
+        await msg.ack()
 
     def reconnected(self) -> None:
         """Back on the broker after an outage: intake messages taken so far may come again."""

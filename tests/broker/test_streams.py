@@ -89,3 +89,23 @@ async def test_a_submit_without_acknowledgement_is_tried_again_within_its_patien
         await asyncio.wait_for(waiting, 10)
     info = await js.stream_info(async_stream(s))
     assert info.state.messages == 1   # the patient call, stored once
+
+
+def test_a_deliverys_reply_says_what_nats_py_reads_in_it():
+    """delivery_info reads both of nats-server's reply formats as nats-py's Msg.metadata does."""
+    import pytest
+    from nats.aio.msg import Msg
+    from nats.errors import NotJSMessageError
+
+    from broker.deliveries import delivery_info
+
+    for reply in ("$JS.ACK.FAAS_ASYNC.node-n1.3.1042.17.1764650000123456789.12",
+                  "$JS.ACK._.ACC123.FAAS_ASYNC.node-n1.1.7.7.1764650000999999999.0.xyz",
+                  "$JS.ACK.dom.ACC123.FAAS_ASYNC.node-n1.2.8.9.1764650001000000000.4"):
+        meta = Msg.Metadata._from_reply(reply)
+        info = delivery_info(reply)
+        assert (info.stream_seq, info.num_delivered) == (meta.sequence.stream, meta.num_delivered)
+        assert info.timestamp == pytest.approx(meta.timestamp.timestamp(), abs=1e-6)
+    for bad in ("", "_INBOX.x.1", "$JS.ACK.too.short"):
+        with pytest.raises(NotJSMessageError):
+            delivery_info(bad)
