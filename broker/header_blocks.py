@@ -143,5 +143,8 @@ class HeaderBlock(Mapping[str, str]):
     def __len__(self) -> int:
         return len(self._all())
 
+    def __bool__(self) -> bool:   # a block is only made for a message that has one (no parse to say so)
+        return bool(self._block)
+
     def __repr__(self) -> str:
         return repr(self._all())
