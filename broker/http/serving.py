@@ -64,12 +64,43 @@ def _guarded_protocol():
         def on_headers_complete(self) -> None:
             super().on_headers_complete()
             self._arm(BODY_TIMEOUT_S)
+            if self.cycle is not None and not isinstance(self.cycle.transport, _OneWrite):
+                self.cycle.transport = _OneWrite(self.transport, self.loop)
 
         def on_message_complete(self) -> None:
             self._disarm()   # the app runs as long as it needs; keep-alive has its own timeout
             super().on_message_complete()
 
     return GuardedHttpToolsProtocol
+
+
+class _OneWrite:
+    """A response's transport that writes what one turn of the loop gave it in one go: uvicorn
+    writes a response's status line and headers, then its body, in two system calls, and the
+    client wakes up for each (a direct call's latency, bench/invoke_path.py row 2). Everything
+    but ``write`` is the connection's own; what is held is written before the connection closes."""
+
+    __slots__ = ("_transport", "_loop", "_held")
+
+    def __init__(self, transport, loop) -> None:
+        self._transport, self._loop, self._held = transport, loop, []
+
+    def write(self, data: bytes) -> None:
+        if not self._held:
+            self._loop.call_soon(self._flush)
+        self._held.append(data)
+
+    def _flush(self) -> None:
+        held, self._held = self._held, []
+        if held and not self._transport.is_closing():
+            self._transport.write(b"".join(held))
+
+    def close(self) -> None:
+        self._flush()
+        self._transport.close()
+
+    def __getattr__(self, name: str):
+        return getattr(self._transport, name)
 
 
 HTTP_IMPLEMENTATION = _guarded_protocol()
