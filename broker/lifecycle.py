@@ -51,6 +51,36 @@ class OnItsLoop:
         return loop
 
 
+class Tasks:
+    """Tasks a service spawns and holds (asyncio keeps only weak references to them), each one's
+    failure logged as ``what`` -- never lost in a task nobody awaits."""
+
+    def __init__(self, what: str, logger: logging.Logger) -> None:
+        self.what, self.logger = what, logger
+        self._tasks: set[asyncio.Task] = set()
+
+    def spawn(self, coro) -> asyncio.Task:
+        task = asyncio.get_running_loop().create_task(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._ended)
+        return task
+
+    def _ended(self, task: asyncio.Task) -> None:
+        self._tasks.discard(task)
+        if not task.cancelled() and task.exception() is not None:
+            self.logger.error("%s: %r", self.what, task.exception())
+
+    def __bool__(self) -> bool:
+        return bool(self._tasks)
+
+    def __iter__(self):
+        return iter(list(self._tasks))
+
+    def cancel(self) -> None:
+        for task in list(self._tasks):
+            task.cancel()
+
+
 def still_wanted() -> None:
     """Raise CancelledError if the running task was asked to stop. Called at the top of every turn
     of a long-lived loop: Python 3.11's ``asyncio.wait_for``, which nats-py's requests, flushes and

@@ -28,7 +28,7 @@ from broker import headers as H
 from broker.answers import HEADER_ROOM
 from broker.codec import decode, encode, frame, split_by_size, unframe
 from broker.errors import ContractError
-from broker.lifecycle import OnItsLoop
+from broker.lifecycle import OnItsLoop, Tasks
 from broker.messages import (WorkerOutcome, WorkerOutcomes, WorkerStatus,
                              WorkerStatusRequest)
 from broker.subjects import Subjects
@@ -86,7 +86,7 @@ class Dispatcher(OnItsLoop):
         self._tokens: dict[int, str] = {}                   # call id -> its batch's reply token
         self._batches: dict[str, dict[int, Call]] = {}      # reply token -> its calls still running
         self._sweep: asyncio.TimerHandle | None = None     # armed while calls run or wait
-        self._sending: set[asyncio.Task] = set()
+        self._sending = Tasks(pool, log)
         self._checking: set[str] = set()          # workers asked about their long calls right now
         self._checked_at = 0.0
         self.expected_s: dict[str, float] = {}   # fn -> its recent execution time: the median of the last few
@@ -451,14 +451,7 @@ class Dispatcher(OnItsLoop):
             log.error("%s: answering %d call(s) not run: %r", self.pool, len(calls), exc)
 
     def _spawn(self, coro) -> None:
-        task = self.loop.create_task(coro)
-        self._sending.add(task)
-        task.add_done_callback(self._spawned)
-
-    def _spawned(self, task: asyncio.Task) -> None:
-        self._sending.discard(task)
-        if not task.cancelled() and task.exception() is not None:
-            log.error("%s: %r", self.pool, task.exception())
+        self._sending.spawn(coro)
 
     def drop_queued(self, unwanted: Callable[[Call], bool]) -> list[Call]:
         """Take the queued calls ``unwanted`` picks out of the queue (nobody waits for them any more)."""

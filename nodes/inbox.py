@@ -8,7 +8,6 @@ that returns a coroutine has it run as a task.
 
 from __future__ import annotations
 
-import asyncio
 import itertools
 import logging
 from typing import Awaitable, Callable, Mapping
@@ -16,6 +15,7 @@ from typing import Awaitable, Callable, Mapping
 from nats.aio.client import Client
 
 from broker.connection import listen
+from broker.lifecycle import Tasks
 
 log = logging.getLogger(__name__)
 
@@ -40,7 +40,7 @@ class Inbox:
         self._standing: dict[str, ReplyHandler] = {}   # every reply until forgotten
         self._tokens = itertools.count()
         self._sub = None
-        self._running: set[asyncio.Task] = set()
+        self._running = Tasks("handling a reply", log)
 
     async def start(self) -> "Inbox":
         self.prefix = self.nc.new_inbox()
@@ -78,11 +78,4 @@ class Inbox:
             log.exception("handling reply on %s", subject)
             return
         if pending is not None:
-            task = asyncio.get_running_loop().create_task(pending)   # type: ignore[arg-type]
-            self._running.add(task)
-            task.add_done_callback(self._handled)
-
-    def _handled(self, task: asyncio.Task) -> None:
-        self._running.discard(task)
-        if not task.cancelled() and task.exception() is not None:
-            log.error("handling a reply: %r", task.exception())
+            self._running.spawn(pending)

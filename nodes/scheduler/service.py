@@ -28,6 +28,7 @@ from broker.answers import error_body, input_limit
 from broker.codec import encode
 from broker.connection import listen
 from broker.deliveries import ack_now, delivery_info
+from broker.lifecycle import Tasks
 from broker.messages import Rejection
 from broker.streams import results_stream
 from broker.subjects import Invocation, Subjects
@@ -93,8 +94,8 @@ class SchedulerService:
         self.rng = random.Random()
         self._peers = peers
         self._subs: list = []
-        self._deciding: set[asyncio.Task] = set()
-        self._carrying: set[asyncio.Task] = set()
+        self._deciding = Tasks(f"{self.node_id}: a call failed while being decided", log)
+        self._carrying = Tasks(f"{self.node_id}: a call failed while being carried out", log)
         self._recent: OrderedDict[str, None] = OrderedDict()
         self._holding: dict[str, Call] = {}    # async calls taken and not yet released, by key
         self._checking: dict[str, Msg] = {}    # async calls whose stored answer is being looked up, by key
@@ -148,8 +149,7 @@ class SchedulerService:
         self._subs.clear()
         await self.sweeper.stop()
         await self.intake.stop()
-        for task in self._deciding:
-            task.cancel()
+        self._deciding.cancel()
         await asyncio.gather(*self._deciding, return_exceptions=True)
         if self._carrying:   # forwards being sent, answers being published: brief
             await asyncio.wait(list(self._carrying), timeout=5.0)
@@ -373,26 +373,13 @@ class SchedulerService:
 
     # -- helpers ------------------------------------------------------------------------
     def _spawn(self, coro) -> None:
-        task = asyncio.get_running_loop().create_task(coro)
-        self._deciding.add(task)
-        task.add_done_callback(self._decided)
-
-    def _decided(self, task: asyncio.Task) -> None:
-        self._deciding.discard(task)
-        if not task.cancelled() and task.exception() is not None:
-            log.error("%s: a call failed while being decided: %r", self.node_id, task.exception())
+        """A decision that has to wait (it probes, or asks the learner): cancelled at the stop."""
+        self._deciding.spawn(coro)
 
     def _answer_later(self, coro) -> None:
         """What a decision leaves to do that has to wait (a forward, an answer to publish): a task
         that the node's stop waits for, never cancels (it would leave its call unanswered)."""
-        task = asyncio.get_running_loop().create_task(coro)
-        self._carrying.add(task)
-        task.add_done_callback(self._carried)
-
-    def _carried(self, task: asyncio.Task) -> None:
-        self._carrying.discard(task)
-        if not task.cancelled() and task.exception() is not None:
-            log.error("%s: a call failed while being carried out: %r", self.node_id, task.exception())
+        self._carrying.spawn(coro)
 
     def _count_forward(self, peer: str) -> None:
         self.forwards[peer] = self.forwards.get(peer, 0) + 1
