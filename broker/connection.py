@@ -17,9 +17,9 @@ from nats.aio.client import _SUBJECT_INVALID_RE as _SUBJECT_BAD   # what publish
 from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
 from nats.protocol import command as nats_command
-from nats.protocol.parser import AWAITING_CONTROL_LINE, AWAITING_MSG_PAYLOAD, MAX_CONTROL_LINE_SIZE, Parser
 
 from broker.errors import BrokerUnavailable, NotPermitted
+from broker.parser import MessageParser
 from broker.header_blocks import encode_headers as _encode_headers
 from broker.header_blocks import HeaderBlock, parse_header_lines
 from broker.header_blocks import header_block, header_text   # noqa: F401 (re-exported)
@@ -44,16 +44,15 @@ GIVE_UP_TURNED_AWAY_S: float | None = None
 
 
 class NatsClient(Client):
-    """nats-py's client with a faster reader and writer of message headers (every connection
-    :func:`connect` makes is one).
+    """nats-py's client made for the request path (every connection :func:`connect` makes is one):
 
-    nats-py parses each header line as bytes and tests every character of its name on its own,
-    and checks every name against its pattern on every publish; a direct call's answer carries
-    about ten headers (P2PFaaS's), so the worker writing them and the caller reading them (the
-    HTTP bridge, ``FaasClient``) spent some 20-30 µs each per call (bench/README.md). The reader
-    decodes an all-ASCII block once (a block with other bytes goes to nats-py's own); the
-    writer checks a name once and keeps its encoding. Both give exactly nats-py's result for any
-    input (tests/broker/test_connection.py compares them on random headers)."""
+    * :meth:`subscribe_lean`: messages handed to a plain handler from the read loop;
+    * :meth:`send`: a publish without a coroutine, its header block rendered ahead;
+    * a faster reader and writer of header blocks (:mod:`broker.header_blocks`: nats-py tests every
+      character of every name on every message) and of message lines (:mod:`broker.parser`).
+
+    Each gives exactly nats-py's result for any input (tests/broker/test_connection.py compares
+    them on random inputs); what they save is in bench/README.md."""
 
     def __init__(self) -> None:
         super().__init__()
@@ -146,59 +145,6 @@ class NatsClient(Client):
 
 async def _never_called(msg: Msg) -> None:   # a lean subscription's messages never reach its queue
     raise AssertionError("a lean subscription's message took nats-py's path")
-
-
-class MessageParser(Parser):
-    """nats-py's protocol parser, with messages (MSG, HMSG: all but a handful of what a busy
-    connection reads) split at their spaces instead of matched against its regular expressions
-    one after the other; every other line, and anything malformed, goes to nats-py's own. The
-    same calls for any stream, however it is cut (tests/broker/test_connection.py)."""
-
-    async def parse(self, data: bytes = b"") -> None:
-        buf = self.buf
-        buf.extend(data)
-        while buf:
-            if self.state == AWAITING_MSG_PAYLOAD:
-                if len(buf) < self.needed + 2:
-                    return
-                arg = self.msg_arg
-                await self._deliver(arg["subject"], arg["sid"], arg["reply"])
-                continue
-            head = buf[:5]
-            if head[:4] != b"MSG " and head != b"HMSG ":
-                return await super().parse()   # PING, PONG, INFO, +OK, -ERR: nats-py's way
-            end = buf.find(b"\r\n")
-            if end < 0:
-                if len(buf) > MAX_CONTROL_LINE_SIZE:
-                    return await super().parse()   # nats-py says what is wrong with it
-                return
-            args = bytes(buf[:end]).split()
-            with_headers = args[0] == b"HMSG"
-            if len(args) not in ((5, 6) if with_headers else (4, 5)) or not all(a.isdigit() for a in args[-2 if with_headers else -1:]) \
-                    or not args[2].isdigit():
-                return await super().parse()   # malformed: nats-py raises its ProtocolError
-            subject, sid = args[1], int(args[2])
-            reply = args[3] if len(args) == (6 if with_headers else 5) else b""
-            self.needed = int(args[-1])
-            self.header_needed = int(args[-2]) if with_headers else 0
-            del buf[:end + 2]
-            self.state = AWAITING_MSG_PAYLOAD
-            if len(buf) >= self.needed + 2:
-                await self._deliver(subject, sid, reply)
-            else:
-                self.msg_arg["subject"], self.msg_arg["sid"], self.msg_arg["reply"] = subject, sid, reply
-
-    async def _deliver(self, subject: bytes, sid: int, reply: bytes) -> None:
-        buf, needed, header_needed = self.buf, self.needed, self.header_needed
-        if header_needed > 0:
-            hdr: bytes | None = bytes(buf[:header_needed])
-            payload = bytes(buf[header_needed:needed])
-            self.header_needed = 0
-        else:
-            hdr, payload = None, bytes(buf[:needed])
-        del buf[:needed + 2]
-        self.state = AWAITING_CONTROL_LINE
-        await self.nc._process_msg(sid, subject, reply, payload, hdr)
 
 
 class _NobodyWaits:

@@ -246,7 +246,7 @@ async def test_the_message_parser_makes_the_calls_nats_pys_makes_however_the_str
     from nats.errors import ProtocolError
     from nats.protocol.parser import Parser
 
-    from broker.connection import MessageParser
+    from broker.parser import MessageParser
 
     class Recorder:
         def __init__(self) -> None:
