@@ -46,6 +46,13 @@ JS_RUNTIME = ["$JS.ACK.>", "$JS.FC.>", "_INBOX.>"]
 # HTTP bridge's client token "http-<node>", whose results are every HTTP caller's
 SERVICE_NAMES = frozenset({OPERATOR, BRIDGE, CONTROLLER})
 SERVICE_NAME_PREFIXES = ("node-", "worker-", "http-")
+# bcrypt's cost in the generated nats-server configuration. Every password here is drawn by
+# secrets.token_urlsafe(24) (192 random bits), so a leaked hash is out of reach of any guessing
+# whatever the cost; the cost is only paid by nats-server, once per connection, in the client's
+# read loop. At bcrypt's default of 10 (55 ms a check here) `up --k 64` spent seconds of both
+# cores on its workers' CONNECTs (read loops of 2-7 s logged) and again after every broker
+# restart; 4, bcrypt's least, is ~1 ms (bench/connect_storm.py).
+BCRYPT_ROUNDS = 4
 log = logging.getLogger(__name__)
 
 
@@ -258,7 +265,7 @@ def device_permissions(name: str) -> dict:
 def _user(creds: Credentials, permissions: dict | None, **extra) -> dict:
     import bcrypt
 
-    user = {"user": creds.user, "password": bcrypt.hashpw(creds.password.encode(), bcrypt.gensalt(rounds=10)).decode()}
+    user = {"user": creds.user, "password": bcrypt.hashpw(creds.password.encode(), bcrypt.gensalt(rounds=BCRYPT_ROUNDS)).decode()}
     if permissions is not None:
         user["permissions"] = permissions
     user.update(extra)
