@@ -41,29 +41,15 @@ import nats
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from probes import cpu_seconds  # noqa: E402
+from soak import tree  # noqa: E402
 from broker.embedded import free_port  # noqa: E402
 
 READLOOP = re.compile(r"Readloop processing time: ([0-9.]+)(ms|s|µs)")
 
 
-def cpu_s(pid: int) -> float:
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
 def nats_server_pid(up_pid: int) -> int | None:
-    out = subprocess.run(["ps", "-e", "-o", "pid=,ppid=,args="], capture_output=True, text=True).stdout
-    rows = [line.split(None, 2) for line in out.splitlines()]
-    kids: dict[int, list[tuple[int, str]]] = {}
-    for pid, ppid, args in (r for r in rows if len(r) == 3):
-        kids.setdefault(int(ppid), []).append((int(pid), args))
-    todo = [up_pid]
-    while todo:
-        for pid, args in kids.get(todo.pop(), []):
-            if "nats-server" in args.split()[0]:
-                return pid
-            todo.append(pid)
-    return None
+    return next((pid for pid, name in tree(up_pid).items() if name == "nats-server"), None)
 
 
 def longest_readloop_s(log: Path, after: int) -> float:
@@ -129,7 +115,7 @@ def one(tree: Path, k: int, storm_window_s: float) -> dict[str, float]:
         asyncio.run(until_all_ready(endpoints["nats_url"], operator, k, endpoints["prefix"], 300))
         start_s = time.monotonic() - t0
         server = nats_server_pid(up.pid)
-        start_cpu = cpu_s(server)
+        start_cpu = cpu_seconds(server)
 
         log = data_dir / "logs" / "nats-server.log"
         offset = log.stat().st_size
@@ -144,7 +130,7 @@ def one(tree: Path, k: int, storm_window_s: float) -> dict[str, float]:
             answering = asyncio.create_task(until_every_worker_answers(endpoints["http"]["n1"], k, 120))
             answering.add_done_callback(lambda _: answered.append(time.monotonic() - killed))
             await asyncio.sleep(max(0.0, storm_window_s - (time.monotonic() - killed)))
-            cpu = cpu_s(restarted)
+            cpu = cpu_seconds(restarted)
             await answering
             return cpu, answered[0]
 
@@ -173,8 +159,8 @@ def main() -> int:
     trees = [(name, Path(path).resolve()) for name, path in (t.split("=", 1) for t in args.tree)]
     results: dict[str, list[dict[str, float]]] = {name: [] for name, _ in trees}
     for rep in range(args.reps):
-        for name, tree in trees:
-            r = one(tree, args.k, args.storm_window)
+        for name, checkout in trees:
+            r = one(checkout, args.k, args.storm_window)
             results[name].append(r)
             print(f"rep {rep + 1} {name}: " + ", ".join(f"{key} {value:.2f}" for key, value in r.items()), flush=True)
     keys = list(next(iter(results.values()))[0])

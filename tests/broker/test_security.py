@@ -324,6 +324,7 @@ async def test_identity_store_files_are_private(tmp_path):
     with pytest.raises(ValueError):
         store.device("no/slashes")
 
+
 def test_nats_configuration_holds_cheap_bcrypt_hashes_of_long_random_passwords(tmp_path):
     """No password in clear in the generated accounts, only bcrypt hashes at BCRYPT_ROUNDS (the
     cost nats-server pays per CONNECT); cheap is safe because every password is 192 random bits."""
@@ -340,13 +341,11 @@ def test_nats_configuration_holds_cheap_bcrypt_hashes_of_long_random_passwords(t
              store.worker("n1").user: store.worker("n1").password, device.user: device.password}
     assert set(known) <= {u["user"] for u in users}
     for user in users:
-        assert user["password"].startswith(f"$2b$0{BCRYPT_ROUNDS}$") and BCRYPT_ROUNDS == 4
+        assert user["password"].startswith(f"$2b${BCRYPT_ROUNDS:02d}$") and BCRYPT_ROUNDS == 4
         if user["user"] in known:
             password = known[user["user"]]
             assert password not in text and len(password) == 32   # token_urlsafe(24): 192 bits
             assert bcrypt.checkpw(password.encode(), user["password"].encode())
-
-
 
 
 def test_mosquitto_passwords_and_tls_keys_are_private(tmp_path):
