@@ -234,7 +234,7 @@ class Dispatcher(OnItsLoop):
 
     def _due_notices(self, calls) -> list[str]:
         """Reply subjects of the forwarded calls (a peer waits for each) that were silent for
-        NOTICE_EVERY_S: the peer counts the call's timeout from the notice, not from sending it."""
+        NOTICE_EVERY_S: the peer counts its limit from the notice, not from sending it (nodes/forwarding.py)."""
         now = time.time()
         due = []
         for call in calls:
@@ -376,7 +376,7 @@ class Dispatcher(OnItsLoop):
 
     def _sweep_overruns(self) -> None:
         """Every OVERRUN_SWEEP_S while calls run or wait: those past their timeout and its grace are
-        overruns; peers waiting for forwarded calls still queued here hear that they still are."""
+        overruns; peers waiting for forwarded calls queued or running here hear that they still are."""
         self._sweep = None
         now = time.time()
         for call in [c for c in self.running.values() if now > c.dispatched_at + c.timeout_s + OVERRUN_GRACE_S]:
@@ -386,7 +386,7 @@ class Dispatcher(OnItsLoop):
             return call.wanted_until > 0 and self._too_late(call, now)
         if any(map(abandoned, self.queue)):   # they hold queue places live callers need
             self._spawn(self._answer_abandoned(self.drop_queued(abandoned)))
-        notices = self._due_notices(self.queue)
+        notices = self._due_notices([*self.queue, *self.running.values()])
         if notices:
             self._spawn(self._notify(notices))
         if self.running or self.queue:

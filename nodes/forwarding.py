@@ -45,14 +45,26 @@ log = logging.getLogger(__name__)
 FORWARD_GRACE_S = 5.0       # past the call's timeout plus this, a silent peer has failed it
 FORWARD_FAILED = 403        # P2PFaaS: "forward failed"
 PROCESSING = "102"          # X-P2pfaas-Status of an empty reply: "still holding your call" (HTTP 102)
-NOTICE_EVERY_S = FORWARD_GRACE_S / 2   # how often a node holding a forwarded call in its queue says so
+NOTICE_EVERY_S = FORWARD_GRACE_S / 2   # how often a node holding a forwarded call (queued or running) says so
+# A forward whose peer sent neither its answer nor a notice for this long is lost in transit (its
+# request, or the answer and the notices after it, went down with a broker of the cluster while
+# both nodes stayed up): it fails then ("forward failed"; an async one is delivered again), not
+# at its timeout plus the grace -- an hour for sleep.
+SILENT_AFTER_S = 6 * NOTICE_EVERY_S
 
 
 def processing_notice() -> dict[str, str]:
-    """Headers of the empty message a node sends on a forward's reply subject while the call waits
-    in its queue, and when it starts it late: the node waiting for it counts the call's timeout
-    (plus the grace) from then, so a call may wait in a peer's queue as long as in its own."""
+    """Headers of the empty message a node sends on a forward's reply subject every NOTICE_EVERY_S
+    while it holds the call (queued or running), and when it starts it late: the node waiting for
+    it counts the call's limit from then, so a call may wait in a peer's queue as long as in its
+    own, and a forward that hears nothing for SILENT_AFTER_S is known lost."""
     return {H.STATUS: PROCESSING}
+
+
+def silence_limit(call: Call) -> float:
+    """How long a forward may hear nothing from its peer: the call's timeout plus the grace, at
+    most SILENT_AFTER_S (the peer says every NOTICE_EVERY_S that it still holds the call)."""
+    return min(call.timeout_s + FORWARD_GRACE_S, SILENT_AFTER_S)
 
 
 @dataclass(eq=False, slots=True)
@@ -170,7 +182,7 @@ class Forwarder:
             await self._on_reply(call, msg)
 
         token, reply = self.inbox.expect(on_reply, standing=True)   # PROCESSING notices may come first
-        timer = asyncio.get_running_loop().call_later(call.timeout_s + FORWARD_GRACE_S, self._expire, call.id)
+        timer = asyncio.get_running_loop().call_later(silence_limit(call), self._expire, call.id)
         self.pending[call.id] = Pending(call, peer, token, timer)
         self._on_forward(peer)
         subject = self.subjects.forward(peer, call.fn, call.inv.client, call.inv.request_id)
@@ -213,7 +225,7 @@ class Forwarder:
         call = pending.call
         if pending.timer is not None:
             pending.timer.cancel()
-        pending.timer = asyncio.get_running_loop().call_later(call.timeout_s + FORWARD_GRACE_S, self._expire, call.id)
+        pending.timer = asyncio.get_running_loop().call_later(silence_limit(call), self._expire, call.id)
         if call.notices and call.reply:   # it came from a peer, which waits for it too
             try:
                 await self.nc.publish(call.reply, b"", headers=processing_notice())
@@ -225,7 +237,10 @@ class Forwarder:
         if pending is None:
             return
         self._end(pending)
-        reason = f"peer {pending.peer} did not answer within {pending.call.timeout_s + FORWARD_GRACE_S:g} s"
+        limit = silence_limit(pending.call)
+        reason = (f"peer {pending.peer} did not answer within {limit:g} s" if limit < SILENT_AFTER_S else
+                  f"peer {pending.peer} fell silent: neither an answer nor a notice that it still holds "
+                  f"the call for {limit:g} s (lost in transit?)")
         task = asyncio.get_running_loop().create_task(self._failed(pending, reason))
         self._failing.add(task)
         task.add_done_callback(self._failing.discard)

@@ -148,6 +148,37 @@ async def test_peer_falling_silent_fails_its_forwarded_call_when_discovery_remov
     assert waited < 6   # before the call itself could have ended (8 s), let alone its timeout
 
 
+@pytest.mark.parametrize("answer", ["lost", "long"])
+async def test_a_forward_whose_peer_falls_silent_fails_and_a_long_one_does_not(node_factory, faas, monkeypatch, answer):
+    """Both nodes stay up and in each other's view, but the peer's answer to a forwarded call is lost
+    in transit (a server of the cluster dying with it in its buffers): the origin hears neither the
+    answer nor the notices a peer sends while it holds the call, and fails it ("forward failed")
+    after SILENT_AFTER_S -- not at its timeout plus the grace (an hour for sleep). A forwarded call
+    that runs longer than that is not failed: its peer says every NOTICE_EVERY_S that it still runs it."""
+    from nodes import dispatch, forwarding
+    monkeypatch.setattr(forwarding, "SILENT_AFTER_S", 1.5)
+    monkeypatch.setattr(dispatch, "NOTICE_EVERY_S", 0.3)    # the sweep (every 0.5 s) sends them
+    lost: list[bytes] = []
+    if answer == "lost":
+        on_reply = forwarding.Forwarder._on_reply
+
+        async def lossy(self, call, msg):
+            if msg.data and not lost:   # the answer, not a notice: never arrives
+                lost.append(msg.data)
+                return
+            await on_reply(self, call, msg)
+        monkeypatch.setattr(forwarding.Forwarder, "_on_reply", lossy)
+    async with cluster(node_factory, ("n1", ("ForwardScheduler", ["1"])), ("n2", ("NoScheduler", ["true"]))):
+        started = asyncio.get_running_loop().time()
+        got = await asyncio.wait_for(faas.invoke("n1", "sleep", b"0.2" if answer == "lost" else b"3", timeout_s=60), 20)
+        waited = asyncio.get_running_loop().time() - started
+    if answer == "lost":
+        assert lost and got.status == 500 and got.code == 403 and "fell silent" in got.message, got.message
+        assert waited < 6   # 0.2 s of run + 1.5 s of silence, not 60 s + 5
+    else:
+        assert got.status == 200 and got.executed_by == "n2" and waited >= 3, (got.message, waited)
+
+
 async def test_peer_stopping_gracefully_finishes_the_forwarded_call(node_factory, faas):
     async with node_factory(node_id="n1", scheduler=("ForwardScheduler", ["1"]), **FAST) as n1:
         async with node_factory(node_id="n2", **FAST) as n2:
