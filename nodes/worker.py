@@ -33,7 +33,7 @@ from nats.aio.msg import Msg
 
 from broker.answers import HEADER_ROOM, output_limit, render_direct
 from broker.codec import decode, encode, frame, split_by_size, unframe
-from broker.connection import close_quietly, connect, credentials_from_env
+from broker.connection import close_quietly, connect, credentials_from_env, listen
 from broker.errors import ContractError
 from broker.lifecycle import OnItsLoop, hard_exit_after, on_parent_gone, parent_gone, parent_pipe_watched, run_loop
 from broker.messages import (DirectAnswer, NodeGone, WorkerCall, WorkerCalls, WorkerOutcome, WorkerStatus, WorkerStatusRequest)
@@ -89,7 +89,8 @@ class Worker(OnItsLoop):
         # a worker runs user code: it connects as its node's worker identity, not as the node
         self.nc = await connect(self.settings.nats_servers, f"{self.settings.node_id}-{self.name}",
                                 credentials=credentials_from_env(WORKER_CREDENTIALS) or credentials_from_env())
-        sub = await self.nc.subscribe(self.subjects.worker(self.settings.node_id, self.name), cb=self._on_call)
+        # calls are taken in the read loop (no Msg, queue or task switch per message), as the node's doors take them
+        sub = await listen(self.nc, self.subjects.worker(self.settings.node_id, self.name), self._on_calls)
         await self.nc.subscribe(self.subjects.worker_status(self.settings.node_id, self.name), cb=self._on_status)
         watch = await self._watch_node() if self.watch_node else None
         await self.nc.flush()
@@ -135,16 +136,16 @@ class Worker(OnItsLoop):
 
         return asyncio.create_task(watchdog())
 
-    async def _on_call(self, msg: Msg) -> None:
+    def _on_calls(self, subject: str, reply: str, data: bytes, headers: object) -> None:
         """A batch of calls (what the node dispatched to us in one turn of its loop)."""
         try:
-            batch, payloads = unframe(WorkerCalls, msg.data)
+            batch, payloads = unframe(WorkerCalls, data)
         except ContractError as exc:
-            return self._send_outcomes(msg.reply, [], [], error=f"malformed worker call: {exc}")
+            return self._send_outcomes(reply, [], [], error=f"malformed worker call: {exc}")
         offset = 0
         for call in batch.calls:
             payload, offset = payloads[offset:offset + call.size], offset + call.size
-            self._start(msg.reply, call, payload)
+            self._start(reply, call, payload)
 
     def _start(self, reply: str, call: WorkerCall, payload: bytes) -> None:
         self._active.add(call.id)

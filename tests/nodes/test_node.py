@@ -453,14 +453,14 @@ async def test_a_call_or_outcome_lost_in_transit_is_found_without_waiting_for_th
     monkeypatch.setattr(dispatch, "CHECK_AFTER_S", 0.5, raising=False)
     dropped: list[bytes] = []
     if lose == "call":
-        on_call = worker.Worker._on_call
+        on_calls = worker.Worker._on_calls
 
-        async def lossy_call(self, msg):
-            if not dropped and b'"sleep"' in msg.data:
-                dropped.append(msg.data)   # never reached the worker
+        def lossy_calls(self, subject, reply, data, headers):
+            if not dropped and b'"sleep"' in data:
+                dropped.append(data)   # never reached the worker
                 return
-            await on_call(self, msg)
-        monkeypatch.setattr(worker.Worker, "_on_call", lossy_call)
+            on_calls(self, subject, reply, data, headers)
+        monkeypatch.setattr(worker.Worker, "_on_calls", lossy_calls)
     else:
         send = worker.Worker._send_outcomes
 
