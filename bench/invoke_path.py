@@ -42,8 +42,28 @@ GO_P2PFAAS_QUOTED = {"c32_rps": 2430.0, "seq_p50_us": 1000.0}
 TARGETS = {"http": 0.75, "http_p50": 3.0, "nats": 0.25, "nats_p50": 3.0, "async": 0.25, "mqtt": 0.30}
 
 
-def bridges_variant(n: int) -> str:
+def bridges_variant(spec: str) -> str:
+    """A layout of the HTTP bridge: ``node`` (in the node's process, with its in-process door: what
+    ``p2pfaas up`` runs), ``node+N`` (that and N processes of its own on the same port: ``up
+    --http-processes N+1``), ``N`` (N processes of its own: ``p2pfaas bridge http``, compose)."""
+    spec = str(spec)
+    if spec == "node":
+        return "p2pfaas, bridge in the node's process"
+    if spec.startswith("node+"):
+        n = int(spec[5:])
+        return f"p2pfaas, node's process + {n} bridge process{'es' if n > 1 else ''}"
+    n = int(spec)
     return f"p2pfaas, {n} bridge process{'es' if n > 1 else ''}"
+
+
+def bridge_layout(spec: str) -> tuple[bool, int]:
+    """(served by the node's process, how many bridge processes of their own)."""
+    spec = str(spec)
+    if spec == "node":
+        return True, 0
+    if spec.startswith("node+"):
+        return True, int(spec[5:])
+    return False, int(spec)
 
 
 def med(values) -> float:
@@ -86,13 +106,17 @@ class Bench:
         self.loadgen = self.spawn("loadgen", loadgen_main, url)
         self.responder = self.spawn("responder", responder_main, url)
         self.consumer = self.spawn("js-consumer", js_consumer_main, url)
-        self.node = self.spawn("node", node_main, url, PREFIX, str(self.tmp / "node"), a.k, a.queue, a.loss, a.node_loop,
-                               a.runtime)
-        for n in a.bridges:
+        in_node: list[int] = []
+        for spec in a.bridges:
             port = free_port()
-            self.http_ports[bridges_variant(n)] = port
-            self.bridges[bridges_variant(n)] = [self.spawn(f"bridge{n}-{i}", bridge_main, url, PREFIX, port)
-                                                for i in range(n)]
+            self.http_ports[bridges_variant(spec)] = port
+            by_node, own = bridge_layout(spec)
+            if by_node:
+                in_node.append(port)
+            self.bridges[bridges_variant(spec)] = [self.spawn(f"bridge{spec}-{i}", bridge_main, url, PREFIX, port)
+                                                   for i in range(own)]
+        self.node = self.spawn("node", node_main, url, PREFIX, str(self.tmp / "node"), a.k, a.queue, a.loss, a.node_loop,
+                               a.runtime, in_node)
         for name, (http, loop) in ECHO_SERVERS.items():
             port = free_port()
             self.http_ports[name] = port
@@ -114,7 +138,7 @@ class Bench:
         groups.update({name: [proc.pid] for name, proc in self.echo_apps.items()})
         self.meter = CpuMeter(groups)
         self.log(f"node n1: K={a.k}, queue {a.queue}, NoScheduler({str(a.loss).lower()}), {len(groups['workers'])} "
-                 f"workers ({a.runtime}), {a.node_loop} loop; bridges {', '.join(map(str, a.bridges))} process(es); "
+                 f"workers ({a.runtime}), {a.node_loop} loop; HTTP bridge layouts {', '.join(a.bridges)}; "
                  f"{a.mqtt_devices} MQTT devices x {a.mqtt_window} in flight; HTTP load: {a.http_loadgen}")
 
     async def stop(self) -> None:
@@ -329,10 +353,10 @@ def build_rows(reps: list[dict], args) -> list[dict]:
                      "unit": unit})
 
     c = args.http_conns
-    for n in args.bridges:
-        v = bridges_variant(n)
-        default = " (default)" if n == args.default_bridges else ""
-        row(f"1. HTTP req/s, {c} conns, {n} bridge process{'es' if n > 1 else ''}{default}",
+    for spec in args.bridges:
+        v = bridges_variant(spec)
+        default = " (default)" if spec == args.default_bridges else ""
+        row(f"1. HTTP req/s, {c} conns, {v.split(', ', 1)[1]}{default}",
             ("http", ECHO_DEFAULT, "rps"), ("http", v, "rps"), "http", True, "%")
     dv = bridges_variant(args.default_bridges)
     row(f"   HTTP p99 µs, {c} conns (info)", ("http", ECHO_DEFAULT, "p99_us"), ("http", dv, "p99_us"), None, False, "x")
@@ -506,8 +530,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--warmup-s", type=float, default=0.5, help="untimed seconds before each NATS/MQTT window (default 0.5)")
     p.add_argument("--http-loadgen", choices=("wrk", "hey"), default="wrk", help="HTTP load generator (default wrk)")
     p.add_argument("--http-conns", type=int, default=32, help="HTTP connections (default 32)")
-    p.add_argument("--bridges", default="1,2", help="HTTP bridge process counts to measure (default 1,2)")
-    p.add_argument("--default-bridges", type=int, default=None, help="the count the sequential row uses (default: the first)")
+    p.add_argument("--bridges", default="node,node+1,1",
+                   help="HTTP bridge layouts to measure: node (in the node's process, what `up` runs), node+N (and N "
+                        "processes of its own on the port), N (N processes of its own, as `p2pfaas bridge http`); "
+                        "default node,node+1,1")
+    p.add_argument("--default-bridges", default=None, help="the layout the sequential row uses (default: the first)")
     p.add_argument("--inflight", type=int, default=200, help="NATS/async calls in flight (default 200)")
     p.add_argument("--payload", default="hello", help="request body, every path (default hello)")
     p.add_argument("--k", type=int, default=16, help="node's K: running slots and worker processes (default 16)")
@@ -524,12 +551,16 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args = p.parse_args(argv)
     if args.quick:
         args.reps, args.thr_s, args.seq_s, args.warmup_s = 1, 2.0, 1.0, 0.3
-    args.bridges = sorted({int(b) for b in args.bridges.split(",") if b.strip()})
+    args.bridges = list(dict.fromkeys(b.strip() for b in args.bridges.split(",") if b.strip()))
     args.rows = {int(r) for r in args.rows.split(",") if r.strip()}
     if not args.rows or not args.rows <= {1, 2, 3, 4, 5}:
         p.error("--rows: some of 1,2,3,4,5")
-    if not args.bridges or min(args.bridges) < 1:
-        p.error("--bridges: one or more counts >= 1, e.g. 1,2")
+    try:
+        layouts = [bridge_layout(b) for b in args.bridges]
+    except ValueError:
+        layouts = []
+    if not layouts or any(own < (0 if by_node else 1) for by_node, own in layouts):
+        p.error("--bridges: one or more of node, node+N, N (N >= 1), e.g. node,node+1,1")
     args.default_bridges = args.default_bridges or args.bridges[0]
     if args.default_bridges not in args.bridges:
         p.error(f"--default-bridges {args.default_bridges} is not among --bridges {args.bridges}")
@@ -593,7 +624,8 @@ def report_saved(paths: list[str], console, as_markdown: bool = False) -> int:
     """The tables of saved runs (--json), their repetitions pooled: medians over all of them."""
     runs = [json.loads(Path(p).read_text()) for p in paths]
     args = argparse.Namespace(**runs[0]["config"])
-    args.rows, args.bridges = set(args.rows), list(args.bridges)
+    args.rows, args.bridges = set(args.rows), [str(b) for b in args.bridges]
+    args.default_bridges = str(args.default_bridges)
     reps = [rep for run in runs for rep in run["reps"]]
     results = {"reps": reps, "rows": build_rows(reps, args)}
     if as_markdown:

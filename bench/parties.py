@@ -355,18 +355,22 @@ async def _js_consumer(url: str, conn) -> None:
 # p2pfaas: the node, and HTTP bridge processes in front of it
 # ---------------------------------------------------------------------------------------------
 def node_main(url: str, prefix: str, data_dir: str, k: int, queue: int, loss: bool, loop: str, runtime: str,
-              conn) -> None:
+              http_ports: list[int], conn) -> None:
     die_with_parent()
     import logging
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s node %(name)s: %(message)s")
-    main = _node(url, prefix, Path(data_dir), k, queue, loss, runtime, conn)
+    main = _node(url, prefix, Path(data_dir), k, queue, loss, runtime, http_ports, conn)
     run_on_uvloop(main) if loop == "uvloop" else asyncio.run(main)
 
 
-async def _node(url: str, prefix: str, data_dir: Path, k: int, queue: int, loss: bool, runtime: str, conn) -> None:
+async def _node(url: str, prefix: str, data_dir: Path, k: int, queue: int, loss: bool, runtime: str,
+                http_ports: list[int], conn) -> None:
+    """The node; on each of ``http_ports`` its HTTP bridge in this process, with the node's
+    in-process door, as ``p2pfaas node --http-port`` (what ``up`` runs) serves it."""
     from broker.messages import NodeConfiguration, SchedulerConfiguration
     from nodes.node import Node
     from nodes.settings import NodeSettings
+    from p2pfaas.parts import HttpBridgeOptions, start_http_bridge, stop_http_bridge
 
     settings = NodeSettings(
         node_id=NODE_ID, nats_url=url, prefix=prefix, data_dir=data_dir, runtime=runtime, learner=False,
@@ -374,11 +378,14 @@ async def _node(url: str, prefix: str, data_dir: Path, k: int, queue: int, loss:
         initial_scheduler=SchedulerConfiguration(name="NoScheduler", parameters=[str(loss).lower()]),
     )
     async with Node(settings) as node:
-        assert node.pool is not None
+        assert node.pool is not None and node.scheduler is not None
         await node.pool.wait_ready(90)
-
+        bridges = [await start_http_bridge(HttpBridgeOptions(node=NODE_ID, nats_url=url, port=port, prefix=prefix),
+                                           door=node.scheduler.door) for port in http_ports]
         conn.send(("ready", {"pid": os.getpid(), "worker_pids": node.pool.pids()}))
         await serve_commands(conn, {})
+        for bridge in bridges:
+            await stop_http_bridge(bridge)
 
 
 def bridge_main(url: str, prefix: str, port: int, conn) -> None:

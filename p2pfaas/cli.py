@@ -312,17 +312,23 @@ def node(
     runtime: Runtime = typer.Option(Runtime.process),
     function: list[str] = typer.Option([], "--function", "-f", help="name=package.module:callable (repeatable)."),
     settings_file: Optional[Path] = typer.Option(None, "--settings", help="All node settings as one JSON document (what `up` passes); the other options are then ignored."),
+    http_port: Optional[int] = typer.Option(None, min=1, max=MAX_PORT, help="Also serve the node's HTTP bridge (P2PFaaS's :18080 API) from this process, as `up` does: a direct call then skips one hop through nats-server."),
+    http_host: str = typer.Option("127.0.0.1", help="With --http-port: the address it listens on."),
+    http_processes: int = typer.Option(1, min=1, max=32, help="With --http-port: HTTP bridge processes on the port, this one included (SO_REUSEPORT; the others go through NATS)."),
+    discovery_port: Optional[int] = typer.Option(None, min=1, max=MAX_PORT, help="With --http-port: also P2PFaaS's discovery API on this port (P2PFaaS: 19000)."),
+    learner_port: Optional[int] = typer.Option(None, min=1, max=MAX_PORT, help="With --http-port: also P2PFaaS's learner API on this port (P2PFaaS: 19020)."),
     verbose: bool = typer.Option(False, "--verbose", "-v"),
 ) -> None:
     """Run one node (scheduler, discovery, learner, worker pool) against an existing NATS: by
-    default the one of the `p2pfaas up` running on --data-dir.
+    default the one of the `p2pfaas up` running on --data-dir. With --http-port, the node's
+    HTTP bridge runs in the same process (docs/architecture.md).
 
-    Prints READY on stdout once each pool has a ready worker; stops on SIGINT/SIGTERM (or when
-    the process that started it ends), within a deadline."""
+    Prints READY on stdout once each pool has a ready worker (and the HTTP port serves); stops on
+    SIGINT/SIGTERM (or when the process that started it ends), within a deadline."""
     from broker.errors import NodeFileError
     from nodes.node import Node
     from nodes.settings import NodeSettings
-    from p2pfaas.parts import run_part
+    from p2pfaas.parts import HttpBridgeOptions, run_part, start_http_bridge, stop_http_bridge
 
     _logging(verbose)
     try:
@@ -336,12 +342,22 @@ def node(
                 peer_discovery_port=peer_discovery_port, init_servers=init_server or None, node_rewards=node_rewards)
     except (ValueError, OSError) as exc:
         raise typer.BadParameter(str(exc)) from None
+    store = None
     if settings_file is None:   # `up` checked its own before starting us (and named its NATS)
         _importable(settings.functions)
-        url, _ = _attach(settings.data_dir, nats_url or os.environ.get("P2PFAAS_NATS_URL"))
+        url, store = _attach(settings.data_dir, nats_url or os.environ.get("P2PFAAS_NATS_URL"))
         settings = settings.model_copy(update={"nats_url": url})
+    http = None
+    if http_port is not None:
+        if store is not None and not os.environ.get("P2PFAAS_OPERATOR_TOKEN"):   # run by hand: as the stack's bridges
+            os.environ["P2PFAAS_OPERATOR_TOKEN"] = store.operator_token()
+        # read before any worker starts: the bridge's secrets leave the environment workers inherit
+        http = HttpBridgeOptions(node=settings.node_id, nats_url=settings.nats_url, host=http_host, port=http_port,
+                                 prefix=settings.prefix, max_payload_bytes=settings.max_payload_bytes,
+                                 processes=http_processes, discovery_port=discovery_port,
+                                 learner_port=learner_port).read_env(in_node=True)
 
-    async def start() -> Node:
+    async def start():
         started = Node(settings)
         try:
             await started.start()
@@ -351,15 +367,28 @@ def node(
         # serving once every pool has a worker: with a large K the others keep starting meanwhile
         # (calls wait in the queue for them), so a node never takes minutes to come up
         await asyncio.gather(*(pool.wait_ready(120, at_least=1) for pool in started.pools.values()))
-        return started
+        if http is None:
+            return started, None
+        try:
+            assert started.scheduler is not None
+            return started, await start_http_bridge(http, door=started.scheduler.door)
+        except BaseException:
+            await started.stop()
+            raise
 
-    async def stop(started: Node) -> None:
-        await started.stop()
+    async def stop(part) -> None:
+        started, bridge = part
+        # at once: HTTP callers still waiting get the answers the node gives while it stops
+        await asyncio.gather(started.stop(), *([stop_http_bridge(bridge)] if bridge else []))
+
+    def announce(part) -> None:
+        serving = f"; HTTP on {http.host}:{http.port}" if http is not None else ""
+        console.print(f"node {settings.node_id} attached to {settings.nats_url}{serving}; Ctrl-C to stop")
 
     from broker.errors import DataDirInUse
     # a file of the node's that is broken (a crash mid-write) is the user's to fix: said once, not a traceback
     with _reported(DataDirInUse, NodeFileError), _reported(BrokerUnavailable, todo=START_THE_STACK):
-        run_part(start, stop, lambda _: console.print(f"node {settings.node_id} attached to {settings.nats_url}; Ctrl-C to stop"))
+        run_part(start, stop, announce)
 
 
 class BridgeKind(str, Enum):
@@ -386,7 +415,7 @@ def bridge(
 ) -> None:
     """Run one bridge against an existing NATS (by default the one of the `p2pfaas up` running on
     --data-dir) and Mosquitto. Prints READY when serving."""
-    from p2pfaas.parts import HttpBridgeOptions, one_process_argv, run_part, start_http_bridge, stop_http_bridge
+    from p2pfaas.parts import HttpBridgeOptions, run_part, start_http_bridge, stop_http_bridge
 
     _logging(verbose)
     nats_url, store = _attach(data_dir, nats_url)
@@ -396,16 +425,10 @@ def bridge(
         # secrets come in the environment (`up` sets them), never on the command line
         options = HttpBridgeOptions(node=node_id, nats_url=nats_url, host=host, port=port, prefix=prefix,
                                     max_payload_bytes=max_payload_bytes, processes=processes,
-                                    operator_token=os.environ.get("P2PFAAS_OPERATOR_TOKEN") or None,
-                                    invoke_token=os.environ.get("P2PFAAS_INVOKE_TOKEN") or None,
-                                    callback_hosts=tuple(h for h in os.environ.get("P2PFAAS_CALLBACK_HOSTS", "").split(",") if h),
-                                    tls=(os.environ["P2PFAAS_TLS_CERT"], os.environ["P2PFAAS_TLS_KEY"])
-                                    if os.environ.get("P2PFAAS_TLS_CERT") else None,
-                                    p2pfaas_open=os.environ.get("P2PFAAS_P2PFAAS_OPEN") == "1",
-                                    discovery_port=discovery_port, learner_port=learner_port)
+                                    discovery_port=discovery_port, learner_port=learner_port).read_env()
         extra = "".join(f", {what} :{p}" for what, p in (("discovery", discovery_port), ("learner", learner_port)) if p)
         with _reported(BrokerUnavailable, todo=START_THE_STACK):
-            run_part(lambda: start_http_bridge(options, one_process_argv(sys.argv)), stop_http_bridge,
+            run_part(lambda: start_http_bridge(options), stop_http_bridge,
                      lambda _: console.print(f"HTTP bridge for {node_id} on http://{host}:{port}{extra} "
                                              f"({processes} process(es))"))
         return

@@ -5,13 +5,18 @@ waits for), stopped on SIGINT/SIGTERM or when its parent ends, within a deadline
 from __future__ import annotations
 
 import asyncio
+import os
 import signal
 import sys
-from dataclasses import dataclass
-from typing import Any, Awaitable, Callable
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING, Any, Awaitable, Callable
 
+from broker.connection import credentials_from_env
 from broker.embedded import die_with_parent_preexec
 from broker.lifecycle import child_env, hard_exit_after, on_parent_gone, parent_gone, parent_pipe_watched, run_loop
+
+if TYPE_CHECKING:
+    from broker.client import InProcessDoor
 
 STOP_TIMEOUT_S = 60.0
 ORPHAN_STOP_S = 5.0   # our parent is gone (killed): nobody waits for a graceful stop
@@ -48,6 +53,12 @@ def run_part(start: Callable[[], Awaitable[Any]], stop: Callable[[Any], Awaitabl
 
 
 # -- the HTTP bridge, possibly as several processes on one port ----------------------------------
+# What a bridge process is given in its environment, never on its command line (docs/security.md)
+BRIDGE_NATS_ENV = "P2PFAAS_BRIDGE_NATS"   # the bridge's NATS identity inside a node's process (USER, PASSWORD)
+_BRIDGE_SECRETS = ("P2PFAAS_OPERATOR_TOKEN", "P2PFAAS_INVOKE_TOKEN", f"{BRIDGE_NATS_ENV}_USER",
+                   f"{BRIDGE_NATS_ENV}_PASSWORD", "P2PFAAS_TLS_KEY")
+
+
 @dataclass
 class HttpBridgeOptions:
     node: str
@@ -64,18 +75,64 @@ class HttpBridgeOptions:
     p2pfaas_open: bool = False           # P2PFaaS's discovery/learner ports take changes without a token
     discovery_port: int | None = None   # P2PFaaS's discovery API (19000) by this process too
     learner_port: int | None = None     # P2PFaaS's learner API (19020)
+    nats_credentials: tuple[str, str] | None = None   # None: the process's own (P2PFAAS_NATS_USER/PASSWORD)
+
+    def read_env(self, *, in_node: bool = False) -> "HttpBridgeOptions":
+        """These options with what ``up`` hands a bridge in the environment: tokens, callback hosts,
+        TLS, P2PFaaS's open ports and, inside a node's process (``in_node``), the bridge's own NATS
+        identity (``P2PFAAS_BRIDGE_NATS_USER/PASSWORD``). Inside a node the secrets are then taken
+        out of the environment: the node's worker processes, which run user code, inherit it."""
+        env = os.environ
+        credentials = credentials_from_env(BRIDGE_NATS_ENV) if in_node else None
+        options = replace(
+            self, operator_token=env.get("P2PFAAS_OPERATOR_TOKEN") or None,
+            invoke_token=env.get("P2PFAAS_INVOKE_TOKEN") or None,
+            callback_hosts=tuple(h for h in env.get("P2PFAAS_CALLBACK_HOSTS", "").split(",") if h),
+            tls=(env["P2PFAAS_TLS_CERT"], env["P2PFAAS_TLS_KEY"]) if env.get("P2PFAAS_TLS_CERT") else None,
+            p2pfaas_open=env.get("P2PFAAS_P2PFAAS_OPEN") == "1", nats_credentials=credentials)
+        if in_node:
+            for name in _BRIDGE_SECRETS:
+                env.pop(name, None)
+        return options
+
+    def sibling_env(self) -> dict[str, str]:
+        """The environment of one more process of this bridge: what :meth:`read_env` read."""
+        env = {"P2PFAAS_CALLBACK_HOSTS": ",".join(self.callback_hosts),
+               "P2PFAAS_P2PFAAS_OPEN": "1" if self.p2pfaas_open else ""}
+        if self.operator_token:
+            env["P2PFAAS_OPERATOR_TOKEN"] = self.operator_token
+        if self.invoke_token:
+            env["P2PFAAS_INVOKE_TOKEN"] = self.invoke_token
+        if self.tls:
+            env.update(P2PFAAS_TLS_CERT=self.tls[0], P2PFAAS_TLS_KEY=self.tls[1])
+        if self.nats_credentials:
+            env.update(P2PFAAS_NATS_USER=self.nats_credentials[0], P2PFAAS_NATS_PASSWORD=self.nats_credentials[1])
+        return env
+
+    def sibling_argv(self) -> list[str]:
+        """The command line of one more process of this bridge (``p2pfaas bridge http``, one process)."""
+        argv = [sys.executable, "-m", "p2pfaas.cli", "bridge", "http", "--node", self.node, "--nats-url", self.nats_url,
+                "--host", self.host, "--port", str(self.port), "--prefix", self.prefix,
+                "--max-payload-bytes", str(self.max_payload_bytes), "--processes", "1"]
+        for flag, port in (("--discovery-port", self.discovery_port), ("--learner-port", self.learner_port)):
+            if port is not None:
+                argv += [flag, str(port)]
+        return argv
 
 
-async def start_http_bridge(options: HttpBridgeOptions, argv_for_one: list[str] | None = None):
+async def start_http_bridge(options: HttpBridgeOptions, door: "InProcessDoor | None" = None):
     """Connect, serve, and (with ``processes`` > 1) start the other processes of this bridge;
-    returns what :func:`stop_http_bridge` needs."""
+    returns what :func:`stop_http_bridge` needs. ``door``: the request door of the node this
+    process runs (``p2pfaas node --http-port``): direct calls skip a hop through nats-server."""
     from broker.connection import connect
     from broker.http_bridge import HttpBridge
 
-    nc = await connect(options.nats_url, f"http-bridge-{options.node}")
+    nc = await connect(options.nats_url, f"http-bridge-{options.node}", credentials=options.nats_credentials)
     bridge = HttpBridge(nc, options.node, prefix=options.prefix, max_payload_bytes=options.max_payload_bytes,
                         operator_token=options.operator_token, invoke_token=options.invoke_token,
                         callback_hosts=options.callback_hosts, p2pfaas_open=options.p2pfaas_open)
+    if door is not None:
+        bridge.faas.open_door(options.node, door)
     started = asyncio.Event()
     serving = asyncio.create_task(bridge.serve(options.host, options.port, started, reuse_port=True,
                                                discovery_port=options.discovery_port,
@@ -85,9 +142,9 @@ async def start_http_bridge(options: HttpBridgeOptions, argv_for_one: list[str] 
         serving.result()   # it failed to start: raise why
     siblings = []
     for _ in range(max(0, options.processes - 1)):
-        assert argv_for_one is not None
-        proc = await asyncio.create_subprocess_exec(*argv_for_one, env=child_env(), stdin=asyncio.subprocess.PIPE,
-                                                    stdout=asyncio.subprocess.PIPE, preexec_fn=die_with_parent_preexec)
+        proc = await asyncio.create_subprocess_exec(*options.sibling_argv(), env=child_env(**options.sibling_env()),
+                                                    stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
+                                                    preexec_fn=die_with_parent_preexec)
         assert proc.stdout is not None
         async with asyncio.timeout(60):
             line = await proc.stdout.readline()
@@ -107,19 +164,3 @@ async def stop_http_bridge(part) -> None:
     await serving
     await asyncio.gather(*(proc.wait() for proc in siblings))
     await close_quietly(nc)
-
-
-def one_process_argv(argv: list[str]) -> list[str]:
-    """This command line with ``--processes 1``: what each sibling bridge process runs."""
-    out, skip = [sys.executable, "-m", "p2pfaas.cli"], False
-    for arg in argv[1:]:
-        if skip:
-            skip = False
-            continue
-        if arg == "--processes":
-            skip = True
-            continue
-        if arg.startswith("--processes="):
-            continue
-        out.append(arg)
-    return [*out, "--processes", "1"]

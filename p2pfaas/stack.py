@@ -27,6 +27,7 @@ from broker.messages import NodeConfiguration, SchedulerConfiguration
 from controller.policies import resolve_policy
 from controller.scenario import load_scenario
 from nodes.settings import NodeSettings, PoolSpec
+from p2pfaas.parts import BRIDGE_NATS_ENV
 from p2pfaas.supervisor import EXIT_NEEDS_FIX, ChildSpec, Supervisor
 
 log = logging.getLogger(__name__)
@@ -311,14 +312,25 @@ class Stack:
         run_dir = s.data_dir / "run"
         run_dir.mkdir(parents=True, exist_ok=True)
         specs = []
-        for node in settings:
+        for i, (node, port) in enumerate(zip(settings, ports)):
             path = run_dir / f"node-{node.node_id}.json"
             path.write_text(node.model_dump_json())
-            specs.append(ChildSpec(f"node-{node.node_id}", self._cli("node", "--settings", str(path)),
-                                   env=self._identity(node=node.node_id), stop_timeout_s=30,
+            # each node serves its HTTP bridge from its own process: a direct call skips one hop
+            # through nats-server (docs/architecture.md, "Processes")
+            argv = ["node", "--settings", str(path), "--http-host", s.node_host(i), "--http-port", str(port),
+                    "--http-processes", str(s.http_processes)]
+            if s.loopback_hosts:
+                argv += ["--discovery-port", str(p2pfaas_ports[i][0]), "--learner-port", str(p2pfaas_ports[i][1])]
+            specs.append(ChildSpec(f"node-{node.node_id}", self._cli(*argv),
+                                   env=self._identity(node=node.node_id, http=True), stop_timeout_s=30,
                                    fix_exit_code=EXIT_NEEDS_FIX, watch=[node.node_dir]))   # a broken file there
             self.node_ids.append(node.node_id)
         await asyncio.gather(*(sup.start(spec) for spec in specs))
+        for i, (node_id, port) in enumerate(zip(self.node_ids, ports)):
+            ep.http[node_id] = f"{web}://{s.node_host(i)}:{port}"
+            if s.loopback_hosts:
+                ep.discovery[node_id] = f"{web}://{s.node_host(i)}:{p2pfaas_ports[i][0]}"
+                ep.learner[node_id] = f"{web}://{s.node_host(i)}:{p2pfaas_ports[i][1]}"
 
         if mqtt_url is not None:
             await sup.start(ChildSpec("mqtt-bridge", self._cli(
@@ -326,20 +338,6 @@ class Stack:
                 "--client-id", mqtt_bridge_client_id(self.auth, s.prefix), "--max-payload-bytes", str(s.max_payload_bytes)),
                 env=self._identity(BRIDGE, mqtt=True)))
             ep.mqtt_url, ep.mqtt_via = mqtt_url, "Mosquitto + p2pfaas MQTT bridge"
-        bridges = []
-        for i, (node_id, port) in enumerate(zip(self.node_ids, ports)):
-            argv = ["bridge", "http", "--node", node_id, "--nats-url", nats_url, "--host", s.node_host(i),
-                    "--port", str(port), "--prefix", s.prefix, "--max-payload-bytes", str(s.max_payload_bytes),
-                    "--processes", str(s.http_processes)]
-            if s.loopback_hosts:
-                argv += ["--discovery-port", str(p2pfaas_ports[i][0]), "--learner-port", str(p2pfaas_ports[i][1])]
-            bridges.append(ChildSpec(f"http-{node_id}", self._cli(*argv), env=self._identity(BRIDGE, http=True)))
-        await asyncio.gather(*(sup.start(spec) for spec in bridges))
-        for i, (node_id, port) in enumerate(zip(self.node_ids, ports)):
-            ep.http[node_id] = f"{web}://{s.node_host(i)}:{port}"
-            if s.loopback_hosts:
-                ep.discovery[node_id] = f"{web}://{s.node_host(i)}:{p2pfaas_ports[i][0]}"
-                ep.learner[node_id] = f"{web}://{s.node_host(i)}:{p2pfaas_ports[i][1]}"
         if s.controller_policy is not None:
             await self._start_controller(nats_url)
         if store is not None:
@@ -381,6 +379,9 @@ class Stack:
         if node is not None:
             creds, workers = store.node(node), store.worker(node)
             nats_env = dict(P2PFAAS_WORKER_NATS_USER=workers.user, P2PFAAS_WORKER_NATS_PASSWORD=workers.password)
+            if http:   # the bridge in the node's process keeps its own identity (p2pfaas.parts.BRIDGE_NATS_ENV)
+                bridge = store.service(BRIDGE)
+                nats_env.update({f"{BRIDGE_NATS_ENV}_USER": bridge.user, f"{BRIDGE_NATS_ENV}_PASSWORD": bridge.password})
         else:
             creds = store.service(user or OPERATOR)
             nats_env = {}
@@ -450,13 +451,12 @@ class Stack:
             offset = path.stat().st_size if path.exists() else 0
 
     async def stop(self) -> None:
-        """Controller and bridges first (no new work), then the nodes (they finish theirs), then
-        the brokers; every step bounded."""
+        """Controller and MQTT bridge first (no new work), then the nodes with their HTTP bridges
+        (they finish theirs), then the brokers; every step bounded."""
         for task in (self._watch, self._heal):
             if task is not None:
                 task.cancel()
-        order = ["controller", *[f"http-{n}" for n in self.node_ids], "mqtt-bridge",
-                 *[f"node-{n}" for n in self.node_ids], "mosquitto", "nats-server"]
+        order = ["controller", "mqtt-bridge", *[f"node-{n}" for n in self.node_ids], "mosquitto", "nats-server"]
         await self.supervisor.stop_all(order)
         if self._lock is None:   # it never started here: the endpoints file is another up's
             return

@@ -28,6 +28,7 @@ from broker.answers import error_body, input_limit
 from broker.codec import encode
 from broker.connection import listen
 from broker.deliveries import ack_now, delivery_info
+from broker.header_blocks import HeaderBlock
 from broker.lifecycle import Tasks
 from broker.messages import Rejection
 from broker.streams import results_stream
@@ -94,6 +95,7 @@ class SchedulerService:
         self.rng = random.Random()
         self._peers = peers
         self._subs: list = []
+        self._door_open = False
         self._deciding = Tasks(f"{self.node_id}: a call failed while being decided", log)
         self._carrying = Tasks(f"{self.node_id}: a call failed while being carried out", log)
         self._recent: OrderedDict[str, None] = OrderedDict()
@@ -135,12 +137,14 @@ class SchedulerService:
         await self.forwarder.start()
         self._subs.append(await listen(self.nc, self.subjects.requests_of(self.node_id), self._on_request))
         self._subs.append(await listen(self.nc, self.subjects.forwards_of(self.node_id), self._on_forward))
+        self._door_open = True
         await self.intake.start()
         self.sweeper.start()
 
     async def stop_intake(self) -> None:
         """No new calls: unsubscribe and stop pulling (running calls still finish)."""
         self._stopping_at = asyncio.get_running_loop().time()
+        self._door_open = False   # before the subscriptions go: a call in between goes over NATS
         for sub in self._subs:
             try:
                 await sub.unsubscribe()
@@ -180,6 +184,22 @@ class SchedulerService:
         if not reply:  # published without a reply (MQTT through a foreign nats-server): make it async
             return self._answer_later(self._to_async(subject, data, headers))
         self._take_direct(subject, reply, data, headers)
+
+    def door(self, subject: str, reply: str, data: bytes, block: bytes) -> bool:
+        """The request door for a caller in this very process (the HTTP bridge that ``p2pfaas node
+        --http-port`` serves; :meth:`broker.client.FaasClient.open_door`): the message the caller
+        would have sent, taken as the subscription takes it, one hop through nats-server fewer.
+        False once the node stops taking calls (the caller then goes over NATS: nobody answers,
+        503). A call the door fails on is answered 500, never left to its caller's timeout."""
+        if not self._door_open:
+            return False
+        try:
+            self._on_request(subject, reply, data, HeaderBlock(block) if block else {})
+        except Exception:
+            log.exception("%s: a direct call failed at the in-process door", self.node_id)
+            self._answer_later(self._refuse_raw(reply, Refusal(codes.GENERIC, 500, "the node failed on this call "
+                                                               "(its log says why)", "internal"), subject=subject))
+        return True
 
     def _on_forward(self, subject: str, reply: str, data: bytes, headers: Mapping[str, str]) -> None:
         if not reply:

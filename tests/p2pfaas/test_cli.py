@@ -66,6 +66,7 @@ def test_up_serves_http_nats_mqtt_and_stops_cleanly(tmp_path, mqtt, start_up):
             assert done.returncode == 0 and done.stdout.strip() == "75025", (via, done.stdout, done.stderr)
         bad = subprocess.run([*P2PFAAS, "invoke", "nope", "--data-dir", str(tmp_path)], capture_output=True, text=True, timeout=60)
         assert bad.returncode == 1 and "unknown function" in bad.stdout
+        assert_workers_hold_no_bridge_secrets(tmp_path / "nodes" / "n1" / "run" / "workers")
         out = stop_and_check_no_orphans(proc)
     finally:
         busy.close()
@@ -75,6 +76,19 @@ def test_up_serves_http_nats_mqtt_and_stops_cleanly(tmp_path, mqtt, start_up):
     assert not (tmp_path / "nats" / "nats-server.log").exists()
     assert "p2pfaas is up" in out and "stopped" in out
     assert not (tmp_path / "endpoints.json").exists()
+
+
+def assert_workers_hold_no_bridge_secrets(pid_dir: Path) -> None:
+    """The node serves its HTTP bridge from its own process; the worker processes it starts run
+    user code and must not inherit the bridge's tokens or NATS password from its environment."""
+    pids = [int(f.read_text().split()[0]) for f in pid_dir.glob("*.pid")]
+    assert pids, f"no worker pid files in {pid_dir}"
+    for pid in pids:
+        names = {entry.split(b"=", 1)[0] for entry in Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")}
+        assert b"P2PFAAS_NATS_USER" in names   # its own identity: the check reads the right processes
+        leaked = names & {b"P2PFAAS_OPERATOR_TOKEN", b"P2PFAAS_INVOKE_TOKEN", b"P2PFAAS_BRIDGE_NATS_USER",
+                          b"P2PFAAS_BRIDGE_NATS_PASSWORD", b"P2PFAAS_TLS_KEY"}
+        assert not leaked, f"worker {pid} inherited {sorted(leaked)}"
 
 
 def test_up_verbose_starts_every_part_and_stops_cleanly(tmp_path, start_up):
@@ -90,6 +104,29 @@ def test_up_verbose_starts_every_part_and_stops_cleanly(tmp_path, start_up):
     out = stop_and_check_no_orphans(proc)
     assert "p2pfaas is up" in out and "stopped" in out and "Traceback" not in out
     assert " INFO " in (tmp_path / "logs" / "controller.log").read_text()   # it did log at INFO
+
+
+def test_up_with_more_http_processes_serves_the_port_from_all_of_them(tmp_path, start_up):
+    """`up --http-processes 2`: the node's process serves its HTTP port and starts one more bridge
+    process on it (SO_REUSEPORT), which connects as the bridge, not as the node, and holds no
+    worker's identity; calls on new connections are answered whichever process takes them."""
+    proc = start_up(tmp_path, "--nodes", "1", "--http-processes", "2", "--nats-port", str(free_port()),
+                    "--http-port", str(free_port()), "--mqtt", "off", "--controller", "off")
+    endpoints = wait_endpoints(proc, tmp_path, timeout_s=120)
+    port = endpoints["http"]["n1"].rsplit(":", 1)[1]
+    node = int((tmp_path / "run" / "node-n1.pid").read_text().split()[0])
+    siblings = [pid for pid in descendants(node)
+                if b"\0bridge\0http\0" in Path(f"/proc/{pid}/cmdline").read_bytes()
+                and f"\0--port\0{port}\0".encode() in Path(f"/proc/{pid}/cmdline").read_bytes()]
+    assert len(siblings) == 1, siblings
+    environ = dict(entry.split(b"=", 1) for entry in Path(f"/proc/{siblings[0]}/environ").read_bytes().split(b"\0") if b"=" in entry)
+    bridge_user = AuthStore(tmp_path / "auth").service("bridge").user.encode()
+    assert environ[b"P2PFAAS_NATS_USER"] == bridge_user and b"P2PFAAS_OPERATOR_TOKEN" in environ
+    for _ in range(12):   # a new connection each: the kernel spreads them over both processes
+        r = httpx.post(f"{endpoints['http']['n1']}/function/fib", content=b"20", timeout=30)
+        assert r.status_code == 200 and r.text == "6765", r.text
+    out = stop_and_check_no_orphans(proc)
+    assert "Traceback" not in out
 
 
 def test_every_part_command_takes_verbose():

@@ -133,7 +133,7 @@ def test_a_second_up_on_a_live_stack_refuses_and_leaves_it_alone(start_up, tmp_p
 
     first = up()
     endpoints = wait_endpoints(first, data_dir, timeout_s=120)
-    parts = ("nats-server", "node-n1", "http-n1")
+    parts = ("nats-server", "node-n1")   # each node serves its HTTP bridge from its own process
     pids = {part: pid_of(data_dir, part) for part in parts}
     files = {name: (data_dir / name).read_bytes()
              for name in ("endpoints.json", "run/node-n1.json", "nats/nats-server.conf")}
