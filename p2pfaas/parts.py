@@ -5,6 +5,7 @@ waits for), stopped on SIGINT/SIGTERM or when its parent ends, within a deadline
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 import signal
 import sys
@@ -117,6 +118,8 @@ class HttpBridgeOptions:
         for flag, port in (("--discovery-port", self.discovery_port), ("--learner-port", self.learner_port)):
             if port is not None:
                 argv += [flag, str(port)]
+        if logging.getLogger().isEnabledFor(logging.INFO):   # this process runs with --verbose
+            argv.append("--verbose")
         return argv
 
 
