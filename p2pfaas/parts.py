@@ -143,9 +143,14 @@ async def start_http_bridge(options: HttpBridgeOptions, door: "InProcessDoor | N
     await asyncio.wait({serving, asyncio.create_task(started.wait())}, return_when=asyncio.FIRST_COMPLETED)
     if serving.done():
         serving.result()   # it failed to start: raise why
+    from nodes.worker import WORKER_CREDENTIALS
+
+    env = child_env(**options.sibling_env())
+    for name in (f"{WORKER_CREDENTIALS}_USER", f"{WORKER_CREDENTIALS}_PASSWORD"):   # a node's: its workers' identity
+        env.pop(name, None)   # a bridge process holds its own identity only
     siblings = []
     for _ in range(max(0, options.processes - 1)):
-        proc = await asyncio.create_subprocess_exec(*options.sibling_argv(), env=child_env(**options.sibling_env()),
+        proc = await asyncio.create_subprocess_exec(*options.sibling_argv(), env=env,
                                                     stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
                                                     preexec_fn=die_with_parent_preexec)
         assert proc.stdout is not None

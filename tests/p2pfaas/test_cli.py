@@ -122,6 +122,7 @@ def test_up_with_more_http_processes_serves_the_port_from_all_of_them(tmp_path, 
     environ = dict(entry.split(b"=", 1) for entry in Path(f"/proc/{siblings[0]}/environ").read_bytes().split(b"\0") if b"=" in entry)
     bridge_user = AuthStore(tmp_path / "auth").service("bridge").user.encode()
     assert environ[b"P2PFAAS_NATS_USER"] == bridge_user and b"P2PFAAS_OPERATOR_TOKEN" in environ
+    assert not [name for name in environ if name.startswith(b"P2PFAAS_WORKER_NATS")], list(environ)
     for _ in range(12):   # a new connection each: the kernel spreads them over both processes
         r = httpx.post(f"{endpoints['http']['n1']}/function/fib", content=b"20", timeout=30)
         assert r.status_code == 200 and r.text == "6765", r.text
