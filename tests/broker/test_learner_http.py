@@ -2,9 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
-import time
-
 import httpx
 import orjson
 import pytest
@@ -13,7 +10,7 @@ from broker.http_bridge import HttpBridge
 from nodes.learner.service import LearnerService
 from nodes.learner.settings import LearnerSettings
 
-from support import serving
+from support import eventually, serving
 
 STATE = "X-P2pfaas-Learning-State"
 
@@ -28,14 +25,9 @@ async def http(nats_server, nc, prefix, tmp_path):
 
 
 async def stats_until(http: httpx.AsyncClient, predicate, timeout_s: float = 15.0) -> dict:
-    deadline = time.monotonic() + timeout_s
-    while True:
-        stats = (await http.get("/learner/stats")).json()
-        if predicate(stats):
-            return stats
-        if time.monotonic() > deadline:
-            raise AssertionError(f"learner stats never matched; last: {stats}")
-        await asyncio.sleep(0.05)
+    async def stats() -> dict:
+        return (await http.get("/learner/stats")).json()
+    return await eventually(stats, predicate, timeout_s)
 
 
 def sample(eid: int) -> dict:

@@ -35,7 +35,7 @@ from broker.subjects import Subjects
 from nodes.node import Node
 from nodes.settings import NodeSettings
 from stack_processes import P2PFAAS
-from support import serving, wait_until
+from support import eventually, serving, wait_until
 
 PREFIX = "sec"
 S = Subjects(PREFIX)
@@ -538,10 +538,9 @@ async def test_an_async_result_is_not_read_by_a_caller_who_guesses_its_call_id(n
     async with node_factory(k=1), serving(HttpBridge(nc, "n1", prefix=prefix)) as http:
         victim = (await http.post("/async-function/echo", content=b"the victim's secret")).headers[H.CALL_ID]
         mine = (await http.post("/async-function/echo", content=b"mine")).headers[H.CALL_ID]
-        for _ in range(200):   # both answered and stored
-            if [(await http.get(f"/result/{i}")).status_code for i in (victim, mine)] == [200, 200]:
-                break
-            await asyncio.sleep(0.05)
+        async def statuses() -> list[int]:
+            return [(await http.get(f"/result/{i}")).status_code for i in (victim, mine)]
+        await eventually(statuses, lambda s: s == [200, 200])   # both answered and stored
         assert (await http.get(f"/result/{victim}")).content == b"the victim's secret"   # its owner reads it
         guesses = counted_before(mine)
         leaked = [g for g in guesses if (await http.get(f"/result/{g}")).content == b"the victim's secret"]

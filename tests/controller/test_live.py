@@ -21,7 +21,7 @@ from nodes.learner.client import RemotePolicy
 from nodes.learner.models import agent_from_weights
 from nodes.learner.service import LearnerService
 from nodes.learner.settings import LearnerSettings
-from support import Collector, wait_until
+from support import Collector, eventually, wait_until
 
 from .conftest import make_scenario, telemetry
 
@@ -110,13 +110,11 @@ def acts_like(a, b, scenario=SCENARIO, n: int = 40) -> bool:
 
 async def learner_acts_like(remote: RemotePolicy, agent, timeout_s: float = 10.0) -> bool:
     """Poll the learner's weights (bounded) until they act like ``agent``."""
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + timeout_s
-    while loop.time() < deadline:
-        if acts_like(agent_from_weights(await remote.weights()), agent):
-            return True
-        await asyncio.sleep(0.1)
-    return False
+    try:
+        await eventually(remote.weights, lambda w: acts_like(agent_from_weights(w), agent), timeout_s, 0.1)
+    except AssertionError:
+        return False
+    return True
 
 
 async def test_controller_seeds_the_learner_pulls_its_online_weights_and_rolls_back(nc, prefix, learner_settings):
@@ -262,10 +260,7 @@ async def test_a_model_the_learner_made_from_other_policies_experiences_is_not_t
                 return (await remote.weights()).algorithm == "dqn"
             except Exception:
                 return False
-        for _ in range(100):                  # the learner made its own DQN from those experiences
-            if await made():
-                break
-            await asyncio.sleep(0.1)
+        await eventually(made, bool, timeout_s=10)   # the learner made its own DQN from those experiences
         assert (await remote.weights()).config["learning_starts"] == 1000
         shipped = dqn(seed=3)
         async with LiveController(nc, "n1", "farm", RLPolicy("dqn", shipped, SCENARIO, "target"), SCENARIO,

@@ -29,7 +29,7 @@ from docker.errors import ImageNotFound
 
 from broker.embedded import find_binary, free_port
 from p2pfaas import images
-from support import wait_until
+from support import eventually, wait_until
 
 pytestmark = [pytest.mark.compose, pytest.mark.timeout(900)]   # bring-up, load, a NATS server killed, tear-down
 ROOT = Path(__file__).resolve().parents[2]
@@ -176,10 +176,9 @@ async def wait_healthy(http: httpx.AsyncClient, urls: list[str], timeout_s: floa
         except httpx.HTTPError:
             return False
 
-    deadline = time.monotonic() + timeout_s
-    while not all([await ok(u) for u in urls]):
-        assert time.monotonic() < deadline, f"bridges not healthy within {timeout_s:g} s"
-        await asyncio.sleep(1.0)
+    async def all_ok() -> bool:
+        return all([await ok(u) for u in urls])
+    await eventually(all_ok, bool, timeout_s, interval_s=1.0)   # every bridge healthy
 
 
 async def test_compose_topology_invokes_over_http_and_mqtt_and_survives_a_nats_server(stack, docker_client):

@@ -26,7 +26,7 @@ from broker.subjects import Subjects
 from nodes.intake import consumer_name
 from nodes.worker import DEFAULT_POOL
 from nodes.scheduler.base import SchedulingAlgorithm
-from support import Collector, wait_until
+from support import Collector, eventually, wait_until
 
 
 @pytest.fixture
@@ -574,10 +574,7 @@ async def test_node_process_killed_mid_call_fails_the_direct_call_at_once(nats_s
             except (NodeUnavailable, asyncio.TimeoutError):
                 return False
 
-        deadline = time.monotonic() + 60
-        while not await up():
-            assert time.monotonic() < deadline, "node did not come up"
-            await asyncio.sleep(0.3)
+        await eventually(up, bool, timeout_s=60, interval_s=0.3)   # the node came up
         call = asyncio.create_task(faas.invoke("n7", "sleep", b"20", timeout_s=60))
         await asyncio.sleep(0.5)
         started = time.monotonic()

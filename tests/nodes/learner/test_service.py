@@ -24,6 +24,7 @@ from nodes.learner.client import LearnerError, LocalPolicy, RemotePolicy
 from nodes.learner.models import EidWindow, ModelSlot
 from nodes.learner.service import DURABLE, STATUS_HEADER, LearnerService
 from nodes.learner.settings import LearnerSettings
+from support import eventually
 
 X, Y = [1.0, 0.0, 0.0], [0.0, 1.0, 0.0]   # scheduling states: action 1 is right in X, 0 in Y
 A, B = [0.1, 0.9], [0.9, 0.1]             # pool observations: add (2) is right in A, remove (0) in B
@@ -74,20 +75,16 @@ async def publish(nc, prefix: str, experiences, node: str = "n1") -> None:
 
 
 async def stats_until(policy: RemotePolicy, predicate, timeout_s: float = 20.0):
-    """Poll the learner's stats until ``predicate(stats)``; AssertionError after the timeout."""
-    deadline = time.monotonic() + timeout_s
-    while True:
+    """Poll the learner's stats until ``predicate(stats)`` (a 503, the learner starting, is polled
+    again); AssertionError after the timeout."""
+    async def stats():
         try:
-            stats = await policy.stats()
-            if predicate(stats):
-                return stats
+            return await policy.stats()
         except LearnerError as exc:
             if exc.status != 503:
                 raise
-            stats = exc
-        if time.monotonic() > deadline:
-            raise AssertionError(f"learner stats never matched; last: {stats}")
-        await asyncio.sleep(0.05)
+            return exc
+    return await eventually(stats, lambda s: not isinstance(s, LearnerError) and predicate(s), timeout_s)
 
 
 def table_of(weights) -> dict:
@@ -437,14 +434,12 @@ async def test_a_deleted_experience_stream_is_made_again_and_learning_goes_on(se
         await publish(nc, prefix, scheduling_samples(0, 20))
         before = await stats_until(remote, lambda s: s.stream_seq == 20)
         await js.delete_stream(stream)
-        deadline = time.monotonic() + 10
-        while True:   # the node's rewards have a stream to go to again
+        async def made_again() -> bool:   # the node's rewards have a stream to go to again
             try:
-                await js.stream_info(stream)
-                break
+                return bool(await js.stream_info(stream))
             except NotFoundError:
-                assert time.monotonic() < deadline, "the experience stream was not made again"
-                await asyncio.sleep(0.1)
+                return False
+        await eventually(made_again, bool)
         await publish(nc, prefix, scheduling_samples(20, 20))
         after = await stats_until(remote, lambda s: s.stream_seq == 20 and s.experiences > before.experiences)
     assert after.experiences > before.experiences
