@@ -85,6 +85,22 @@ def _label_filter(labels: Mapping[str, str]) -> list[str]:
     return [f"{key}={value}" for key, value in labels.items()]
 
 
+LIST_TRIES = 5
+
+
+def list_containers(client: docker.DockerClient, labels: Mapping[str, str]) -> list[Container]:
+    """The containers (any state) carrying every one of ``labels``. docker-py lists, then inspects
+    each container it listed: one removed in between (a worker stopping, a ``--rm`` function)
+    fails the whole call with NotFound, so it lists again (blocking: run it in a thread)."""
+    for attempt in range(LIST_TRIES):
+        try:
+            return client.containers.list(all=True, filters={"label": _label_filter(labels)})
+        except NotFound:
+            if attempt == LIST_TRIES - 1:
+                raise
+    raise AssertionError("unreachable")
+
+
 class DockerWorker:
     """One worker container.
 
@@ -283,7 +299,7 @@ class DockerWorkerRuntime:
     async def containers(self, role: str | None = None) -> list[Container]:
         """This node/pool's containers (any state), optionally of one role."""
         labels = dict(self.labels, **({LABEL_ROLE: role} if role else {}))
-        return await blocking(self.client.containers.list, all=True, filters={"label": _label_filter(labels)})
+        return await blocking(list_containers, self.client, labels)
 
     async def adopt_or_remove(self, keep: int = 0) -> list[DockerWorker]:
         """Leftovers of an earlier run of this node/pool: adopt up to ``keep`` running workers,
@@ -308,7 +324,7 @@ class DockerWorkerRuntime:
         """The image-function containers that worker ``worker`` started (it is gone)."""
         labels = dict(self.labels, **{LABEL_WORKER: worker, LABEL_ROLE: "function"})
         try:
-            found = await blocking(self.client.containers.list, all=True, filters={"label": _label_filter(labels)})
+            found = await blocking(list_containers, self.client, labels)
         except APIError as exc:
             log.warning("cannot list function containers of %s: %s", worker, exc)
             return

@@ -9,7 +9,7 @@ import docker
 import pytest
 
 from nodes.runtimes.docker import (LABEL_NODE, LABEL_POOL, LABEL_PREFIX, LABEL_ROLE, LABEL_WORKER,
-                                   DockerWorkerRuntime, WorkerExited)
+                                   DockerWorkerRuntime, WorkerExited, list_containers)
 from nodes.settings import NodeSettings
 
 
@@ -112,3 +112,24 @@ async def test_a_stale_container_of_another_owner_is_not_replaced(runtime, docke
         assert docker_client.containers.get(squatter.id).status == "running"
     finally:
         squatter.remove(force=True)
+
+
+def test_listing_lists_again_when_a_container_goes_away_while_it_is_inspected():
+    """docker-py lists the containers, then inspects each: one removed in between (a worker
+    stopping during a scale-down) failed the whole listing with NotFound. Pure unit test: the
+    race cannot be timed on a real engine, so the client answers as one that lost it twice."""
+    class Containers:
+        calls = 0
+
+        def list(self, **kwargs):
+            self.calls += 1
+            if self.calls <= 2:
+                raise docker.errors.NotFound("No such container: 0be8a41b2de2")
+            return [kwargs["filters"]["label"]]
+
+    client = type("Client", (), {"containers": Containers()})()
+    assert list_containers(client, {LABEL_PREFIX: "t0", LABEL_ROLE: "worker"}) == [[f"{LABEL_PREFIX}=t0", f"{LABEL_ROLE}=worker"]]
+    assert client.containers.calls == 3
+    client.containers.calls = -10   # never answers: the last NotFound is raised, not swallowed
+    with pytest.raises(docker.errors.NotFound):
+        list_containers(client, {LABEL_PREFIX: "t0"})

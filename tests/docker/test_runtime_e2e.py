@@ -11,13 +11,12 @@ import pytest
 from broker.codec import decode
 from broker.messages import Result
 from broker.subjects import Subjects
-from nodes.runtimes.docker import LABEL_NODE, LABEL_PREFIX, LABEL_ROLE, LABEL_WORKER
+from nodes.runtimes.docker import LABEL_NODE, LABEL_PREFIX, LABEL_ROLE, LABEL_WORKER, list_containers
 from support import Collector, wait_until
 
 
 def containers(client, prefix: str, role: str = "worker", status: str | None = None):
-    found = client.containers.list(all=True, filters={"label": [f"{LABEL_PREFIX}={prefix}", f"{LABEL_NODE}=n1",
-                                                                 f"{LABEL_ROLE}={role}"]})
+    found = list_containers(client, {LABEL_PREFIX: prefix, LABEL_NODE: "n1", LABEL_ROLE: role})
     return [c for c in found if status is None or c.status == status]
 
 
