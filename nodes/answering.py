@@ -144,6 +144,11 @@ class Answerer(OnItsLoop):
                           probing_s=call.probing_s, total_s=total_s), *answer.hop_timings]
         timings = answer.timings
         self._count(call, answer.status, timings.execution_s, total_s)
+        if call.is_async and H.REJECTED_BY in answer.headers:   # the peer refused it: a rejection, as here
+            rejection = Rejection(request_id=call.inv.request_id, client=call.inv.client, fn=call.fn, code=answer.code,
+                                  http_status=answer.status, reason=answer.message,
+                                  node=answer.headers[H.REJECTED_BY], scheduler=call.scheduler, learning=call.learning)
+            return self._store(call, self.subjects.reject(call.inv.client, call.inv.request_id), encode(rejection))
         if call.is_async:
             error = answer.error
             result = Result(request_id=call.inv.request_id, client=call.inv.client, fn=call.fn, status=answer.status,

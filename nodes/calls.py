@@ -31,6 +31,7 @@ class Call:
     deadline_s: float | None = None   # QoS deadline (farm tasks), for telemetry
     wanted_until: float = 0.0      # direct call: unix time its caller stops waiting (0: it says nothing)
     queued: bool = False           # it found no free slot: it waits in its pool's queue
+    entered: int = 0               # its place in the order calls entered its pool's lines
     transit_s: float = 0.0         # caller -> node (direct calls that say when they were sent)
     waited_s: float = 0.0          # async: stored -> taken from the intake
     pool: str = ""

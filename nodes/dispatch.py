@@ -3,6 +3,9 @@
 The node dispatches every call itself (core NATS request to the worker's own subject) and
 sees every answer, so running and queued counts are exact — P2PFaaS's own semantics. The
 main pool has K slots (``slots``); a dedicated (autoscaled) pool has one slot per worker.
+In the main pool, direct calls wait in the bounded queue (admission counts it) and async calls
+in a lane of their own (the intake pulls only what fits it, :mod:`nodes.intake`); a free slot
+goes to whichever of the two heads came first.
 A CPU-bound call takes a whole idle worker; a concurrent one (I/O-bound, async, inline)
 shares a worker with others of its kind, up to the function's concurrency.
 
@@ -15,6 +18,7 @@ calls, and nats-server carries one message for them, not one each.
 from __future__ import annotations
 
 import asyncio
+import itertools
 import logging
 import time
 from collections import deque
@@ -38,6 +42,7 @@ from nodes.forwarding import NOTICE_EVERY_S, processing_notice
 from nodes.inbox import Inbox, Reply
 
 log = logging.getLogger(__name__)
+_entries = itertools.count(1)   # the order calls entered their pool's lines in (first come first served)
 
 OVERRUN_GRACE_S = 2.0   # past its timeout plus this, a silent worker is taken for stuck
 OVERRUN_SWEEP_S = 0.5   # how often running calls are checked for that (one timer per pool, not per call)
@@ -81,7 +86,9 @@ class Dispatcher(OnItsLoop):
         self._unreachable = unreachable or self.retire_worker
         self.slots = slots                      # None: one per worker (dedicated pool)
         self.workers: dict[str, WorkerSlot] = {}
-        self.queue: deque[Call] = deque()
+        self.queue: deque[Call] = deque()       # direct calls (and every call of a dedicated pool)
+        self.lane: deque[Call] = deque()        # main pool: async calls waiting for a slot
+        self.queued_bytes = 0                   # inputs held in ``queue``
         self.running: dict[int, Call] = {}
         self._tokens: dict[int, str] = {}                   # call id -> its batch's reply token
         self._batches: dict[str, dict[int, Call]] = {}      # reply token -> its calls still running
@@ -99,7 +106,13 @@ class Dispatcher(OnItsLoop):
 
     @property
     def n_queued(self) -> int:
+        """Calls in the queue that admission bounds (queue_length_max)."""
         return len(self.queue)
+
+    @property
+    def n_waiting(self) -> int:
+        """Every call waiting for a slot: the queue and the async lane."""
+        return len(self.queue) + len(self.lane)
 
     @property
     def capacity(self) -> int:
@@ -110,7 +123,7 @@ class Dispatcher(OnItsLoop):
     def keys(self) -> tuple[set[str], set[str]]:
         """(running, running or queued) call keys (the LearningScheduler's per-type counts)."""
         running = {c.key for c in self.running.values()}
-        return running, running | {c.key for c in self.queue}
+        return running, running | {c.key for c in self.queue} | {c.key for c in self.lane}
 
     # -- workers ----------------------------------------------------------------------
     async def add_worker(self, name: str) -> None:
@@ -141,24 +154,49 @@ class Dispatcher(OnItsLoop):
     # -- calls ------------------------------------------------------------------------
     def submit(self, call: Call) -> None:
         call.pool = self.pool
-        call.queued = bool(self.queue) or len(self.running) >= self.capacity
-        self.queue.append(call)
+        call.queued = bool(self.queue or self.lane) or len(self.running) >= self.capacity
+        call.entered = next(_entries)
+        self._put(call)
         self._pump()
 
+    def _put(self, call: Call, *, first: bool = False) -> None:
+        line = self._line_of(call)
+        if line is self.queue:
+            self.queued_bytes += len(call.payload)
+        (line.appendleft if first else line.append)(call)
+
+    def _take(self, line: deque[Call]) -> Call:
+        call = line.popleft()
+        if line is self.queue:
+            self.queued_bytes -= len(call.payload)
+        return call
+
+    def _line_of(self, call: Call) -> deque[Call]:
+        return self.lane if call.is_async and self.slots is not None else self.queue
+
+    def _next_line(self) -> deque[Call] | None:
+        """The line whose head came first (None: nothing waits)."""
+        queue, lane = self.queue, self.lane
+        if not lane:
+            return queue or None
+        if not queue:
+            return lane
+        return queue if queue[0].entered < lane[0].entered else lane
+
     def _pump(self) -> None:
-        """Dispatch queued calls, first come first served, while slots and workers allow. A direct
+        """Dispatch waiting calls, first come first served, while slots and workers allow. A direct
         call whose caller will have stopped waiting before it ends is not run (see :meth:`_answer_abandoned`)."""
         now, gone = 0.0, []
-        while self.queue and len(self.running) < self.capacity:
-            head = self.queue[0]
+        while len(self.running) < self.capacity and (line := self._next_line()) is not None:
+            head = line[0]
             if head.wanted_until and self._too_late(head, now := now or time.time()):
-                gone.append(self.queue.popleft())
+                gone.append(self._take(line))
                 continue
             concurrency = self._concurrency(head.fn)
             slot = self._pick(concurrency)
             if slot is None:
                 break
-            self._dispatch(self.queue.popleft(), slot, concurrency)
+            self._dispatch(self._take(line), slot, concurrency)
         if gone:
             self._spawn(self._answer_abandoned(gone))
         if self.queue and self._sweep is None:   # calls wait: the peers that forwarded them hear from us
@@ -259,7 +297,8 @@ class Dispatcher(OnItsLoop):
                 self._end(call)
             for worker in {c.worker for c in waiting}:
                 self._unreachable(worker)
-            self.queue.extendleft(reversed(waiting))
+            for call in reversed(waiting):   # back at the head of their lines, in their order
+                self._put(call, first=True)
             return self._pump()
         try:
             answer, outputs = unframe(WorkerOutcomes, msg.data)
@@ -462,12 +501,15 @@ class Dispatcher(OnItsLoop):
         if dropped:
             self.queue.clear()
             self.queue.extend(kept)
+            self.queued_bytes = sum(len(c.payload) for c in kept)
         return dropped
 
     def drain(self) -> list[Call]:
-        """Every call still queued or running (the node is stopping)."""
-        calls = [*self.queue, *self.running.values()]
+        """Every call still waiting or running (the node is stopping)."""
+        calls = [*self.queue, *self.lane, *self.running.values()]
         self.queue.clear()
+        self.lane.clear()
+        self.queued_bytes = 0
         for call in list(self.running.values()):
             self._end(call)
         return calls

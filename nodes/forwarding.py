@@ -61,6 +61,12 @@ def processing_notice() -> dict[str, str]:
     return {H.STATUS: PROCESSING}
 
 
+def refused_for_load(answer: Answer) -> bool:
+    """The peer did not run the call because of its load (no room, its algorithm's refusal, it
+    is stopping): not for a reason of the call's own (bad input, unknown function)."""
+    return H.REJECTED_BY in answer.headers and (answer.status == 503 or answer.code == codes.CANNOT_SCHEDULE)
+
+
 def silence_limit(call: Call) -> float:
     """How long a forward may hear nothing from its peer: the call's timeout plus the grace, at
     most SILENT_AFTER_S (the peer says every NOTICE_EVERY_S that it still holds the call)."""
@@ -207,8 +213,14 @@ class Forwarder:
             if headers.get(H.NATS_STATUS) == "503" and not msg.data:
                 log.info("%s: peer %s does not listen; running %s here", self.node, pending.peer, call.key)
                 return await self._run_here(call)
+            answer = Answer(status_of(headers.get(H.STATUS)), msg.data, headers)
+            if call.is_async and refused_for_load(answer):
+                # accepted async work is not refused because the peer was busy: it waits here
+                log.debug("%s: peer %s refused %s (%s); it waits here", self.node, pending.peer, call.key,
+                          answer.message)
+                return await self._run_here(call)
             try:
-                await self.answerer.relayed(call, Answer(status_of(headers.get(H.STATUS)), msg.data, headers))
+                await self.answerer.relayed(call, answer)
             except Exception as exc:  # whatever the peer sent, the caller gets an answer
                 log.warning("%s: the answer of peer %s to %s could not be relayed: %r", self.node, pending.peer,
                             call.key, exc)

@@ -11,7 +11,9 @@ cluster): the call stayed in the stream for ever, unrun and unanswered, ``/resul
 
 Pulling: one pull request at a time (``batch`` messages, expiring after ``PULL_EXPIRES_S``)
 stays open on the consumer, and its messages arrive on a subscription with a callback, each
-taken as it comes. (nats-py's ``fetch`` reads a batch with one task, uuid and timer per
+taken as it comes. A pull asks only for what the node can take (its ``budget`` less what it
+holds): a backlog waits in the stream, where it is durable and costs the node nothing, and each
+answer stored makes room for the next call. (nats-py's ``fetch`` reads a batch with one task, uuid and timer per
 message and ends at the first pause; a task costs here about what taking the call does.)
 
 A consumer deleted under a running node (``nats consumer rm``, a JetStream store restored
@@ -71,11 +73,11 @@ def consumer_config(node: str, subjects: Subjects, ack_wait_s: float) -> Consume
 
 class AsyncIntake:
     def __init__(self, node: str, nc: Client, subjects: Subjects, *, ack_wait_s: float,
-                 take: Callable[[Msg], None]) -> None:
+                 take: Callable[[Msg], None], budget: Callable[[], int] = lambda: HOLD_LIMIT) -> None:
         """``take(msg)``: a plain call for each delivery, from the connection's read loop (it
-        spawns what has to wait)."""
+        spawns what has to wait). ``budget()``: how many messages the node may hold at once now."""
         self.node, self.nc, self.js, self.subjects = node, nc, nc.jetstream(), subjects
-        self.ack_wait_s, self._take = ack_wait_s, take
+        self.ack_wait_s, self._take, self._budget = ack_wait_s, take, budget
         self.held: dict[str, Msg] = {}          # by delivery (its ack subject)
         self.healthy = False
         self._room = asyncio.Event()
@@ -161,11 +163,15 @@ class AsyncIntake:
         self.held.pop(msg.reply, None)
         self._room.set()
 
+    def wake(self) -> None:
+        """The budget may have grown (K raised): pull for it now."""
+        self._room.set()
+
     async def _pull(self) -> None:
         await self._bound()
         while True:
             still_wanted()
-            room = HOLD_LIMIT - len(self.held)
+            room = min(HOLD_LIMIT, self._budget()) - len(self.held)
             if room <= 0:
                 self._room.clear()
                 await self._room.wait()

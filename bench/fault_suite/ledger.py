@@ -8,6 +8,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 
 LOAD, AFTER = "load", "after"   # phases: under the fault, and after the system recovered
+CANNOT_SCHEDULE = 400           # P2PFaaS's code of a call refused for want of a slot
 EXAMPLES = 3
 
 
@@ -19,6 +20,7 @@ class Call:
     refused: str | None = None                               # why it was not accepted
     answers: list[tuple[int, bytes]] = field(default_factory=list)   # (status, payload) as received
     reason: str = ""                                         # of the first answer, when it is an error
+    code: int | None = None                                  # ... and its P2PFaaS code
     late: str | None = None                                  # answered only by a look-up at the end
 
     @property
@@ -37,6 +39,7 @@ class Row:
     accepted: int
     answered: int
     errors: int          # answered, but not with status 200
+    overload: int        # async: accepted, then refused because the node was busy (never right)
     refused: int
     lost: int
     duplicated: int | None   # None: no dedup on this path (direct calls), shown as "-"
@@ -81,6 +84,7 @@ class Ledger:
             return
         if not call.answers and status != 200:
             call.reason = _first_line(error or payload)
+            call.code = _code(error or payload)
         call.answers.append((status, payload))
 
     def pending(self) -> list[str]:
@@ -90,7 +94,7 @@ class Ledger:
     def row(self) -> Row:
         reasons: Counter[str] = Counter()
         examples: dict[str, list[str]] = {"lost": [], "duplicated": []}
-        accepted = answered = errors = refused = lost = duplicated = redelivered = 0
+        accepted = answered = errors = overload = refused = lost = duplicated = redelivered = 0
         after_sent = after_ok = 0
         for req, call in self.calls.items():
             distinct = {payload for _, payload in call.answers}
@@ -99,6 +103,7 @@ class Ledger:
                 answered += 1
                 if call.status != 200:
                     errors += 1
+                    overload += not self.direct and call.code == CANNOT_SCHEDULE
                     reasons[f"answer {call.status}: {call.reason}"] += 1
                 if call.late:
                     reasons[call.late] += 1
@@ -124,9 +129,21 @@ class Ledger:
             if call.phase == AFTER:
                 after_sent += 1
                 after_ok += call.status == 200
-        return Row(self.transport, len(self.calls), accepted, answered, errors, refused, lost,
+        return Row(self.transport, len(self.calls), accepted, answered, errors, overload, refused, lost,
                    None if self.direct else duplicated, redelivered, after_sent, after_ok, dict(reasons),
                    {k: v for k, v in examples.items() if v})
+
+
+def _code(payload: bytes) -> int | None:
+    """The ``code`` of an error body (``{code, message}``, or a stored rejection's JSON)."""
+    import orjson
+
+    try:
+        body = orjson.loads(payload)
+    except orjson.JSONDecodeError:
+        return None
+    code = body.get("code") if isinstance(body, dict) else None
+    return code if isinstance(code, int) else None
 
 
 def _first_line(payload: bytes, limit: int = 70) -> str:

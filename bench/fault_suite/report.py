@@ -12,7 +12,7 @@ def fault_table(reports: list[FaultReport]) -> Table:
     """The rows of every run of one fault (its nats-mode and Mosquitto-mode stacks)."""
     first = reports[0]
     table = Table(title=f"{first.fault}: {first.title}", title_justify="left", show_lines=False)
-    for name in ("transport", "up --mqtt", "sent", "accepted", "answered", "errors", "refused", "lost",
+    for name in ("transport", "up --mqtt", "sent", "accepted", "answered", "errors", "overload", "refused", "lost",
                  "dup", "after ok", "reasons"):
         table.add_column(name, justify="left" if name in ("transport", "up --mqtt", "reasons") else "right",
                          overflow="fold")
@@ -22,7 +22,7 @@ def fault_table(reports: list[FaultReport]) -> Table:
             if row.redelivered:
                 reasons = f"{row.redelivered}x same answer redelivered (QoS 1); " + reasons
             table.add_row(row.transport, report.mode, str(row.sent), str(row.accepted), str(row.answered),
-                          str(row.errors), str(row.refused), _mark(row.lost), "-" if row.duplicated is None
+                          str(row.errors), _mark(row.overload), str(row.refused), _mark(row.lost), "-" if row.duplicated is None
                           else _mark(row.duplicated), f"{row.after_ok}/{row.after_sent}", reasons or "")
     return table
 

@@ -70,6 +70,8 @@ class FaultReport:
                 out.append(f"{row.transport}: {row.lost} lost")
             if row.duplicated:
                 out.append(f"{row.transport}: {row.duplicated} duplicated")
+            if row.overload:
+                out.append(f"{row.transport}: {row.overload} accepted and then refused for overload")
             if not row.recovered:
                 out.append(f"{row.transport}: {row.after_ok}/{row.after_sent} calls ok after recovery")
         if not self.error and self.healthz != 200:
