@@ -107,6 +107,8 @@ def node_health(node: str, status: int, body: bytes) -> tuple[dict, str | None]:
         return info, f"node {node}: its info does not name it ({info.get('node')!r})"
     if info.get("intake", "ok") != "ok":
         return info, f"node {node}: its async intake cannot pull from JetStream"
+    if info.get("store", "ok") != "ok":
+        return info, f"node {node}: JetStream {info['store']}"
     if info.get("answers_unstored", 0):
         return info, f"node {node}: {info['answers_unstored']} answer(s) waiting for JetStream to store them"
     return info, None

@@ -224,7 +224,10 @@ class NodeLoad(Contract):
 
 
 class NodeConfiguration(Contract):
-    """P2PFaaS ``/configuration`` body; persisted by the node."""
+    """P2PFaaS ``/configuration`` body; persisted by the node. Strict: ``"8"`` for a number or
+    ``"yes"`` for a boolean is refused, not read as one (as P2PFaaS's Go decoder refuses them)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid", strict=True)
 
     parallel_running_functions_max: int = Field(default=4, ge=1, le=1024)
     queue_length_max: int = Field(default=4, ge=0, le=100_000)
@@ -240,6 +243,17 @@ class SchedulerConfiguration(Contract):
     def describe(self) -> str:
         """As P2PFaaS prints it in ``X-P2pfaas-Scheduler``, e.g. ``PowerOfNScheduler(1, 2, true, 1)``."""
         return f"{self.name}({', '.join(self.parameters)})"
+
+
+class SchedulerChange(Contract):
+    """A ``/configuration/scheduler`` change: the algorithm must be named (an empty body is refused,
+    never read as NoScheduler); parameters left out are the algorithm's defaults, which the
+    answer lists."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid", strict=True)
+
+    name: str = Field(min_length=1, max_length=64)
+    parameters: list[str] = Field(default_factory=list, max_length=16)
 
 
 class FunctionDeployment(Contract):

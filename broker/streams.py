@@ -34,6 +34,7 @@ EXPERIENCE_MAX_BYTES = 256 * MIB
 # error 10047), a stream takes this share of the room the store still has (docs/security.md):
 # the intake and the answers a third each, dead letters and each node's experiences an eighth
 ASYNC_SHARE, RESULT_SHARE, DEADLETTER_SHARE, EXPERIENCE_SHARE = 1 / 3, 1 / 3, 1 / 8, 1 / 8
+STORE_CHECK_SHARE = 1 / 64
 MIN_STREAM_BYTES = MIB
 INSUFFICIENT_STORAGE = 10047
 
@@ -58,6 +59,10 @@ def results_stream(subjects: Subjects) -> str:
 
 def deadletter_stream(subjects: Subjects) -> str:
     return _name(subjects, "DEADLETTER")
+
+
+def store_check_stream(subjects: Subjects) -> str:
+    return _name(subjects, "STORECHECK")
 
 
 def experiences_stream(subjects: Subjects, node: str) -> str:
@@ -171,6 +176,13 @@ async def ensure_shared_streams(js: JetStreamContext, subjects: Subjects) -> Non
         max_age=DEADLETTER_MAX_AGE_S,
         max_bytes=DEADLETTER_MAX_BYTES,
     ), DEADLETTER_SHARE)
+    await _ensure(js, StreamConfig(
+        name=store_check_stream(subjects),
+        subjects=[subjects.all_store_checks()],
+        storage=StorageType.FILE,
+        max_msgs_per_subject=1,
+        max_bytes=MIN_STREAM_BYTES,
+    ), STORE_CHECK_SHARE)
 
 
 async def ensure_node_streams(js: JetStreamContext, subjects: Subjects, node: str) -> None:

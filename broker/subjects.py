@@ -15,7 +15,7 @@ from broker.errors import InvalidSubject, InvalidToken
 TOKEN_RE = re.compile(r"^[A-Za-z0-9_-]{1,64}\Z")   # \Z: "$" would also match before a final newline
 # second-level tokens of shared subjects: a node with one of these names would
 # collide with them (and its streams could not be created)
-RESERVED_NODE_IDS = frozenset({"result", "reject", "membership", "deadletter", "async"})
+RESERVED_NODE_IDS = frozenset({"result", "reject", "membership", "deadletter", "async", "storecheck"})
 DEFAULT_PREFIX = "faas"
 
 
@@ -278,6 +278,13 @@ class Subjects:
 
     def reward(self, node: str) -> str:
         return self._join(node, "reward")
+
+    def store_check(self, node: str) -> str:
+        """A node's tiny periodic write: JetStream can still store (nodes/store_check.py)."""
+        return f"{self.prefix}.storecheck.{check_node(node)}"
+
+    def all_store_checks(self) -> str:
+        return f"{self.prefix}.storecheck.*"
 
     def experience(self, node: str, pool: str) -> str:
         return self._join(node, "experience", check_token(pool, "pool"))

@@ -22,7 +22,7 @@ from broker.connection import close_quietly, connect, on_event
 from broker.control import ControlError, ControlServer
 from broker.lifecycle import end_strays, hold_data_dir, still_wanted
 from broker.errors import ContractError
-from broker.messages import NodeConfiguration, NodeGone, NodeLoad, ScaleCommand, SchedulerConfiguration
+from broker.messages import NodeConfiguration, NodeGone, NodeLoad, ScaleCommand, SchedulerChange, SchedulerConfiguration
 from broker.streams import ensure_node_streams
 from broker.subjects import Subjects
 from functions.registry import FunctionRegistry, default_registry
@@ -35,10 +35,11 @@ from nodes.inbox import Inbox
 from nodes.learner.service import LearnerService
 from nodes.learner.settings import LearnerSettings
 from nodes.metrics import NodeMetrics
-from nodes.pool import WorkerPool
+from nodes.pool import WorkerPool, worker_processes
 from nodes.scheduler.learning import LearningContext
 from nodes.scheduler.service import PeerSource, SchedulerService
 from nodes.settings import NodeSettings
+from nodes.store_check import StoreCheck
 from nodes.telemetry import PoolStats
 from nodes.worker import DEFAULT_POOL
 
@@ -71,6 +72,7 @@ class Node:
         self._dispatchers: dict[str, Dispatcher] = {}
         self._dropped = DropSummary(settings.node_id)   # calls not run: a log line per window, not per call
         self._telemetry: asyncio.Task | None = None
+        self.store_check: StoreCheck | None = None
         self.scheduler: SchedulerService | None = None
         self.discovery: DiscoveryService | None = None
         self.learner: LearnerService | None = None
@@ -119,6 +121,7 @@ class Node:
         answerer.on_answer = scheduler.learning.rewards.observe
         await self._start_pools()
         await scheduler.start()
+        self.store_check = StoreCheck(self.settings.node_id, self.nc, self.subjects).start()
         if self.discovery:
             await self.discovery.start()
         node = self.settings.node_id
@@ -161,6 +164,8 @@ class Node:
         if self._telemetry:
             self._telemetry.cancel()
             await asyncio.gather(self._telemetry, return_exceptions=True)
+        if self.store_check is not None:
+            await self.store_check.stop()
         if self.discovery:  # silence first: peers stop choosing us within suspect_after periods
             await self.discovery.stop()
         for sub in self._subs:
@@ -247,7 +252,7 @@ class Node:
             self.pools[name] = pool
             if name == DEFAULT_POOL:
                 self.pool = pool
-                await pool.start(self.store.node.parallel_running_functions_max)
+                await pool.start(self._main_processes(self.store.node.parallel_running_functions_max))
             else:
                 await pool.start(self.settings.pools[name].initial)
 
@@ -294,7 +299,7 @@ class Node:
             next_at += period
             now = time.monotonic()
             elapsed, last = now - last, now
-            sample = stats.sample(time.time(), elapsed, queue_length=dispatcher.n_queued,
+            sample = stats.sample(time.time(), elapsed, queue_length=dispatcher.n_waiting,
                                   in_service=dispatcher.n_running, ready=pool.ready, starting=pool.starting,
                                   stopping=pool.stopping)
             with contextlib.suppress(Exception):  # broker blip: the next period's sample goes out
@@ -329,17 +334,22 @@ class Node:
         assert self.scheduler is not None
         c = self.store.node
         main = self.scheduler.main
-        return NodeLoad(node=self.settings.node_id, running=main.n_running, queued=main.n_queued,
+        return NodeLoad(node=self.settings.node_id, running=main.n_running, queued=main.n_waiting,
                         parallel_running_functions_max=c.parallel_running_functions_max,
                         queue_length_max=c.queue_length_max, queue_enabled=c.queue_enabled,
                         scheduler=self.scheduler.algorithm.describe())
+
+    def _main_processes(self, k: int) -> int:
+        return worker_processes(k, self.settings.worker_processes_max)
 
     async def apply_configuration(self, config: NodeConfiguration) -> None:
         """Persist and apply at run time: K resizes the worker pool, no restart."""
         self.store.set_node(config)
         assert self.pool is not None
         await self.pool.dispatcher.set_slots(config.parallel_running_functions_max)
-        await self.pool.set_size(config.parallel_running_functions_max)
+        await self.pool.set_size(self._main_processes(config.parallel_running_functions_max))
+        if self.scheduler is not None:
+            self.scheduler.intake.wake()
         if self.pool:
             self.metrics.workers.labels(node=self.settings.node_id, state="target").set(self.pool.target)
 
@@ -360,7 +370,7 @@ class Node:
 
     async def _on_scheduler_set(self, body: bytes) -> bytes:
         assert self.scheduler is not None
-        config = decode(SchedulerConfiguration, body)
+        config = decode(SchedulerChange, body)
         try:
             algorithm = self.scheduler.set_algorithm(config.name, config.parameters)
         except ValueError as exc:
@@ -383,6 +393,7 @@ class Node:
             "scheduler": self.scheduler.algorithm.describe(), "functions": self.registry.names(),
             "workers": {"ready": self.pool.ready, "starting": self.pool.starting, "stopping": self.pool.stopping} if self.pool else {},
             "intake": "ok" if self.scheduler.intake.healthy else "down",
+            "store": (self.store_check.problem if self.store_check else None) or "ok",
             "answers_unstored": self.scheduler.answerer.unstored,
             "uptime_s": time.time() - self.started_at,
         })

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import logging
+import os
 import signal
 import sys
 from dataclasses import dataclass, field
@@ -20,7 +21,7 @@ from broker.connection import credentials_from_env
 from broker.lifecycle import child_env, remove_pid_file, write_pid_file
 from functions.registry import default_registry
 from nodes.dispatch import Dispatcher
-from nodes.settings import NodeSettings
+from nodes.settings import NodeSettings, machine_memory
 from nodes.worker import DEFAULT_POOL, EXIT_RECYCLE, STOP_GRACE_S, WORKER_CREDENTIALS, Worker
 
 log = logging.getLogger(__name__)
@@ -31,6 +32,21 @@ READY_LINE = b"READY"
 OUTPUT_CHUNK = 65536     # read as it comes: a worker never blocks on a full pipe, whatever it prints
 RESPAWN_BACKOFF_S = (0.5, 1.0, 2.0, 5.0, 10.0)   # after the n-th worker in a row died before READY
 OUTPUT_LINE_MAX = 4096   # longer lines are cut in the log (the function's output is not)
+WORKERS_PER_CORE = 16    # CPU-bound calls beyond the cores only queue in the kernel; I/O-bound ones share workers
+WORKER_MEMORY = 128 * 1024 * 1024   # what a worker process may grow to, conservatively (idle: ~30 MB)
+
+
+def machine_worker_limit() -> int:
+    """Worker processes one node starts at most, from what this machine can hold: K above it is a
+    limit of calls running at once, served by this many processes (I/O-bound functions run many
+    calls per worker; CPU-bound ones wait for a free worker, as they would for a free core)."""
+    cores = os.cpu_count() or 1
+    return max(2, min(cores * WORKERS_PER_CORE, machine_memory() // (2 * WORKER_MEMORY)))
+
+
+def worker_processes(k: int, limit: int | None) -> int:
+    """The main pool's processes for K slots: K, at most ``limit`` (None: the machine's)."""
+    return min(k, limit or machine_worker_limit())
 
 
 def worker_identity() -> dict[str, str]:

@@ -56,6 +56,9 @@ class NodeSettings(BaseModel):
     max_payload_bytes: int = Field(default=ONE_MIB, ge=1)
     runtime: Literal["process", "inprocess", "docker"] = "process"
     docker_image: str = "p2pfaas-worker:latest"    # runtime "docker": the workers' image (docs/containers.md)
+    # processes of the main pool: K at most this (None: from the machine's cores and memory,
+    # nodes.pool.machine_worker_limit); K beyond it bounds the calls running at once, not processes
+    worker_processes_max: int | None = Field(default=None, ge=1, le=1024)
     ack_wait_s: float = Field(default=10.0, gt=0)   # a silent worker's task is redelivered after this
     max_deliver: int = Field(default=4, ge=2)       # counted by the node: this delivery is not run, it dead-letters
     unknown_node_after_s: float = Field(default=60.0, gt=0)   # async calls to a node never seen: refused after
@@ -148,3 +151,11 @@ class NodeSettings(BaseModel):
             values["functions"] = parse_function_specs(os.environ["P2PFAAS_FUNCTIONS"])
         values.update({k: v for k, v in overrides.items() if v is not None})
         return cls(**values)
+
+
+def machine_memory() -> int:
+    """This machine's memory in bytes (4 GiB when the system does not say)."""
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError):
+        return 4 * 1024 ** 3

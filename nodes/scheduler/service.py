@@ -40,7 +40,7 @@ from nodes.config_store import ConfigStore
 from nodes.dispatch import Dispatcher
 from nodes.forwarding import Forwarder
 from nodes.inbox import Inbox
-from nodes.intake import AsyncIntake, UnknownNodeSweeper
+from nodes.intake import HOLD_LIMIT, AsyncIntake, UnknownNodeSweeper
 from nodes.metrics import NodeMetrics
 from nodes.scheduler.algorithms import build_algorithm, decide, forced_algorithm
 from nodes.scheduler.base import (
@@ -55,7 +55,7 @@ from nodes.scheduler.base import (
 )
 from nodes.scheduler.forward import run_locally
 from nodes.scheduler.inbound import Inbound, Refusal
-from nodes.settings import NodeSettings
+from nodes.settings import NodeSettings, machine_memory
 from nodes.worker import DEFAULT_POOL, STOP_GRACE_S
 
 if TYPE_CHECKING:
@@ -65,6 +65,8 @@ log = logging.getLogger(__name__)
 
 RECENT = 65_536          # answered async calls remembered, to drop duplicates without a message id
 MAX_WAITING = 100_000    # calls a pool keeps in memory whatever the algorithm says (NoScheduler without loss)
+ASYNC_AHEAD = 2          # async calls held per slot of the main pool (async_budget)
+QUEUE_MEMORY_SHARE = 16  # direct calls waiting in memory hold at most 1/16 of the machine's memory in inputs
 
 
 class SchedulerService:
@@ -86,7 +88,7 @@ class SchedulerService:
                                    peers)
         self.forwarder.on_gone.append(self._sender_gone)
         self.intake = AsyncIntake(self.node_id, nc, self.subjects, ack_wait_s=settings.ack_wait_s,
-                                  take=self.take_async)
+                                  take=self.take_async, budget=self.async_budget)
         self.sweeper = UnknownNodeSweeper(self.node_id, nc, self.subjects, self._refuse_unknown_node,
                                           alive=self.peers, unknown_after_s=settings.unknown_node_after_s,
                                           period_s=min(15.0, settings.unknown_node_after_s / 2))
@@ -103,6 +105,7 @@ class SchedulerService:
         self._checking: dict[str, Msg] = {}    # async calls whose stored answer is being looked up, by key
         self._started_at = time.time()
         self._stopping_at: float | None = None   # loop time the node began to stop
+        self.queue_bytes_max = queue_memory_limit()
         self._last_seq = 0        # highest intake stream sequence taken
         self._doubtful_seq = 0    # intake messages up to this one may have run before an outage
 
@@ -114,6 +117,16 @@ class SchedulerService:
 
     def peers(self) -> Sequence[str]:
         return self._peers.peers() if self._peers else ()
+
+    def async_budget(self) -> int:
+        """How many async calls the node holds at once: enough to fill the main pool's slots and as
+        many again waiting for them (what frees a slot finds the next one here, not a pull away).
+        The rest of a backlog waits in the stream. A dedicated pool queues its whole backlog (its
+        queue is what its controller scales on): the intake cannot tell its calls from the others'
+        before pulling them, so on such a node the budget is the intake's whole hold."""
+        if len(self.pools) > 1:
+            return HOLD_LIMIT
+        return ASYNC_AHEAD * max(1, self.main.capacity)
 
     async def probe(self, peer: str) -> int | None:
         """A peer's load for the algorithm; a probe that fails (None, or an error) is counted
@@ -357,6 +370,10 @@ class SchedulerService:
             self.metrics.request(call.fn, "forwarded")
             return self._answer_later(self.forwarder.forward(call, decision.peer))
         assert isinstance(decision, Reject)
+        if call.is_async and decision.code == codes.CANNOT_SCHEDULE:
+            # accepted async work is never refused because others came first: it waits for a slot
+            # in the pool's async lane (the intake pulled it because there was room for it)
+            return self._execute(call, Execute(probing_s=decision.probing_s), self.main)
         # P2PFaaS: 401 deliberately rejected -> HTTP 503; 400 cannot schedule (overload) -> HTTP 500
         self._answer_later(self.answerer.refused(call, decision.code, codes.STATUS.get(decision.code, 500),
                                                  decision.reason, "rejected", retry_after_s=1.0))
@@ -380,10 +397,12 @@ class SchedulerService:
                                                                       "went away", "sender_gone")
 
     def _execute(self, call: Call, decision: Execute, pool: Dispatcher) -> None:
-        if pool.n_queued >= MAX_WAITING:
-            return self._answer_later(self.answerer.refused(call, codes.CANNOT_SCHEDULE, 500,
-                                                            f"{MAX_WAITING} calls already wait on {pool.pool}",
-                                                            "rejected", retry_after_s=1.0))
+        if not call.is_async and (pool.n_queued >= MAX_WAITING
+                                  or pool.queued_bytes + len(call.payload) > self.queue_bytes_max):
+            # whatever the algorithm and queue_length_max say, what waits in memory is bounded
+            return self._answer_later(self.answerer.refused(
+                call, codes.CANNOT_SCHEDULE, 500, f"{pool.n_queued} calls ({pool.queued_bytes} bytes of input) "
+                                                  f"already wait on pool {pool.pool}", "rejected", retry_after_s=1.0))
         call.scheduled_at = call.scheduled_at or time.time()
         self.metrics.request(call.fn, "scheduled")
         stats = self.answerer.stats_of(pool.pool)
@@ -456,6 +475,10 @@ class SchedulerService:
             await self._refuse_raw("", Refusal(codes.GENERIC, 503, f"{inv.fn}: not stored, try again later "
                                                                   f"({type(exc).__name__}: {exc})", "not_stored"),
                                    subject=subject)
+
+
+def queue_memory_limit() -> int:
+    return max(64 * 1024 * 1024, machine_memory() // QUEUE_MEMORY_SHARE)
 
 
 class PeerSource:

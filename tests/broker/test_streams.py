@@ -34,7 +34,7 @@ async def test_ensuring_existing_streams_changes_nothing(nc, prefix):
     js.add_stream, js.update_stream = counted_add, counted_update
     await ensure_shared_streams(js, s)
     await ensure_node_streams(js, s, "n1")
-    assert len(calls) == 4 and all(c.startswith("add") for c in calls)
+    assert len(calls) == 5 and all(c.startswith("add") for c in calls)
     calls.clear()
     await ensure_shared_streams(js, s)
     await ensure_node_streams(js, s, "n1")

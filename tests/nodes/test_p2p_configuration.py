@@ -37,9 +37,17 @@ async def test_every_algorithm_over_nats_then_persisted(node_factory, nc, prefix
             assert node.scheduler.algorithm.describe() == printed
             current = decode(SchedulerConfiguration, (await nc.request(s.scheduler_config("n1", "get"), b"", timeout=5)).data)
             assert current.name == name
-        for bad in (b'{"name": "Nope", "parameters": []}', b'{"name": "ForwardScheduler", "parameters": ["-1"]}', b"{"):
+        before = node.scheduler.algorithm.describe()
+        # refused, never read as a default: an empty body, no name, parameters that are not strings
+        for bad in (b'{"name": "Nope", "parameters": []}', b'{"name": "ForwardScheduler", "parameters": ["-1"]}', b"{",
+                    b"{}", b'{"parameters": ["1"]}', b'{"name": "NoScheduler", "parameters": [1]}',
+                    b'{"name": "NoScheduler", "parameters": "true"}', b'{"name": "", "parameters": []}',
+                    b'{"name": "NoScheduler", "parameters": ["true"], "extra": 1}'):
             reply = await nc.request(s.scheduler_config("n1", "set"), bad, timeout=5)
-            assert reply.headers["X-P2pfaas-Status"] == "400" and orjson.loads(reply.data)["message"]
+            assert reply.headers["X-P2pfaas-Status"] == "400" and orjson.loads(reply.data)["message"], bad
+            assert node.scheduler.algorithm.describe() == before
+            stored = decode(SchedulerConfiguration, (await nc.request(s.scheduler_config("n1", "get"), b"", timeout=5)).data)
+            assert stored.name == node.scheduler.algorithm.name
         final = orjson.dumps({"name": "PowerOfNScheduler", "parameters": ["2", "3", "false", "2"]})
         await nc.request(s.scheduler_config("n1", "set"), final, timeout=5)
     async with node_factory(data_dir=tmp_path, runtime="inprocess") as node:  # restarted: the choice survived
