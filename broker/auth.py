@@ -53,6 +53,7 @@ SERVICE_NAME_PREFIXES = ("node-", "worker-", "http-")
 # cores on its workers' CONNECTs (read loops of 2-7 s logged) and again after every broker
 # restart; 4, bcrypt's least, is ~1 ms (bench/connect_storm.py).
 BCRYPT_ROUNDS = 4
+APPLIED = "applied.json"   # what the running brokers have loaded (AuthStore.mark_applied)
 log = logging.getLogger(__name__)
 
 
@@ -209,6 +210,18 @@ class AuthStore:
         files = [self.directory / n for n in ("services.json", "devices.json")]
         return max((f.stat().st_mtime for f in files if f.exists()), default=0.0)
 
+    def mark_applied(self, changed_at: float) -> None:
+        """A running ``up``'s brokers let in the identities as of ``changed_at`` (they were reloaded
+        and a new device's connection was accepted): ``p2pfaas auth device`` waits for this."""
+        write_whole(self.directory / APPLIED, json.dumps({"changed_at": changed_at}).encode())
+
+    def applied_at(self) -> float:
+        """The ``changed_at`` the running brokers have applied (0: none said so yet)."""
+        try:
+            return float(json.loads((self.directory / APPLIED).read_bytes())["changed_at"])
+        except (OSError, ValueError, KeyError, TypeError):
+            return 0.0
+
 
 # -- NATS ------------------------------------------------------------------------------------
 def _permissions(publish: list[str], subscribe: list[str] | None = None, deny: list[str] | None = None) -> dict:
@@ -222,8 +235,8 @@ def node_permissions(node: str) -> dict:
     """A node: its own subjects (but not the commands meant for it), answers, forwards and probes
     to peers, its own membership and dead letters, JetStream without deleting streams."""
     return _permissions(
-        publish=[f"*.{node}.>", f"*.membership.{node}", "*.result.>", "*.reject.>", "*.async.>", "*.*.forward.>",
-                 "*.*.load", f"*.deadletter.{node}.>", FULL_JS, *JS_RUNTIME],
+        publish=[f"*.{node}.>", f"*.membership.{node}", f"*.storecheck.{node}", "*.result.>", "*.reject.>",
+                 "*.async.>", "*.*.forward.>", "*.*.load", f"*.deadletter.{node}.>", FULL_JS, *JS_RUNTIME],
         deny=[f"*.{node}.scale.*", f"*.{node}.config.set", f"*.{node}.config.scheduler.set", *JS_DENIED])
 
 

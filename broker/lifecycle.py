@@ -169,6 +169,22 @@ def hold_data_dir(data_dir: "os.PathLike[str] | str", lock: Path = UP_LOCK, owne
     return fd
 
 
+def data_dir_held(data_dir: "os.PathLike[str] | str", lock: Path = UP_LOCK) -> bool:
+    """Whether a live process (a running ``up``) holds the lock of ``data_dir``."""
+    path = Path(data_dir) / lock
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    except OSError:
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return True
+    finally:
+        os.close(fd)
+    return False
+
+
 # -- state files ------------------------------------------------------------------------------
 def write_whole(path: Path, data: bytes) -> None:
     """``data`` as the whole of ``path``: written to a temporary file beside it, flushed to the

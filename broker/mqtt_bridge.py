@@ -91,6 +91,34 @@ def mqtt_tls(client: mqtt.Client, url: str, ca: str | None) -> None:
         client.tls_set(ca_certs=ca)
 
 
+def mqtt_accepts(url: str, user: str, password: str, ca: str | None = None, timeout_s: float = 2.0) -> bool:
+    """Whether the MQTT broker at ``url`` lets ``user`` in now (one CONNECT with a clean session,
+    then a DISCONNECT): what a device will meet. Blocking; False on any refusal or failure."""
+    host, port = parse_mqtt_url(url)
+    client = mqtt.Client(mqtt.CallbackAPIVersion.VERSION2, client_id=f"p2pfaas-check-{os.urandom(6).hex()}",
+                         protocol=mqtt.MQTTv311, clean_session=True)
+    client.username_pw_set(user, password)
+    answered: list[bool] = []
+
+    def on_connect(c, userdata, flags, reason, properties=None) -> None:
+        answered.append(not reason.is_failure)
+
+    client.on_connect = on_connect
+    try:
+        mqtt_tls(client, url, ca)
+        client.connect(host, port, keepalive=10)
+        deadline = time.monotonic() + timeout_s
+        while not answered and time.monotonic() < deadline:
+            client.loop(timeout=0.05)
+    except (OSError, ValueError) as exc:
+        log.debug("MQTT check of %s at %s: %s", user, url, exc)
+        return False
+    finally:
+        with contextlib.suppress(Exception):
+            client.disconnect()
+    return bool(answered and answered[0])
+
+
 class MqttBridge:
     def __init__(self, nc: Client, mqtt_url: str, *, prefix: str = "faas", client_id: str | None = None,
                  max_payload_bytes: int = 1024 * 1024, credentials: tuple[str, str] | None = None) -> None:

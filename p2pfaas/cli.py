@@ -28,6 +28,7 @@ eval_app = typer.Typer(help="Experiments: run the real system on seeded workload
                        no_args_is_help=True, add_completion=False)
 app.add_typer(eval_app, name="eval")
 console = Console(stderr=True)
+ENROL_TIMEOUT_S = 20.0   # `auth device` waits this long for a running `up` to let the device in
 STOP_TIMEOUT_S = float(os.environ.get("P2PFAAS_STOP_TIMEOUT_S", 60.0))  # up's whole shutdown
 START_THE_STACK = "is the stack running? Start it with `p2pfaas up`, or name a running NATS with --nats-url"
 MAX_PORT = 65535
@@ -701,8 +702,10 @@ def auth_device(
     name: str = typer.Argument(..., help="Device name: its MQTT user and the <client> token of its topics."),
     data_dir: Path = typer.Option(Path("data"), help="The stack's data dir (its identities are in DATA_DIR/auth)."),
 ) -> None:
-    """Create (or show) a device identity; prints {"user": ..., "password": ...}. A running `up` lets it in at once."""
+    """Create (or show) a device identity; prints {"user": ..., "password": ...}. With `up` running
+    (or starting) on DATA_DIR, it returns once the brokers let the device in."""
     from broker.auth import AuthStoreError, check_device_name
+    from broker.lifecycle import data_dir_held
 
     try:
         check_device_name(name)
@@ -710,7 +713,16 @@ def auth_device(
         raise typer.BadParameter(str(exc), param_hint="NAME") from None
     store = _stack_store(data_dir, required=True)
     with _reported(AuthStoreError, OSError):
-        print(store.device(name).as_json())
+        credentials = store.device(name)
+        changed = store.changed_at()
+    deadline = time.monotonic() + ENROL_TIMEOUT_S
+    while data_dir_held(data_dir) and store.applied_at() < changed:
+        if time.monotonic() > deadline:
+            console.print(f"[red]error:[/] device {name} is created, but the running `up` on {data_dir} has not let it "
+                          f"in within {ENROL_TIMEOUT_S:g} s: its console and {data_dir / 'logs'} say why")
+            raise typer.Exit(1)
+        time.sleep(0.05)
+    print(credentials.as_json())
 
 
 @auth_app.command("operator")

@@ -18,9 +18,10 @@ from typing import Literal
 import orjson
 from pydantic import BaseModel, ConfigDict, Field, PositiveFloat, ValidationError, model_validator
 
-from broker.auth import (BRIDGE, CONTROLLER, OPERATOR, AuthStore, mosquitto_files, mqtt_bridge_client_id,
-                          nats_accounts)
+from broker.auth import (BRIDGE, CONTROLLER, OPERATOR, AuthStore, AuthStoreError, mosquitto_files,
+                          mqtt_bridge_client_id, nats_accounts)
 from broker.embedded import Mosquitto, NatsServer, choose_port
+from broker.mqtt_bridge import mqtt_accepts
 from broker.lifecycle import hold_data_dir, still_wanted
 from broker.tls import TlsFiles, ensure_certificates
 from broker.messages import NodeConfiguration, SchedulerConfiguration
@@ -39,6 +40,8 @@ FARM_FUNCTION = "sleep"
 STORE_ERRORS = (b"Critical write error", b"failed to store a msg")
 HEAL_FREE_BYTES = 16 * 1024 * 1024   # free space on the store's disk before nats-server is restarted
 HEAL_PERIOD_S = 2.0
+DEVICES_CHECKED = 8        # new devices whose first connection is tried after a reload (the rest follow it)
+LET_IN_TIMEOUT_S = 10.0
 
 
 class NodeSpec(BaseModel):
@@ -263,6 +266,7 @@ class Stack:
             self.tls = ensure_certificates(s.data_dir / "tls", [s.host])
             ep.notes.append(f"TLS: clients verify servers against {self.tls.ca}")
         tls_pair = (self.tls.cert, self.tls.key) if self.tls else None
+        seen = store.changed_at() if store is not None else 0.0   # what the brokers' files below hold
         nats_url = s.nats_url
         if nats_url is None:
             self.nats_server = server = NatsServer(tls=tls_pair,
@@ -289,6 +293,9 @@ class Stack:
                                       stop_timeout_s=10))
             ep.notes += mosquitto.notes
             mqtt_url = mosquitto.url
+        if store is not None:   # from now on: a device enrolled while the rest starts is let in too
+            self._watch = asyncio.create_task(self._reload_on_new_identities(store, seen, mqtt_url or ep.mqtt_url),
+                                              name="auth-watch")
 
         # HTTP ports first: each node advertises its bridge's URL in its heartbeats (GET /list)
         ports: list[int] = []
@@ -340,8 +347,6 @@ class Stack:
             ep.mqtt_url, ep.mqtt_via = mqtt_url, "Mosquitto + p2pfaas MQTT bridge"
         if s.controller_policy is not None:
             await self._start_controller(nats_url)
-        if store is not None:
-            self._watch = asyncio.create_task(self._reload_on_new_identities(store), name="auth-watch")
         (s.data_dir / "endpoints.json").write_bytes(orjson.dumps({
             "nats_url": ep.nats_url, "mqtt_url": ep.mqtt_url, "http": ep.http, "prefix": s.prefix,
             "discovery": ep.discovery, "learner": ep.learner,
@@ -395,23 +400,50 @@ class Stack:
             env.update(P2PFAAS_MQTT_USER=creds.user, P2PFAAS_MQTT_PASSWORD=creds.password)
         return env
 
-    async def _reload_on_new_identities(self, store: AuthStore, period_s: float = 1.0) -> None:
-        """A device or node added with ``p2pfaas auth`` while we run: the brokers learn it at once
-        (configuration rewritten, then reloaded with SIGHUP; nobody is disconnected)."""
-        seen = store.changed_at()
+    async def _reload_on_new_identities(self, store: AuthStore, seen: float, mqtt_url: str | None,
+                                        period_s: float = 0.25) -> None:
+        """A device or node added with ``p2pfaas auth`` while we run (or start): the brokers learn it
+        at once (configuration rewritten, then reloaded with SIGHUP; nobody is disconnected). Once
+        a new device's MQTT connection is accepted, the store says so (``auth device`` waits)."""
+        known = set(store.devices())
+        store.mark_applied(seen)
         while True:
             still_wanted()
             await asyncio.sleep(period_s)
-            if store.changed_at() <= seen:
+            changed = store.changed_at()
+            if changed <= seen:
                 continue
-            seen = store.changed_at()
+            seen = changed
+            try:
+                devices = store.devices()
+            except AuthStoreError as exc:   # broken by hand: keep what the brokers have
+                log.error("identities not reloaded: %s", exc)
+                continue
             if self.nats_server is not None:
                 self.nats_server.reconfigure(nats_accounts(store, self.settings.node_ids))
                 self.supervisor.signal("nats-server", signal.SIGHUP)
             if self.mosquitto is not None:
                 mosquitto_files(store, self.settings.prefix, self.settings.data_dir / "mosquitto" / "auth")
                 self.supervisor.signal("mosquitto", signal.SIGHUP)
-            log.info("identities changed: brokers reloaded")
+            new = {name: password for name, password in devices.items() if name not in known}
+            if mqtt_url and new:
+                await asyncio.gather(*(self._until_let_in(mqtt_url, name, password)
+                                       for name, password in sorted(new.items())[:DEVICES_CHECKED]))
+            known = set(devices)
+            store.mark_applied(seen)
+            (log.info if new else log.debug)("identities changed: brokers reloaded%s",
+                                             f" (new devices: {', '.join(sorted(new))})" if new else "")
+
+    async def _until_let_in(self, mqtt_url: str, user: str, password: str) -> None:
+        """Wait (bounded) until the MQTT broker accepts ``user``: its reload is done."""
+        ca = str(self.tls.ca) if self.tls is not None else None
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + LET_IN_TIMEOUT_S
+        while loop.time() < deadline:
+            if await asyncio.to_thread(mqtt_accepts, mqtt_url, user, password, ca):
+                return
+            await asyncio.sleep(0.05)
+        log.warning("device %s: the MQTT broker still refuses it %g s after the reload", user, LET_IN_TIMEOUT_S)
 
     async def _heal_store(self, server: NatsServer, period_s: float = HEAL_PERIOD_S) -> None:
         """After its disk was full, nats-server keeps failing the writes of the streams that hit

@@ -420,7 +420,7 @@ async def test_up_keeps_watching_identities_when_a_file_is_broken(tmp_path, capl
     store = AuthStore(tmp_path / "auth")
     store.device("dev1")
     nats_accounts(store, stack.settings.node_ids)
-    watch = asyncio.create_task(stack._reload_on_new_identities(store, period_s=0.05))
+    watch = asyncio.create_task(stack._reload_on_new_identities(store, store.changed_at(), None, period_s=0.05))
     try:
         await asyncio.sleep(0.1)
         with caplog.at_level(logging.ERROR, logger="broker.auth"):
