@@ -235,7 +235,7 @@ def node_permissions(node: str) -> dict:
     """A node: its own subjects (but not the commands meant for it), answers, forwards and probes
     to peers, its own membership and dead letters, JetStream without deleting streams."""
     return _permissions(
-        publish=[f"*.{node}.>", f"*.membership.{node}", f"*.storecheck.{node}", "*.result.>", "*.reject.>",
+        publish=[f"*.{node}.>", f"*.membership.*.{node}", f"*.storecheck.{node}", "*.result.>", "*.reject.>",
                  "*.async.>", "*.*.forward.>", "*.*.load", f"*.deadletter.{node}.>", FULL_JS, *JS_RUNTIME],
         deny=[f"*.{node}.scale.*", f"*.{node}.config.set", f"*.{node}.config.scheduler.set", *JS_DENIED])
 
@@ -246,7 +246,7 @@ def worker_permissions(node: str) -> dict:
     inbox: ``_INBOX.>`` would show user code every reply in the account (other calls' outputs,
     control answers) and the inbox names to forge answers to."""
     return _permissions(publish=["_INBOX.>", f"*.{node}.gone"],
-                        subscribe=[f"*.{node}.worker.>", f"*.membership.{node}", f"*.{node}.gone"])
+                        subscribe=[f"*.{node}.worker.>", f"*.membership.*.{node}", f"*.{node}.gone"])
 
 
 def bridge_permissions() -> dict:

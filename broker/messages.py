@@ -299,7 +299,7 @@ class ScaleDelay(Contract):
 
 
 class Heartbeat(Contract):
-    """Membership heartbeat on ``faas.membership.<node>``."""
+    """Membership heartbeat on ``faas.membership.<group>.<node>``."""
 
     node: str
     address: str = ""

@@ -6,6 +6,7 @@ NATS uses ``.`` between tokens, MQTT uses ``/``; :func:`to_mqtt` and
 
 from __future__ import annotations
 
+import hashlib
 import re
 from dataclasses import dataclass
 from typing import Literal
@@ -17,6 +18,17 @@ TOKEN_RE = re.compile(r"^[A-Za-z0-9_-]{1,64}\Z")   # \Z: "$" would also match be
 # collide with them (and its streams could not be created)
 RESERVED_NODE_IDS = frozenset({"result", "reject", "membership", "deadletter", "async", "storecheck"})
 DEFAULT_PREFIX = "faas"
+DEFAULT_GROUP = "default"
+
+
+def group_token(group: str) -> str:
+    """The subject token of a P2PFaaS group name (any text there): itself when it is a valid
+    token, else a digest of it; the empty name is the default group."""
+    if not group:
+        return DEFAULT_GROUP
+    if TOKEN_RE.match(group):
+        return group
+    return "g" + hashlib.sha256(group.encode()).hexdigest()[:24]
 
 
 _KNOWN_GOOD: set[str] = set()   # names seen valid (functions, clients, nodes repeat on every call)
@@ -254,11 +266,17 @@ class Subjects:
         """Request/reply: the node's function registry and pools (OpenFaaS's ``/system/*`` routes)."""
         return self._join(node, "functions", verb)
 
-    def membership(self, node: str) -> str:
-        return f"{self.prefix}.membership.{check_token(node, 'node')}"
+    def membership(self, node: str, group: str = DEFAULT_GROUP) -> str:
+        """A node's heartbeats, within its group (P2PFaaS's fog network: nodes see only their own)."""
+        return f"{self.prefix}.membership.{group_token(group)}.{check_token(node, 'node')}"
 
-    def all_membership(self) -> str:
-        return f"{self.prefix}.membership.*"
+    def all_membership(self, group: str | None = None) -> str:
+        """Heartbeats of one group's nodes, or (None) of every group's (the dashboard, ``top``)."""
+        return f"{self.prefix}.membership.{'*' if group is None else group_token(group)}.*"
+
+    def membership_of(self, node: str) -> str:
+        """A node's heartbeats in whatever group it is (its workers watch it)."""
+        return f"{self.prefix}.membership.*.{check_token(node, 'node')}"
 
     def telemetry(self, node: str, pool: str) -> str:
         return self._join(node, "telemetry", check_token(pool, "pool"))

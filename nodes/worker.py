@@ -123,7 +123,7 @@ class Worker(OnItsLoop):
             log.warning("%s: node %s is gone; stopping", self.name, node)
             self.stopping.set()
 
-        await self.nc.subscribe(self.subjects.membership(node), cb=on_heartbeat)
+        await self.nc.subscribe(self.subjects.membership_of(node), cb=on_heartbeat)
         await self.nc.subscribe(self.subjects.gone(node), cb=on_gone)
 
         async def watchdog() -> None:

@@ -22,7 +22,7 @@ from broker.codec import decode, decode_update, encode
 from broker.control import ControlError
 from broker.errors import ContractError
 from broker.messages import DiscoveryConfiguration, Heartbeat, MachineAnnouncement, NodeLoad, PeerInfo, PeerList
-from broker.subjects import Subjects
+from broker.subjects import Subjects, group_token
 from broker.lifecycle import still_wanted
 from nodes import peer_http
 from nodes.config_store import read_node_file, write_node_file
@@ -39,7 +39,9 @@ MAX_CLOCK_AHEAD_S = 60.0   # a peer's clock may be this far ahead of ours (NTP k
 class DiscoveryService:
     """Publishes this node's heartbeat every period and keeps the view of everyone else's.
 
-    * heartbeats go to ``faas.membership.<node>``; with several nats-servers
+    * heartbeats go to ``faas.membership.<group>.<node>`` and a node hears only its own group's
+      (P2PFaaS's fog network id): its traffic grows with its group, not with the deployment;
+      with several nats-servers
       (cluster or leaf nodes) the subject simply propagates, so no peer
       addresses are configured: ``NodeSettings.seeds`` only lists more servers
       to connect to;
@@ -65,6 +67,7 @@ class DiscoveryService:
         self._activity = activity
         self._clock = clock
         self._subs: list = []
+        self._heartbeats = None   # the subscription to this node's group
         self._task: asyncio.Task | None = None
         self._alive: list[str] = []   # last logged alive list (to log changes once)
         self.on_removed: list[Callable[[str], None]] = []   # told of each peer forgotten (the forwarder)
@@ -172,7 +175,15 @@ class DiscoveryService:
         if bad:
             raise ControlError(400, f"init_servers must be IP addresses, got {bad}")
         self._save_configuration(new)   # first: a write that fails (a full disk) changes nothing
+        moved = group_token(new.machine_group_name) != group_token(self.settings.group)
         self.settings.group, self.settings.init_servers = new.machine_group_name, new.init_servers
+        if moved and self._heartbeats is not None:   # another neighbourhood: hear its nodes, forget the old
+            old, self._heartbeats = self._heartbeats, await self.nc.subscribe(
+                self.subjects.all_membership(self.settings.group), cb=self._on_heartbeat)
+            await old.unsubscribe()
+            self.view = MembershipView(self.node_id, self.settings.heartbeat_period_s, self.settings.suspect_after,
+                                       self.settings.remove_after)
+            self._alive = []
         self._add_init_servers()
         await self.beat()
         return encode(self.configuration())
@@ -203,7 +214,8 @@ class DiscoveryService:
 
     # -- lifecycle ------------------------------------------------------------
     async def start(self) -> "DiscoveryService":
-        self._subs.append(await self.nc.subscribe(self.subjects.all_membership(), cb=self._on_heartbeat))
+        self._heartbeats = await self.nc.subscribe(self.subjects.all_membership(self.settings.group),
+                                                   cb=self._on_heartbeat)
         self._subs.append(await self.nc.subscribe(self.subjects.peers(self.node_id), cb=self._on_peers))
         self.http = httpx.AsyncClient()
         self._add_init_servers()
@@ -221,12 +233,13 @@ class DiscoveryService:
             self._task.cancel()
             await asyncio.gather(self._task, return_exceptions=True)
             self._task = None
-        for sub in self._subs:
+        for sub in [*self._subs, *([self._heartbeats] if self._heartbeats else [])]:
             try:
                 await sub.unsubscribe()
             except Exception as exc:  # the connection may already be gone at shutdown
                 log.debug("unsubscribe: %s", exc)
         self._subs.clear()
+        self._heartbeats = None
 
     async def __aenter__(self) -> "DiscoveryService":
         return await self.start()
@@ -246,7 +259,7 @@ class DiscoveryService:
 
     async def beat(self) -> None:
         try:
-            await self.nc.publish(self.subjects.membership(self.node_id), encode(self.heartbeat()))
+            await self.nc.publish(self.subjects.membership(self.node_id, self.settings.group), encode(self.heartbeat()))
         except Exception as exc:  # broker blip: the next period tries again
             log.warning("heartbeat of %s not sent: %s", self.node_id, exc)
 
@@ -283,7 +296,7 @@ class DiscoveryService:
         if hb.node == self.node_id:
             return
         now = self._clock()
-        if msg.subject != self.subjects.membership(hb.node) or hb.time > now + MAX_CLOCK_AHEAD_S:
+        if msg.subject != self.subjects.membership(hb.node, hb.group) or hb.time > now + MAX_CLOCK_AHEAD_S:
             # a heartbeat on someone else's subject, or dated in the future (it would outrank every
             # true heartbeat of that peer, and so remove it for good), is refused
             log.warning("%s: heartbeat of %r on %s refused (dated %+.0f s from now)", self.node_id, hb.node[:64],

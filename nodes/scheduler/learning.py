@@ -26,7 +26,7 @@ from broker import headers as H
 from broker.codec import decode
 from broker.errors import ContractError
 from broker.messages import Heartbeat, LearnerAction, LearningDecision
-from broker.subjects import Subjects
+from broker.subjects import DEFAULT_GROUP, Subjects
 from nodes.discovery.membership import MembershipView
 from nodes.learner.client import LearnerError, LocalPolicy, RemotePolicy
 from nodes.scheduler.base import (
@@ -152,8 +152,10 @@ class LearningContext:
     def __init__(self, nc: Client, node: str, tasks: TaskKeys, *, prefix: str = "faas",
                  deadlines: dict[int, float] | None = None, default_deadline_s: float = 1.0,
                  timeout_s: float = 0.5, clock: Callable[[], float] = time.monotonic,
-                 heartbeat_period_s: float = 1.0, node_rewards: bool = True) -> None:
-        self.nc, self.node, self.tasks, self.clock = nc, node, tasks, clock
+                 heartbeat_period_s: float = 1.0, node_rewards: bool = True,
+                 group: Callable[[], str] = lambda: DEFAULT_GROUP) -> None:
+        """``group()``: the node's group now (only its peers' heartbeats are read)."""
+        self.nc, self.node, self.tasks, self.clock, self._group = nc, node, tasks, clock, group
         self.subjects = Subjects(prefix)
         self.peer_loads = PeerLoads(node, heartbeat_period_s)
         self._membership = None
@@ -174,7 +176,7 @@ class LearningContext:
     def for_node(cls, nc: Client, settings, tasks: TaskKeys) -> "LearningContext":
         return cls(nc, settings.node_id, tasks, prefix=settings.prefix, deadlines=settings.task_type_deadlines,
                    default_deadline_s=settings.task_deadline_s, heartbeat_period_s=settings.heartbeat_period_s,
-                   node_rewards=settings.node_rewards)
+                   node_rewards=settings.node_rewards, group=lambda: settings.group)
 
     async def stop(self) -> None:
         if self._membership is not None:
@@ -204,7 +206,8 @@ class LearningContext:
             return
         async with self._lock:
             if not self._begun:
-                self._membership = await self.nc.subscribe(self.subjects.all_membership(), cb=self._on_heartbeat)
+                self._membership = await self.nc.subscribe(self.subjects.all_membership(self._group()),
+                                                           cb=self._on_heartbeat)
                 await self.rewards.start()
                 await self.local.start()
                 self._begun = True

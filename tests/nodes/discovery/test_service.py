@@ -168,3 +168,21 @@ async def test_an_address_with_a_scope_id_is_refused(discovery, tmp_path):
         with pytest.raises(ControlError, match="init_servers must be IP addresses"):
             await n1.on_config_set(b'{"init_servers": ["fe80::1%x#y"]}')
         assert n1.machines.machines == {}
+
+
+async def test_a_node_hears_only_its_group_and_moves_with_it(discovery, nc, prefix):
+    """Heartbeats stay within a group (P2PFaaS's fog network id): a node's membership traffic grows
+    with its group, not with the deployment; a group changed at run time is heard from then on."""
+    from support import Collector
+
+    s = Subjects(prefix)
+    async with Collector(nc, s.all_membership("rack-a")) as rack_a, \
+            discovery("n1", group="rack-a") as n1, discovery("n2", group="rack-a") as n2, \
+            discovery("n3", group="rack-b") as n3, discovery("n4", group="rack b?") as n4:
+        await wait_until(lambda: n1.peers() == ["n2"] and n2.peers() == ["n1"], 5)
+        assert n3.peers() == [] and n4.peers() == []
+        assert {decode(Heartbeat, m.data).node for m in rack_a.messages} == {"n1", "n2"}
+        await n3.on_config_set(b'{"machine_group_name": "rack-a"}')
+        await wait_until(lambda: n1.peers() == ["n2", "n3"] and n3.peers() == ["n1", "n2"], 5)
+        assert n4.peers() == []   # a group name that is no subject token has one of its own
+        assert s.all_membership("rack b?") != s.all_membership("rack-b")
