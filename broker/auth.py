@@ -27,6 +27,7 @@ import logging
 import os
 import secrets
 import subprocess
+import time
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -38,14 +39,15 @@ from broker.subjects import check_node, check_token
 OPERATOR = "operator"
 BRIDGE = "bridge"
 CONTROLLER = "controller"
+SYSTEM = "sys"   # a hub's system-account user (it drops a revoked device's live link)
 FULL_JS = "$JS.API.>"
 JS_DENIED = ["$JS.API.STREAM.DELETE.>", "$JS.API.STREAM.PURGE.>"]   # streams are the operators'
 JS_RUNTIME = ["$JS.ACK.>", "$JS.FC.>", "_INBOX.>"]
 # names no device may take: the services' users (Mosquitto would give a device named "bridge" the
 # bridge's ACL; nats-server wants user names unique across accounts, so it would not start) and the
 # HTTP bridge's client token "http-<node>", whose results are every HTTP caller's
-SERVICE_NAMES = frozenset({OPERATOR, BRIDGE, CONTROLLER})
-SERVICE_NAME_PREFIXES = ("node-", "worker-", "http-")
+SERVICE_NAMES = frozenset({OPERATOR, BRIDGE, CONTROLLER, SYSTEM})
+SERVICE_NAME_PREFIXES = ("node-", "worker-", "http-", "leaf-")
 # bcrypt's cost in the generated nats-server configuration. Every password here is drawn by
 # secrets.token_urlsafe(24) (192 random bits), so a leaked hash is out of reach of any guessing
 # whatever the cost; the cost is only paid by nats-server, once per connection, in the client's
@@ -205,9 +207,48 @@ class AuthStore:
         """The bearer token HTTP invocation requires when it is not open (``--invoke-token``)."""
         return self._get("tokens.json", "invoke")
 
+    # -- a hub's invited machines (docs/edge.md) -----------------------------------------------
+    def invite(self, device: str, group: str) -> Credentials:
+        """The hub's identity of a device machine (its leaf connection): created, or shown when
+        it exists (its group is what the last invitation said)."""
+        from broker.edge import leaf_user
+
+        user = leaf_user(device)
+        with self._locked():
+            groups = self._read("groups.json")
+            if groups.get(device) != group:
+                groups[device] = group
+                self._save("groups.json", groups)
+        return Credentials(user, self._get("leaves.json", user))
+
+    def revoke(self, device: str) -> bool:
+        """Forget a device machine's identity (False: it had none); a running hub drops its link."""
+        from broker.edge import leaf_user
+
+        with self._locked():
+            leaves = self._read("leaves.json")
+            if leaves.pop(leaf_user(device), None) is None:
+                return False
+            self._save("leaves.json", leaves)
+            revoked = self._read("revoked.json")
+            revoked[device] = str(time.time())
+            self._save("revoked.json", revoked)
+        return True
+
+    def leaves(self) -> dict[str, tuple[str, str]]:
+        """Invited devices: name -> (leaf password, group)."""
+        from broker.edge import LEAF_PREFIX
+
+        groups = self._load("groups.json")
+        return {user[len(LEAF_PREFIX):]: (password, groups.get(user[len(LEAF_PREFIX):], "default"))
+                for user, password in self._load("leaves.json").items() if user.startswith(LEAF_PREFIX)}
+
+    def revoked(self) -> dict[str, float]:
+        return {name: float(at) for name, at in self._load("revoked.json").items()}
+
     def changed_at(self) -> float:
-        """Newest change of any identity (``up`` reloads the brokers when it grows)."""
-        files = [self.directory / n for n in ("services.json", "devices.json")]
+        """Newest change of any identity (``up`` and ``hub`` reload the brokers when it grows)."""
+        files = [self.directory / n for n in ("services.json", "devices.json", "leaves.json", "groups.json")]
         return max((f.stat().st_mtime for f in files if f.exists()), default=0.0)
 
     def mark_applied(self, changed_at: float) -> None:
@@ -333,6 +374,19 @@ def nats_accounts(store: AuthStore | None, nodes: list[str]) -> str:
                                       allowed_connection_types=["MQTT"])
                                 for name, password in sorted(store.devices().items())]
     return f"accounts {json.dumps({'FAAS': faas_account, 'DEVICES': devices_account}, indent=1)}\n"
+
+
+def hub_accounts(store: AuthStore) -> str:
+    """The ``accounts`` block of a hub: FAAS with the operator and one user per invited device
+    (``broker.edge.leaf_permissions``: what its machine may say to the others), and the system
+    account. No device connects here over MQTT and nothing is stored: those stay on the devices."""
+    from broker.edge import leaf_permissions, leaf_user
+
+    users = [_user(store.service(OPERATOR), None)]
+    for device, (password, group) in sorted(store.leaves().items()):
+        users.append(_user(Credentials(leaf_user(device), password), leaf_permissions(device, group)))
+    accounts = {"FAAS": {"users": users}, "SYS": {"users": [_user(store.service(SYSTEM), None)]}}
+    return f"accounts {json.dumps(accounts, indent=1)}\nsystem_account: \"SYS\"\n"
 
 
 # -- Mosquitto -----------------------------------------------------------------------------------

@@ -256,6 +256,8 @@ async def connect(url: str | list[str], name: str, *, connect_timeout_s: float =
         options.update(user=credentials[0], password=credentials[1])
     if tls_ca:
         options["tls"] = ssl.create_default_context(cafile=tls_ca)
+    if os.environ.get("P2PFAAS_INBOX_PREFIX"):   # a device's: the hub sends it only its own replies (broker/edge.py)
+        options["inbox_prefix"] = os.environ["P2PFAAS_INBOX_PREFIX"]
 
     connection: list[Client] = []
     first_error: list[Exception] = []   # the first connect retries until its deadline: its last error says why

@@ -21,6 +21,7 @@ from pathlib import Path
 
 from broker.auth import nats_accounts
 from broker.errors import BrokerUnavailable
+from broker.lifecycle import write_whole
 
 log = logging.getLogger(__name__)
 
@@ -128,6 +129,18 @@ class NatsServer(ManagedProcess):
     accounts: str | None = None
     tls: tuple[str, str] | None = None   # (certificate, key) files: clients and MQTT over TLS
     max_store_bytes: int | None = None   # JetStream's file store limit (None: nats-server's, 75 % of the free disk)
+    # several machines (broker/edge.py): a hub listens for its devices' leaf connections (mutual
+    # TLS against ``leaf_ca``); a device is a leaf of its hubs (``leaf_remotes``, a rendered
+    # block) with a JetStream domain of its own and its MQTT listener on its public address
+    server_name: str | None = None       # None: p2pfaas-<client port>
+    jetstream: bool = True
+    jetstream_domain: str | None = None
+    mqtt_host: str | None = None         # None: ``host``
+    leaf_port: int | None = None         # a hub's leaf listener (on ``leaf_host``)
+    leaf_host: str = "0.0.0.0"
+    leaf_ca: str | None = None
+    leaf_remotes: str | None = None
+    ping_interval: str | None = None     # with ping_max 2: how soon a silent peer (a cut link) is dropped
 
     @property
     def url(self) -> str:
@@ -149,13 +162,17 @@ class NatsServer(ManagedProcess):
         if note:
             self.notes.append(f"NATS: {note}")
         lines = [
-            f'server_name: "p2pfaas-{self.port}"',
+            f'server_name: "{self.server_name or f"p2pfaas-{self.port}"}"',
             f'listen: "{self.host}:{self.port}"',
             f"max_payload: {self.max_payload}",
-            f'jetstream {{ store_dir: "{(self.data_dir / "jetstream").resolve()}"'
-            + (f", max_file_store: {self.max_store_bytes}" if self.max_store_bytes else "") + " }",
             "include ./accounts.conf",   # identities (broker.auth); rewritten and reloaded when they change
         ]
+        if self.jetstream:
+            lines.append(f'jetstream {{ store_dir: "{(self.data_dir / "jetstream").resolve()}"'
+                         + (f", max_file_store: {self.max_store_bytes}" if self.max_store_bytes else "")
+                         + (f', domain: "{self.jetstream_domain}"' if self.jetstream_domain else "") + " }")
+        if self.ping_interval:
+            lines += [f'ping_interval: "{self.ping_interval}"', "ping_max: 2"]
         open_deployment = self.accounts is None
         self.reconfigure(self.accounts or nats_accounts(None, []))
         tls = f'tls {{ cert_file: "{self.tls[0]}", key_file: "{self.tls[1]}" }}' if self.tls else ""
@@ -166,7 +183,20 @@ class NatsServer(ManagedProcess):
             if note:
                 self.notes.append(f"MQTT: {note}")
             open_devices = ', no_auth_user: "device"' if open_deployment else ""
-            lines.append(f'mqtt {{ listen: "{self.host}:{self.mqtt_port}"{open_devices}{", " + tls if tls else ""} }}')
+            lines.append(f'mqtt {{ listen: "{self.mqtt_host or self.host}:{self.mqtt_port}"{open_devices}'
+                         f'{", " + tls if tls else ""} }}')
+        if self.leaf_port is not None:
+            self.leaf_port, note = choose_port(self.leaf_port or None, self.leaf_host if self.leaf_host != "0.0.0.0"
+                                               else "127.0.0.1", {self.port, self.mqtt_port or 0})
+            if note:
+                self.notes.append(f"leaf nodes: {note}")
+            assert self.tls is not None and self.leaf_ca, "a hub's leaf listener is mutual TLS"
+            lines.append(f'leafnodes {{ listen: "{self.leaf_host}:{self.leaf_port}", tls {{ cert_file: "{self.tls[0]}", '
+                         f'key_file: "{self.tls[1]}", ca_file: "{self.leaf_ca}", verify: true, timeout: 2 }} }}')
+        if self.leaf_remotes is not None:
+            path = self.data_dir / "leafnodes.conf"   # it holds the leaf password: private
+            write_whole(path, self.leaf_remotes.encode())
+            lines.append("include ./leafnodes.conf")
         if self.cluster_port is not None:
             self.cluster_port, note = choose_port(self.cluster_port or None, self.host, {self.port, self.mqtt_port or 0})
             if note:
@@ -195,8 +225,10 @@ class NatsServer(ManagedProcess):
 
     @property
     def ports(self) -> list[int]:
-        """Every port it listens on once ready."""
-        return [p for p in (self.port, self.mqtt_port) if p]
+        """The ports it listens on once ready that 127.0.0.1 reaches (where readiness is checked)."""
+        local = ("127.0.0.1", "0.0.0.0", "localhost")
+        return [p for p, host in ((self.port, self.host), (self.mqtt_port, self.mqtt_host or self.host),
+                                  (self.leaf_port, self.leaf_host)) if p and host in local]
 
     async def start(self, timeout_s: float = 15.0) -> "NatsServer":
         argv = self.configure()

@@ -1,7 +1,8 @@
-"""TLS for ``up --tls``: a certificate authority of the deployment's own (made once under
-``<data-dir>/tls``, unless the operator brings one) and a server certificate it signed, used by
-nats-server (clients and its MQTT listener), Mosquitto and the HTTP bridges. Clients verify
-servers against the CA (``P2PFAAS_TLS_CA``)."""
+"""TLS for ``up --tls`` and between machines: a certificate authority of the deployment's own
+(made once under ``<data-dir>/tls``, unless the operator brings one), a server certificate it
+signed, used by nats-server (clients, its MQTT listener, a hub's leaf listener), Mosquitto and
+the HTTP bridges, and client certificates for the devices joining a hub (mutual TLS on the leaf
+connection). Clients verify servers against the CA (``P2PFAAS_TLS_CA``)."""
 
 from __future__ import annotations
 
@@ -79,3 +80,27 @@ def ensure_certificates(directory: Path, hosts: list[str], ca: Path | None = Non
     cert_path.write_bytes(cert.public_bytes(pem))
     _write_private(key_path, key.private_bytes(**private))
     return TlsFiles(ca_path, cert_path, key_path)
+
+
+def client_certificate(files: TlsFiles, name: str, ca_key: Path | None = None) -> tuple[bytes, bytes]:
+    """A client certificate for ``name`` (a device joining a hub), signed by the CA of ``files``:
+    (certificate, key) in PEM. Nothing is kept here: the device holds its key."""
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
+
+    ca_cert = x509.load_pem_x509_certificate(files.ca.read_bytes())
+    ca_key_obj = serialization.load_pem_private_key((ca_key or files.ca.parent / "ca-key.pem").read_bytes(),
+                                                    password=None)
+    now = datetime.datetime.now(datetime.timezone.utc)
+    key = ec.generate_private_key(ec.SECP256R1())
+    cert = (x509.CertificateBuilder()
+            .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, name)]))
+            .issuer_name(ca_cert.subject).public_key(key.public_key()).serial_number(x509.random_serial_number())
+            .not_valid_before(now - datetime.timedelta(minutes=5)).not_valid_after(now + datetime.timedelta(days=VALID_DAYS))
+            .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.CLIENT_AUTH]), critical=False)
+            .sign(ca_key_obj, hashes.SHA256()))
+    pem = serialization.Encoding.PEM
+    return cert.public_bytes(pem), key.private_bytes(pem, serialization.PrivateFormat.PKCS8,
+                                                     serialization.NoEncryption())

@@ -289,9 +289,10 @@ class UnknownNodeSweeper:
 
     def __init__(self, node: str, nc: Client, subjects: Subjects, refuse: Callable[[Msg | object, str], Awaitable[None]],
                  *, alive: Callable[[], Iterable[str]] = lambda: (), unknown_after_s: float = UNKNOWN_AFTER_S,
-                 period_s: float = SWEEP_PERIOD_S) -> None:
+                 period_s: float = SWEEP_PERIOD_S, here_only: bool = False) -> None:
+        """``here_only``: a device's streams are its node's alone, so every other node is refused here."""
         self.node, self.js, self.subjects = node, nc.jetstream(), subjects
-        self._refuse, self._alive = refuse, alive
+        self._refuse, self._alive, self.here_only = refuse, alive, here_only
         self.unknown_after_s, self.period_s = unknown_after_s, period_s
         self._task: asyncio.Task | None = None
 
@@ -354,7 +355,9 @@ class UnknownNodeSweeper:
         name = f"sweep-{node}"[:64]
         try:
             check_node(node)
-            why = f"no node {node!r}: it has never been started (calls to it are refused after {self.unknown_after_s:g} s)"
+            why = (f"no node {node!r} on this machine: a device takes calls for its own node ({self.node}) only; "
+                   f"address it, and its scheduler forwards" if self.here_only else
+                   f"no node {node!r}: it has never been started (calls to it are refused after {self.unknown_after_s:g} s)")
         except InvalidToken as exc:   # a name no node can have (reserved, too long): never served
             why = f"no node {node!r} can exist: {exc}"
             if not TOKEN_RE.match(node):   # a consumer's name takes no such token (a '/', say)

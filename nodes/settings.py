@@ -62,6 +62,9 @@ class NodeSettings(BaseModel):
     ack_wait_s: float = Field(default=10.0, gt=0)   # a silent worker's task is redelivered after this
     max_deliver: int = Field(default=4, ge=2)       # counted by the node: this delivery is not run, it dead-letters
     unknown_node_after_s: float = Field(default=60.0, gt=0)   # async calls to a node never seen: refused after
+    # a device of a hub (docs/edge.md): its streams hold its own calls only; one stored here for
+    # another device's node is refused (after unknown_node_after_s), never kept
+    edge: bool = False
     functions: list[tuple[str, str]] = Field(default_factory=list)  # user (name, module:function)
     initial: NodeConfiguration = NodeConfiguration()
     # P2PFaaS's default algorithm

@@ -3,36 +3,30 @@
 from __future__ import annotations
 
 import asyncio
-import logging
 import os
 import re
-import signal
 import sys
-import tempfile
 import time
-from contextlib import contextmanager
 from enum import Enum
 from pathlib import Path
-from typing import NoReturn, Optional
+from typing import Optional
 
 import typer
 from rich.console import Console
-from rich.markup import escape
 
-from broker.errors import BrokerUnavailable, FaasError
+from broker.errors import BrokerUnavailable
 from broker.messages import NodeConfiguration
+from p2pfaas.cli_common import (MAX_PORT, MqttChoice, Runtime, _fail, _failed_with, _functions,
+                                _importable, _logging, _reported, _until_signal,
+                                _usable_data_dir, console, serve_stack)
 
 app = typer.Typer(help="p2pfaas: peer-to-peer Function-as-a-Service over NATS/JetStream and MQTT.",
                   no_args_is_help=True, add_completion=False)
 eval_app = typer.Typer(help="Experiments: run the real system on seeded workloads and compare with references.",
                        no_args_is_help=True, add_completion=False)
 app.add_typer(eval_app, name="eval")
-console = Console(stderr=True)
 ENROL_TIMEOUT_S = 20.0   # `auth device` waits this long for a running `up` to let the device in
-STOP_TIMEOUT_S = float(os.environ.get("P2PFAAS_STOP_TIMEOUT_S", 60.0))  # up's whole shutdown
 START_THE_STACK = "is the stack running? Start it with `p2pfaas up`, or name a running NATS with --nats-url"
-MAX_PORT = 65535
-FUNCTION_IMPORT_TIMEOUT_S = 120.0   # importing the --function modules, checked before up starts anything
 TURNED_AWAY_GIVE_UP_S = 1.0   # run by hand: a broker that refuses the first connect is asked for this long
 
 
@@ -40,17 +34,6 @@ class Via(str, Enum):
     http = "http"
     mqtt = "mqtt"
     nats = "nats"
-
-
-class MqttChoice(str, Enum):
-    nats = "nats"
-    mosquitto = "mosquitto"
-    off = "off"
-
-
-class Runtime(str, Enum):
-    process = "process"
-    inprocess = "inprocess"
 
 
 @app.callback()
@@ -65,91 +48,6 @@ def _run_by_hand(ctx: typer.Context) -> None:
     before = connection.GIVE_UP_TURNED_AWAY_S
     connection.GIVE_UP_TURNED_AWAY_S = TURNED_AWAY_GIVE_UP_S
     ctx.call_on_close(lambda: setattr(connection, "GIVE_UP_TURNED_AWAY_S", before))   # a CliRunner's process
-
-
-def _fail(message: str) -> NoReturn:
-    """What a user can fix (bad input, an unreachable broker, an unusable data dir): one red line
-    saying what is wrong and what to do, exit code 2, never a traceback."""
-    console.print(f"[red]error:[/] {escape(message)}", highlight=False, soft_wrap=True)   # one line: grep finds it whole
-    raise typer.Exit(2)
-
-
-def _failed_with(exc: Exception) -> NoReturn:
-    """:func:`_fail` for an error caught broadly: ours say what happened (and an unreachable broker
-    what to do); another's keeps its class name (a bare TimeoutError says nothing alone)."""
-    if isinstance(exc, FaasError) and str(exc):
-        todo = "; is its `p2pfaas up` running? (else give --nats-url)" if isinstance(exc, BrokerUnavailable) else ""
-        _fail(f"{exc}{todo}")
-    _fail(f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__)
-
-
-@contextmanager
-def _reported(*errors: type[Exception], todo: str = ""):
-    """:func:`_fail` with the message of one of ``errors`` raised in the block (and ``todo``)."""
-    try:
-        yield
-    except errors as exc:
-        _fail(f"{exc}; {todo}" if todo else str(exc))
-
-
-def _usable_data_dir(data_dir: Path) -> None:
-    """Everything ``up`` keeps is under ``data_dir``: a path that cannot be that is said at once."""
-    try:
-        data_dir.mkdir(parents=True, exist_ok=True)
-        with tempfile.TemporaryFile(dir=data_dir):
-            pass
-    except FileExistsError:
-        _fail(f"--data-dir {data_dir} is a file, not a directory: give a directory")
-    except OSError as exc:
-        _fail(f"--data-dir {data_dir} cannot be used ({exc.strerror or exc}): give a directory you may write to")
-
-
-def _logging(verbose: bool) -> None:
-    logging.basicConfig(level=logging.INFO if verbose else logging.WARNING,
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-
-
-def _functions(specs: list[str]) -> list[tuple[str, str]]:
-    from functions.registry import parse_function_specs
-    return [pair for spec in specs for pair in parse_function_specs(spec)]
-
-
-# run by `python -c` as a node imports them: "name=reference" arguments, the first failure on stderr
-IMPORT_REFERENCES = """
-import sys
-from functions.image import parse_image_reference
-from functions.registry import load_reference
-for spec in sys.argv[1:]:
-    name, _, reference = spec.partition("=")
-    if parse_image_reference(reference) is None:
-        try:
-            load_reference(reference)
-        except ValueError as exc:
-            sys.exit(f"\\n--function {spec}: {exc}")
-        except Exception as exc:
-            sys.exit(f"\\n--function {spec}: importing it raised {type(exc).__name__}: {exc}")
-"""
-
-
-def _importable(functions: list[tuple[str, str]]) -> None:
-    """Every --function reference imports and names a callable, checked before anything starts
-    (nats-server used to start, then the node died with its traceback). In a child process, as
-    a node imports it: with the current directory on sys.path (a node is `python -m`, the
-    `p2pfaas` script is not), and without importing the user's modules into ``up`` itself."""
-    import subprocess
-
-    if not functions:
-        return
-    try:
-        done = subprocess.run([sys.executable, "-c", IMPORT_REFERENCES, *(f"{n}={r}" for n, r in functions)],
-                              stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                              timeout=FUNCTION_IMPORT_TIMEOUT_S)
-    except subprocess.TimeoutExpired:
-        _fail(f"importing the --function modules took over {FUNCTION_IMPORT_TIMEOUT_S:g} s: "
-              "a module should not work when imported")
-    if done.returncode != 0:   # the last line is ours (a module may write on stderr before it)
-        lines = done.stderr.decode(errors="replace").strip().splitlines()
-        _fail(lines[-1] if lines else f"checking the --function references failed (exit code {done.returncode})")
 
 
 def _positive_seconds(value: Optional[float]) -> Optional[float]:
@@ -189,19 +87,6 @@ def _attach(data_dir: Path, nats_url: Optional[str]):
     return url, None if parent_pipe_watched() else _stack_identity(data_dir)
 
 
-def _stop_on_signal(stop: asyncio.Event) -> None:
-    """SIGINT/SIGTERM set ``stop`` from now on (asyncio.run's own SIGINT handling would cancel
-    whatever runs, and a cancellation swallowed on its way is a stop request lost)."""
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(sig, stop.set)
-
-
-async def _until_signal(stop: asyncio.Event) -> None:
-    _stop_on_signal(stop)
-    await stop.wait()
-
-
 @app.command()
 def up(
     nodes: int = typer.Option(3, "--nodes", min=1, max=64, help="Number of nodes (n1..nN); a --config node list wins."),
@@ -231,8 +116,7 @@ def up(
     verbose: bool = typer.Option(False, "--verbose", "-v", help="Log at INFO."),
 ) -> None:
     """Start the whole stack: nats-server (JetStream), nodes with worker pools and learners, the autoscaling controller, HTTP and MQTT access. Every part is a supervised process (restarted when it dies; logs in DATA_DIR/logs). Ctrl-C stops it."""
-    from broker.errors import DataDirInUse
-    from p2pfaas.stack import Stack, StackConfig, StackSettings
+    from p2pfaas.stack import StackConfig, StackSettings
 
     _logging(verbose)
     if not re.fullmatch(r"127\.\d{1,3}\.\d{1,3}", loopback_net):
@@ -262,39 +146,7 @@ def up(
         node_rewards=node_rewards,
     )
 
-    async def main() -> None:
-        stop = asyncio.Event()
-        # from the start: a Ctrl-C while the stack starts (or just after it wrote its endpoints) is
-        # kept and honoured once the start is over -- it was lost in that window, and up ran on
-        _stop_on_signal(stop)
-        with console.status("starting p2pfaas ..."):
-            stack = Stack(settings)
-            # e.g. a policy with no trained model, a part that fails, an identity file broken by hand
-            with _reported(ValueError, BrokerUnavailable, DataDirInUse, OSError):
-                endpoints = await stack.start()
-        try:
-            for note in endpoints.notes:
-                console.print(f"[yellow]note:[/] {note}")
-            console.print("[bold green]p2pfaas is up[/]")
-            for line in endpoints.lines():
-                console.print("  " + line)
-            first = next(iter(endpoints.http.values()))
-            console.print(f"  try: curl -X POST {first}/function/fib -d 25")
-            console.print(f"  logs in {settings.data_dir / 'logs'}; Ctrl-C to stop")
-            await stop.wait()
-            console.print("stopping ...")
-        finally:
-            stopping = asyncio.create_task(stack.stop())
-            # bounded: a part that does not stop must not keep the stack (and its children) alive
-            done, _ = await asyncio.wait({stopping}, timeout=STOP_TIMEOUT_S)
-            if not done:
-                console.print(f"[red]shutdown did not finish within {STOP_TIMEOUT_S:g} s; killing what is left[/]")
-                stack.supervisor.kill_all()   # and the workers of a killed node end with it (their pipe)
-                os._exit(1)
-            stopping.result()
-        console.print("stopped")
-
-    asyncio.run(main())
+    serve_stack(settings)
 
 
 @app.command()
@@ -693,7 +545,7 @@ def learner(
 
 
 # -- identities (docs/security.md) ---------------------------------------------------
-auth_app = typer.Typer(help="Identities of an `up` stack: devices, the operator token.", no_args_is_help=True)
+auth_app = typer.Typer(help="Identities of an `up` stack (devices, the operator token) and of a hub (invitations).", no_args_is_help=True)
 app.add_typer(auth_app, name="auth")
 
 
@@ -1028,6 +880,18 @@ def image_build(
             raise typer.Exit(1)
     console.print(f"[green]built[/] {ref}")
     print(ref)
+
+
+def _mount_edge_commands() -> None:
+    from p2pfaas import cli_edge
+
+    app.command("hub")(cli_edge.hub)
+    app.command("join")(cli_edge.join)
+    auth_app.command("invite")(cli_edge.auth_invite)
+    auth_app.command("revoke")(cli_edge.auth_revoke)
+
+
+_mount_edge_commands()
 
 
 if __name__ == "__main__":

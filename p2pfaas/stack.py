@@ -20,6 +20,7 @@ from pydantic import BaseModel, ConfigDict, Field, PositiveFloat, ValidationErro
 
 from broker.auth import (BRIDGE, CONTROLLER, OPERATOR, AuthStore, AuthStoreError, mosquitto_files,
                           mqtt_bridge_client_id, nats_accounts)
+from broker.edge import PING_INTERVAL, Invitation, inbox_prefix, leaf_remote
 from broker.embedded import Mosquitto, NatsServer, choose_port
 from broker.mqtt_bridge import mqtt_accepts
 from broker.lifecycle import hold_data_dir, still_wanted
@@ -40,6 +41,7 @@ FARM_FUNCTION = "sleep"
 STORE_ERRORS = (b"Critical write error", b"failed to store a msg")
 HEAL_FREE_BYTES = 16 * 1024 * 1024   # free space on the store's disk before nats-server is restarted
 HEAL_PERIOD_S = 2.0
+EDGE_UNKNOWN_AFTER_S = 2.0  # a device refuses a call stored for another device's node this soon
 DEVICES_CHECKED = 8        # new devices whose first connection is tried after a reload (the rest follow it)
 LET_IN_TIMEOUT_S = 10.0
 
@@ -139,6 +141,14 @@ class StackSettings:
     discovery_port: int = 19000
     learner_port: int = 19020
     node_rewards: bool = True           # LearningScheduler: the nodes publish their own deadline rewards
+    # a device of a hub (docs/edge.md): one node, named and grouped by its invitation, on this
+    # machine's address ``host`` with P2PFaaS's ports; its nats-server a leaf of the hub's
+    edge: Invitation | None = None
+
+    @property
+    def p2pfaas_ports(self) -> bool:
+        """Each node serves P2PFaaS's discovery and learner APIs on ports of their own."""
+        return self.loopback_hosts or self.edge is not None
 
     def node_host(self, i: int) -> str:
         """The address node i (0-based) listens on: its own in the P2PFaaS layout, else ``host``."""
@@ -146,7 +156,8 @@ class StackSettings:
 
     def node_settings(self, nats_url: str, addresses: list[str]) -> list[NodeSettings]:
         """One NodeSettings per node: CLI flags, overridden by the config file's defaults and node entries."""
-        specs = self.config.nodes or [NodeSpec() for _ in range(self.nodes)]
+        specs = [NodeSpec(id=self.edge.device)] if self.edge is not None else (
+            self.config.nodes or [NodeSpec() for _ in range(self.nodes)])
         discovery = self.config.discovery.model_dump(exclude_none=True)
         out = []
         for i, spec in enumerate(specs):
@@ -157,8 +168,10 @@ class StackSettings:
                 queue_enabled=spec.queue_enabled if spec.queue_enabled is not None else base.queue_enabled,
             )
             extra: dict[str, object] = dict(discovery)
-            if self.loopback_hosts:   # peers that are original P2PFaaS nodes use the same ports
+            if self.p2pfaas_ports:   # peers that are original P2PFaaS nodes use the same ports
                 extra.update(peer_scheduler_port=self.http_port, peer_discovery_port=self.discovery_port)
+            if self.edge is not None:   # calls stored here for another device's node are refused at once
+                extra.update(edge=True, group=self.edge.group, unknown_node_after_s=EDGE_UNKNOWN_AFTER_S)
             if self.config.task_type_deadlines:
                 extra["task_type_deadlines"] = self.config.task_type_deadlines
             if self.config.task_deadline_s is not None:
@@ -185,10 +198,12 @@ class StackSettings:
 
     @property
     def node_count(self) -> int:
-        return len(self.config.nodes) or self.nodes
+        return 1 if self.edge is not None else len(self.config.nodes) or self.nodes
 
     @property
     def node_ids(self) -> list[str]:
+        if self.edge is not None:
+            return [self.edge.device]
         return [spec.id or f"n{i + 1}" for i, spec in enumerate(self.config.nodes or [NodeSpec()] * self.nodes)]
 
 
@@ -273,7 +288,11 @@ class Stack:
                 data_dir=s.data_dir / "nats", port=s.nats_port, host=s.host,
                 mqtt_port=s.mqtt_port if s.mqtt == "nats" and not s.mqtt_url else None,
                 accounts=nats_accounts(store, s.node_ids) if store is not None else None)
-            argv = _log_to_stderr(server.configure())
+            if s.edge is not None:   # a leaf of the hub: its streams its own, its NATS clients this machine's
+                server.host, server.mqtt_host, server.server_name = "127.0.0.1", s.host, s.edge.device
+                server.jetstream_domain, server.ping_interval = s.edge.device, PING_INTERVAL
+                server.leaf_remotes = leaf_remote(s.edge, s.data_dir / "edge")
+            argv = log_to_stderr(server.configure())
             await sup.start(ChildSpec("nats-server", argv, ready="port", ports=server.ports, ready_timeout_s=30,
                                       stop_timeout_s=10))
             ep.notes += server.notes
@@ -303,12 +322,12 @@ class Stack:
         for i in range(s.node_count):
             host = s.node_host(i)
             # 0: a free port for every node (choose_port picks one)
-            wanted = s.http_port if s.loopback_hosts or not s.http_port else s.http_port + i
-            port, note = choose_port(wanted, host, set() if s.loopback_hosts else set(ports))
+            wanted = s.http_port if s.p2pfaas_ports or not s.http_port else s.http_port + i
+            port, note = choose_port(wanted, host, set() if s.p2pfaas_ports else set(ports))
             ports.append(port)
             if note:
                 ep.notes.append(f"HTTP node {i + 1} ({host}): {note}")
-            if s.loopback_hosts:
+            if s.p2pfaas_ports:
                 discovery, d_note = choose_port(s.discovery_port, host, {port})
                 learner, l_note = choose_port(s.learner_port, host, {port, discovery})
                 p2pfaas_ports.append((discovery, learner))
@@ -326,7 +345,7 @@ class Stack:
             # through nats-server (docs/architecture.md, "Processes")
             argv = ["node", "--settings", str(path), "--http-host", s.node_host(i), "--http-port", str(port),
                     "--http-processes", str(s.http_processes)]
-            if s.loopback_hosts:
+            if s.p2pfaas_ports:
                 argv += ["--discovery-port", str(p2pfaas_ports[i][0]), "--learner-port", str(p2pfaas_ports[i][1])]
             specs.append(ChildSpec(f"node-{node.node_id}", self._cli(*argv),
                                    env=self._identity(node=node.node_id, http=True), stop_timeout_s=30,
@@ -335,7 +354,7 @@ class Stack:
         await asyncio.gather(*(sup.start(spec) for spec in specs))
         for i, (node_id, port) in enumerate(zip(self.node_ids, ports)):
             ep.http[node_id] = f"{web}://{s.node_host(i)}:{port}"
-            if s.loopback_hosts:
+            if s.p2pfaas_ports:
                 ep.discovery[node_id] = f"{web}://{s.node_host(i)}:{p2pfaas_ports[i][0]}"
                 ep.learner[node_id] = f"{web}://{s.node_host(i)}:{p2pfaas_ports[i][1]}"
 
@@ -371,6 +390,8 @@ class Stack:
         """The environment that gives a part its identity (nothing in an insecure stack)."""
         s, store = self.settings, self.auth
         env: dict[str, str] = {}
+        if s.edge is not None:   # replies cross the hub only to the inboxes of the device they are meant for
+            env["P2PFAAS_INBOX_PREFIX"] = inbox_prefix(s.edge.device)
         if self.tls is not None:
             env["P2PFAAS_TLS_CA"] = str(self.tls.ca)
             if http:
@@ -506,7 +527,7 @@ class Stack:
         await self.stop()
 
 
-def _log_to_stderr(argv: list[str]) -> list[str]:
+def log_to_stderr(argv: list[str]) -> list[str]:
     """nats-server's command line without its ``-l FILE``: it then logs on stderr, which the
     supervisor appends to DATA_DIR/logs/nats-server.log, where ``up`` says the logs are, with
     whatever it prints before its log is open (with -l that file stayed empty and the log went

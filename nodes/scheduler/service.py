@@ -90,8 +90,9 @@ class SchedulerService:
         self.intake = AsyncIntake(self.node_id, nc, self.subjects, ack_wait_s=settings.ack_wait_s,
                                   take=self.take_async, budget=self.async_budget)
         self.sweeper = UnknownNodeSweeper(self.node_id, nc, self.subjects, self._refuse_unknown_node,
-                                          alive=self.peers, unknown_after_s=settings.unknown_node_after_s,
-                                          period_s=min(15.0, settings.unknown_node_after_s / 2))
+                                          alive=(lambda: ()) if settings.edge else self.peers,
+                                          unknown_after_s=settings.unknown_node_after_s,
+                                          period_s=min(15.0, settings.unknown_node_after_s / 2), here_only=settings.edge)
         self.forwards: dict[str, int] = {}   # forwards per peer since the last heartbeat
         self.learning = None  # the node's LearningContext (nodes/scheduler/learning.py): view.learning
         self.rng = random.Random()
