@@ -8,7 +8,7 @@ import asyncio
 import signal
 
 from broker.embedded import NatsServer
-from p2pfaas.stack import Stack, StackSettings, _log_to_stderr
+from p2pfaas.stack import Stack, StackSettings, log_to_stderr
 
 from support import wait_until
 
@@ -16,7 +16,7 @@ from support import wait_until
 def test_nats_server_logs_on_stderr_for_the_supervisor(tmp_path):
     argv = NatsServer(data_dir=tmp_path / "nats", port=0).configure()
     assert "-l" in argv   # otherwise there is nothing to take out and this test says nothing
-    kept = _log_to_stderr(argv)
+    kept = log_to_stderr(argv)
     assert "-l" not in kept and str(tmp_path / "nats" / "nats-server.log") not in kept
     assert kept[kept.index("-c") + 1] == str(tmp_path / "nats" / "nats-server.conf")
 
