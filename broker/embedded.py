@@ -141,6 +141,7 @@ class NatsServer(ManagedProcess):
     leaf_ca: str | None = None
     leaf_remotes: str | None = None
     ping_interval: str | None = None     # with ping_max 2: how soon a silent peer (a cut link) is dropped
+    monitor_port: int | None = None      # nats-server's monitoring endpoint (/varz, /leafz) on 127.0.0.1
 
     @property
     def url(self) -> str:
@@ -173,6 +174,9 @@ class NatsServer(ManagedProcess):
                          + (f', domain: "{self.jetstream_domain}"' if self.jetstream_domain else "") + " }")
         if self.ping_interval:
             lines += [f'ping_interval: "{self.ping_interval}"', "ping_max: 2"]
+        if self.monitor_port is not None:
+            self.monitor_port, _ = choose_port(self.monitor_port or None, "127.0.0.1", {self.port})
+            lines.append(f'http: "127.0.0.1:{self.monitor_port}"')
         open_deployment = self.accounts is None
         self.reconfigure(self.accounts or nats_accounts(None, []))
         tls = f'tls {{ cert_file: "{self.tls[0]}", key_file: "{self.tls[1]}" }}' if self.tls else ""

@@ -130,6 +130,9 @@ def join(
     runtime: Runtime = typer.Option(Runtime.process, help="Workers as OS processes or inside the node."),
     function: list[str] = typer.Option([], "--function", "-f", help="Add a function: name=package.module:callable."),
     controller: str = typer.Option("off", help="Autoscaled farm pool (function sleep) with this policy, or off."),
+    p2pfaas_open: bool = typer.Option(False, "--p2pfaas-open", help="P2PFaaS's discovery (19000) and learner (19020) "
+                                      "ports take changes without a token, as in P2PFaaS, whose clients carry none: "
+                                      "a trusted network only."),
     verbose: bool = typer.Option(False, "--verbose", "-v", help="Log at INFO."),
 ) -> None:
     """Start this machine as a device of a hub: its own nats-server (a leaf of the hub, its
@@ -158,5 +161,6 @@ def join(
         nodes=1, host=host or address_towards(edge.hubs[0]), http_port=http_port, nats_port=0, mqtt=mqtt.value,
         mqtt_port=mqtt_port, data_dir=data_dir, runtime=runtime.value, functions=functions, prefix=edge.prefix,
         configuration=NodeConfiguration(parallel_running_functions_max=parallel, queue_length_max=queue),
-        controller_policy=None if controller == "off" else controller, models_dir=data_dir / "models", edge=edge)
+        controller_policy=None if controller == "off" else controller, models_dir=data_dir / "models", edge=edge,
+        p2pfaas_open=p2pfaas_open)
     serve_stack(settings)

@@ -88,14 +88,15 @@ class Hub:
         self.server = server = NatsServer(
             data_dir=s.data_dir / "nats", port=s.nats_port, host="127.0.0.1", server_name="hub",
             jetstream=False, tls=(str(self.tls.cert), str(self.tls.key)), leaf_port=s.leaf_port, leaf_host=s.host,
-            leaf_ca=str(self.tls.ca), ping_interval=PING_INTERVAL, accounts=hub_accounts(self.store))
+            leaf_ca=str(self.tls.ca), ping_interval=PING_INTERVAL, accounts=hub_accounts(self.store), monitor_port=0)
         argv = log_to_stderr(server.configure())
         await self.supervisor.start(ChildSpec("nats-server", argv, ready="port", ports=server.ports,
                                               ready_timeout_s=30, stop_timeout_s=10))
         self.notes += server.notes
         self._watch = asyncio.create_task(self._apply_changes(seen), name="hub-watch")
         write_whole(s.data_dir / HUB_FILE, orjson.dumps({
-            "nats_url": server.url, "leaf_urls": self.leaf_urls, "ca": str(self.tls.ca)}, option=orjson.OPT_INDENT_2))
+            "nats_url": server.url, "leaf_urls": self.leaf_urls, "ca": str(self.tls.ca),
+            "monitor": f"http://127.0.0.1:{server.monitor_port}"}, option=orjson.OPT_INDENT_2))
 
     async def _apply_changes(self, seen: float) -> None:
         """Invitations and revocations while the hub runs: configuration rewritten and reloaded,

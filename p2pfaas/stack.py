@@ -144,6 +144,7 @@ class StackSettings:
     # a device of a hub (docs/edge.md): one node, named and grouped by its invitation, on this
     # machine's address ``host`` with P2PFaaS's ports; its nats-server a leaf of the hub's
     edge: Invitation | None = None
+    p2pfaas_open: bool = False          # a device's P2PFaaS discovery and learner ports take changes without a token
 
     @property
     def p2pfaas_ports(self) -> bool:
@@ -398,7 +399,7 @@ class Stack:
                 env.update(P2PFAAS_TLS_CERT=str(self.tls.cert), P2PFAAS_TLS_KEY=str(self.tls.key))
         if http:
             env["P2PFAAS_CALLBACK_HOSTS"] = ",".join(s.callback_hosts)
-            if s.loopback_hosts:   # P2PFaaS's layout: its discovery and learner ports as open as in P2PFaaS
+            if s.loopback_hosts or s.p2pfaas_open:   # P2PFaaS's layout: its discovery and learner ports as open as in P2PFaaS
                 env["P2PFAAS_P2PFAAS_OPEN"] = "1"
         if store is None:
             return env

@@ -17,6 +17,7 @@ import pytest
 from broker import headers as H
 from edge_lab import P2PFAAS, EdgeLab
 from netlab import why_not
+from p2pfaas_client import build_benchmark_client, documented_command_line
 
 pytestmark = [pytest.mark.edge, pytest.mark.timeout(600)]
 if why_not():
@@ -27,7 +28,8 @@ DEVICES = ["d1", "d2", "d3"]
 
 @pytest.fixture(scope="module")
 def edge(tmp_path_factory):
-    with EdgeLab(tmp_path_factory.mktemp("edge"), DEVICES, k=2, queue=2) as lab:
+    # P2PFaaS's discovery and learner ports open, as its benchmark client needs (it carries no token)
+    with EdgeLab(tmp_path_factory.mktemp("edge"), DEVICES, k=2, queue=2, join_args=["--p2pfaas-open"]) as lab:
         yield lab
 
 
@@ -149,6 +151,27 @@ def test_a_device_cut_off_serves_its_own_callers_and_comes_back(edge):
     r = post(edge, "c1", f"{edge.http('d3')}/function/fib", b"10")
     assert r.status_code == 200 and r.text == "55"
     print(f"d3 cut: no longer offered by d1 after {suspected_s:.1f} s")
+
+
+def test_p2pfaas_benchmark_client_runs_clean_against_the_devices_addresses(edge, tmp_path):
+    """The original Go client, unmodified, with its documented command line (start-up checks on,
+    -learning) against the three devices' addresses: each device set up as a P2PFaaS operator
+    would, through the devices' own HTTP APIs."""
+    binary = build_benchmark_client(tmp_path)   # skips, saying why, without Go or the stored sources
+    for device in DEVICES:
+        auth = {"Authorization": f"Bearer {edge.operator_token(device)}"}
+        for path, body in (("system/functions", {"service": "fn-pigo", "reference": "standin_functions:fn_pigo"}),
+                           ("configuration", {"parallel_running_functions_max": 3, "queue_length_max": 2,
+                                              "queue_enabled": False}),
+                           ("configuration/scheduler", {"name": "LearningScheduler", "parameters": ["2"]})):
+            r = post(edge, "c1", f"{edge.http(device)}/{path}", json.dumps(body).encode(), headers=auth)
+            assert r.status_code == 200, (device, path, r.text)
+    (tmp_path / "hosts.txt").write_text("\n".join(edge.address(d) for d in DEVICES) + "\n")
+    done = edge.lab.run("c1", [*documented_command_line(binary), "-benchmark-time", "10"], cwd=tmp_path, timeout_s=120)
+    output = done.stdout + done.stderr
+    assert done.returncode == 0, output[-3000:]
+    assert "Benchmark ended" in output and "res=200" in output
+    assert not [line for line in output.splitlines() if " ERRO" in line or " CRIT" in line], output[-3000:]
 
 
 def test_a_revoked_device_leaves_the_deployment_and_keeps_serving_its_own(edge):
