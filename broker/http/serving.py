@@ -10,8 +10,9 @@ The edge's invariant (docs/security.md, "HTTP edge"): every open connection hold
 client's address and one of its bridge process, never more than ``CLIENT_CONNECTION_LIMIT`` and
 ``CONNECTION_LIMIT``; a connection beyond either is answered a small 503 and closed before a byte of
 it is read. A request's head (request line and headers) is counted as its bytes arrive and never
-holds more than ``HEAD_LIMIT`` bytes or ``HEADER_COUNT_LIMIT`` headers: beyond, 431 (414 when the
-URL is what is too long) and the connection is closed. A connection that stays silent, or whose
+holds more than ``HEAD_LIMIT`` bytes (one pipelined behind another in the same read: less than twice
+that) or ``HEADER_COUNT_LIMIT`` headers: beyond, 431 (414 when the URL is what is too long) and the
+connection is closed. A connection that stays silent, or whose
 head or body comes too slowly, is cut. Every refusal and cut is counted by reason (``p2pfaas_http_refused_total``) and logged
 at most once per ``LOG_EVERY_S`` per reason.
 """
@@ -312,7 +313,7 @@ def _guarded_protocol():
 
         def on_message_complete(self) -> None:
             self._disarm()   # the app runs as long as it needs; keep-alive has its own timeout
-            self._head_room = HEAD_LIMIT
+            self._head_room = HEAD_LIMIT   # the rest of this read (a pipelined request) goes uncounted
             super().on_message_complete()
 
     return GuardedHttpToolsProtocol
