@@ -22,7 +22,7 @@ from urllib.parse import urlsplit
 import httpx
 from fastapi import Depends, FastAPI, Request
 from nats.aio.client import Client
-from prometheus_client import CollectorRegistry, Counter, Histogram
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from broker.answers import VERSION, Answer, input_limit
 from broker.client import FaasClient
@@ -73,6 +73,12 @@ class HttpBridge:
         self.http_requests = Counter("p2pfaas_http_requests", "HTTP requests", ["route", "status"], registry=self.registry)
         self.http_latency = Histogram("p2pfaas_http_seconds", "HTTP request latency", ["route"], registry=self.registry)
         self._metric_children: dict[tuple[str, int], tuple] = {}
+        # the HTTP edge (broker/http/serving.py): what it refused or cut, and what it holds open
+        self.http_refused = Counter("p2pfaas_http_refused", "HTTP connections refused or cut by the edge, by reason",
+                                    ["reason"], registry=self.registry)
+        self.http_edge = None   # its connection slots, once serving
+        Gauge("p2pfaas_http_connections", "Open HTTP connections of this bridge process (every port)",
+              registry=self.registry).set_function(lambda: self.http_edge.total if self.http_edge is not None else 0)
         # every route that changes state depends on one of these: the one place the operator check is
         self.changes_state = Depends(self.require_operator)
         self.p2pfaas_open = p2pfaas_open
