@@ -889,6 +889,9 @@ def _mount_edge_commands() -> None:
     app.command("join")(cli_edge.join)
     auth_app.command("invite")(cli_edge.auth_invite)
     auth_app.command("revoke")(cli_edge.auth_revoke)
+    compose_app = typer.Typer(help="compose.yaml's deployment: its identities.", no_args_is_help=True)
+    compose_app.command("init")(cli_edge.compose_init)
+    app.add_typer(compose_app, name="compose")
 
 
 _mount_edge_commands()

@@ -164,3 +164,24 @@ def join(
         controller_policy=None if controller == "off" else controller, models_dir=data_dir / "models", edge=edge,
         p2pfaas_open=p2pfaas_open)
     serve_stack(settings)
+
+
+def compose_init(
+    directory: Path = typer.Option(Path("."), "--dir", help="The checkout holding compose.yaml."),
+    device: list[str] = typer.Option(["device"], "--device", help="An MQTT device of Mosquitto's listener (repeatable)."),
+) -> None:
+    """Make the identities of compose.yaml's services (compose/secrets, git-ignored) and the NATS
+    servers' accounts (compose/nats/accounts.conf): run once before `docker compose up`; again to
+    add devices (then restart mosquitto)."""
+    from broker.auth import AuthStoreError, check_device_name
+    from p2pfaas.compose_init import init
+
+    if not (directory / "compose.yaml").is_file():
+        _fail(f"{directory} holds no compose.yaml: give the checkout with --dir")
+    for name in device:
+        with _reported(ValueError):
+            check_device_name(name)
+    with _reported(AuthStoreError, OSError):
+        secrets = init(directory, tuple(device))
+    console.print(f"identities in {secrets} (env files, one per service) and {directory / 'compose/nats/accounts.conf'}")
+    console.print(f"  devices' MQTT passwords: {secrets / 'mosquitto.env'}; the operator token: {secrets / 'http.env'}")

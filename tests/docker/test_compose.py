@@ -15,6 +15,7 @@ import os
 import secrets
 import shutil
 import subprocess
+import sys
 import tarfile
 import threading
 import time
@@ -113,8 +114,13 @@ class Compose:
 def stack(docker_client, compose_images):
     ports = {"P2PFAAS_HTTP_PORT_N1": free_port(), "P2PFAAS_HTTP_PORT_N2": free_port(),
              "P2PFAAS_HTTP_PORT_N3": free_port(), "P2PFAAS_MQTT_PORT": free_port()}
+    init = subprocess.run([sys.executable, "-m", "p2pfaas.cli", "compose", "init", "--dir", str(ROOT)],
+                          capture_output=True, text=True, timeout=60)   # the documented first step
+    assert init.returncode == 0, init.stderr
+    device = dict(line.split("=", 1) for line in (ROOT / "compose/secrets/mosquitto.env").read_text().split())
+    user, password = device["P2PFAAS_MQTT_DEVICE_0"].split(":", 1)
     env = {**os.environ, **compose_images, **{k: str(v) for k, v in ports.items()},
-           "P2PFAAS_MQTT_USER": "device", "P2PFAAS_MQTT_PASSWORD": secrets.token_hex(12)}
+           "P2PFAAS_MQTT_USER": user, "P2PFAAS_MQTT_PASSWORD": password}
     compose = Compose(f"p2pfaas{secrets.token_hex(4)}", env)
     try:
         compose.run("up", "-d", "--no-build", timeout_s=600)
@@ -190,6 +196,8 @@ async def test_compose_topology_invokes_over_http_and_mqtt_and_survives_a_nats_s
         for url in urls:                                              # every node, over HTTP
             answer = await http.post(f"{url}/function/fib", content=b"20")
             assert answer.status_code == 200 and answer.text == "6765", answer.text
+        anonymous = compose.run("exec", "-T", "n1", "python", "-c", ANONYMOUS).stdout
+        assert anonymous.startswith("refused:") and "Authorization" in anonymous, anonymous   # no client without an identity
         streams = [line.split() for line in compose.run("exec", "-T", "n1", "python", "-c", STREAMS).stdout.splitlines()]
         assert len(streams) >= 6 and {replicas for _, replicas, _ in streams} == {"3"}, streams   # every stream is R3
         leaders = Counter(leader for _, _, leader in streams)
@@ -231,10 +239,25 @@ async def test_compose_topology_invokes_over_http_and_mqtt_and_survives_a_nats_s
         device.close()
 
 
+ANONYMOUS = """
+import asyncio, os, nats
+async def main():
+    try:
+        nc = await nats.connect(os.environ["P2PFAAS_NATS_URL"], allow_reconnect=False, connect_timeout=3)
+    except Exception as exc:
+        print("refused:", type(exc).__name__, exc)
+        return
+    await nc.close()
+    print("accepted")
+asyncio.run(main())
+"""
+
+
 STREAMS = """
 import asyncio, os, nats
 async def main():
-    nc = await nats.connect(os.environ["P2PFAAS_NATS_URL"])
+    nc = await nats.connect(os.environ["P2PFAAS_NATS_URL"], user=os.environ["P2PFAAS_NATS_USER"],
+                            password=os.environ["P2PFAAS_NATS_PASSWORD"])
     for info in await nc.jetstream().streams_info():
         print(info.config.name, info.config.num_replicas, info.cluster.leader)
     await nc.close()
@@ -245,7 +268,8 @@ asyncio.run(main())
 WHERE = """
 import asyncio, os, sys, nats
 async def main():
-    nc = await nats.connect(os.environ["P2PFAAS_NATS_URL"])
+    nc = await nats.connect(os.environ["P2PFAAS_NATS_URL"], user=os.environ["P2PFAAS_NATS_USER"],
+                            password=os.environ["P2PFAAS_NATS_PASSWORD"])
     js = nc.jetstream()
     half = (len(sys.argv) - 1) // 2
     ids, nodes = sys.argv[1:1 + half], sys.argv[1 + half:]
