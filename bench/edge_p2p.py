@@ -31,8 +31,10 @@ from edge_lab import EdgeLab  # noqa: E402
 from netlab import why_not  # noqa: E402
 from nodes.scheduler.queueing import erlang_b  # noqa: E402
 
-DEFAULT = ["NoScheduler:true", "PowerOfNScheduler:1,1,true,1", "PowerOfNScheduler:2,1,true,1",
-           "PowerOfNScheduler:3,1,true,1"]
+# P2PFaaS's default PowerOfN, more probes, and every peer probed with a second hop allowed (a call
+# the peer cannot take after all, another node's forward having taken its slot, tries once more)
+DEFAULT = ["NoScheduler:true", "PowerOfNScheduler:1,2,true,1", "PowerOfNScheduler:3,2,true,1",
+           "PowerOfNScheduler:11,2,true,2"]
 
 
 def loads_for(devices: int, seed: int, mean: float) -> list[float]:
@@ -61,7 +63,16 @@ class Http1:
 
     async def post(self, host: str, port: int, path: str, body: bytes) -> tuple[int, dict[str, str], bytes]:
         idle = self.idle.setdefault((host, port), [])
-        reader, writer = idle.pop() if idle else await asyncio.open_connection(host, port)
+        if idle:
+            try:
+                return await self._post(host, port, path, body, idle, idle.pop())
+            except (ConnectionError, IndexError):   # the server had closed that idle connection: a new one
+                pass
+        return await self._post(host, port, path, body, idle, await asyncio.open_connection(host, port))
+
+    async def _post(self, host: str, port: int, path: str, body: bytes, idle: list,
+                    connection) -> tuple[int, dict[str, str], bytes]:
+        reader, writer = connection
         try:
             writer.write(f"POST {path} HTTP/1.1\r\nHost: {host}\r\nContent-Length: {len(body)}\r\n\r\n".encode() + body)
             status = int((await reader.readline()).split()[1])
@@ -155,7 +166,12 @@ def main() -> int:
             errors = sum(1 for r in results if r["status"] != 200 and not (r["status"] in (500, 503)
                                                                              and r.get("code") in (400, 401)))
             served = [r for r in results if r["status"] == 200]
-            row = {"algorithm": f"{name}({', '.join(parameters)})", "requests": len(results),
+            other = {}
+            for r in results:
+                if r["status"] != 200 and not (r["status"] in (500, 503) and r.get("code") in (400, 401)):
+                    why = f"{r['status']} {r.get('code')}" if r["status"] else r.get("error", "?")[:80]
+                    other[why] = other.get(why, 0) + 1
+            row = {"algorithm": f"{name}({', '.join(parameters)})", "requests": len(results), "other": other,
                    "rejected": rejected / len(results), "errors": errors,
                    "forwarded": sum(1 for r in served if r["hops"]) / max(1, len(served)),
                    "latency_p50_ms": statistics.median(r["latency"] for r in served) * 1e3 if served else None,
