@@ -11,12 +11,15 @@ from __future__ import annotations
 import asyncio
 import itertools
 import logging
+import os
 import signal
 import sys
 from dataclasses import dataclass, field
+from pathlib import Path
 
+from broker.connection import TLS_CA_PEM, credentials_from_env
 from broker.embedded import die_with_parent_preexec
-from broker.connection import credentials_from_env
+from broker.handoff import HANDOFF_FD_ENV, handoff_fd
 from broker.lifecycle import child_env, remove_pid_file, write_pid_file
 from functions.registry import default_registry
 from nodes.dispatch import Dispatcher
@@ -34,9 +37,15 @@ OUTPUT_LINE_MAX = 4096   # longer lines are cut in the log (the function's outpu
 
 
 def worker_identity() -> dict[str, str]:
-    """The environment that makes a worker process connect as its node's worker identity."""
+    """What makes a worker connect as its node's worker identity, and trust the stack's CA (its
+    file is in the data dir, out of a worker's reach): handed to a worker process at its start,
+    in a container's environment."""
     creds = credentials_from_env(WORKER_CREDENTIALS)
-    return {"P2PFAAS_NATS_USER": creds[0], "P2PFAAS_NATS_PASSWORD": creds[1]} if creds else {}
+    out = {"P2PFAAS_NATS_USER": creds[0], "P2PFAAS_NATS_PASSWORD": creds[1]} if creds else {}
+    ca = os.environ.get("P2PFAAS_TLS_CA")
+    if ca:
+        out[TLS_CA_PEM] = Path(ca).read_text()
+    return out
 
 
 @dataclass(eq=False)
@@ -187,16 +196,20 @@ class WorkerPool:
     async def _run_process(self, handle: WorkerHandle) -> None:
         env = child_env(P2PFAAS_NODE_SETTINGS=self.settings.model_dump_json(),
                         P2PFAAS_WORKER_NAME=handle.name, P2PFAAS_WORKER_POOL=self.name,
-                        PYTHONUNBUFFERED="1",   # what a function prints reaches the log when it prints it
-                        **worker_identity())
+                        PYTHONUNBUFFERED="1")   # what a function prints reaches the log when it prints it
+        env.pop("P2PFAAS_TLS_CA", None)   # its file is out of the worker's reach: the CA itself is handed over
         code: int | None = None
         try:
-            handle.proc = await asyncio.create_subprocess_exec(
-                sys.executable, "-m", "nodes.worker", env=env,
-                # its stdin is a pipe we never write: when this process ends, the worker reads EOF
-                stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
-                preexec_fn=die_with_parent_preexec, start_new_session=True,
-            )
+            handed = handoff_fd(worker_identity())
+            try:
+                handle.proc = await asyncio.create_subprocess_exec(
+                    sys.executable, "-m", "nodes.worker", env={**env, HANDOFF_FD_ENV: str(handed)},
+                    # its stdin is a pipe we never write: when this process ends, the worker reads EOF
+                    stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
+                    preexec_fn=die_with_parent_preexec, start_new_session=True, pass_fds=(handed,),
+                )
+            finally:
+                os.close(handed)
             write_pid_file(self._pid_file(handle), handle.proc.pid)
             if handle.state == "stopping":
                 handle.signal(signal.SIGTERM)

@@ -230,9 +230,11 @@ def up(
     verbose: bool = typer.Option(False, "--verbose", "-v", help="Log at INFO."),
 ) -> None:
     """Start the whole stack: nats-server (JetStream), nodes with worker pools and learners, the autoscaling controller, HTTP and MQTT access. Every part is a supervised process (restarted when it dies; logs in DATA_DIR/logs). Ctrl-C stops it."""
+    from broker import handoff
     from broker.errors import DataDirInUse
     from p2pfaas.stack import Stack, StackConfig, StackSettings
 
+    handoff.take()   # up holds every identity: not dumpable, and none in its children's environment
     _logging(verbose)
     if not re.fullmatch(r"127\.\d{1,3}\.\d{1,3}", loopback_net):
         raise typer.BadParameter(f"{loopback_net!r} must be the first three numbers of a 127/8 address, e.g. 127.0.0",
@@ -325,11 +327,13 @@ def node(
 
     Prints READY on stdout once each pool has a ready worker (and the HTTP port serves); stops on
     SIGINT/SIGTERM (or when the process that started it ends), within a deadline."""
+    from broker import handoff
     from broker.errors import NodeFileError
     from nodes.node import Node
     from nodes.settings import NodeSettings
     from p2pfaas.parts import HttpBridgeOptions, run_part, start_http_bridge, stop_http_bridge
 
+    handoff.take()   # before anything starts a worker: its identities leave the environment workers inherit
     _logging(verbose)
     try:
         if settings_file is not None:
@@ -349,9 +353,8 @@ def node(
         settings = settings.model_copy(update={"nats_url": url})
     http = None
     if http_port is not None:
-        if store is not None and not os.environ.get("P2PFAAS_OPERATOR_TOKEN"):   # run by hand: as the stack's bridges
-            os.environ["P2PFAAS_OPERATOR_TOKEN"] = store.operator_token()
-        # read before any worker starts: the bridge's secrets leave the environment workers inherit
+        if store is not None and not handoff.get("P2PFAAS_OPERATOR_TOKEN"):   # run by hand: as the stack's bridges
+            handoff.hold(P2PFAAS_OPERATOR_TOKEN=store.operator_token())
         http = HttpBridgeOptions(node=settings.node_id, nats_url=settings.nats_url, host=http_host, port=http_port,
                                  prefix=settings.prefix, max_payload_bytes=settings.max_payload_bytes,
                                  processes=http_processes, discovery_port=discovery_port,
@@ -415,14 +418,16 @@ def bridge(
 ) -> None:
     """Run one bridge against an existing NATS (by default the one of the `p2pfaas up` running on
     --data-dir) and Mosquitto. Prints READY when serving."""
+    from broker import handoff
     from p2pfaas.parts import HttpBridgeOptions, run_part, start_http_bridge, stop_http_bridge
 
+    handoff.take()   # its identity and tokens: handed over by `up`, or exported by hand
     _logging(verbose)
     nats_url, store = _attach(data_dir, nats_url)
     if kind is BridgeKind.http:
-        if store is not None and not os.environ.get("P2PFAAS_OPERATOR_TOKEN"):   # run by hand: as the stack's bridges
-            os.environ["P2PFAAS_OPERATOR_TOKEN"] = store.operator_token()        # (and our sibling processes) want it
-        # secrets come in the environment (`up` sets them), never on the command line
+        if store is not None and not handoff.get("P2PFAAS_OPERATOR_TOKEN"):   # run by hand: as the stack's bridges
+            handoff.hold(P2PFAAS_OPERATOR_TOKEN=store.operator_token())        # (and our sibling processes) want it
+        # secrets are handed over (`up` does) or exported, never on the command line
         options = HttpBridgeOptions(node=node_id, nats_url=nats_url, host=host, port=port, prefix=prefix,
                                     max_payload_bytes=max_payload_bytes, processes=processes,
                                     discovery_port=discovery_port, learner_port=learner_port).read_env()
@@ -540,6 +545,7 @@ def _stack_store(data_dir: Path, required: bool = False):
 def _stack_identity(data_dir: Path):
     """The identity store of the `up` stack in ``data_dir`` (None when it has none); tools run by
     hand act as its operator on NATS (parts started by `up` already have their own identity)."""
+    from broker import handoff
     from broker.auth import OPERATOR, AuthStoreError
 
     store = _stack_store(data_dir)
@@ -548,10 +554,10 @@ def _stack_identity(data_dir: Path):
     ca = data_dir / "tls" / "ca.pem"
     if ca.exists() and not os.environ.get("P2PFAAS_TLS_CA"):
         os.environ["P2PFAAS_TLS_CA"] = str(ca)
-    if not os.environ.get("P2PFAAS_NATS_USER"):
+    if not handoff.get("P2PFAAS_NATS_USER"):
         with _reported(AuthStoreError, OSError):
             operator = store.service(OPERATOR)
-        os.environ.update(P2PFAAS_NATS_USER=operator.user, P2PFAAS_NATS_PASSWORD=operator.password)
+        handoff.hold(P2PFAAS_NATS_USER=operator.user, P2PFAAS_NATS_PASSWORD=operator.password)
     return store
 
 
@@ -661,6 +667,9 @@ def learner(
 ) -> None:
     """Run the learner service of one or more nodes against an existing NATS (by default the one of
     the `p2pfaas up` running on --data-dir; docs/learner.md)."""
+    from broker import handoff
+
+    handoff.take()
     _logging(verbose)
     nats_url, _ = _attach(data_dir, nats_url)   # before torch's import: a missing stack is said at once
 
@@ -806,8 +815,10 @@ def controller_cmd(
     from controller.live import LiveController
     from controller.policies import resolve_policy
     from controller.scenario import ScenarioError, load_scenario
+    from broker import handoff
     from p2pfaas.parts import run_part
 
+    handoff.take()
     _logging(verbose)
     with _reported(ScenarioError):
         sc = load_scenario(scenario)

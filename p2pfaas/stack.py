@@ -322,7 +322,7 @@ class Stack:
             if s.loopback_hosts:
                 argv += ["--discovery-port", str(p2pfaas_ports[i][0]), "--learner-port", str(p2pfaas_ports[i][1])]
             specs.append(ChildSpec(f"node-{node.node_id}", self._cli(*argv),
-                                   env=self._identity(node=node.node_id, http=True), stop_timeout_s=30,
+                                   **self._identity(node=node.node_id, http=True), stop_timeout_s=30,
                                    fix_exit_code=EXIT_NEEDS_FIX, watch=[node.node_dir]))   # a broken file there
             self.node_ids.append(node.node_id)
         await asyncio.gather(*(sup.start(spec) for spec in specs))
@@ -336,7 +336,7 @@ class Stack:
             await sup.start(ChildSpec("mqtt-bridge", self._cli(
                 "bridge", "mqtt", "--nats-url", nats_url, "--mqtt-url", mqtt_url, "--prefix", s.prefix,
                 "--client-id", mqtt_bridge_client_id(self.auth, s.prefix), "--max-payload-bytes", str(s.max_payload_bytes)),
-                env=self._identity(BRIDGE, mqtt=True)))
+                **self._identity(BRIDGE, mqtt=True)))
             ep.mqtt_url, ep.mqtt_via = mqtt_url, "Mosquitto + p2pfaas MQTT bridge"
         if s.controller_policy is not None:
             await self._start_controller(nats_url)
@@ -355,17 +355,20 @@ class Stack:
         await self.supervisor.start(ChildSpec("controller", self._cli(
             "controller", "--node", node, "--pool", FARM_POOL, "--policy", s.controller_policy or "auto",
             "--scenario", s.farm_scenario, "--models-dir", str(s.models_dir), "--nats-url", nats_url,
-            "--prefix", s.prefix), env=self._identity(CONTROLLER)))
+            "--prefix", s.prefix), **self._identity(CONTROLLER)))
         if note:
             self.endpoints.notes.append(f"controller: {note}")
         self.endpoints.controller = (f"{node}/{FARM_POOL} (function {FARM_FUNCTION}) scaled by {name}, "
                                      f"scenario {scenario.name}, {scenario.workers.min}-{scenario.workers.max} workers")
 
     def _identity(self, user: str | None = None, *, node: str | None = None, http: bool = False,
-                  mqtt: bool = False) -> dict[str, str]:
-        """The environment that gives a part its identity (nothing in an insecure stack)."""
+                  mqtt: bool = False) -> dict[str, dict[str, str]]:
+        """What gives a part its identity, as ChildSpec arguments: ``env`` (settings that are no
+        secret) and ``secrets`` (handed over at its start: broker.handoff; nothing in an insecure
+        stack)."""
         s, store = self.settings, self.auth
         env: dict[str, str] = {}
+        secrets: dict[str, str] = {}
         if self.tls is not None:
             env["P2PFAAS_TLS_CA"] = str(self.tls.ca)
             if http:
@@ -375,25 +378,25 @@ class Stack:
             if s.loopback_hosts:   # P2PFaaS's layout: its discovery and learner ports as open as in P2PFaaS
                 env["P2PFAAS_P2PFAAS_OPEN"] = "1"
         if store is None:
-            return env
+            return {"env": env, "secrets": secrets}
         if node is not None:
             creds, workers = store.node(node), store.worker(node)
-            nats_env = dict(P2PFAAS_WORKER_NATS_USER=workers.user, P2PFAAS_WORKER_NATS_PASSWORD=workers.password)
+            nats_secrets = dict(P2PFAAS_WORKER_NATS_USER=workers.user, P2PFAAS_WORKER_NATS_PASSWORD=workers.password)
             if http:   # the bridge in the node's process keeps its own identity (p2pfaas.parts.BRIDGE_NATS_ENV)
                 bridge = store.service(BRIDGE)
-                nats_env.update({f"{BRIDGE_NATS_ENV}_USER": bridge.user, f"{BRIDGE_NATS_ENV}_PASSWORD": bridge.password})
+                nats_secrets.update({f"{BRIDGE_NATS_ENV}_USER": bridge.user, f"{BRIDGE_NATS_ENV}_PASSWORD": bridge.password})
         else:
             creds = store.service(user or OPERATOR)
-            nats_env = {}
+            nats_secrets = {}
         if self.nats_server is not None:   # our server knows these users; a foreign one (--nats-url) its own
-            env.update(nats_env, P2PFAAS_NATS_USER=creds.user, P2PFAAS_NATS_PASSWORD=creds.password)
+            secrets.update(nats_secrets, P2PFAAS_NATS_USER=creds.user, P2PFAAS_NATS_PASSWORD=creds.password)
         if http:
-            env["P2PFAAS_OPERATOR_TOKEN"] = store.operator_token()
+            secrets["P2PFAAS_OPERATOR_TOKEN"] = store.operator_token()
             if s.require_invoke_token:
-                env["P2PFAAS_INVOKE_TOKEN"] = store.invoke_token()
+                secrets["P2PFAAS_INVOKE_TOKEN"] = store.invoke_token()
         if mqtt:
-            env.update(P2PFAAS_MQTT_USER=creds.user, P2PFAAS_MQTT_PASSWORD=creds.password)
-        return env
+            secrets.update(P2PFAAS_MQTT_USER=creds.user, P2PFAAS_MQTT_PASSWORD=creds.password)
+        return {"env": env, "secrets": secrets}
 
     async def _reload_on_new_identities(self, store: AuthStore, period_s: float = 1.0) -> None:
         """A device or node added with ``p2pfaas auth`` while we run: the brokers learn it at once

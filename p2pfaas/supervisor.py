@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import signal
 import time
 from dataclasses import dataclass, field
@@ -23,6 +24,7 @@ from pathlib import Path
 
 from broker.embedded import die_with_parent_preexec
 from broker.errors import BrokerUnavailable
+from broker.handoff import HANDOFF_FD_ENV, handoff_fd
 from broker.lifecycle import child_env, end_strays, remove_pid_file, still_wanted, write_pid_file
 
 log = logging.getLogger(__name__)
@@ -45,6 +47,7 @@ class ChildSpec:
     name: str
     argv: list[str]
     env: dict[str, str] = field(default_factory=dict)
+    secrets: dict[str, str] = field(default_factory=dict)   # handed over at its start, never in its environment
     ready: str = "line"
     ports: list[int] = field(default_factory=list)
     ready_timeout_s: float = 120.0
@@ -95,11 +98,18 @@ class Supervisor:
         spec = child.spec
         self.log_dir.mkdir(parents=True, exist_ok=True)
         log_path = self.log_dir / f"{spec.name}.log"
-        with open(log_path, "ab") as out:
-            proc = child.proc = await asyncio.create_subprocess_exec(
-                *spec.argv, env=child_env(**spec.env), stdin=asyncio.subprocess.PIPE,
-                stdout=asyncio.subprocess.PIPE if spec.ready == "line" else out, stderr=out,
-                preexec_fn=die_with_parent_preexec, start_new_session=True)
+        handed = handoff_fd(spec.secrets) if spec.secrets else None
+        env = child_env(**spec.env, **({HANDOFF_FD_ENV: str(handed)} if handed is not None else {}))
+        try:
+            with open(log_path, "ab") as out:
+                proc = child.proc = await asyncio.create_subprocess_exec(
+                    *spec.argv, env=env, stdin=asyncio.subprocess.PIPE,
+                    stdout=asyncio.subprocess.PIPE if spec.ready == "line" else out, stderr=out,
+                    preexec_fn=die_with_parent_preexec, start_new_session=True,
+                    pass_fds=() if handed is None else (handed,))
+        finally:
+            if handed is not None:
+                os.close(handed)
         child.started_at = time.monotonic()
         child.drain = None
         try:
