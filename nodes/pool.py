@@ -18,11 +18,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from broker.connection import TLS_CA_PEM, credentials_from_env
-from broker.embedded import die_with_parent_preexec
 from broker.handoff import HANDOFF_FD_ENV, handoff_fd
 from broker.lifecycle import child_env, remove_pid_file, write_pid_file
 from functions.registry import default_registry
 from nodes.dispatch import Dispatcher
+from nodes.sandbox import WorkerSandbox
+from nodes.sandbox import decide as decide_sandbox
 from nodes.settings import NodeSettings
 from nodes.worker import DEFAULT_POOL, EXIT_RECYCLE, STOP_GRACE_S, WORKER_CREDENTIALS, Worker
 
@@ -82,6 +83,7 @@ class WorkerPool:
         self._replaced: set[WorkerHandle] = set()     # old workers a replace_workers will stop
         self._early_deaths = 0                         # workers in a row that died before READY
         self._respawn: asyncio.TimerHandle | None = None
+        self._worker_sandbox: WorkerSandbox | None = None
 
     # -- counts for load and telemetry ------------------------------------------------
     @property
@@ -193,6 +195,17 @@ class WorkerPool:
         self._early_deaths = 0
         await self.dispatcher.add_worker(handle.name)
 
+    def _sandbox(self) -> WorkerSandbox:
+        """How this node's worker processes are kept from its secrets (nodes/sandbox.py)."""
+        if self._worker_sandbox is None:
+            self._worker_sandbox = sandbox = decide_sandbox(self.settings)
+            if not sandbox.announced:
+                sandbox.announced = True
+                log.info("node %s: %s", self.settings.node_id, sandbox.describe())
+                for note in sandbox.notes:
+                    log.warning("node %s: %s", self.settings.node_id, note)
+        return self._worker_sandbox
+
     async def _run_process(self, handle: WorkerHandle) -> None:
         env = child_env(P2PFAAS_NODE_SETTINGS=self.settings.model_dump_json(),
                         P2PFAAS_WORKER_NAME=handle.name, P2PFAAS_WORKER_POOL=self.name,
@@ -206,7 +219,7 @@ class WorkerPool:
                     sys.executable, "-m", "nodes.worker", env={**env, HANDOFF_FD_ENV: str(handed)},
                     # its stdin is a pipe we never write: when this process ends, the worker reads EOF
                     stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
-                    preexec_fn=die_with_parent_preexec, start_new_session=True, pass_fds=(handed,),
+                    preexec_fn=self._sandbox().preexec(), start_new_session=True, pass_fds=(handed,),
                 )
             finally:
                 os.close(handed)

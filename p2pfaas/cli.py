@@ -130,11 +130,12 @@ for spec in sys.argv[1:]:
 """
 
 
-def _importable(functions: list[tuple[str, str]]) -> None:
+def _importable(functions: list[tuple[str, str]], sandbox=None) -> None:
     """Every --function reference imports and names a callable, checked before anything starts
     (nats-server used to start, then the node died with its traceback). In a child process, as
-    a node imports it: with the current directory on sys.path (a node is `python -m`, the
-    `p2pfaas` script is not), and without importing the user's modules into ``up`` itself."""
+    a worker imports it: with the current directory on sys.path (a node is `python -m`, the
+    `p2pfaas` script is not), in the workers' ``sandbox`` (nodes/sandbox.py) when they have one,
+    and without importing the user's modules into ``up`` itself."""
     import subprocess
 
     if not functions:
@@ -142,7 +143,7 @@ def _importable(functions: list[tuple[str, str]]) -> None:
     try:
         done = subprocess.run([sys.executable, "-c", IMPORT_REFERENCES, *(f"{n}={r}" for n, r in functions)],
                               stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                              timeout=FUNCTION_IMPORT_TIMEOUT_S)
+                              timeout=FUNCTION_IMPORT_TIMEOUT_S, preexec_fn=sandbox.preexec() if sandbox else None)
     except subprocess.TimeoutExpired:
         _fail(f"importing the --function modules took over {FUNCTION_IMPORT_TIMEOUT_S:g} s: "
               "a module should not work when imported")
@@ -215,6 +216,8 @@ def up(
     parallel: int = typer.Option(4, "--k", min=1, max=1024, help="K: parallel running functions per node (changeable at run time)."),
     queue: int = typer.Option(4, min=0, max=100_000, help="Queue length max per node."),
     runtime: Runtime = typer.Option(Runtime.process, help="Workers as OS processes (real parallelism) or inside the node."),
+    worker_user: str = typer.Option("auto", help="User the worker processes (user code) run as: a name or uid; auto: nobody when up runs as root and nobody can run them, else up's own (docs/security.md)."),
+    worker_writable: list[Path] = typer.Option([], "--worker-writable", help="A directory functions may write to besides the temporary ones (repeatable)."),
     function: list[str] = typer.Option([], "--function", "-f", help="Add a function: name=package.module:callable (repeatable)."),
     controller: str = typer.Option("auto", help="Policy of the autoscaled farm pool on n1 (function sleep): auto (the RL model shipped in the package, learning online), dqn, pg, sarsa, a model .npz, reactive, keda, kpa, hpa, fixed-<n>, or off."),
     scenario: str = typer.Option("bursty", help="Scenario whose worker bounds and normalisation the controller uses."),
@@ -250,11 +253,20 @@ def up(
                                  param_hint="--http-port")
     with _reported(ValueError):
         functions = _functions(function)
-    _importable(functions)
+    sandbox = None
+    if runtime is Runtime.process:   # a worker user that cannot run the workers, said before anything starts
+        from nodes.sandbox import decide as decide_sandbox
+        from nodes.settings import NodeSettings
+
+        with _reported(ValueError):
+            sandbox = decide_sandbox(NodeSettings(data_dir=data_dir, functions=functions, worker_user=worker_user,
+                                                  worker_writable=worker_writable))
+    _importable(functions, sandbox)
     _usable_data_dir(data_dir)
     settings = StackSettings(
         nodes=nodes, http_port=http_port, nats_url=nats_url, nats_port=nats_port, mqtt=mqtt.value,
         mqtt_url=mqtt_url, mqtt_port=mqtt_port, data_dir=data_dir, runtime=runtime.value,
+        worker_user=worker_user, worker_writable=worker_writable,
         configuration=NodeConfiguration(parallel_running_functions_max=parallel, queue_length_max=queue),
         functions=functions, config=stack_config,
         controller_policy=None if controller == "off" else controller, farm_scenario=scenario, models_dir=models_dir,
@@ -312,6 +324,7 @@ def node(
     init_server: list[str] = typer.Option([], "--init-server", help="IP of a P2PFaaS machine to poll from the start (repeatable)."),
     node_rewards: Optional[bool] = typer.Option(None, "--node-rewards/--no-node-rewards", help="LearningScheduler: publish the node's own deadline rewards (off: clients post them to the learner API)."),
     runtime: Runtime = typer.Option(Runtime.process),
+    worker_user: Optional[str] = typer.Option(None, help="User the worker processes run as (default auto: nobody when run as root, docs/security.md)."),
     function: list[str] = typer.Option([], "--function", "-f", help="name=package.module:callable (repeatable)."),
     settings_file: Optional[Path] = typer.Option(None, "--settings", help="All node settings as one JSON document (what `up` passes); the other options are then ignored."),
     http_port: Optional[int] = typer.Option(None, min=1, max=MAX_PORT, help="Also serve the node's HTTP bridge (P2PFaaS's :18080 API) from this process, as `up` does: a direct call then skips one hop through nats-server."),
@@ -343,12 +356,18 @@ def node(
                 node_id=node_id, nats_url=nats_url, seeds=seed or None, data_dir=data_dir, prefix=prefix,
                 heartbeat_period_s=heartbeat_period, address=address, runtime=runtime.value,
                 functions=_functions(function) or None, peer_scheduler_port=peer_scheduler_port,
-                peer_discovery_port=peer_discovery_port, init_servers=init_server or None, node_rewards=node_rewards)
+                peer_discovery_port=peer_discovery_port, init_servers=init_server or None, node_rewards=node_rewards,
+                worker_user=worker_user)
     except (ValueError, OSError) as exc:
         raise typer.BadParameter(str(exc)) from None
     store = None
     if settings_file is None:   # `up` checked its own before starting us (and named its NATS)
-        _importable(settings.functions)
+        sandbox = None
+        if settings.runtime == "process":
+            from nodes.sandbox import decide as decide_sandbox
+            with _reported(ValueError):   # a worker user that cannot run the workers
+                sandbox = decide_sandbox(settings)
+        _importable(settings.functions, sandbox)
         url, store = _attach(settings.data_dir, nats_url or os.environ.get("P2PFAAS_NATS_URL"))
         settings = settings.model_copy(update={"nats_url": url})
     http = None

@@ -26,6 +26,7 @@ from broker.tls import TlsFiles, ensure_certificates
 from broker.messages import NodeConfiguration, SchedulerConfiguration
 from controller.policies import resolve_policy
 from controller.scenario import load_scenario
+from nodes.sandbox import decide as decide_sandbox
 from nodes.settings import NodeSettings, PoolSpec
 from p2pfaas.parts import BRIDGE_NATS_ENV
 from p2pfaas.supervisor import EXIT_NEEDS_FIX, ChildSpec, Supervisor
@@ -114,6 +115,8 @@ class StackSettings:
     data_dir: Path = Path("data")
     prefix: str = "faas"
     runtime: Literal["process", "inprocess"] = "process"
+    worker_user: str = "auto"           # docs/security.md: the user worker processes run as
+    worker_writable: list[Path] = field(default_factory=list)   # where functions may write besides the temp dirs
     configuration: NodeConfiguration = field(default_factory=NodeConfiguration)
     functions: list[tuple[str, str]] = field(default_factory=list)
     max_payload_bytes: int = 1024 * 1024
@@ -169,6 +172,7 @@ class StackSettings:
                 extra["pools"] = {FARM_POOL: self.farm_pool_spec()}
             out.append(NodeSettings(node_id=spec.id or f"n{i + 1}", nats_url=nats_url, prefix=self.prefix,
                                     data_dir=self.data_dir, runtime=self.runtime, initial=initial,
+                                    worker_user=self.worker_user, worker_writable=self.worker_writable,
                                     functions=self.functions, max_payload_bytes=self.max_payload_bytes,
                                     address=addresses[i], speed=spec.speed, node_rewards=self.node_rewards, **extra))
         return out
@@ -252,6 +256,7 @@ class Stack:
         s.data_dir.mkdir(parents=True, exist_ok=True)
         ep, sup = self.endpoints, self.supervisor
         self._lock = hold_data_dir(s.data_dir)   # DataDirInUse while another up runs here: its pid files name live parts
+        os.chmod(s.data_dir, 0o700)   # secrets, logs and stores: none of it for workers run as another user
         strays = await asyncio.to_thread(sup.end_strays)
         if strays:
             ep.notes.append(f"ended {len(strays)} process(es) left in {s.data_dir} by a previous run")
@@ -309,6 +314,8 @@ class Stack:
                              for what, n in (("discovery", d_note), ("learner", l_note)) if n]
         web = "https" if s.tls else "http"
         settings = s.node_settings(nats_url, [f"{web}://{s.node_host(i)}:{p}" for i, p in enumerate(ports)])
+        if s.runtime == "process":   # what the workers' sandbox leaves open; WorkerUserError (one line) for a bad user
+            ep.notes += decide_sandbox(settings[0]).notes
         run_dir = s.data_dir / "run"
         run_dir.mkdir(parents=True, exist_ok=True)
         specs = []
