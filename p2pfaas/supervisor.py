@@ -101,7 +101,7 @@ class Supervisor:
         handed = handoff_fd(spec.secrets) if spec.secrets else None
         env = child_env(**spec.env, **({HANDOFF_FD_ENV: str(handed)} if handed is not None else {}))
         try:
-            with open(log_path, "ab") as out:
+            with _open_log(log_path) as out:
                 proc = child.proc = await asyncio.create_subprocess_exec(
                     *spec.argv, env=env, stdin=asyncio.subprocess.PIPE,
                     stdout=asyncio.subprocess.PIPE if spec.ready == "line" else out, stderr=out,
@@ -337,6 +337,17 @@ def _signature(paths: list[Path]) -> list[tuple]:
     return out
 
 
+def _open_log(path: Path, buffering: int = -1):
+    """A child's log for appending, readable by its owner only: a worker inherits its node's as its
+    stderr, and a descriptor can be opened again for reading through /proc/self/fd."""
+    out = open(path, "ab", buffering=buffering, opener=lambda p, flags: os.open(p, flags, 0o600))
+    try:
+        os.fchmod(out.fileno(), 0o600)   # one made before, by an older run
+    except OSError:
+        pass
+    return out
+
+
 def _tail(path: Path, size: int = 2000) -> str:
     try:
         with open(path, "rb") as f:
@@ -352,7 +363,7 @@ async def _copy_to(stream: asyncio.StreamReader, path: Path) -> None:
     on Python 3.11 ``wait()`` returns only once the pipe is read to its end: a log that cannot be
     written (a full disk) loses that output, never the reading."""
     try:
-        out = open(path, "ab", buffering=0)   # unbuffered: a failed write leaves nothing pending
+        out = _open_log(path, buffering=0)   # unbuffered: a failed write leaves nothing pending
     except OSError as exc:
         out = None
         log.error("%s cannot be opened (%s); this child's output is dropped", path, exc)
