@@ -9,7 +9,7 @@ Applied between fork and exec, so before the interpreter runs anything:
   out of its reach. That user must be able to run the interpreter and read the code; when it
   cannot (a Python under ``/root``), ``auto`` keeps root and says why, an explicit user is an error;
 * **no capabilities** for a worker that stays root (the bounding set emptied): uid 0 without
-  CAP_SYS_PTRACE, CAP_DAC_* or CAP_SYS_ADMIN;
+  CAP_SYS_PTRACE (which also gets past Landlock's ptrace check), CAP_DAC_* or CAP_SYS_ADMIN;
 * **Landlock** (Linux >= 5.13), for every worker: the data dir hidden, the rest of the file
   system read-only except the temporary directories and ``/dev`` (its block devices hidden),
   and from ABI 6 on no signal nor abstract unix socket outside the worker's own domain. A
