@@ -373,8 +373,9 @@ def _decide(worker_user: str, data_dir: str, writable: tuple[str, ...], function
             if worker_user != AUTO:
                 raise WorkerUserError(f"worker user {name}: {why}; make it readable by {name}, or choose "
                                       f"another worker user")
-            sandbox.notes.append(f"workers run as root (without capabilities), not as {name}: {why}. Make that "
-                                 f"readable by {name} (or set the worker user) to keep functions out of root's files")
+            sandbox.notes.append(f"workers run as root without capabilities, kept from the data dir by Landlock "
+                                 f"alone, not as {name}: {why}. Make that readable by {name}, or give another "
+                                 f"--worker-user, to keep functions out of root's files")
             target = None
         else:
             sandbox.uid, sandbox.gid, sandbox.groups, sandbox.user = uid, gid, groups, name

@@ -9,6 +9,7 @@ import logging
 import os
 import shutil
 import signal
+import stat
 import sys
 import time
 from dataclasses import dataclass, field
@@ -256,7 +257,11 @@ class Stack:
         s.data_dir.mkdir(parents=True, exist_ok=True)
         ep, sup = self.endpoints, self.supervisor
         self._lock = hold_data_dir(s.data_dir)   # DataDirInUse while another up runs here: its pid files name live parts
-        os.chmod(s.data_dir, 0o700)   # secrets, logs and stores: none of it for workers run as another user
+        try:   # secrets, logs and stores: none of it for workers run as another user
+            os.chmod(s.data_dir, 0o700)
+        except PermissionError:   # someone else's directory we may write to: its own mode stands
+            ep.notes.append(f"{s.data_dir} is not ours: its mode stays {stat.filemode(s.data_dir.stat().st_mode)}; "
+                            "keep it closed to other users (docs/security.md)")
         strays = await asyncio.to_thread(sup.end_strays)
         if strays:
             ep.notes.append(f"ended {len(strays)} process(es) left in {s.data_dir} by a previous run")
