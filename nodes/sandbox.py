@@ -349,6 +349,7 @@ def _decide(worker_user: str, data_dir: str, writable: tuple[str, ...], function
             tmpdir: str) -> WorkerSandbox:
     euid = os.geteuid()
     sandbox = WorkerSandbox()
+    abi = landlock_abi()
     if worker_user == AUTO:
         target = resolve_user(DEFAULT_WORKER_USER) if euid == 0 else None
     else:
@@ -373,14 +374,13 @@ def _decide(worker_user: str, data_dir: str, writable: tuple[str, ...], function
             if worker_user != AUTO:
                 raise WorkerUserError(f"worker user {name}: {why}; make it readable by {name}, or choose "
                                       f"another worker user")
-            sandbox.notes.append(f"workers run as root without capabilities, kept from the data dir by Landlock "
-                                 f"alone, not as {name}: {why}. Make that readable by {name}, or give another "
-                                 f"--worker-user, to keep functions out of root's files")
+            held = "kept from the data dir by Landlock alone" if abi else "NOT kept from the data dir (no Landlock)"
+            sandbox.notes.append(f"workers run as root without capabilities, {held}, not as {name}: {why}. Make that "
+                                 f"readable by {name}, or give another --worker-user, to keep functions out of root's files")
             target = None
         else:
             sandbox.uid, sandbox.gid, sandbox.groups, sandbox.user = uid, gid, groups, name
     sandbox.drop_caps = target is None and euid == 0
-    abi = landlock_abi()
     if abi:
         writable_dirs = [p for p in ("/tmp", "/var/tmp", "/dev/shm", tmpdir, "/dev", *writable) if p and os.path.isdir(p)]
         sandbox.landlock = LandlockPolicy(hidden=[data_dir], writable=[os.path.realpath(p) for p in writable_dirs],
