@@ -41,7 +41,8 @@ def worker_identity() -> dict[str, str]:
     """What makes a worker connect as its node's worker identity, and trust the stack's CA (its
     file is in the data dir, out of a worker's reach): handed to a worker process at its start,
     in a container's environment."""
-    creds = credentials_from_env(WORKER_CREDENTIALS)
+    # no worker identity (a broker of one's own, a node run by hand): the node's, as before any existed
+    creds = credentials_from_env(WORKER_CREDENTIALS) or credentials_from_env()
     out = {"P2PFAAS_NATS_USER": creds[0], "P2PFAAS_NATS_PASSWORD": creds[1]} if creds else {}
     ca = os.environ.get("P2PFAAS_TLS_CA")
     if ca:

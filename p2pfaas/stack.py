@@ -19,9 +19,11 @@ from typing import Literal
 import orjson
 from pydantic import BaseModel, ConfigDict, Field, PositiveFloat, ValidationError, model_validator
 
+from broker import handoff
 from broker.auth import (BRIDGE, CONTROLLER, OPERATOR, AuthStore, mosquitto_files, mqtt_bridge_client_id,
                           nats_accounts)
 from broker.embedded import Mosquitto, NatsServer, choose_port
+from broker.handoff import SECRET_NAMES
 from broker.lifecycle import hold_data_dir, still_wanted
 from broker.tls import TlsFiles, ensure_certificates
 from broker.messages import NodeConfiguration, SchedulerConfiguration
@@ -380,7 +382,9 @@ class Stack:
         stack)."""
         s, store = self.settings, self.auth
         env: dict[str, str] = {}
-        secrets: dict[str, str] = {}
+        # what up was given by hand (a foreign broker's identity, say) reaches its parts as an
+        # environment did, but handed over; the stack's own identities take its place below
+        secrets = {name: value for name in SECRET_NAMES if (value := handoff.get(name))}
         if self.tls is not None:
             env["P2PFAAS_TLS_CA"] = str(self.tls.ca)
             if http:
