@@ -263,15 +263,16 @@ def blocked(path: str, uid: int, gids: set[int], *, execute: bool = False) -> st
     """Why ``uid`` may not reach ``path`` (search every directory on the way; read it, or run
     it), or None. File modes only (no ACL): what a typical install needs."""
     real = os.path.realpath(path)
-    parts = Path(real).parts
-    for i in range(1, len(parts)):
-        prefix = os.path.join(*parts[:i])
-        try:
-            st = os.stat(prefix)
-        except OSError:
-            return None   # gone: not ours to judge
-        if not _allows(st, uid, gids, 1):
-            return f"{prefix} is {stat.filemode(st.st_mode)} {_owner(st)}"
+    for way in dict.fromkeys((os.path.abspath(path), real)):   # the directories on the way to a link, and to its target
+        parts = Path(way).parts
+        for i in range(1, len(parts)):
+            prefix = os.path.join(*parts[:i])
+            try:
+                st = os.stat(prefix)
+            except OSError:
+                return None   # gone: not ours to judge
+            if not _allows(st, uid, gids, 1):
+                return f"{prefix} is {stat.filemode(st.st_mode)} {_owner(st)}"
     try:
         st = os.stat(real)
     except OSError:
