@@ -18,6 +18,7 @@ from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
 from nats.protocol import command as nats_command
 
+from broker import handoff
 from broker.errors import BrokerUnavailable, NotPermitted
 from broker.parser import MessageParser
 from broker.header_blocks import encode_headers as _encode_headers
@@ -25,6 +26,8 @@ from broker.header_blocks import HeaderBlock, parse_header_lines
 from broker.header_blocks import header_block, header_text   # noqa: F401 (re-exported)
 
 log = logging.getLogger(__name__)
+
+TLS_CA_PEM = "P2PFAAS_TLS_CA_PEM"   # the CA certificate itself, for a process that cannot read its file
 
 _REFUSED = re.compile(r'permissions violation for publish to "([^"]+)"', re.IGNORECASE)
 Event = Literal["publish_refused", "disconnected", "reconnected"]
@@ -235,9 +238,10 @@ async def request(nc: Client, subject: str, payload: bytes = b"", *, timeout_s: 
 
 
 def credentials_from_env(prefix: str = "P2PFAAS_NATS") -> tuple[str, str] | None:
-    """(user, password) from ``P2PFAAS_NATS_USER`` / ``P2PFAAS_NATS_PASSWORD`` (how ``up`` hands
-    every part its identity), or None."""
-    user, password = os.environ.get(f"{prefix}_USER"), os.environ.get(f"{prefix}_PASSWORD")
+    """(user, password) named ``P2PFAAS_NATS_USER`` / ``P2PFAAS_NATS_PASSWORD``: handed to this
+    process at its start (how ``up`` gives every part its identity, :mod:`broker.handoff`) or, run
+    by hand, in its environment; None when there are none."""
+    user, password = handoff.get(f"{prefix}_USER"), handoff.get(f"{prefix}_PASSWORD")
     return (user, password) if user and password else None
 
 
@@ -247,8 +251,9 @@ async def connect(url: str | list[str], name: str, *, connect_timeout_s: float =
     within 2 x ``connect_timeout_s``, or :data:`GIVE_UP_TURNED_AWAY_S` once turned away.
 
     ``url`` may be a list: more servers of the same cluster, tried in turn. ``credentials``
-    (user, password) default to the environment's (:func:`credentials_from_env`); ``tls_ca``
-    (default ``P2PFAAS_TLS_CA``) is the CA file that signed the server's certificate."""
+    (user, password) default to the process's own (:func:`credentials_from_env`); ``tls_ca``
+    (default ``P2PFAAS_TLS_CA``) is the CA file that signed the server's certificate, or else the
+    CA itself (PEM) handed as ``P2PFAAS_TLS_CA_PEM`` (a worker, which may not read the data dir)."""
     credentials = credentials or credentials_from_env()
     tls_ca = tls_ca or os.environ.get("P2PFAAS_TLS_CA")
     options: dict = {}
@@ -256,6 +261,8 @@ async def connect(url: str | list[str], name: str, *, connect_timeout_s: float =
         options.update(user=credentials[0], password=credentials[1])
     if tls_ca:
         options["tls"] = ssl.create_default_context(cafile=tls_ca)
+    elif ca_pem := handoff.get(TLS_CA_PEM):
+        options["tls"] = ssl.create_default_context(cadata=ca_pem)
     if os.environ.get("P2PFAAS_INBOX_PREFIX"):   # a device's: the hub sends it only its own replies (broker/edge.py)
         options["inbox_prefix"] = os.environ["P2PFAAS_INBOX_PREFIX"]
 

@@ -138,8 +138,14 @@ def on_parent_gone(callback: Callable[[], None]) -> bool:
 
 
 def child_env(**extra: str) -> dict[str, str]:
-    """The environment of a child we start: ours, a parent pipe, and ``extra``."""
-    return {**os.environ, PARENT_PIPE_ENV: "1", **extra}
+    """The environment of a child we start: ours less any secret (they go through
+    :mod:`broker.handoff`), a parent pipe, and ``extra``."""
+    from broker.handoff import HANDOFF_FD_ENV, SECRET_NAMES
+
+    if SECRET_NAMES & extra.keys():
+        raise ValueError(f"{sorted(SECRET_NAMES & extra.keys())} must be handed over (broker.handoff), not put in an environment")
+    inherited = {k: v for k, v in os.environ.items() if k not in SECRET_NAMES and k != HANDOFF_FD_ENV}
+    return {**inherited, PARENT_PIPE_ENV: "1", **extra}
 
 
 # -- one owner per data directory ----------------------------------------------------------

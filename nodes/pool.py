@@ -15,12 +15,15 @@ import os
 import signal
 import sys
 from dataclasses import dataclass, field
+from pathlib import Path
 
-from broker.embedded import die_with_parent_preexec
-from broker.connection import credentials_from_env
+from broker.connection import TLS_CA_PEM, credentials_from_env
+from broker.handoff import HANDOFF_FD_ENV, handoff_fd
 from broker.lifecycle import child_env, remove_pid_file, write_pid_file
 from functions.registry import default_registry
 from nodes.dispatch import Dispatcher
+from nodes.sandbox import WorkerSandbox
+from nodes.sandbox import decide as decide_sandbox
 from nodes.settings import NodeSettings, machine_memory
 from nodes.worker import DEFAULT_POOL, EXIT_RECYCLE, STOP_GRACE_S, WORKER_CREDENTIALS, Worker
 
@@ -50,9 +53,16 @@ def worker_processes(k: int, limit: int | None) -> int:
 
 
 def worker_identity() -> dict[str, str]:
-    """The environment that makes a worker process connect as its node's worker identity."""
-    creds = credentials_from_env(WORKER_CREDENTIALS)
-    return {"P2PFAAS_NATS_USER": creds[0], "P2PFAAS_NATS_PASSWORD": creds[1]} if creds else {}
+    """What makes a worker connect as its node's worker identity, and trust the stack's CA (its
+    file is in the data dir, out of a worker's reach): handed to a worker process at its start,
+    in a container's environment."""
+    # no worker identity (a broker of one's own, a node run by hand): the node's, as before any existed
+    creds = credentials_from_env(WORKER_CREDENTIALS) or credentials_from_env()
+    out = {"P2PFAAS_NATS_USER": creds[0], "P2PFAAS_NATS_PASSWORD": creds[1]} if creds else {}
+    ca = os.environ.get("P2PFAAS_TLS_CA")
+    if ca:
+        out[TLS_CA_PEM] = Path(ca).read_text()
+    return out
 
 
 @dataclass(eq=False)
@@ -89,6 +99,7 @@ class WorkerPool:
         self._replaced: set[WorkerHandle] = set()     # old workers a replace_workers will stop
         self._early_deaths = 0                         # workers in a row that died before READY
         self._respawn: asyncio.TimerHandle | None = None
+        self._worker_sandbox: WorkerSandbox | None = None
 
     # -- counts for load and telemetry ------------------------------------------------
     @property
@@ -200,19 +211,34 @@ class WorkerPool:
         self._early_deaths = 0
         await self.dispatcher.add_worker(handle.name)
 
+    def _sandbox(self) -> WorkerSandbox:
+        """How this node's worker processes are kept from its secrets (nodes/sandbox.py)."""
+        if self._worker_sandbox is None:
+            self._worker_sandbox = sandbox = decide_sandbox(self.settings)
+            if not sandbox.announced:
+                sandbox.announced = True
+                log.info("node %s: %s", self.settings.node_id, sandbox.describe())
+                for note in sandbox.notes:
+                    log.warning("node %s: %s", self.settings.node_id, note)
+        return self._worker_sandbox
+
     async def _run_process(self, handle: WorkerHandle) -> None:
         env = child_env(P2PFAAS_NODE_SETTINGS=self.settings.model_dump_json(),
                         P2PFAAS_WORKER_NAME=handle.name, P2PFAAS_WORKER_POOL=self.name,
-                        PYTHONUNBUFFERED="1",   # what a function prints reaches the log when it prints it
-                        **worker_identity())
+                        PYTHONUNBUFFERED="1")   # what a function prints reaches the log when it prints it
+        env.pop("P2PFAAS_TLS_CA", None)   # its file is out of the worker's reach: the CA itself is handed over
         code: int | None = None
         try:
-            handle.proc = await asyncio.create_subprocess_exec(
-                sys.executable, "-m", "nodes.worker", env=env,
-                # its stdin is a pipe we never write: when this process ends, the worker reads EOF
-                stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
-                preexec_fn=die_with_parent_preexec, start_new_session=True,
-            )
+            handed = handoff_fd(worker_identity())
+            try:
+                handle.proc = await asyncio.create_subprocess_exec(
+                    sys.executable, "-m", "nodes.worker", env={**env, HANDOFF_FD_ENV: str(handed)},
+                    # its stdin is a pipe we never write: when this process ends, the worker reads EOF
+                    stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
+                    preexec_fn=self._sandbox().preexec(), start_new_session=True, pass_fds=(handed,),
+                )
+            finally:
+                os.close(handed)
             write_pid_file(self._pid_file(handle), handle.proc.pid)
             if handle.state == "stopping":
                 handle.signal(signal.SIGTERM)

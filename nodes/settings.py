@@ -59,6 +59,10 @@ class NodeSettings(BaseModel):
     # processes of the main pool: K at most this (None: from the machine's cores and memory,
     # nodes.pool.machine_worker_limit); K beyond it bounds the calls running at once, not processes
     worker_processes_max: int | None = Field(default=None, ge=1, le=1024)
+    # runtime "process": the user worker processes run as, a name or uid; "auto": nobody when the
+    # node runs as root (if nobody can run them), else the node's own (docs/security.md)
+    worker_user: str = Field(default="auto", pattern=r"^[A-Za-z0-9_.][A-Za-z0-9_.-]{0,31}$")
+    worker_writable: list[Path] = Field(default_factory=list)   # where functions may write besides the temp dirs
     ack_wait_s: float = Field(default=10.0, gt=0)   # a silent worker's task is redelivered after this
     max_deliver: int = Field(default=4, ge=2)       # counted by the node: this delivery is not run, it dead-letters
     unknown_node_after_s: float = Field(default=60.0, gt=0)   # async calls to a node never seen: refused after

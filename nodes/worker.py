@@ -31,6 +31,7 @@ from dataclasses import dataclass, field
 from nats.aio.client import Client
 from nats.aio.msg import Msg
 
+from broker import handoff
 from broker.answers import HEADER_ROOM, output_limit, render_direct
 from broker.codec import decode, encode, frame, split_by_size, unframe
 from broker.connection import close_quietly, connect, credentials_from_env, listen
@@ -377,6 +378,7 @@ async def _main() -> int:
 
 
 if __name__ == "__main__":
+    handoff.take()   # its identity, read before any user code is imported; not dumpable
     logging.basicConfig(level=os.environ.get("P2PFAAS_LOG_LEVEL", "WARNING"),
                         format="%(asctime)s %(levelname)s worker %(name)s: %(message)s")
     code = run_loop(_main())

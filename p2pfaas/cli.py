@@ -101,6 +101,8 @@ def up(
     parallel: int = typer.Option(4, "--k", min=1, max=1024, help="K: parallel running functions per node (changeable at run time)."),
     queue: int = typer.Option(4, min=0, max=100_000, help="Queue length max per node."),
     runtime: Runtime = typer.Option(Runtime.process, help="Workers as OS processes (real parallelism) or inside the node."),
+    worker_user: str = typer.Option("auto", help="User the worker processes (user code) run as: a name or uid; auto: nobody when up runs as root and nobody can run them, else up's own (docs/security.md)."),
+    worker_writable: list[Path] = typer.Option([], "--worker-writable", help="A directory functions may write to besides the temporary ones (repeatable)."),
     function: list[str] = typer.Option([], "--function", "-f", help="Add a function: name=package.module:callable (repeatable)."),
     controller: str = typer.Option("auto", help="Policy of the autoscaled farm pool on n1 (function sleep): auto (the RL model shipped in the package, learning online), dqn, pg, sarsa, a model .npz, reactive, keda, kpa, hpa, fixed-<n>, or off."),
     scenario: str = typer.Option("bursty", help="Scenario whose worker bounds and normalisation the controller uses."),
@@ -116,8 +118,10 @@ def up(
     verbose: bool = typer.Option(False, "--verbose", "-v", help="Log at INFO."),
 ) -> None:
     """Start the whole stack: nats-server (JetStream), nodes with worker pools and learners, the autoscaling controller, HTTP and MQTT access. Every part is a supervised process (restarted when it dies; logs in DATA_DIR/logs). Ctrl-C stops it."""
+    from broker import handoff
     from p2pfaas.stack import StackConfig, StackSettings
 
+    handoff.take()   # up holds every identity: not dumpable, and none in its children's environment
     _logging(verbose)
     if not re.fullmatch(r"127\.\d{1,3}\.\d{1,3}", loopback_net):
         raise typer.BadParameter(f"{loopback_net!r} must be the first three numbers of a 127/8 address, e.g. 127.0.0",
@@ -133,11 +137,20 @@ def up(
                                  param_hint="--http-port")
     with _reported(ValueError):
         functions = _functions(function)
-    _importable(functions)
+    sandbox = None
+    if runtime is Runtime.process:   # a worker user that cannot run the workers, said before anything starts
+        from nodes.sandbox import decide as decide_sandbox
+        from nodes.settings import NodeSettings
+
+        with _reported(ValueError):
+            sandbox = decide_sandbox(NodeSettings(data_dir=data_dir, functions=functions, worker_user=worker_user,
+                                                  worker_writable=worker_writable))
+    _importable(functions, sandbox)
     _usable_data_dir(data_dir)
     settings = StackSettings(
         nodes=nodes, http_port=http_port, nats_url=nats_url, nats_port=nats_port, mqtt=mqtt.value,
         mqtt_url=mqtt_url, mqtt_port=mqtt_port, data_dir=data_dir, runtime=runtime.value,
+        worker_user=worker_user, worker_writable=worker_writable,
         configuration=NodeConfiguration(parallel_running_functions_max=parallel, queue_length_max=queue),
         functions=functions, config=stack_config,
         controller_policy=None if controller == "off" else controller, farm_scenario=scenario, models_dir=models_dir,
@@ -163,6 +176,7 @@ def node(
     init_server: list[str] = typer.Option([], "--init-server", help="IP of a P2PFaaS machine to poll from the start (repeatable)."),
     node_rewards: Optional[bool] = typer.Option(None, "--node-rewards/--no-node-rewards", help="LearningScheduler: publish the node's own deadline rewards (off: clients post them to the learner API)."),
     runtime: Runtime = typer.Option(Runtime.process),
+    worker_user: Optional[str] = typer.Option(None, help="User the worker processes run as (default auto: nobody when run as root, docs/security.md)."),
     function: list[str] = typer.Option([], "--function", "-f", help="name=package.module:callable (repeatable)."),
     settings_file: Optional[Path] = typer.Option(None, "--settings", help="All node settings as one JSON document (what `up` passes); the other options are then ignored."),
     http_port: Optional[int] = typer.Option(None, min=1, max=MAX_PORT, help="Also serve the node's HTTP bridge (P2PFaaS's :18080 API) from this process, as `up` does: a direct call then skips one hop through nats-server."),
@@ -178,11 +192,13 @@ def node(
 
     Prints READY on stdout once each pool has a ready worker (and the HTTP port serves); stops on
     SIGINT/SIGTERM (or when the process that started it ends), within a deadline."""
+    from broker import handoff
     from broker.errors import NodeFileError
     from nodes.node import Node
     from nodes.settings import NodeSettings
     from p2pfaas.parts import HttpBridgeOptions, run_part, start_http_bridge, stop_http_bridge
 
+    handoff.take()   # before anything starts a worker: its identities leave the environment workers inherit
     _logging(verbose)
     try:
         if settings_file is not None:
@@ -192,19 +208,24 @@ def node(
                 node_id=node_id, nats_url=nats_url, seeds=seed or None, data_dir=data_dir, prefix=prefix,
                 heartbeat_period_s=heartbeat_period, address=address, runtime=runtime.value,
                 functions=_functions(function) or None, peer_scheduler_port=peer_scheduler_port,
-                peer_discovery_port=peer_discovery_port, init_servers=init_server or None, node_rewards=node_rewards)
+                peer_discovery_port=peer_discovery_port, init_servers=init_server or None, node_rewards=node_rewards,
+                worker_user=worker_user)
     except (ValueError, OSError) as exc:
         raise typer.BadParameter(str(exc)) from None
     store = None
     if settings_file is None:   # `up` checked its own before starting us (and named its NATS)
-        _importable(settings.functions)
+        sandbox = None
+        if settings.runtime == "process":
+            from nodes.sandbox import decide as decide_sandbox
+            with _reported(ValueError):   # a worker user that cannot run the workers
+                sandbox = decide_sandbox(settings)
+        _importable(settings.functions, sandbox)
         url, store = _attach(settings.data_dir, nats_url or os.environ.get("P2PFAAS_NATS_URL"))
         settings = settings.model_copy(update={"nats_url": url})
     http = None
     if http_port is not None:
-        if store is not None and not os.environ.get("P2PFAAS_OPERATOR_TOKEN"):   # run by hand: as the stack's bridges
-            os.environ["P2PFAAS_OPERATOR_TOKEN"] = store.operator_token()
-        # read before any worker starts: the bridge's secrets leave the environment workers inherit
+        if store is not None and not handoff.get("P2PFAAS_OPERATOR_TOKEN"):   # run by hand: as the stack's bridges
+            handoff.hold(P2PFAAS_OPERATOR_TOKEN=store.operator_token())
         http = HttpBridgeOptions(node=settings.node_id, nats_url=settings.nats_url, host=http_host, port=http_port,
                                  prefix=settings.prefix, max_payload_bytes=settings.max_payload_bytes,
                                  processes=http_processes, discovery_port=discovery_port,
@@ -268,14 +289,16 @@ def bridge(
 ) -> None:
     """Run one bridge against an existing NATS (by default the one of the `p2pfaas up` running on
     --data-dir) and Mosquitto. Prints READY when serving."""
+    from broker import handoff
     from p2pfaas.parts import HttpBridgeOptions, run_part, start_http_bridge, stop_http_bridge
 
+    handoff.take()   # its identity and tokens: handed over by `up`, or exported by hand
     _logging(verbose)
     nats_url, store = _attach(data_dir, nats_url)
     if kind is BridgeKind.http:
-        if store is not None and not os.environ.get("P2PFAAS_OPERATOR_TOKEN"):   # run by hand: as the stack's bridges
-            os.environ["P2PFAAS_OPERATOR_TOKEN"] = store.operator_token()        # (and our sibling processes) want it
-        # secrets come in the environment (`up` sets them), never on the command line
+        if store is not None and not handoff.get("P2PFAAS_OPERATOR_TOKEN"):   # run by hand: as the stack's bridges
+            handoff.hold(P2PFAAS_OPERATOR_TOKEN=store.operator_token())        # (and our sibling processes) want it
+        # secrets are handed over (`up` does) or exported, never on the command line
         options = HttpBridgeOptions(node=node_id, nats_url=nats_url, host=host, port=port, prefix=prefix,
                                     max_payload_bytes=max_payload_bytes, processes=processes,
                                     discovery_port=discovery_port, learner_port=learner_port).read_env()
@@ -393,6 +416,7 @@ def _stack_store(data_dir: Path, required: bool = False):
 def _stack_identity(data_dir: Path):
     """The identity store of the `up` stack in ``data_dir`` (None when it has none); tools run by
     hand act as its operator on NATS (parts started by `up` already have their own identity)."""
+    from broker import handoff
     from broker.auth import OPERATOR, AuthStoreError
 
     store = _stack_store(data_dir)
@@ -401,10 +425,10 @@ def _stack_identity(data_dir: Path):
     ca = data_dir / "tls" / "ca.pem"
     if ca.exists() and not os.environ.get("P2PFAAS_TLS_CA"):
         os.environ["P2PFAAS_TLS_CA"] = str(ca)
-    if not os.environ.get("P2PFAAS_NATS_USER"):
+    if not handoff.get("P2PFAAS_NATS_USER"):
         with _reported(AuthStoreError, OSError):
             operator = store.service(OPERATOR)
-        os.environ.update(P2PFAAS_NATS_USER=operator.user, P2PFAAS_NATS_PASSWORD=operator.password)
+        handoff.hold(P2PFAAS_NATS_USER=operator.user, P2PFAAS_NATS_PASSWORD=operator.password)
     return store
 
 
@@ -514,6 +538,9 @@ def learner(
 ) -> None:
     """Run the learner service of one or more nodes against an existing NATS (by default the one of
     the `p2pfaas up` running on --data-dir; docs/learner.md)."""
+    from broker import handoff
+
+    handoff.take()
     _logging(verbose)
     nats_url, _ = _attach(data_dir, nats_url)   # before torch's import: a missing stack is said at once
 
@@ -670,8 +697,10 @@ def controller_cmd(
     from controller.live import LiveController
     from controller.policies import resolve_policy
     from controller.scenario import ScenarioError, load_scenario
+    from broker import handoff
     from p2pfaas.parts import run_part
 
+    handoff.take()
     _logging(verbose)
     with _reported(ScenarioError):
         sc = load_scenario(scenario)

@@ -102,18 +102,18 @@ for spec in sys.argv[1:]:
 """
 
 
-def _importable(functions: list[tuple[str, str]]) -> None:
+def _importable(functions: list[tuple[str, str]], sandbox=None) -> None:
     """Every --function reference imports and names a callable, checked before anything starts
     (nats-server used to start, then the node died with its traceback). In a child process, as
-    a node imports it: with the current directory on sys.path (a node is `python -m`, the
-    `p2pfaas` script is not), and without importing the user's modules into ``up`` itself."""
-
+    a worker imports it: with the current directory on sys.path (a node is `python -m`, the
+    `p2pfaas` script is not), in the workers' ``sandbox`` (nodes/sandbox.py) when they have one,
+    and without importing the user's modules into ``up`` itself."""
     if not functions:
         return
     try:
         done = subprocess.run([sys.executable, "-c", IMPORT_REFERENCES, *(f"{n}={r}" for n, r in functions)],
                               stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                              timeout=FUNCTION_IMPORT_TIMEOUT_S)
+                              timeout=FUNCTION_IMPORT_TIMEOUT_S, preexec_fn=sandbox.preexec() if sandbox else None)
     except subprocess.TimeoutExpired:
         _fail(f"importing the --function modules took over {FUNCTION_IMPORT_TIMEOUT_S:g} s: "
               "a module should not work when imported")

@@ -30,8 +30,10 @@ def hub(
 ) -> None:
     """Run a hub: the nats-server devices join as leaf nodes, over mutual TLS. Invite a device with
     `p2pfaas auth invite NAME`, remove one with `p2pfaas auth revoke NAME`; both apply at once."""
+    from broker import handoff
     from p2pfaas.edge import Hub, HubSettings
 
+    handoff.take()   # the hub holds every device's hub identity: not dumpable
     _logging(verbose)
     _usable_data_dir(data_dir)
     names = name or ([host] if host != "0.0.0.0" else _addresses())
@@ -138,10 +140,14 @@ def join(
     """Start this machine as a device of a hub: its own nats-server (a leaf of the hub, its
     streams its own), its node with workers, HTTP bridge, learner and discovery, and its MQTT
     listener. It keeps serving its callers when the hub or the link is down. Ctrl-C stops it."""
+    from broker import handoff
     from broker.edge import Invitation
+    from nodes.sandbox import decide as decide_sandbox
+    from nodes.settings import NodeSettings
     from p2pfaas.edge import address_towards
     from p2pfaas.stack import StackSettings
 
+    handoff.take()   # a device's stack holds every identity of the device: not dumpable, none in its children's environment
     _logging(verbose)
     _usable_data_dir(data_dir)
     kept = data_dir / "edge" / INVITATION_FILE
@@ -156,7 +162,8 @@ def join(
             edge.save(kept)
     with _reported(ValueError):
         functions = _functions(function)
-    _importable(functions)
+        sandbox = decide_sandbox(NodeSettings(data_dir=data_dir, functions=functions)) if runtime is Runtime.process else None
+    _importable(functions, sandbox)
     settings = StackSettings(
         nodes=1, host=host or address_towards(edge.hubs[0]), http_port=http_port, nats_port=0, mqtt=mqtt.value,
         mqtt_port=mqtt_port, data_dir=data_dir, runtime=runtime.value, functions=functions, prefix=edge.prefix,

@@ -12,6 +12,7 @@ import sys
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, Awaitable, Callable
 
+from broker import handoff
 from broker.connection import credentials_from_env
 from broker.embedded import die_with_parent_preexec
 from broker.lifecycle import child_env, hard_exit_after, on_parent_gone, parent_gone, parent_pipe_watched, run_loop
@@ -54,10 +55,9 @@ def run_part(start: Callable[[], Awaitable[Any]], stop: Callable[[Any], Awaitabl
 
 
 # -- the HTTP bridge, possibly as several processes on one port ----------------------------------
-# What a bridge process is given in its environment, never on its command line (docs/security.md)
+# What a bridge process is handed at its start (broker.handoff), never in its environment nor on
+# its command line (docs/security.md)
 BRIDGE_NATS_ENV = "P2PFAAS_BRIDGE_NATS"   # the bridge's NATS identity inside a node's process (USER, PASSWORD)
-_BRIDGE_SECRETS = ("P2PFAAS_OPERATOR_TOKEN", "P2PFAAS_INVOKE_TOKEN", f"{BRIDGE_NATS_ENV}_USER",
-                   f"{BRIDGE_NATS_ENV}_PASSWORD", "P2PFAAS_TLS_KEY")
 
 
 @dataclass
@@ -79,36 +79,41 @@ class HttpBridgeOptions:
     nats_credentials: tuple[str, str] | None = None   # None: the process's own (P2PFAAS_NATS_USER/PASSWORD)
 
     def read_env(self, *, in_node: bool = False) -> "HttpBridgeOptions":
-        """These options with what ``up`` hands a bridge in the environment: tokens, callback hosts,
-        TLS, P2PFaaS's open ports and, inside a node's process (``in_node``), the bridge's own NATS
-        identity (``P2PFAAS_BRIDGE_NATS_USER/PASSWORD``). Inside a node the secrets are then taken
-        out of the environment: the node's worker processes, which run user code, inherit it."""
+        """These options with what ``up`` gives a bridge: the tokens and, inside a node's process
+        (``in_node``), the bridge's own NATS identity (``P2PFAAS_BRIDGE_NATS_USER/PASSWORD``), which
+        the process took at its start (:func:`broker.handoff.take`); callback hosts, TLS and
+        P2PFaaS's open ports from the environment. Inside a node the key's path then leaves the
+        environment, which the node's workers inherit."""
         env = os.environ
         credentials = credentials_from_env(BRIDGE_NATS_ENV) if in_node else None
         options = replace(
-            self, operator_token=env.get("P2PFAAS_OPERATOR_TOKEN") or None,
-            invoke_token=env.get("P2PFAAS_INVOKE_TOKEN") or None,
+            self, operator_token=handoff.get("P2PFAAS_OPERATOR_TOKEN"), invoke_token=handoff.get("P2PFAAS_INVOKE_TOKEN"),
             callback_hosts=tuple(h for h in env.get("P2PFAAS_CALLBACK_HOSTS", "").split(",") if h),
             tls=(env["P2PFAAS_TLS_CERT"], env["P2PFAAS_TLS_KEY"]) if env.get("P2PFAAS_TLS_CERT") else None,
             p2pfaas_open=env.get("P2PFAAS_P2PFAAS_OPEN") == "1", nats_credentials=credentials)
         if in_node:
-            for name in _BRIDGE_SECRETS:
-                env.pop(name, None)
+            env.pop("P2PFAAS_TLS_KEY", None)
         return options
 
     def sibling_env(self) -> dict[str, str]:
-        """The environment of one more process of this bridge: what :meth:`read_env` read."""
+        """The environment of one more process of this bridge: what :meth:`read_env` read there."""
         env = {"P2PFAAS_CALLBACK_HOSTS": ",".join(self.callback_hosts),
                "P2PFAAS_P2PFAAS_OPEN": "1" if self.p2pfaas_open else ""}
-        if self.operator_token:
-            env["P2PFAAS_OPERATOR_TOKEN"] = self.operator_token
-        if self.invoke_token:
-            env["P2PFAAS_INVOKE_TOKEN"] = self.invoke_token
         if self.tls:
             env.update(P2PFAAS_TLS_CERT=self.tls[0], P2PFAAS_TLS_KEY=self.tls[1])
-        if self.nats_credentials:
-            env.update(P2PFAAS_NATS_USER=self.nats_credentials[0], P2PFAAS_NATS_PASSWORD=self.nats_credentials[1])
         return env
+
+    def sibling_secrets(self) -> dict[str, str]:
+        """What one more process of this bridge is handed at its start: its tokens and identity."""
+        secrets: dict[str, str] = {}
+        if self.operator_token:
+            secrets["P2PFAAS_OPERATOR_TOKEN"] = self.operator_token
+        if self.invoke_token:
+            secrets["P2PFAAS_INVOKE_TOKEN"] = self.invoke_token
+        credentials = self.nats_credentials or credentials_from_env()   # a bridge run on its own: the process's
+        if credentials:
+            secrets.update(P2PFAAS_NATS_USER=credentials[0], P2PFAAS_NATS_PASSWORD=credentials[1])
+        return secrets
 
     def sibling_argv(self) -> list[str]:
         """The command line of one more process of this bridge (``p2pfaas bridge http``, one process)."""
@@ -143,16 +148,17 @@ async def start_http_bridge(options: HttpBridgeOptions, door: "InProcessDoor | N
     await asyncio.wait({serving, asyncio.create_task(started.wait())}, return_when=asyncio.FIRST_COMPLETED)
     if serving.done():
         serving.result()   # it failed to start: raise why
-    from nodes.worker import WORKER_CREDENTIALS
-
-    env = child_env(**options.sibling_env())
-    for name in (f"{WORKER_CREDENTIALS}_USER", f"{WORKER_CREDENTIALS}_PASSWORD"):   # a node's: its workers' identity
-        env.pop(name, None)   # a bridge process holds its own identity only
     siblings = []
     for _ in range(max(0, options.processes - 1)):
-        proc = await asyncio.create_subprocess_exec(*options.sibling_argv(), env=env,
-                                                    stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
-                                                    preexec_fn=die_with_parent_preexec)
+        # a bridge process holds its own identity only (none of the node's, nor its workers')
+        handed = handoff.handoff_fd(options.sibling_secrets())
+        try:
+            proc = await asyncio.create_subprocess_exec(
+                *options.sibling_argv(), env=child_env(**options.sibling_env(), **{handoff.HANDOFF_FD_ENV: str(handed)}),
+                stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE, preexec_fn=die_with_parent_preexec,
+                pass_fds=(handed,))
+        finally:
+            os.close(handed)
         assert proc.stdout is not None
         async with asyncio.timeout(60):
             line = await proc.stdout.readline()

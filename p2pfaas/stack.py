@@ -9,6 +9,7 @@ import logging
 import os
 import shutil
 import signal
+import stat
 import sys
 import time
 from dataclasses import dataclass, field
@@ -18,16 +19,19 @@ from typing import Literal
 import orjson
 from pydantic import BaseModel, ConfigDict, Field, PositiveFloat, ValidationError, model_validator
 
+from broker import handoff
 from broker.auth import (BRIDGE, CONTROLLER, OPERATOR, AuthStore, AuthStoreError, mosquitto_files,
                           mqtt_bridge_client_id, nats_accounts)
 from broker.edge import PING_INTERVAL, Invitation, inbox_prefix, leaf_remote
 from broker.embedded import Mosquitto, NatsServer, choose_port
+from broker.handoff import SECRET_NAMES
 from broker.mqtt_bridge import mqtt_accepts
 from broker.lifecycle import hold_data_dir, still_wanted
 from broker.tls import TlsFiles, ensure_certificates
 from broker.messages import NodeConfiguration, SchedulerConfiguration
 from controller.policies import resolve_policy
 from controller.scenario import load_scenario
+from nodes.sandbox import decide as decide_sandbox
 from nodes.settings import NodeSettings, PoolSpec
 from p2pfaas.parts import BRIDGE_NATS_ENV
 from p2pfaas.supervisor import EXIT_NEEDS_FIX, ChildSpec, Supervisor
@@ -119,6 +123,8 @@ class StackSettings:
     data_dir: Path = Path("data")
     prefix: str = "faas"
     runtime: Literal["process", "inprocess"] = "process"
+    worker_user: str = "auto"           # docs/security.md: the user worker processes run as
+    worker_writable: list[Path] = field(default_factory=list)   # where functions may write besides the temp dirs
     configuration: NodeConfiguration = field(default_factory=NodeConfiguration)
     functions: list[tuple[str, str]] = field(default_factory=list)
     max_payload_bytes: int = 1024 * 1024
@@ -186,6 +192,7 @@ class StackSettings:
                 extra["pools"] = {FARM_POOL: self.farm_pool_spec()}
             out.append(NodeSettings(node_id=spec.id or f"n{i + 1}", nats_url=nats_url, prefix=self.prefix,
                                     data_dir=self.data_dir, runtime=self.runtime, initial=initial,
+                                    worker_user=self.worker_user, worker_writable=self.worker_writable,
                                     functions=self.functions, max_payload_bytes=self.max_payload_bytes,
                                     address=addresses[i], speed=spec.speed, node_rewards=self.node_rewards, **extra))
         return out
@@ -271,6 +278,11 @@ class Stack:
         s.data_dir.mkdir(parents=True, exist_ok=True)
         ep, sup = self.endpoints, self.supervisor
         self._lock = hold_data_dir(s.data_dir)   # DataDirInUse while another up runs here: its pid files name live parts
+        try:   # secrets, logs and stores: none of it for workers run as another user
+            os.chmod(s.data_dir, 0o700)
+        except PermissionError:   # someone else's directory we may write to: its own mode stands
+            ep.notes.append(f"{s.data_dir} is not ours: its mode stays {stat.filemode(s.data_dir.stat().st_mode)}; "
+                            "keep it closed to other users (docs/security.md)")
         strays = await asyncio.to_thread(sup.end_strays)
         if strays:
             ep.notes.append(f"ended {len(strays)} process(es) left in {s.data_dir} by a previous run")
@@ -336,6 +348,8 @@ class Stack:
                              for what, n in (("discovery", d_note), ("learner", l_note)) if n]
         web = "https" if s.tls else "http"
         settings = s.node_settings(nats_url, [f"{web}://{s.node_host(i)}:{p}" for i, p in enumerate(ports)])
+        if s.runtime == "process":   # what the workers' sandbox leaves open; WorkerUserError (one line) for a bad user
+            ep.notes += decide_sandbox(settings[0]).notes
         run_dir = s.data_dir / "run"
         run_dir.mkdir(parents=True, exist_ok=True)
         specs = []
@@ -349,7 +363,7 @@ class Stack:
             if s.p2pfaas_ports:
                 argv += ["--discovery-port", str(p2pfaas_ports[i][0]), "--learner-port", str(p2pfaas_ports[i][1])]
             specs.append(ChildSpec(f"node-{node.node_id}", self._cli(*argv),
-                                   env=self._identity(node=node.node_id, http=True), stop_timeout_s=30,
+                                   **self._identity(node=node.node_id, http=True), stop_timeout_s=30,
                                    fix_exit_code=EXIT_NEEDS_FIX, watch=[node.node_dir]))   # a broken file there
             self.node_ids.append(node.node_id)
         await asyncio.gather(*(sup.start(spec) for spec in specs))
@@ -363,7 +377,7 @@ class Stack:
             await sup.start(ChildSpec("mqtt-bridge", self._cli(
                 "bridge", "mqtt", "--nats-url", nats_url, "--mqtt-url", mqtt_url, "--prefix", s.prefix,
                 "--client-id", mqtt_bridge_client_id(self.auth, s.prefix), "--max-payload-bytes", str(s.max_payload_bytes)),
-                env=self._identity(BRIDGE, mqtt=True)))
+                **self._identity(BRIDGE, mqtt=True)))
             ep.mqtt_url, ep.mqtt_via = mqtt_url, "Mosquitto + p2pfaas MQTT bridge"
         if s.controller_policy is not None:
             await self._start_controller(nats_url)
@@ -380,19 +394,24 @@ class Stack:
         await self.supervisor.start(ChildSpec("controller", self._cli(
             "controller", "--node", node, "--pool", FARM_POOL, "--policy", s.controller_policy or "auto",
             "--scenario", s.farm_scenario, "--models-dir", str(s.models_dir), "--nats-url", nats_url,
-            "--prefix", s.prefix), env=self._identity(CONTROLLER)))
+            "--prefix", s.prefix), **self._identity(CONTROLLER)))
         if note:
             self.endpoints.notes.append(f"controller: {note}")
         self.endpoints.controller = (f"{node}/{FARM_POOL} (function {FARM_FUNCTION}) scaled by {name}, "
                                      f"scenario {scenario.name}, {scenario.workers.min}-{scenario.workers.max} workers")
 
     def _identity(self, user: str | None = None, *, node: str | None = None, http: bool = False,
-                  mqtt: bool = False) -> dict[str, str]:
-        """The environment that gives a part its identity (nothing in an insecure stack)."""
+                  mqtt: bool = False) -> dict[str, dict[str, str]]:
+        """What gives a part its identity, as ChildSpec arguments: ``env`` (settings that are no
+        secret) and ``secrets`` (handed over at its start: broker.handoff; nothing in an insecure
+        stack)."""
         s, store = self.settings, self.auth
         env: dict[str, str] = {}
         if s.edge is not None:   # replies cross the hub only to the inboxes of the device they are meant for
             env["P2PFAAS_INBOX_PREFIX"] = inbox_prefix(s.edge.device)
+        # what up was given by hand (a foreign broker's identity, say) reaches its parts as an
+        # environment did, but handed over; the stack's own identities take its place below
+        secrets = {name: value for name in SECRET_NAMES if (value := handoff.get(name))}
         if self.tls is not None:
             env["P2PFAAS_TLS_CA"] = str(self.tls.ca)
             if http:
@@ -402,25 +421,25 @@ class Stack:
             if s.loopback_hosts or s.p2pfaas_open:   # P2PFaaS's layout: its discovery and learner ports as open as in P2PFaaS
                 env["P2PFAAS_P2PFAAS_OPEN"] = "1"
         if store is None:
-            return env
+            return {"env": env, "secrets": secrets}
         if node is not None:
             creds, workers = store.node(node), store.worker(node)
-            nats_env = dict(P2PFAAS_WORKER_NATS_USER=workers.user, P2PFAAS_WORKER_NATS_PASSWORD=workers.password)
+            nats_secrets = dict(P2PFAAS_WORKER_NATS_USER=workers.user, P2PFAAS_WORKER_NATS_PASSWORD=workers.password)
             if http:   # the bridge in the node's process keeps its own identity (p2pfaas.parts.BRIDGE_NATS_ENV)
                 bridge = store.service(BRIDGE)
-                nats_env.update({f"{BRIDGE_NATS_ENV}_USER": bridge.user, f"{BRIDGE_NATS_ENV}_PASSWORD": bridge.password})
+                nats_secrets.update({f"{BRIDGE_NATS_ENV}_USER": bridge.user, f"{BRIDGE_NATS_ENV}_PASSWORD": bridge.password})
         else:
             creds = store.service(user or OPERATOR)
-            nats_env = {}
+            nats_secrets = {}
         if self.nats_server is not None:   # our server knows these users; a foreign one (--nats-url) its own
-            env.update(nats_env, P2PFAAS_NATS_USER=creds.user, P2PFAAS_NATS_PASSWORD=creds.password)
+            secrets.update(nats_secrets, P2PFAAS_NATS_USER=creds.user, P2PFAAS_NATS_PASSWORD=creds.password)
         if http:
-            env["P2PFAAS_OPERATOR_TOKEN"] = store.operator_token()
+            secrets["P2PFAAS_OPERATOR_TOKEN"] = store.operator_token()
             if s.require_invoke_token:
-                env["P2PFAAS_INVOKE_TOKEN"] = store.invoke_token()
+                secrets["P2PFAAS_INVOKE_TOKEN"] = store.invoke_token()
         if mqtt:
-            env.update(P2PFAAS_MQTT_USER=creds.user, P2PFAAS_MQTT_PASSWORD=creds.password)
-        return env
+            secrets.update(P2PFAAS_MQTT_USER=creds.user, P2PFAAS_MQTT_PASSWORD=creds.password)
+        return {"env": env, "secrets": secrets}
 
     async def _reload_on_new_identities(self, store: AuthStore, seen: float, mqtt_url: str | None,
                                         period_s: float = 0.25) -> None:

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import signal
 import time
 from dataclasses import dataclass, field
@@ -23,6 +24,7 @@ from pathlib import Path
 
 from broker.embedded import die_with_parent_preexec
 from broker.errors import BrokerUnavailable
+from broker.handoff import HANDOFF_FD_ENV, handoff_fd
 from broker.lifecycle import child_env, end_strays, remove_pid_file, still_wanted, write_pid_file
 
 log = logging.getLogger(__name__)
@@ -45,6 +47,7 @@ class ChildSpec:
     name: str
     argv: list[str]
     env: dict[str, str] = field(default_factory=dict)
+    secrets: dict[str, str] = field(default_factory=dict)   # handed over at its start, never in its environment
     ready: str = "line"
     ports: list[int] = field(default_factory=list)
     ready_timeout_s: float = 120.0
@@ -95,11 +98,18 @@ class Supervisor:
         spec = child.spec
         self.log_dir.mkdir(parents=True, exist_ok=True)
         log_path = self.log_dir / f"{spec.name}.log"
-        with open(log_path, "ab") as out:
-            proc = child.proc = await asyncio.create_subprocess_exec(
-                *spec.argv, env=child_env(**spec.env), stdin=asyncio.subprocess.PIPE,
-                stdout=asyncio.subprocess.PIPE if spec.ready == "line" else out, stderr=out,
-                preexec_fn=die_with_parent_preexec, start_new_session=True)
+        handed = handoff_fd(spec.secrets) if spec.secrets else None
+        env = child_env(**spec.env, **({HANDOFF_FD_ENV: str(handed)} if handed is not None else {}))
+        try:
+            with _open_log(log_path) as out:
+                proc = child.proc = await asyncio.create_subprocess_exec(
+                    *spec.argv, env=env, stdin=asyncio.subprocess.PIPE,
+                    stdout=asyncio.subprocess.PIPE if spec.ready == "line" else out, stderr=out,
+                    preexec_fn=die_with_parent_preexec, start_new_session=True,
+                    pass_fds=() if handed is None else (handed,))
+        finally:
+            if handed is not None:
+                os.close(handed)
         child.started_at = time.monotonic()
         child.drain = None
         try:
@@ -327,6 +337,17 @@ def _signature(paths: list[Path]) -> list[tuple]:
     return out
 
 
+def _open_log(path: Path, buffering: int = -1):
+    """A child's log for appending, readable by its owner only: a worker inherits its node's as its
+    stderr, and a descriptor can be opened again for reading through /proc/self/fd."""
+    out = open(path, "ab", buffering=buffering, opener=lambda p, flags: os.open(p, flags, 0o600))
+    try:
+        os.fchmod(out.fileno(), 0o600)   # one made before, by an older run
+    except OSError:
+        pass
+    return out
+
+
 def _tail(path: Path, size: int = 2000) -> str:
     try:
         with open(path, "rb") as f:
@@ -342,7 +363,7 @@ async def _copy_to(stream: asyncio.StreamReader, path: Path) -> None:
     on Python 3.11 ``wait()`` returns only once the pipe is read to its end: a log that cannot be
     written (a full disk) loses that output, never the reading."""
     try:
-        out = open(path, "ab", buffering=0)   # unbuffered: a failed write leaves nothing pending
+        out = _open_log(path, buffering=0)   # unbuffered: a failed write leaves nothing pending
     except OSError as exc:
         out = None
         log.error("%s cannot be opened (%s); this child's output is dropped", path, exc)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import pwd
 import signal
 import subprocess
 import sys
@@ -48,10 +49,14 @@ class UpRuns:
     def __init__(self) -> None:
         self.started: list[subprocess.Popen] = []
 
-    def __call__(self, data_dir: Path, *extra: str, env: dict[str, str] | None = None) -> subprocess.Popen:
-        proc = subprocess.Popen([*P2PFAAS, "up", "--data-dir", str(data_dir), "--nodes", "1", "--k", "2", *extra],
-                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                                env={**os.environ, **(env or {})})
+    def __call__(self, data_dir: Path, *extra: str, env: dict[str, str] | None = None,
+                 python: str = sys.executable, user: int | None = None) -> subprocess.Popen:
+        """``python``: the interpreter up (and so every part) runs on; ``user``: the uid it runs as."""
+        proc = subprocess.Popen([python, "-m", "p2pfaas.cli", "up", "--data-dir", str(data_dir), "--nodes", "1", "--k", "2",
+                                 *extra], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                                env={**os.environ, **(env or {})}, user=user,
+                                group=None if user is None else pwd.getpwuid(user).pw_gid,
+                                extra_groups=None if user is None else [])
         self.started.append(proc)
         return proc
 

@@ -80,7 +80,7 @@ async def test_health_says_when_async_calls_cannot_be_stored(node_factory, nc, p
         status, data = await control_request(nc, s.info("n1"), b"", 5)
         return node_health("n1", status, data)[1]
 
-    async with node_factory(k=1, runtime="inprocess") as node:
+    async with node_factory(k=1, runtime="inprocess"):
         assert await eventually(health, lambda problem: problem is None) is None
         info = await js.stream_info(async_stream(s))
         for i in range(3):   # calls for a node that is not running: they stay stored

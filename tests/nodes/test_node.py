@@ -10,6 +10,7 @@ import signal
 import sys
 import textwrap
 import time
+from pathlib import Path
 
 import orjson
 import pytest
@@ -30,9 +31,11 @@ from support import Collector, eventually, wait_until
 
 
 @pytest.fixture
-def user_functions(tmp_path, monkeypatch):
-    """A user module on PYTHONPATH, as a user would add their own functions."""
-    (tmp_path / "userfns.py").write_text(textwrap.dedent("""
+def user_functions(tmp_path_factory, monkeypatch):
+    """A user module on PYTHONPATH, as a user would add their own functions: outside the node's
+    data dir (the test's tmp_path), which is out of its workers' reach."""
+    code = tmp_path_factory.mktemp("userfns")
+    (code / "userfns.py").write_text(textwrap.dedent("""
         import time
 
         print("userfns imported")   # a module that prints when imported: its workers still become ready
@@ -58,8 +61,8 @@ def user_functions(tmp_path, monkeypatch):
             return f"{start} {time.time()}".encode()
         span.p2pfaas_concurrency = 64   # I/O-bound: one worker may run many
     """))
-    monkeypatch.setenv("PYTHONPATH", f"{tmp_path}{os.pathsep}{os.environ.get('PYTHONPATH', '')}")
-    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setenv("PYTHONPATH", f"{code}{os.pathsep}{os.environ.get('PYTHONPATH', '')}")
+    monkeypatch.syspath_prepend(str(code))
     return [("explode", "userfns:explode"), ("shout", "userfns:shout"), ("span", "userfns:span"),
             ("chatty", "userfns:chatty"), ("vanish", "userfns:vanish")]
 
@@ -654,13 +657,13 @@ async def test_a_resize_during_a_workers_replacement_keeps_the_pool(node_factory
 
 
 async def test_workers_that_die_before_ready_are_started_again_with_a_backoff(node_factory, faas, user_functions,
-                                                                               tmp_path, caplog):
+                                                                               caplog):
     """A module that breaks (a syntax error deployed, say) makes every new worker die at start: they
     are started again after 0.5, 1, 2, 5, 10 s (before, at once, for ever: dozens a second), and
     once the module is fixed the pool is whole again."""
     async with node_factory(k=1, queue=4, functions=user_functions, runtime="process") as node:
         pool = node.pool
-        module = tmp_path / "userfns.py"
+        module = Path(os.environ["PYTHONPATH"].split(os.pathsep)[0]) / "userfns.py"   # user_functions put it there
         good = module.read_text()
         module.write_text(good + "\nthis is not python\n")
         before = next(pool._names)

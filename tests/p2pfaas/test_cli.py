@@ -20,9 +20,11 @@ import typer
 from broker.auth import OPERATOR, AuthStore, nats_accounts
 from broker.connection import close_quietly, connect
 from broker.embedded import NatsServer, free_port
+from broker.handoff import HANDOFF_FD_ENV, SECRET_NAMES
 from broker.lifecycle import PARENT_PIPE_ENV
 from broker.subjects import SCHEDULING_MODEL, Subjects
 from p2pfaas.cli import app
+from p2pfaas.parts import HttpBridgeOptions
 
 from stack_processes import P2PFAAS, alive, descendants, wait_endpoints
 
@@ -80,15 +82,15 @@ def test_up_serves_http_nats_mqtt_and_stops_cleanly(tmp_path, mqtt, start_up):
 
 def assert_workers_hold_no_bridge_secrets(pid_dir: Path) -> None:
     """The node serves its HTTP bridge from its own process; the worker processes it starts run
-    user code and must not inherit the bridge's tokens or NATS password from its environment."""
+    user code and get no secret in their environment: not the bridge's tokens or NATS password,
+    not even their own identity, which is handed over (broker.handoff)."""
     pids = [int(f.read_text().split()[0]) for f in pid_dir.glob("*.pid")]
     assert pids, f"no worker pid files in {pid_dir}"
     for pid in pids:
         names = {entry.split(b"=", 1)[0] for entry in Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")}
-        assert b"P2PFAAS_NATS_USER" in names   # its own identity: the check reads the right processes
-        leaked = names & {b"P2PFAAS_OPERATOR_TOKEN", b"P2PFAAS_INVOKE_TOKEN", b"P2PFAAS_BRIDGE_NATS_USER",
-                          b"P2PFAAS_BRIDGE_NATS_PASSWORD", b"P2PFAAS_TLS_KEY"}
-        assert not leaked, f"worker {pid} inherited {sorted(leaked)}"
+        assert b"P2PFAAS_WORKER_NAME" in names and HANDOFF_FD_ENV.encode() in names   # the check reads the right processes
+        leaked = names & {*(n.encode() for n in SECRET_NAMES), b"P2PFAAS_TLS_KEY"}
+        assert not leaked, f"worker {pid} got {sorted(leaked)} in its environment"
 
 
 def test_up_verbose_starts_every_part_and_stops_cleanly(tmp_path, start_up):
@@ -108,8 +110,9 @@ def test_up_verbose_starts_every_part_and_stops_cleanly(tmp_path, start_up):
 
 def test_up_with_more_http_processes_serves_the_port_from_all_of_them(tmp_path, start_up):
     """`up --http-processes 2`: the node's process serves its HTTP port and starts one more bridge
-    process on it (SO_REUSEPORT), which connects as the bridge, not as the node, and holds no
-    worker's identity; calls on new connections are answered whichever process takes them."""
+    process on it (SO_REUSEPORT), which is handed the bridge's identity, not the node's nor its
+    workers', and gets no secret in its environment; calls on new connections are answered
+    whichever process takes them."""
     proc = start_up(tmp_path, "--nodes", "1", "--http-processes", "2", "--nats-port", str(free_port()),
                     "--http-port", str(free_port()), "--mqtt", "off", "--controller", "off")
     endpoints = wait_endpoints(proc, tmp_path, timeout_s=120)
@@ -120,9 +123,13 @@ def test_up_with_more_http_processes_serves_the_port_from_all_of_them(tmp_path, 
                 and f"\0--port\0{port}\0".encode() in Path(f"/proc/{pid}/cmdline").read_bytes()]
     assert len(siblings) == 1, siblings
     environ = dict(entry.split(b"=", 1) for entry in Path(f"/proc/{siblings[0]}/environ").read_bytes().split(b"\0") if b"=" in entry)
-    bridge_user = AuthStore(tmp_path / "auth").service("bridge").user.encode()
-    assert environ[b"P2PFAAS_NATS_USER"] == bridge_user and b"P2PFAAS_OPERATOR_TOKEN" in environ
-    assert not [name for name in environ if name.startswith(b"P2PFAAS_WORKER_NATS")], list(environ)
+    assert HANDOFF_FD_ENV.encode() in environ and not {n.encode() for n in SECRET_NAMES} & environ.keys(), list(environ)
+    store = AuthStore(tmp_path / "auth")
+    bridge, worker = store.service("bridge"), store.worker("n1")
+    handed = HttpBridgeOptions(node="n1", nats_url="", operator_token="t", nats_credentials=(bridge.user, bridge.password))
+    assert handed.sibling_secrets() == {"P2PFAAS_OPERATOR_TOKEN": "t", "P2PFAAS_NATS_USER": bridge.user,
+                                        "P2PFAAS_NATS_PASSWORD": bridge.password}
+    assert worker.password.encode() not in b"".join(environ.values())
     for _ in range(12):   # a new connection each: the kernel spreads them over both processes
         r = httpx.post(f"{endpoints['http']['n1']}/function/fib", content=b"20", timeout=30)
         assert r.status_code == 200 and r.text == "6765", r.text
