@@ -58,7 +58,8 @@ def hub(
             await stop.wait()
             console.print("stopping ...")
         finally:
-            await asyncio.wait_for(hub.stop(), STOP_TIMEOUT_S)
+            async with asyncio.timeout(STOP_TIMEOUT_S):
+                await hub.stop()
         console.print("stopped")
 
     asyncio.run(main())

@@ -28,11 +28,13 @@ def idle(node: str):
 
 
 @pytest.fixture
-def discovery(nc, prefix):
-    """``async with discovery("n1") as d`` — a DiscoveryService with a short period on the test's prefix."""
+def discovery(nc, prefix, tmp_path):
+    """``async with discovery("n1") as d`` — a DiscoveryService with a short period on the test's prefix
+    (and its own data dir: a configuration it saves is not the next test's)."""
 
     @contextlib.asynccontextmanager
     async def make(node: str, **overrides):
+        overrides.setdefault("data_dir", tmp_path)
         settings = NodeSettings(node_id=node, prefix=prefix, heartbeat_period_s=PERIOD, learner=False, suspect_after=2,
                                 remove_after=4, probe_timeout_s=0.2, address=f"http://{node}", **overrides)
         async with DiscoveryService(settings, nc, idle(node)) as service:
