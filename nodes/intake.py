@@ -48,14 +48,18 @@ from broker.streams import async_stream, ensure_shared_streams
 from broker.errors import InvalidToken
 from broker.subjects import TOKEN_RE, Subjects, check_node
 from broker.lifecycle import still_wanted
+from nodes.settings import machine_memory
 
 log = logging.getLogger(__name__)
 
 BATCH = 256             # messages per pull request
 HOLD_LIMIT = 10_000     # messages held at once (running, queued in memory, being answered)
+HOLD_MEMORY_SHARE = 16  # ... holding at most 1/16 of the machine's memory in inputs
+HOLD_BYTES_MIN = 64 * 1024 * 1024
 PULL_EXPIRES_S = 1.0    # an open pull request ends after this (nats-server answers 408)
 PULL_GRACE_S = 2.0      # no word on a pull request by its expiry plus this: JetStream is away
 CONSUMER_DELETED = "409 Consumer Deleted"   # nats-server's word to an open pull request
+BATCH_COMPLETED = "Batch Completed"         # ... and its word when a pull's max_bytes is reached
 NO_RESPONDERS = "503"   # nobody serves the pull subject: the consumer is gone, or JetStream is
 LOOKUP_TIMEOUT_S = 1.0  # asking JetStream whether the consumer still exists
 STREAM_NOT_FOUND = 10059  # JetStream's error code: the stream does not exist
@@ -79,11 +83,16 @@ class AsyncIntake:
         self.node, self.nc, self.js, self.subjects = node, nc, nc.jetstream(), subjects
         self.ack_wait_s, self._take, self._budget = ack_wait_s, take, budget
         self.held: dict[str, Msg] = {}          # by delivery (its ack subject)
+        self.held_bytes = 0                     # their inputs
+        self.bytes_limit = max(HOLD_BYTES_MIN, machine_memory() // HOLD_MEMORY_SHARE)
         self.healthy = False
         self._room = asyncio.Event()
         self._tasks: list[asyncio.Task] = []
         self._sub = None
         self._next_subject = ""                 # the consumer's pull API subject
+        self._inbox = ""                        # pulls reply on <inbox>.<n>
+        self._pulls = 0
+        self._reply = ""                        # the open pull request's reply subject
         self._asked = 0                         # messages the open pull request may still bring
         self._ended = asyncio.Event()           # the open pull request is done (full, expired, refused)
         self._refusal = ""                      # why nats-server ended it, when not full or expired
@@ -140,7 +149,8 @@ class AsyncIntake:
             await self.js.delete_consumer(stream, config.durable_name)
             await self.js.add_consumer(stream, config)
         self._next_subject = f"{self.js._prefix}.CONSUMER.MSG.NEXT.{stream}.{config.durable_name}"
-        self._sub = await listen(self.nc, self.nc.new_inbox(), self._on_message)
+        self._inbox = self.nc.new_inbox()
+        self._sub = await listen(self.nc, f"{self._inbox}.*", self._on_message)
 
     async def stop(self) -> None:
         """Stop pulling; what is still held is handed back at once (a restarted node takes it)."""
@@ -157,10 +167,13 @@ class AsyncIntake:
         self.healthy = False
 
     def hold(self, msg: Msg) -> None:
+        if msg.reply not in self.held:
+            self.held_bytes += len(msg.data)
         self.held[msg.reply] = msg
 
     def release(self, msg: Msg) -> None:
-        self.held.pop(msg.reply, None)
+        if self.held.pop(msg.reply, None) is not None:
+            self.held_bytes -= len(msg.data)
         self._room.set()
 
     def wake(self) -> None:
@@ -172,15 +185,18 @@ class AsyncIntake:
         while True:
             still_wanted()
             room = min(HOLD_LIMIT, self._budget()) - len(self.held)
-            if room <= 0:
+            room_bytes = self.bytes_limit - self.held_bytes
+            if room <= 0 or room_bytes < self.nc.max_payload:   # a pull's next message may be that large
                 self._room.clear()
                 await self._room.wait()
                 continue
             self._asked, self._refusal = min(BATCH, room), ""
             self._ended.clear()
-            request = orjson.dumps({"batch": self._asked, "expires": int(PULL_EXPIRES_S * 1e9)})
+            request = orjson.dumps({"batch": self._asked, "max_bytes": room_bytes, "expires": int(PULL_EXPIRES_S * 1e9)})
             try:
-                await self.nc.publish(self._next_subject, request, reply=self._sub.subject)
+                self._pulls += 1   # each pull its own reply subject: a word about an earlier one is not about it
+                self._reply = f"{self._inbox}.{self._pulls}"
+                await self.nc.publish(self._next_subject, request, reply=self._reply)
                 async with asyncio.timeout(PULL_EXPIRES_S + PULL_GRACE_S):
                     await self._ended.wait()
                 if not self._refusal:
@@ -241,11 +257,14 @@ class AsyncIntake:
     def _on_message(self, subject: str, reply: str, data: bytes, headers: Mapping[str, str]) -> None:
         """A message of the open pull request, or nats-server's word that it ended."""
         if not data and headers and H.NATS_STATUS in headers:
+            if subject != self._reply:   # about an earlier pull (it ended already)
+                return
             status = headers[H.NATS_STATUS]
             if status == "100":       # idle heartbeat (not asked for)
                 return
-            if status not in ("404", "408"):   # 404 no messages, 408 expired: the normal ends
-                text = next((v for k, v in headers.items() if k == H.NATS_DESCRIPTION), "")
+            text = next((v for k, v in headers.items() if k == H.NATS_DESCRIPTION), "")
+            # the normal ends: 404 no messages, 408 expired, 409 "Batch Completed" (its max_bytes reached)
+            if status not in ("404", "408") and not (status == "409" and text.startswith(BATCH_COMPLETED)):
                 self._refusal = f"{status} {text}".strip()
             self._ended.set()
             return

@@ -65,7 +65,7 @@ log = logging.getLogger(__name__)
 
 RECENT = 65_536          # answered async calls remembered, to drop duplicates without a message id
 MAX_WAITING = 100_000    # calls a pool keeps in memory whatever the algorithm says (NoScheduler without loss)
-ASYNC_AHEAD = 2          # async calls held per slot of the main pool (async_budget)
+ASYNC_AHEAD = 4          # async calls held per slot of the main pool (async_budget)
 QUEUE_MEMORY_SHARE = 16  # direct calls waiting in memory hold at most 1/16 of the machine's memory in inputs
 
 

@@ -77,3 +77,38 @@ async def test_direct_calls_are_still_admitted_beside_an_async_backlog(node_fact
         await wait_until(lambda: len(results.messages) >= len(ids), timeout_s=60)
     assert [a.status for a in answers] == [200] * 5
     assert [a.output for a in answers] == [f"direct{i}".encode() for i in range(5)]
+
+
+async def test_what_async_calls_hold_in_memory_is_bounded_in_bytes(node_factory, faas, nc, prefix, monkeypatch):
+    """Large inputs: the intake pulls no more bytes than its share of memory (here set to 12 MiB),
+    whatever the count budget allows; the rest waits in the stream, and all are answered."""
+    s = Subjects(prefix)
+    ids = [f"big{i}" for i in range(10)]
+    peak_bytes, peak_held = 0, 0
+    from nodes import intake as intake_module
+
+    limit = nc.max_payload + 4 * 1024 * 1024   # a machine whose memory share is that: set before the node starts
+    monkeypatch.setattr(intake_module, "HOLD_BYTES_MIN", limit)
+    monkeypatch.setattr(intake_module, "machine_memory", lambda: 0)
+    async with Collector(nc, s.results_of("dev1")) as results, \
+            node_factory(k=2, queue=0, runtime="inprocess", max_payload_bytes=nc.max_payload) as node:
+        intake = node.scheduler.intake
+        assert intake.bytes_limit == limit
+        body = b"0.05" + b" " * (3 * 1024 * 1024)   # sleep's input, 3 MiB
+
+        async def watch() -> None:
+            nonlocal peak_bytes, peak_held
+            while True:
+                peak_bytes, peak_held = max(peak_bytes, intake.held_bytes), max(peak_held, len(intake.held))
+                await asyncio.sleep(0.01)
+
+        watcher = asyncio.create_task(watch())
+        try:
+            for req in ids:
+                await faas.submit("n1", "sleep", body, req, timeout_s=30)
+            await wait_until(lambda: len(results.messages) >= len(ids), timeout_s=120)
+        finally:
+            watcher.cancel()
+            await asyncio.gather(watcher, return_exceptions=True)
+    assert sorted(decode(Result, m.data).request_id for m in results.messages) == sorted(ids)
+    assert 0 < peak_bytes <= intake.bytes_limit and peak_held <= 4, (peak_bytes, peak_held)
