@@ -31,10 +31,10 @@ from edge_lab import EdgeLab  # noqa: E402
 from netlab import why_not  # noqa: E402
 from nodes.scheduler.queueing import erlang_b  # noqa: E402
 
-# P2PFaaS's default PowerOfN, more probes, and every peer probed with a second hop allowed (a call
-# the peer cannot take after all, another node's forward having taken its slot, tries once more)
+# P2PFaaS's default PowerOfN, more probes, and every peer probed with more hops allowed (a call the
+# peer cannot take after all, another node's forward having taken its slot, tries again)
 DEFAULT = ["NoScheduler:true", "PowerOfNScheduler:1,2,true,1", "PowerOfNScheduler:3,2,true,1",
-           "PowerOfNScheduler:11,2,true,2"]
+           "PowerOfNScheduler:11,2,true,2", "PowerOfNScheduler:11,2,true,4"]
 
 
 def loads_for(devices: int, seed: int, mean: float) -> list[float]:
