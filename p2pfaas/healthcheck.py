@@ -1,5 +1,6 @@
 """Container health checks (compose.yaml): ``python -m p2pfaas.healthcheck node ID`` asks the node
-over NATS (P2PFAAS_* environment); ``... http URL`` GETs a bridge's /healthz. Exit 0 healthy, 1 not."""
+over NATS (P2PFAAS_* environment, with the container's own identity: P2PFAAS_NATS_USER/PASSWORD);
+``... http URL`` GETs a bridge's /healthz. Exit 0 healthy, 1 not."""
 
 from __future__ import annotations
 
@@ -18,12 +19,16 @@ async def node_answers(node: str) -> bool:
     not an error, its async intake pulling, no answer waiting to be stored)."""
     import nats
 
+    from broker.connection import credentials_from_env
     from broker.control import node_health
     from broker.subjects import Subjects
 
     servers = [os.environ.get("P2PFAAS_NATS_URL", "nats://127.0.0.1:4222"),
                *filter(None, os.environ.get("P2PFAAS_SEEDS", "").split(","))]
-    nc = await nats.connect(servers, connect_timeout=TIMEOUT_S, allow_reconnect=False, name=f"healthcheck-{node}")
+    identity = credentials_from_env()   # the servers admit no anonymous client
+    options = {"user": identity[0], "password": identity[1]} if identity else {}
+    nc = await nats.connect(servers, connect_timeout=TIMEOUT_S, allow_reconnect=False, name=f"healthcheck-{node}",
+                            **options)
     try:
         msg = await nc.request(Subjects(os.environ.get("P2PFAAS_PREFIX", "faas")).info(node), b"", timeout=TIMEOUT_S)
     finally:

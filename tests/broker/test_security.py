@@ -119,6 +119,23 @@ async def test_anonymous_and_wrong_passwords_are_refused(secure):
         await nats.connect(server.url, user=OPERATOR, password="guess", allow_reconnect=False, max_reconnect_attempts=0)
 
 
+async def test_the_containers_health_check_asks_with_the_containers_identity(secure, monkeypatch):
+    """compose.yaml's node health check runs with the node's env file: anonymous, it is turned away
+    (unhealthy); with the node's identity, the node answers (healthy)."""
+    from p2pfaas.healthcheck import main
+
+    server, store = secure
+    monkeypatch.setenv("P2PFAAS_NATS_URL", server.url)
+    monkeypatch.setenv("P2PFAAS_PREFIX", PREFIX)
+    for name in ("P2PFAAS_NATS_USER", "P2PFAAS_NATS_PASSWORD"):
+        monkeypatch.delenv(name, raising=False)
+    assert await asyncio.to_thread(main, ["node", "n1"]) == 1
+    creds = store.node("n1")
+    monkeypatch.setenv("P2PFAAS_NATS_USER", creds.user)
+    monkeypatch.setenv("P2PFAAS_NATS_PASSWORD", creds.password)
+    assert await asyncio.to_thread(main, ["node", "n1"]) == 0
+
+
 async def test_only_nodes_publish_results_rejects_forwards_membership_telemetry_rewards(secure):
     server, store = secure
     node_only = [S.result("dev1", "x"), S.reject("dev1", "x"), S.forward("n2", "echo", "dev1", "x"),
