@@ -158,3 +158,22 @@ def train_scaling(
                               progress=lambda done, all_: progress.update(task, completed=done, total=all_))
     Console().print(f"model: {trained.path} ({trained.path.stat().st_size / 1024:.0f} KiB, "
                     f"{trained.metadata['train_seconds']:g} s)")
+
+
+def trace_sample(
+    directory: Annotated[Path, typer.Argument(help="Where to write the sample (created if missing).")],
+    seed: Annotated[int, typer.Option(min=0, help="Seed of the generated day.")] = 0,
+    functions: Annotated[int, typer.Option(min=1, max=100, help="Functions in the day.")] = 6,
+) -> None:
+    """Write one generated day in the Azure Functions 2019 trace format (invocations per minute and
+    duration percentiles) and a scenario that replays it; nothing is downloaded. The real trace's
+    files (AzurePublicDataset, AzureFunctionsDataset2019) go in the same scenario's `trace` section."""
+    from controller.traces import sample_scenario, write_azure_sample
+
+    try:
+        invocations, durations = write_azure_sample(directory, seed=seed, functions=functions)
+        scenario = sample_scenario(directory, invocations, durations)
+    except OSError as exc:
+        raise typer.BadParameter(f"{directory}: {exc}", param_hint="DIRECTORY") from exc
+    print(f"wrote {invocations}\n      {durations}\n      {scenario}")
+    print(f"try:  p2pfaas eval scaling --scenario {scenario}")

@@ -84,8 +84,8 @@ class FarmEmitter:
     async def run(self, progress: Callable[[float, EmitterReport], None] | None = None) -> EmitterReport:
         rng = np.random.default_rng(self.seed)
         horizon = self.scenario.episode_seconds
-        arrivals = self.scenario.sample_arrivals(rng, horizon) / self.speed
-        service = self.scenario.service_time.sample(rng, len(arrivals)) / self.speed
+        arrivals, service = self.scenario.sample_tasks(rng, horizon)
+        arrivals, service = arrivals / self.speed, service / self.speed
         deadlines = self.scenario.deadline.for_service(service * self.speed) / self.speed
         report = self.report = EmitterReport()
         run_id = uuid.uuid4().hex[:8]

@@ -122,8 +122,65 @@ class LognormalDist(_Clamped):
         return math.exp(self.mu + self.sigma**2 / 2)
 
 
+class PercentileCurve(_Model):
+    """One function's service times as percentile points ``[[percentile, seconds], ...]`` from the
+    0th to the 100th (a recorded trace's summary); drawn by linear interpolation between them."""
+
+    weight: float = Field(default=1.0, gt=0)
+    points: list[tuple[float, float]] = Field(min_length=2)
+
+    @model_validator(mode="after")
+    def _monotone(self) -> PercentileCurve:
+        qs, values = zip(*self.points)
+        if qs[0] != 0 or qs[-1] != 100 or any(b <= a for a, b in zip(qs, qs[1:])):
+            raise ValueError(f"percentiles must rise strictly from 0 to 100, got {list(qs)}")
+        if min(values) < 0 or any(b < a for a, b in zip(values, values[1:])):
+            raise ValueError(f"service times must be >= 0 and never fall as the percentile rises, got {list(values)}")
+        return self
+
+    def mean(self) -> float:
+        """The mean of the interpolated distribution: the area under its quantile function."""
+        return sum((q1 - q0) / 100 * (v0 + v1) / 2 for (q0, v0), (q1, v1) in zip(self.points, self.points[1:]))
+
+
+class PercentilesDist(_Clamped):
+    """A mixture of percentile curves (several functions of a trace), each as likely as its weight."""
+
+    dist: Literal["percentiles"]
+    curves: list[PercentileCurve] = Field(min_length=1)
+
+    def _draw(self, rng: np.random.Generator, size: int) -> np.ndarray:
+        weights = np.array([c.weight for c in self.curves])
+        which = rng.choice(len(self.curves), size, p=weights / weights.sum())
+        u = rng.uniform(0.0, 100.0, size)
+        out = np.empty(size)
+        for i, curve in enumerate(self.curves):
+            qs, values = zip(*curve.points)
+            mask = which == i
+            out[mask] = np.interp(u[mask], qs, values)
+        return out
+
+    def _unclamped_mean(self) -> float:
+        total = sum(c.weight for c in self.curves)
+        return sum(c.weight * c.mean() for c in self.curves) / total
+
+
+class EmpiricalDist(_Clamped):
+    """Recorded service times, drawn with replacement."""
+
+    dist: Literal["empirical"]
+    values: list[Annotated[float, Field(ge=0)]] = Field(min_length=1)
+
+    def _draw(self, rng: np.random.Generator, size: int) -> np.ndarray:
+        return rng.choice(np.asarray(self.values), size)
+
+    def _unclamped_mean(self) -> float:
+        return float(np.mean(self.values))
+
+
 ServiceTime = Annotated[
-    Union[GammaDist, ExponentialDist, LognormalDist, ConstantDist, UniformDist], Field(discriminator="dist")
+    Union[GammaDist, ExponentialDist, LognormalDist, ConstantDist, UniformDist, PercentilesDist, EmpiricalDist],
+    Field(discriminator="dist"),
 ]
 DelayDist = Annotated[Union[UniformDist, ConstantDist], Field(discriminator="dist")]
 Delay = Union[Annotated[float, Field(ge=0)], DelayDist]
@@ -148,6 +205,18 @@ class _Phase(_Model):
     def rate_at(self, t: np.ndarray) -> np.ndarray:
         """Arrival rate at ``t`` seconds since the phase started."""
         return np.full(np.shape(t), self.rate_per_s)
+
+    def arrivals(self, rng: np.random.Generator, length: float) -> np.ndarray:
+        """Sorted arrival times in ``[0, length)``: Poisson with rate ``rate_at``, by thinning."""
+        peak = self.peak_rate
+        n = rng.poisson(peak * length) if peak > 0 else 0
+        t = np.sort(rng.uniform(0.0, length, n))
+        keep = rng.uniform(0.0, peak, n) < self.rate_at(t)
+        return t[keep]
+
+    def durations(self, count: int) -> np.ndarray | None:
+        """Recorded service times of the first ``count`` arrivals; None: drawn from the scenario's."""
+        return None
 
 
 class ConstantPhase(_Phase):
@@ -199,6 +268,82 @@ class SpikePhase(_Phase):
         return np.where(spiking, self.spike_rate_per_s, self.rate_per_s)
 
 
+class CountsPhase(_Model):
+    """A recorded count of arrivals per interval (a trace's invocations per minute): exactly
+    ``counts[i]`` arrivals in interval ``i``, at uniformly drawn times within it."""
+
+    pattern: Literal["counts"]
+    interval_s: float = Field(gt=0)
+    counts: list[Annotated[int, Field(ge=0)]] = Field(min_length=1)
+
+    @property
+    def duration_s(self) -> float:
+        return self.interval_s * len(self.counts)
+
+    @property
+    def peak_rate(self) -> float:
+        return max(self.counts) / self.interval_s
+
+    def rate_at(self, t: np.ndarray) -> np.ndarray:
+        t = np.asarray(t, dtype=float)
+        index = np.clip((t // self.interval_s).astype(int), 0, len(self.counts) - 1)
+        inside = (t >= 0) & (t < self.duration_s)
+        return np.where(inside, np.asarray(self.counts)[index] / self.interval_s, 0.0)
+
+    def arrivals(self, rng: np.random.Generator, length: float) -> np.ndarray:
+        counts = np.asarray(self.counts)
+        starts = np.arange(len(counts)) * self.interval_s
+        t = np.sort(np.repeat(starts, counts) + rng.uniform(0.0, self.interval_s, int(counts.sum())))
+        return t[t < length]
+
+    def durations(self, count: int) -> np.ndarray | None:
+        return None
+
+
+class RecordedPhase(_Model):
+    """Recorded arrivals (seconds since the phase started), with their service times when the
+    record has them: replayed as they are, the same in every episode."""
+
+    pattern: Literal["recorded"]
+    duration_s: float = Field(gt=0)
+    arrivals_s: list[float]
+    durations_s: list[Annotated[float, Field(ge=0)]] | None = None
+    rate_bin_s: float = Field(default=1.0, gt=0, description="the width of the bins rate_at counts arrivals in")
+
+    @model_validator(mode="after")
+    def _consistent(self) -> RecordedPhase:
+        t = self.arrivals_s
+        if any(b < a for a, b in zip(t, t[1:])):
+            raise ValueError("arrivals_s must be sorted")
+        if t and (t[0] < 0 or t[-1] >= self.duration_s):
+            raise ValueError(f"arrivals_s must lie in [0, duration_s = {self.duration_s:g})")
+        if self.durations_s is not None and len(self.durations_s) != len(t):
+            raise ValueError(f"durations_s has {len(self.durations_s)} values for {len(t)} arrivals")
+        return self
+
+    @cached_property
+    def _rates(self) -> np.ndarray:
+        bins = max(1, math.ceil(self.duration_s / self.rate_bin_s))
+        counts = np.bincount((np.asarray(self.arrivals_s) // self.rate_bin_s).astype(int), minlength=bins)
+        return counts[:bins] / self.rate_bin_s
+
+    @property
+    def peak_rate(self) -> float:
+        return float(self._rates.max())
+
+    def rate_at(self, t: np.ndarray) -> np.ndarray:
+        t = np.asarray(t, dtype=float)
+        index = np.clip((t // self.rate_bin_s).astype(int), 0, len(self._rates) - 1)
+        return np.where((t >= 0) & (t < self.duration_s), self._rates[index], 0.0)
+
+    def arrivals(self, rng: np.random.Generator, length: float) -> np.ndarray:
+        t = np.asarray(self.arrivals_s, dtype=float)
+        return t[t < length]
+
+    def durations(self, count: int) -> np.ndarray | None:
+        return None if self.durations_s is None else np.asarray(self.durations_s[:count], dtype=float)
+
+
 def _pattern(value: Any) -> str:
     if isinstance(value, dict):
         return value.get("pattern", "constant")
@@ -210,6 +355,8 @@ Phase = Annotated[
         Annotated[ConstantPhase, Tag("constant")],
         Annotated[SinePhase, Tag("sine")],
         Annotated[SpikePhase, Tag("spike")],
+        Annotated[CountsPhase, Tag("counts")],
+        Annotated[RecordedPhase, Tag("recorded")],
     ],
     Discriminator(_pattern),
 ]
@@ -302,20 +449,34 @@ class Scenario(_Model):
             start += phase.duration_s
         return rate
 
-    def sample_arrivals(self, rng: np.random.Generator, horizon_s: float) -> np.ndarray:
-        """Sorted arrival times in ``[0, horizon_s)``: Poisson with rate ``rate_at``, by thinning per phase."""
+    def _arrivals(self, rng: np.random.Generator, horizon_s: float) -> list[tuple[np.ndarray, np.ndarray | None]]:
         chunks, start = [], 0.0
         for phase in self.phases:
             if start >= horizon_s:
                 break
-            length = min(phase.duration_s, horizon_s - start)
-            peak = phase.peak_rate
-            n = rng.poisson(peak * length) if peak > 0 else 0
-            t = np.sort(rng.uniform(0.0, length, n))
-            keep = rng.uniform(0.0, peak, n) < phase.rate_at(t)
-            chunks.append(start + t[keep])
+            t = phase.arrivals(rng, min(phase.duration_s, horizon_s - start))
+            chunks.append((start + t, phase.durations(len(t))))
             start += phase.duration_s
+        return chunks
+
+    def sample_arrivals(self, rng: np.random.Generator, horizon_s: float) -> np.ndarray:
+        """Sorted arrival times in ``[0, horizon_s)``, phase by phase (Poisson with rate ``rate_at``
+        by thinning; a trace's counts or recorded times as they are)."""
+        chunks = [t for t, _ in self._arrivals(rng, horizon_s)]
         return np.concatenate(chunks) if chunks else np.empty(0)
+
+    def sample_tasks(self, rng: np.random.Generator, horizon_s: float) -> tuple[np.ndarray, np.ndarray]:
+        """Arrival times and service times of an episode's tasks: service drawn from
+        ``service_time``, except where a recorded phase has its own."""
+        chunks = self._arrivals(rng, horizon_s)
+        arrivals = np.concatenate([t for t, _ in chunks]) if chunks else np.empty(0)
+        service = self.service_time.sample(rng, len(arrivals))
+        offset = 0
+        for t, recorded in chunks:
+            if recorded is not None:
+                service[offset:offset + len(t)] = recorded
+            offset += len(t)
+        return arrivals, service
 
 
 # --------------------------------------------------------------------------- loading
@@ -357,6 +518,13 @@ def load_scenario(name_or_path: str | Path | Scenario) -> Scenario:
     data = _read(path)
     if not isinstance(data, dict):
         raise ScenarioError(f"{path}: a scenario is a JSON object, got {type(data).__name__}")
+    if "trace" in data:
+        from controller.traces import TraceError, expand_trace
+
+        try:
+            data = expand_trace(data, path.parent)
+        except TraceError as exc:
+            raise ScenarioError(f"{path}: {exc}") from exc
     try:
         return Scenario.model_validate(data)
     except ValidationError as exc:

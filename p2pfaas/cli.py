@@ -624,9 +624,10 @@ app.add_typer(farm_app, name="farm")
 
 
 def _mount_scaling_commands() -> None:
-    from controller.commands import eval_scaling, train_scaling
+    from controller.commands import eval_scaling, trace_sample, train_scaling
 
     eval_app.command("scaling")(eval_scaling)
+    eval_app.command("trace-sample")(trace_sample)
     train_app.command("scaling")(train_scaling)
 
 
