@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import logging
 import math
 import os
 import time
@@ -42,6 +43,8 @@ from broker.streams import async_stream, results_stream
 from broker.subjects import Subjects, check_token
 
 __all__ = ["Answer", "FaasClient", "InProcessDoor", "new_request_id"]
+
+log = logging.getLogger(__name__)
 
 # A node's request door in this process: (subject, reply, payload, header block) -> taken? False
 # when it no longer takes calls (stopping): the call then goes over NATS.
@@ -91,6 +94,10 @@ class FaasClient(OnItsLoop):
         self._subs.append(await self.nc.subscribe(self.subjects.all_gone(), cb=self._on_gone))
         self._unlisten = [on_publish_refused(self.nc, self._on_refused),
                           on_event(self.nc, "disconnected", self._on_disconnected)]
+        try:   # the server knows our inbox before any call: an in-process door's answer may beat a buffered SUB
+            await self.nc.flush(timeout=5)
+        except Exception as exc:   # not connected now: the subscriptions are sent again on reconnect
+            log.info("faas client %s: subscriptions not confirmed yet: %r", self.client, exc)
         return self
 
     async def stop(self) -> None:
