@@ -10,8 +10,7 @@ then a grid of causal rules (each target action of controller/features.py applie
 and square-root staffing with hysteresis) and the cheapest rule that reaches 99 %. It shows which
 autoscaling targets a policy that cannot see the future can meet at all, and which no policy can
 (docs/autoscaling.md). With ``--initial-fits`` every shipped scenario starts with a pool that fits
-the load of its warm-up period (:func:`fitted`), one of the alternatives to the targets as written
-(``bench/scaling_target_options.py``).
+the load of its warm-up period (:func:`fitted`).
 """
 
 from __future__ import annotations

@@ -255,7 +255,8 @@ def evaluate(
 ) -> EvalReport:
     """Run every policy on episodes ``seed .. seed + episodes - 1`` (the same workloads for all);
     with ``references`` also the largest pool (the QoS ceiling), the best fixed pool and the
-    instant-resize oracle (both chosen with hindsight)."""
+    instant-resize oracle (both chosen with hindsight), and the lookahead oracle (the limit: a
+    perfect forecast that pays every cold start)."""
     workloads = episode_workloads(scenario, episodes, seed)
     specs = [_spec(p) for p in policies]
     names = [p.name for p in specs]
@@ -270,7 +271,7 @@ def evaluate(
         reports.append(run_policy(spec, workloads, reward))
     if references:
         for name, reference in (("largest pool", largest_pool), ("best fixed pool", best_fixed_pool),
-                                ("oracle", tune_oracle)):
+                                ("oracle", tune_oracle), ("lookahead oracle", tune_lookahead_oracle)):
             if progress:
                 progress(name)
             reports.append(reference(workloads, qos_target, reward))

@@ -163,9 +163,16 @@ def test_generated_evaluation_with_references_and_target_checks(tmp_path):
     rep = evaluate("generated", specs, episodes=3, seed=5, references=True)
     assert rep.scenario == "generated" and rep.episode_seeds == [5, 6, 7]
     assert [e.scenario for e in rep.policies[0].episodes] == ["generated-5", "generated-6", "generated-7"]
-    assert [p.role for p in rep.policies] == ["rl", "baseline", "reference", "reference", "reference"]
+    assert [p.role for p in rep.policies] == ["rl", "baseline", "reference", "reference", "reference", "reference"]
+    assert rep.policies[-1].name.startswith("lookahead oracle")
     (check,) = target_checks([rep])
-    assert check.policy == "sarsa" and check.workers_vs_oracle > 0
+    sarsa, peer, lookahead = rep.policies[0], rep.policies[1], rep.policies[-1]
+    mean = lambda p, key: p.metrics[key].mean   # noqa: E731
+    assert check.policy == "sarsa" and check.best_peer == "reactive-avg"
+    assert check.workers_vs_lookahead == pytest.approx(mean(sarsa, "mean_workers") / mean(lookahead, "mean_workers"))
+    assert check.beats_peers == (mean(sarsa, "episode_return") > mean(peer, "episode_return"))
+    assert check.qos_ok == (None if mean(peer, "qos_pct") < 99 else mean(sarsa, "qos_pct") >= 99)
+    assert check.workers_ok == (mean(sarsa, "qos_pct") >= 99 and check.workers_vs_lookahead <= 1.15)
     assert "| **sarsa** |" in markdown_report([rep], 3, 5)
     with pytest.raises(ValueError, match="PolicySpec"):
         evaluate("generated", [FixedSize(load_scenario("steady"))], episodes=2)
