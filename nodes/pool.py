@@ -73,6 +73,12 @@ class WorkerHandle:
     task: asyncio.Task | None = None   # watcher (process) or the worker itself (inprocess)
     worker: Worker | None = None       # inprocess runtime only
     ready: asyncio.Event = field(default_factory=asyncio.Event)
+    boot_slot: asyncio.Semaphore | None = None   # held from spawn to READY (or exit): see _boot_slots
+
+    def booted(self) -> None:
+        if self.boot_slot is not None:
+            self.boot_slot.release()
+            self.boot_slot = None
 
     def signal(self, sig: int) -> None:
         if self.proc is not None and self.proc.returncode is None:
@@ -82,6 +88,21 @@ class WorkerHandle:
                 pass
         if self.worker is not None:
             self.worker.stopping.set()
+
+
+BOOTS_AT_ONCE = 2 * (os.cpu_count() or 1)   # worker processes starting at the same time, per process
+_boots: dict[asyncio.AbstractEventLoop, asyncio.Semaphore] = {}
+
+
+def _boot_slots() -> asyncio.Semaphore:
+    """Every pool of this process shares it: 32 Python workers booting at once on 2 cores starve the
+    node and its broker (a control request went unanswered for 10 s); in turns, they stay responsive."""
+    loop = asyncio.get_running_loop()
+    for other in [old for old in _boots if old.is_closed()]:
+        del _boots[other]
+    if loop not in _boots:
+        _boots[loop] = asyncio.Semaphore(BOOTS_AT_ONCE)
+    return _boots[loop]
 
 
 class WorkerPool:
@@ -207,6 +228,7 @@ class WorkerPool:
         if handle.state != "starting":
             return
         handle.state = "ready"
+        handle.booted()
         handle.ready.set()
         self._early_deaths = 0
         await self.dispatcher.add_worker(handle.name)
@@ -228,7 +250,12 @@ class WorkerPool:
                         PYTHONUNBUFFERED="1")   # what a function prints reaches the log when it prints it
         env.pop("P2PFAAS_TLS_CA", None)   # its file is out of the worker's reach: the CA itself is handed over
         code: int | None = None
+        slots = _boot_slots()
+        await slots.acquire()
+        handle.boot_slot = slots
         try:
+            if handle.state == "stopping":   # retired while it waited for its turn: never started
+                return
             handed = handoff_fd(worker_identity())
             try:
                 handle.proc = await asyncio.create_subprocess_exec(
@@ -246,6 +273,7 @@ class WorkerPool:
             await self._read_output(handle, handle.proc.stdout)
             code = await handle.proc.wait()
         finally:
+            handle.booted()
             remove_pid_file(self._pid_file(handle))
             await self._exited(handle, code)
 
