@@ -384,6 +384,21 @@ class PoolTelemetry(Contract):
     qos: FiniteFloat                 # met_deadline / completed (1.0 when nothing completed)
 
 
+class PoolPulse(Contract):
+    """A pool's state between control periods, every tick (2 s), on ``faas.<node>.pulse.<pool>``:
+    what the controller's reaction between decisions reads (controller/panic.py). The simulator
+    makes the same pulses."""
+
+    node: str
+    pool: str
+    time: float
+    window_s: float = Field(gt=0)    # since the previous pulse
+    arrivals: int = Field(ge=0)      # in the window
+    queue_length: int = Field(ge=0)
+    workers_ready: int = Field(ge=0)
+    workers_starting: int = Field(ge=0)
+
+
 class ScaleCommand(Contract):
     """Target worker count for a pool, on ``faas.<node>.scale.<pool>``."""
 

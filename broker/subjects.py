@@ -284,6 +284,10 @@ class Subjects:
     def all_telemetry(self) -> str:
         return f"{self.prefix}.*.telemetry.*"
 
+    def pulse(self, node: str, pool: str) -> str:
+        """A pool's ``PoolPulse`` between its control periods (the controller's panic rule)."""
+        return self._join(node, "pulse", check_token(pool, "pool"))
+
     def scale(self, node: str, pool: str) -> str:
         return self._join(node, "scale", check_token(pool, "pool"))
 

@@ -23,6 +23,7 @@ from controller.features import (
     RewardConfig,
     ScalingActions,
 )
+from controller.panic import PanicRule
 from controller.scenario import Scenario, load_scenario
 from controller.simulator import EpisodeTotals, FarmSimulator
 from controller.workloads import GENERATED_PREFIX, MIXED, training_scenario
@@ -57,11 +58,18 @@ class FarmBackend(Protocol):
 
 
 class SimulatedFarm:
-    """``FarmBackend`` over :class:`FarmSimulator` (``instant``: the oracle's farm, no delays)."""
+    """``FarmBackend`` over :class:`FarmSimulator` (``instant``: the oracle's farm, no delays;
+    ``panic``: the controller's reaction between periods, controller/panic.py)."""
 
-    def __init__(self, scenario: Scenario, instant: bool = False) -> None:
+    def __init__(self, scenario: Scenario, instant: bool = False, panic: PanicRule | None = None) -> None:
         self.scenario = scenario
         self.simulator = FarmSimulator(scenario, seed=0, instant=instant)
+        self.panic = panic
+
+    @property
+    def target(self) -> int:
+        """The target now: the last one applied, or what the panic rule raised it to since."""
+        return self.simulator.target
 
     def reset(self, seed: int) -> PoolTelemetry:
         self.simulator.reset(seed)
@@ -71,7 +79,9 @@ class SimulatedFarm:
         self.simulator.set_target(target_workers)
 
     def advance(self, step_seconds: float) -> PoolTelemetry:
-        return self.simulator.advance(step_seconds)
+        if self.panic is None:
+            return self.simulator.advance(step_seconds)
+        return self.simulator.advance(step_seconds, react=self.panic.react, tick_s=self.panic.tick_s)
 
     def totals(self) -> EpisodeTotals:
         return self.simulator.totals()
@@ -135,6 +145,8 @@ class FarmScalingEnv(gym.Env[np.ndarray, np.integer]):
     * ``action_mode``: ``"unit"`` (default), ``"wide"`` or ``"target"``.
     * ``reward``: a :class:`RewardConfig`.
     * ``backend``: a :class:`FarmBackend`; default :class:`SimulatedFarm`.
+    * ``panic``: the controller's reaction between periods (controller/panic.py) runs in the
+      simulated farm, as it does live (default True).
 
     ``gymnasium.make("p2pfaas/FarmScaling-v0", scenario="bursty")`` after ``import controller``.
     """
@@ -147,8 +159,10 @@ class FarmScalingEnv(gym.Env[np.ndarray, np.integer]):
         action_mode: ActionMode = "unit",
         reward: RewardConfig | None = None,
         backend: FarmBackend | None = None,
+        panic: bool = True,
     ) -> None:
         self.actions = ScalingActions(action_mode)
+        self.panic = panic
         self.family = scenario if isinstance(scenario, str) and scenario in (GENERATED_PREFIX, MIXED) else None
         if self.family and backend is not None:
             raise ValueError("generated workloads run on the simulator: do not pass a backend")
@@ -161,7 +175,8 @@ class FarmScalingEnv(gym.Env[np.ndarray, np.integer]):
 
     def _use(self, scenario: Scenario, backend: FarmBackend | None = None) -> None:
         self.scenario = scenario
-        self.backend: FarmBackend = backend if backend is not None else SimulatedFarm(scenario)
+        self.backend: FarmBackend = (backend if backend is not None else
+                                     SimulatedFarm(scenario, panic=PanicRule(scenario) if self.panic else None))
         self.observe = ObservationBuilder(scenario)
         self._target = scenario.workers.initial
 
@@ -193,6 +208,7 @@ class FarmScalingEnv(gym.Env[np.ndarray, np.integer]):
         self._target = target
         self.backend.apply(target)
         telemetry = self.backend.advance(self.scenario.step_seconds)
+        self._target = getattr(self.backend, "target", self._target)   # raised between periods by the panic rule
         self._steps += 1
         reward = self.reward_config.reward(telemetry, self.scenario, changed)
         truncated = self._steps >= self.scenario.steps

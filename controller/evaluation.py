@@ -19,6 +19,7 @@ from pydantic import BaseModel, ConfigDict
 from controller.baselines import FixedSize, RLPolicy, ScalingPolicy
 from controller.env import TRAINING_SEED_FLOOR, FarmBackend, RewardConfig, SimulatedFarm
 from controller.oracle import ORACLE_BETAS, InstantResizeOracle, LookaheadOracle, smallest_passing
+from controller.panic import PanicRule
 from controller.scenario import Scenario, load_scenario
 from controller.simulator import EpisodeTotals, FarmSimulator
 from controller.workloads import GENERATED_PREFIX, generated_scenario
@@ -91,6 +92,11 @@ class PolicySpec:
     name: str
     make: PolicyFactory
     role: str = "policy"   # "baseline", "rl" or "reference"
+    panic: bool | None = None   # the controller's reaction between periods; None: RL policies only
+
+    @property
+    def reacts(self) -> bool:
+        return self.role == "rl" if self.panic is None else self.panic
 
 
 def run_episode(
@@ -99,13 +105,15 @@ def run_episode(
     seed: int,
     reward: RewardConfig | None = None,
     backend: FarmBackend | None = None,
+    panic: bool = False,
 ) -> EpisodeResult:
     """One episode of ``policy`` on the workload of ``seed``, with the env's dynamics and reward
     (on the simulator unless another ``FarmBackend`` is given; the oracle gets an instant one)."""
     reward = reward or RewardConfig()
     bounds = scenario.workers
     if backend is None:
-        backend = SimulatedFarm(scenario, instant=getattr(policy, "instant_resize", False))
+        backend = SimulatedFarm(scenario, instant=getattr(policy, "instant_resize", False),
+                                panic=PanicRule(scenario) if panic else None)
     if hasattr(policy, "bind"):
         policy.bind(backend.simulator)
     policy.reset()
@@ -117,6 +125,7 @@ def run_episode(
         changed, target = wanted != target, wanted
         backend.apply(target)
         telemetry = backend.advance(scenario.step_seconds)
+        target = getattr(backend, "target", target)   # raised between periods by the panic rule
         r = reward.reward(telemetry, scenario, changed)
         total += r
         steps.append(_record(telemetry, target, r))
@@ -173,7 +182,8 @@ def _spec(policy: ScalingPolicy | PolicySpec) -> PolicySpec:
 
 
 def run_policy(spec: PolicySpec, workloads: list[tuple[Scenario, int]], reward: RewardConfig | None = None) -> PolicyReport:
-    return summarise(spec.name, [run_episode(sc, spec.make(sc), s, reward) for sc, s in workloads], spec.role)
+    return summarise(spec.name, [run_episode(sc, spec.make(sc), s, reward, panic=spec.reacts) for sc, s in workloads],
+                     spec.role)
 
 
 def _mean_qos(report: PolicyReport) -> float:

@@ -29,12 +29,13 @@ from broker import headers as H
 from broker.lifecycle import still_wanted
 from broker.codec import decode, encode
 from broker.errors import ContractError
-from broker.messages import (ErrorBody, LearnerWeights, PolicySwitch, PolicySwitched, PoolTelemetry, ScaleCommand,
+from broker.messages import (ErrorBody, LearnerWeights, PolicySwitch, PolicySwitched, PoolPulse, PoolTelemetry, ScaleCommand,
                              ScalingExperience)
 from broker.subjects import Subjects, scaling_model
 from controller.baselines import RLPolicy, ScalingPolicy
 from controller.features import ObservationBuilder, RewardConfig, ScalingActions
 from controller.online import ModelGuard
+from controller.panic import PanicRule
 from controller.scenario import Scenario
 
 log = logging.getLogger(__name__)
@@ -79,6 +80,7 @@ class LiveController:
     actions: ScalingActions | None = None    # default: the RL policy's, else "target"
     policy_name: str = ""
     on_step: Callable[[ControlStep], None] | None = None   # e.g. the CLI's log line
+    on_panic: Callable[[PoolPulse, int, int], None] | None = None   # (pulse, old target, new): the CLI's line
     # the last HISTORY_KEPT steps (a supervised controller runs for days: ~1.7 kB a step)
     history: deque[ControlStep] = field(default_factory=lambda: deque(maxlen=HISTORY_KEPT))
     learn_online: bool = True                # RL policies: seed the learner, pull its weights, guard them
@@ -86,6 +88,7 @@ class LiveController:
     models_dir: Path = Path("data/models")  # where a policy switched to at run time is looked up
     learner_retry_s: float = 30.0            # a learner that did not answer is asked again this often
     silence_s: float | None = None           # no telemetry this long is said (default: 3 control periods)
+    react_between_periods: bool | None = None   # the panic rule on the pool's pulses; None: for RL policies
 
     def __post_init__(self) -> None:
         self.subjects = Subjects(self.prefix)
@@ -102,6 +105,9 @@ class LiveController:
         self._previous: tuple[np.ndarray, int, bool] | None = None
         self._sub = None
         self._switch_sub = None
+        self._pulse_sub = None
+        self.panic = PanicRule(self.scenario)
+        self.panics = 0            # targets raised between decisions
         self._reseeding = False
         self._learner_tried_at: float | None = None   # loop time of the last try that found no learner
         self._connecting = False
@@ -128,15 +134,16 @@ class LiveController:
         # the scenario's initial size and cold-starting the difference again
         self._sub = await self.nc.subscribe(self.subjects.telemetry(self.node, self.pool), cb=self._on_telemetry)
         self._switch_sub = await self.nc.subscribe(self.subjects.pool_policy(self.node, self.pool), cb=self._on_switch)
+        self._pulse_sub = await self.nc.subscribe(self.subjects.pulse(self.node, self.pool), cb=self._on_pulse)
         self._heard_at = asyncio.get_running_loop().time()
         self._watch = asyncio.create_task(self._watch_silence(), name=f"controller-{self.node}-{self.pool}-silence")
         return self
 
     async def stop(self) -> None:
-        for sub in (self._sub, self._switch_sub):
+        for sub in (self._sub, self._switch_sub, self._pulse_sub):
             if sub is not None:
                 await sub.unsubscribe()
-        self._sub = self._switch_sub = None
+        self._sub = self._switch_sub = self._pulse_sub = None
         if self._watch is not None:
             self._watch.cancel()
             await asyncio.gather(self._watch, return_exceptions=True)
@@ -323,6 +330,33 @@ class LiveController:
             except Exception:   # one bad period (a policy's bug, a broker blip) must not end the control loop
                 log.exception("controller %s/%s: control step failed; the target stays %d", self.node, self.pool,
                               self.target)
+
+    @property
+    def reacts(self) -> bool:
+        """Whether the panic rule raises the target between decisions (RL policies are trained with it)."""
+        return isinstance(self.policy, RLPolicy) if self.react_between_periods is None else self.react_between_periods
+
+    async def _on_pulse(self, msg: Msg) -> None:
+        try:
+            pulse = decode(PoolPulse, msg.data)
+        except ContractError as exc:
+            log.warning("controller: bad pulse on %s: %s", msg.subject, exc)
+            return
+        async with self._lock:   # never between a decision and its scale command
+            if not self._adopted or not self.reacts:
+                return
+            raised = self.panic.react(pulse, self.target)
+            if raised is None:
+                return
+            log.info("controller %s/%s: raised between decisions (panic), %d arrivals in %.1f s, %d queued for %d "
+                     "workers: %d -> %d",
+                     self.node, self.pool, pulse.arrivals, pulse.window_s, pulse.queue_length,
+                     pulse.workers_ready + pulse.workers_starting, self.target, raised)
+            previous, self.target = self.target, raised
+            self.panics += 1
+            await self._publish_target("panic")
+            if self.on_panic is not None:
+                self.on_panic(pulse, previous, raised)
 
     async def step(self, telemetry: PoolTelemetry) -> int:
         bounds = self.scenario.workers

@@ -23,12 +23,15 @@ import heapq
 import math
 from collections import deque
 from dataclasses import dataclass
+from typing import Callable
 
 import numpy as np
 from pydantic import BaseModel, ConfigDict
 
-from broker.messages import PoolTelemetry
+from broker.messages import PoolPulse, PoolTelemetry
 from controller.scenario import Scenario, sample_delay
+
+Reaction = Callable[[PoolPulse, int], "int | None"]   # (pulse, current target) -> a raised target, or None
 
 _READY, _DONE, _GONE = 0, 1, 2
 _STARTING, _IDLE, _BUSY, _STOPPING = "starting", "idle", "busy", "stopping"
@@ -89,6 +92,7 @@ class FarmSimulator:
         self._service = service.tolist()
         self._deadline = sc.deadline.for_service(service).tolist()
         self._next_arrival = 0
+        self._tick_arrivals = 0
         self.now = 0.0
         self._heap: list[tuple[float, int, int, int]] = []
         self._seq = 0
@@ -133,9 +137,34 @@ class FarmSimulator:
                 self._remove_worker()
         return workers
 
-    def advance(self, seconds: float) -> PoolTelemetry:
-        """Run the farm for ``seconds`` and return the telemetry of that period."""
+    def advance(self, seconds: float, react: Reaction | None = None, tick_s: float = 2.0) -> PoolTelemetry:
+        """Run the farm for ``seconds`` and return the telemetry of that period. ``react`` (the
+        controller's panic rule) sees a ``PoolPulse`` every ``tick_s`` within the period and may
+        raise the target there and then."""
         start, end = self.now, self.now + seconds
+        if react is not None:
+            self._tick_arrivals = 0   # the first pulse's window starts with the period
+            tick = start + tick_s
+            while tick < end - 1e-9:
+                self._run_until(tick)
+                self.now = tick
+                self._account(tick)
+                raised = react(self._pulse(tick_s), self.target)
+                if raised is not None:
+                    self.set_target(raised)
+                tick += tick_s
+        self._run_until(end)
+        self.now = end
+        self._account(end)
+        return self._telemetry(start, seconds)
+
+    def _pulse(self, window_s: float) -> PoolPulse:
+        pulse = PoolPulse(node="sim", pool="sim", time=self.now, window_s=window_s, arrivals=self._tick_arrivals,
+                          queue_length=len(self._queue), workers_ready=self._ready, workers_starting=self._starting)
+        self._tick_arrivals = 0
+        return pulse
+
+    def _run_until(self, end: float) -> None:
         arrival, heap = self._arrival, self._heap
         n_arrivals = len(arrival)
         while True:
@@ -148,9 +177,6 @@ class FarmSimulator:
                 self._event(t, kind, w)
             else:
                 self._arrive(next_arrival)
-        self.now = end
-        self._account(end)
-        return self._telemetry(start, seconds)
 
     # ------------------------------------------------------------------ events
     def _push(self, t: float, kind: int, worker: int) -> None:
@@ -161,6 +187,7 @@ class FarmSimulator:
         task = self._next_arrival
         self._next_arrival += 1
         self._w_arrivals += 1
+        self._tick_arrivals += 1
         if self._idle:
             self._start(self._idle.pop(), task, t)
         else:

@@ -40,7 +40,7 @@ from nodes.scheduler.learning import LearningContext
 from nodes.scheduler.service import PeerSource, SchedulerService
 from nodes.settings import NodeSettings
 from nodes.store_check import StoreCheck
-from nodes.telemetry import PoolStats
+from nodes.telemetry import PULSE_PERIOD_S, PoolStats
 from nodes.worker import DEFAULT_POOL
 
 log = logging.getLogger(__name__)
@@ -283,11 +283,33 @@ class Node:
     async def _publish_telemetry(self) -> None:
         """One ``PoolTelemetry`` per pool per period on ``faas.<node>.telemetry.<pool>``; a dedicated
         pool's period is its control period (``PoolSpec.period_s``)."""
-        await asyncio.gather(*(self._pool_telemetry(name, pool) for name, pool in self.pools.items()))
+        await asyncio.gather(*(self._pool_telemetry(name, pool) for name, pool in self.pools.items()),
+                             *(self._pool_pulses(name, pool) for name, pool in self.pools.items()
+                               if self._pool_period(name) > PULSE_PERIOD_S))
+
+    def _pool_period(self, name: str) -> float:
+        spec = self.settings.pools.get(name)
+        return (spec.period_s if spec else None) or self.settings.telemetry_period_s
+
+    async def _pool_pulses(self, name: str, pool: WorkerPool) -> None:
+        """A ``PoolPulse`` every PULSE_PERIOD_S between the pool's control periods: what its
+        controller reacts to before its next decision (controller/panic.py)."""
+        assert self.nc is not None
+        stats, dispatcher = self.stats[name], pool.dispatcher
+        subject = self.subjects.pulse(self.settings.node_id, name)
+        last = time.monotonic()
+        while True:
+            still_wanted()
+            await asyncio.sleep(PULSE_PERIOD_S)
+            now = time.monotonic()
+            elapsed, last = now - last, now
+            pulse = stats.pulse(time.time(), elapsed, queue_length=dispatcher.n_waiting, ready=pool.ready,
+                                starting=pool.starting)
+            with contextlib.suppress(Exception):  # broker blip: the next pulse goes out
+                await self.nc.publish(subject, encode(pulse))
 
     async def _pool_telemetry(self, name: str, pool: WorkerPool) -> None:
-        spec = self.settings.pools.get(name)
-        period = (spec.period_s if spec else None) or self.settings.telemetry_period_s
+        period = self._pool_period(name)
         assert self.nc is not None
         stats, dispatcher = self.stats[name], pool.dispatcher
         subject = self.subjects.telemetry(self.settings.node_id, name)

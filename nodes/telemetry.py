@@ -8,18 +8,29 @@ from __future__ import annotations
 
 import numpy as np
 
-from broker.messages import PoolTelemetry
+from broker.messages import PoolPulse, PoolTelemetry
+
+PULSE_PERIOD_S = 2.0   # a pool with a longer control period also sends a PoolPulse this often (controller/panic.py)
 
 
 class PoolStats:
     def __init__(self, node: str, pool: str) -> None:
         self.node, self.pool = node, pool
         self._arrivals = 0
+        self._pulse_arrivals = 0
         self._latencies: list[float] = []
         self._met = 0
 
     def arrived(self, count: int = 1) -> None:
         self._arrivals += count
+        self._pulse_arrivals += count
+
+    def pulse(self, now: float, window_s: float, *, queue_length: int, ready: int, starting: int) -> PoolPulse:
+        """The state between control periods; starts the next pulse's window."""
+        pulse = PoolPulse(node=self.node, pool=self.pool, time=now, window_s=window_s, arrivals=self._pulse_arrivals,
+                          queue_length=max(0, queue_length), workers_ready=ready, workers_starting=starting)
+        self._pulse_arrivals = 0
+        return pulse
 
     def completed(self, latency_s: float, deadline_s: float | None, ok: bool) -> None:
         """One finished task; it met its QoS if it succeeded within its deadline (if it had one)."""

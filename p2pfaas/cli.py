@@ -687,6 +687,7 @@ def controller_cmd(
     policy: str = typer.Option("auto", help="auto (the shipped RL model), dqn, pg, sarsa, a model .npz, reactive, reactive-max, keda, kpa, hpa or fixed-<n>."),
     learn_online: bool = typer.Option(True, help="RL policies: seed the node's learner, use its online-trained weights, roll back to the shipped ones if live QoS drops."),
     scenario: str = typer.Option("bursty", help="Scenario giving worker bounds and observation normalisation."),
+    panic: Optional[bool] = typer.Option(None, "--panic/--no-panic", help="Raise the target between decisions when the load outgrows the pool (Knative's panic mode; default: for RL policies, which are trained with it)."),
     models_dir: Path = typer.Option(Path("data/models"), help="Where trained scaling models are looked up."),
     nats_url: Optional[str] = typer.Option(None, help="NATS URL (default: from a running `p2pfaas up`)."),
     data_dir: Path = typer.Option(Path("data"), help="Where `p2pfaas up` wrote endpoints.json."),
@@ -717,10 +718,16 @@ def controller_cmd(
                       f"workers {t.workers_ready:3d}+{t.workers_starting:<2d} -> target {step.target:3d}  QoS {t.qos:6.1%}"
                       + (f"  model {step.model_version}" if step.model_version else ""))
 
+    def panicked(pulse, previous: int, target: int) -> None:
+        console.print(f"{time.strftime('%H:%M:%S')} panic: {pulse.arrivals} arrivals in {pulse.window_s:.1f} s, "
+                      f"queue {pulse.queue_length}, workers {pulse.workers_ready}+{pulse.workers_starting} "
+                      f"-> target {previous} -> {target}")
+
     async def start():
         nc = await connect(url, f"controller-{node_id}-{pool}")
         controller = LiveController(nc, node_id, pool, chosen, sc, prefix=prefix, policy_name=name, on_step=show,
-                                    learn_online=learn_online, models_dir=models_dir)
+                                    on_panic=panicked, learn_online=learn_online, models_dir=models_dir,
+                                    react_between_periods=panic)
         await controller.start()
         return nc, controller
 
@@ -734,7 +741,8 @@ def controller_cmd(
             console.print(f"[yellow]note:[/] {note}")
         if part[1].learner_note:
             console.print(f"[yellow]note:[/] {part[1].learner_note}")
-        console.print(f"controlling {node_id}/{pool} with {name}; Ctrl-C to stop")
+        console.print(f"controlling {node_id}/{pool} with {name}"
+                      f"{', raising between decisions when the load outgrows the pool' if part[1].reacts else ''}; Ctrl-C to stop")
 
     with _reported(BrokerUnavailable, todo=START_THE_STACK):
         run_part(start, stop, announce)

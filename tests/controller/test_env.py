@@ -162,14 +162,16 @@ class Replay:
         return current_target + self.deltas[self.actions[self.i - 1]]
 
 
-def test_evaluation_loop_matches_the_env():
-    sc = load_scenario("bursty")
-    env = FarmScalingEnv(sc)
+@pytest.mark.parametrize("panic", [True, False])
+def test_evaluation_loop_matches_the_env(panic):
+    """Training (the env) and evaluation run the same farm, the panic rule between periods included."""
+    sc = load_scenario("spike")
+    env = FarmScalingEnv(sc, panic=panic)
     _, info = env.reset(seed=5)
     rng = np.random.default_rng(0)
     actions = rng.integers(0, 3, sc.steps).tolist()
     total = sum(env.step(a)[1] for a in actions)
-    result = run_episode(sc, Replay(actions, env.deltas), info["episode_seed"])
+    result = run_episode(sc, Replay(actions, env.deltas), info["episode_seed"], panic=panic)
     assert result.episode_return == pytest.approx(total)
     assert result.totals == env.backend.totals()
 
