@@ -1,6 +1,6 @@
 """What simple causal scaling rules can reach on each scenario, next to the hindsight references.
 
-    .venv/bin/python bench/scaling_frontier.py [--episodes 10] [--scenarios bursty,steady,spike,diurnal,generated]
+    .venv/bin/python bench/scaling_frontier.py [--episodes 10] [--scenarios bursty,...,generated,paper]
                                                [--initial-fits]
 
 For every scenario: the QoS ceiling (the largest pool from the first decision on), the smallest
@@ -20,10 +20,10 @@ import math
 
 import numpy as np
 
-from controller.baselines import RLPolicy
-from controller.evaluation import PolicySpec, episode_workloads, evaluate, tune_lookahead_oracle
-from controller.features import ScalingActions, action_names, staffing
+from controller.evaluation import evaluate
+from controller.frontier import rules
 from controller.scenario import Scenario, load_scenario
+from controller.workloads import FAMILIES
 
 QOS_TARGET = 99.0
 
@@ -38,57 +38,17 @@ def fitted(scenario: Scenario) -> Scenario:
     return scenario.model_copy(update={"workers": scenario.workers.model_copy(update={"initial": initial})})
 
 
-class Constant:
-    """An 'agent' that always answers the same target action."""
-
-    def __init__(self, action: int, n_actions: int) -> None:
-        self.action, self.n_actions = action, n_actions
-
-    def act(self, obs, explore: bool = False) -> int:
-        return self.action
-
-
-class Hysteresis:
-    """Square-root staffing of the recent peak need, changed only when the headroom leaves a band."""
-
-    def __init__(self, scenario, beta: float, low: float, high: float) -> None:
-        self.scenario, self.beta, self.low, self.high = scenario, beta, low, high
-        self.name = f"hysteresis beta {beta:g} band [{low:g}, {high:g}]"
-
-    def reset(self) -> None:
-        self.needs: list[float] = []
-
-    def decide(self, t, current: int) -> int:
-        sc = self.scenario
-        self.needs.append(t.arrival_rate * sc.mean_service_s + t.queue_length * sc.mean_service_s / sc.step_seconds)
-        need = max(self.needs[-2:])
-        headroom = (current - need) / math.sqrt(max(1.0, need))
-        return staffing(need, self.beta) if not self.low <= headroom <= self.high else current
-
-
-def rules() -> list[PolicySpec]:
-    n = ScalingActions("target").n
-    specs = [PolicySpec(f"always {name}", lambda sc, a=a: RLPolicy(name, Constant(a, n), sc, "target"), "rule")
-             for a, name in enumerate(action_names("target")) if a > 0]
-    for beta in (2.0, 3.0, 4.0):
-        for low, high in ((1.0, 4.0), (1.5, 6.0)):
-            specs.append(PolicySpec(f"hysteresis beta {beta:g} band [{low:g}, {high:g}]",
-                                    lambda sc, b=beta, lo=low, hi=high: Hysteresis(sc, b, lo, hi), "rule"))
-    return specs
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--episodes", type=int, default=10)
-    parser.add_argument("--scenarios", default="bursty,steady,spike,diurnal,generated")
+    parser.add_argument("--scenarios", default="bursty,steady,spike,diurnal,generated,paper")
     parser.add_argument("--initial-fits", action="store_true",
                         help="start every shipped scenario with a pool that fits its warm-up load")
     args = parser.parse_args()
     for name in args.scenarios.split(","):
-        scenario = fitted(load_scenario(name)) if args.initial_fits and name != "generated" else name
+        scenario = fitted(load_scenario(name)) if args.initial_fits and name not in FAMILIES else name
         report = evaluate(scenario, rules(), episodes=args.episodes, seed=0, references=True)
-        policies = [*report.policies, tune_lookahead_oracle(episode_workloads(scenario, args.episodes, 0),
-                                                            QOS_TARGET / 100)]
+        policies = report.policies
         oracle = next(p for p in policies if p.name.startswith("oracle"))
         oracle_workers = oracle.metrics["mean_workers"].mean
         initial = "" if isinstance(scenario, str) else f", initial pool {scenario.workers.initial}"

@@ -245,6 +245,11 @@ class RLPolicy:
         self.observe.reset()
         self.last_observation, self.last_action = None, None
 
+    def rebind(self, scenario: Scenario) -> None:
+        """Decide on ``scenario`` from the next ``reset()`` on (the same agent, its observations
+        built for that scenario): an online run goes from one workload to the next."""
+        self.scenario, self.observe = scenario, ObservationBuilder(scenario)
+
     def decide(self, t: PoolTelemetry, current_target: int) -> int:
         obs = self.observe(t)
         action = int(self.agent.act(obs, explore=self.explore))

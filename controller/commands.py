@@ -13,16 +13,18 @@ import typer
 
 BASELINE_NAMES = ("reactive-avg", "reactive-max", "keda", "kpa", "hpa")
 RL_NAMES = ("dqn", "pg", "sarsa")
-EVERYTHING = ("bursty", "steady", "spike", "diurnal", "generated")
-_SCENARIO_HELP = ("'all' (every shipped scenario and generated workloads), a shipped scenario (bursty, steady, "
+FAMILY_NAMES = ("generated", "paper")   # controller/workloads.py FAMILIES (not imported: --help stays fast)
+EVERYTHING = ("bursty", "steady", "spike", "diurnal", *FAMILY_NAMES)
+_SCENARIO_HELP = ("'all' (every shipped scenario and both families), a shipped scenario (bursty, steady, "
                   "spike, diurnal), 'generated' (workloads drawn by controller/workloads.py from the episode "
-                  "seeds, never used in training) or the path of a scenario JSON/YAML file.")
+                  "seeds, never used in training), 'paper' (the farm-skeleton paper's setting, its details "
+                  "drawn from the seeds) or the path of a scenario JSON/YAML file.")
 
 
 def _check_scenario(scenario: str) -> None:
     from controller.scenario import ScenarioError, load_scenario
 
-    if scenario == "generated":
+    if scenario in FAMILY_NAMES:
         return
     try:
         load_scenario(scenario)
@@ -60,6 +62,7 @@ def eval_scaling(
                           f"RL agents: {', '.join(RL_NAMES)} (your model in --models-dir, else the shipped one)."),
     ] = "all",
     references: Annotated[bool, typer.Option(help="Add the best fixed pool reaching 99 % and the instant-resize oracle (both with hindsight).")] = True,
+    rules: Annotated[bool, typer.Option(help="Add the causal rules of controller/frontier.py as peers (shown: the best by return and the cheapest at 99 %).")] = True,
     models_dir: Annotated[Path, typer.Option(help="Where your own trained models are looked up (p2pfaas train scaling writes there).")] = Path("data/models"),
     json_out: Annotated[Optional[Path], typer.Option("--json", help="Also write the full reports (metrics, per-episode totals, time series) as JSON here.")] = None,
     plots_dir: Annotated[Optional[Path], typer.Option("--plots", help="Also save PNG plots of workers, queue and QoS over time into this directory.")] = None,
@@ -78,7 +81,9 @@ def eval_scaling(
 
     from controller.baselines import is_baseline
     from controller.evaluation import evaluate, report_table, write_plots
-    from controller.report import markdown_report, target_checks, targets_table, write_reports, write_summary_plot
+    from controller.frontier import rules as causal_rules
+    from controller.report import (markdown_report, paper_checks, paper_table, target_checks, targets_table,
+                                   write_reports, write_summary_plot)
 
     scenarios = list(EVERYTHING) if scenario == "all" else [scenario]
     for name in scenarios:
@@ -94,16 +99,20 @@ def eval_scaling(
         console = Console(width=200)
     reports = []
     with Progress(console=Console(stderr=True), transient=True) as progress:
-        bar = progress.add_task("evaluating", total=len(scenarios) * (len(specs) + 3 * references))
+        peers = causal_rules() if rules else []
+        bar = progress.add_task("evaluating", total=len(scenarios) * (len(specs) + bool(peers) + 4 * references))
         for name in scenarios:
             def step(policy: str, name=name) -> None:
                 progress.update(bar, advance=1, description=f"{name}: {policy}")
 
-            reports.append(evaluate(name, specs, episodes=episodes, seed=seed, references=references, progress=step))
+            reports.append(evaluate(name, specs, episodes=episodes, seed=seed, references=references, progress=step,
+                                    rules=peers))
     for report in reports:
         console.print(report_table(report))
     if references:
         console.print(targets_table(target_checks(reports)))
+        if paper_checks(reports):
+            console.print(paper_table(paper_checks(reports)))
     if json_out is not None:
         console.print(f"report: {write_reports(reports, json_out)}")
     if markdown is not None:

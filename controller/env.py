@@ -26,7 +26,7 @@ from controller.features import (
 from controller.panic import PanicRule
 from controller.scenario import Scenario, load_scenario
 from controller.simulator import EpisodeTotals, FarmSimulator
-from controller.workloads import GENERATED_PREFIX, MIXED, training_scenario
+from controller.workloads import FAMILIES, MIXED, training_scenario
 
 __all__ = [
     "ACTION_DELTAS", "OBSERVATION_FIELDS", "TRAINING_SEED_FLOOR", "FarmBackend", "FarmScalingEnv", "RewardConfig",
@@ -163,7 +163,7 @@ class FarmScalingEnv(gym.Env[np.ndarray, np.integer]):
     ) -> None:
         self.actions = ScalingActions(action_mode)
         self.panic = panic
-        self.family = scenario if isinstance(scenario, str) and scenario in (GENERATED_PREFIX, MIXED) else None
+        self.family = scenario if isinstance(scenario, str) and (scenario in FAMILIES or scenario == MIXED) else None
         if self.family and backend is not None:
             raise ValueError("generated workloads run on the simulator: do not pass a backend")
         self._use(training_scenario(self.family, TRAINING_SEED_FLOOR) if self.family else load_scenario(scenario),

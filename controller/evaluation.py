@@ -22,7 +22,7 @@ from controller.oracle import ORACLE_BETAS, InstantResizeOracle, LookaheadOracle
 from controller.panic import PanicRule
 from controller.scenario import Scenario, load_scenario
 from controller.simulator import EpisodeTotals, FarmSimulator
-from controller.workloads import GENERATED_PREFIX, generated_scenario
+from controller.workloads import FAMILIES, family_scenario
 
 METRICS = {  # key -> (column title, format)
     "qos_pct": ("QoS %", "{:.2f}"),
@@ -81,6 +81,7 @@ class EvalReport(_Frozen):
 
 
 # --------------------------------------------------------------------------- running
+RULE = "rule"   # the role of a causal rule's report (controller/frontier.py)
 PolicyFactory = Callable[[Scenario], ScalingPolicy]
 
 
@@ -91,7 +92,7 @@ class PolicySpec:
 
     name: str
     make: PolicyFactory
-    role: str = "policy"   # "baseline", "rl" or "reference"
+    role: str = "policy"   # "baseline", "rl", "rule" (controller/frontier.py) or "reference"
     panic: bool | None = None   # the controller's reaction between periods; None: RL policies only
 
     @property
@@ -162,14 +163,14 @@ def summarise(name: str, episodes: list[EpisodeResult], role: str = "policy") ->
 
 def episode_workloads(scenario: Scenario | str, episodes: int, seed: int) -> list[tuple[Scenario, int]]:
     """(scenario, workload seed) of episodes ``seed .. seed + episodes - 1``: the named scenario
-    each time, or for ``"generated"`` the generated workload of that seed."""
+    each time, or for a family (``"generated"``, ``"paper"``) its workload of that seed."""
     if episodes < 1:
         raise ValueError("episodes must be >= 1")
     if not (0 <= seed and seed + episodes <= TRAINING_SEED_FLOOR):
         raise ValueError(f"evaluation seeds must lie in [0, 2**32) so they never meet training seeds, got {seed}")
     seeds = range(seed, seed + episodes)
-    if isinstance(scenario, str) and scenario == GENERATED_PREFIX:
-        return [(generated_scenario(s), s) for s in seeds]
+    if isinstance(scenario, str) and scenario in FAMILIES:
+        return [(family_scenario(scenario, s), s) for s in seeds]
     sc = load_scenario(scenario)
     return [(sc, s) for s in seeds]
 
@@ -184,6 +185,24 @@ def _spec(policy: ScalingPolicy | PolicySpec) -> PolicySpec:
 def run_policy(spec: PolicySpec, workloads: list[tuple[Scenario, int]], reward: RewardConfig | None = None) -> PolicyReport:
     return summarise(spec.name, [run_episode(sc, spec.make(sc), s, reward, panic=spec.reacts) for sc, s in workloads],
                      spec.role)
+
+
+def notable_rules(reports: list[PolicyReport], qos_target: float = 0.99) -> list[PolicyReport]:
+    """The rules an RL policy is checked against: the one with the highest return (beating it beats
+    them all) and the cheapest reaching 99 % QoS (if one does: then the policy must too), renamed
+    to say so; the same report once when it is both."""
+    if not reports:
+        return []
+    n = len(reports)
+    best = max(reports, key=lambda p: p.metrics["episode_return"].mean)
+    passing = [p for p in reports if p.metrics["qos_pct"].mean >= 100 * qos_target]
+    cheapest = min(passing, key=lambda p: p.metrics["mean_workers"].mean) if passing else None
+    if cheapest is best:
+        return [best.model_copy(update={"name": f"rule {best.name} (best of {n} rules, cheapest at 99 %)"})]
+    out = [best.model_copy(update={"name": f"rule {best.name} (best of {n} rules)"})]
+    if cheapest is not None:
+        out.append(cheapest.model_copy(update={"name": f"rule {cheapest.name} (cheapest of {n} at 99 %)"}))
+    return out
 
 
 def _mean_qos(report: PolicyReport) -> float:
@@ -262,11 +281,13 @@ def evaluate(
     references: bool = False,
     qos_target: float = 0.99,
     progress: Callable[[str], None] | None = None,
+    rules: Sequence[PolicySpec] = (),
 ) -> EvalReport:
     """Run every policy on episodes ``seed .. seed + episodes - 1`` (the same workloads for all);
     with ``references`` also the largest pool (the QoS ceiling), the best fixed pool and the
     instant-resize oracle (both chosen with hindsight), and the lookahead oracle (the limit: a
-    perfect forecast that pays every cold start)."""
+    perfect forecast that pays every cold start). ``rules`` (controller/frontier.py) are run too
+    and kept as :func:`notable_rules`: the best by return and the cheapest reaching the target."""
     workloads = episode_workloads(scenario, episodes, seed)
     specs = [_spec(p) for p in policies]
     names = [p.name for p in specs]
@@ -279,6 +300,10 @@ def evaluate(
         if progress:
             progress(spec.name)
         reports.append(run_policy(spec, workloads, reward))
+    if rules:
+        if progress:
+            progress(f"{len(rules)} causal rules")
+        reports.extend(notable_rules([run_policy(r, workloads, reward) for r in rules], qos_target))
     if references:
         for name, reference in (("largest pool", largest_pool), ("best fixed pool", best_fixed_pool),
                                 ("oracle", tune_oracle), ("lookahead oracle", tune_lookahead_oracle)):
@@ -287,7 +312,7 @@ def evaluate(
             reports.append(reference(workloads, qos_target, reward))
     first = workloads[0][0]
     need = [r.arrival_rate * first.mean_service_s for r in reports[0].episodes[0].steps] if reports else []
-    title = scenario if isinstance(scenario, str) and scenario == GENERATED_PREFIX else first.name
+    title = scenario if isinstance(scenario, str) and scenario in FAMILIES else first.name
     return EvalReport(scenario=title, seed=seed, episode_seeds=[s for _, s in workloads], mean_load_workers=need,
                       policies=reports)
 

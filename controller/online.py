@@ -9,6 +9,7 @@ the shipped weights when the online ones do worse than the shipped model did (do
 from __future__ import annotations
 
 import logging
+import math
 from collections import deque
 from dataclasses import dataclass
 from typing import Any
@@ -19,6 +20,21 @@ from controller.baselines import RLPolicy
 log = logging.getLogger(__name__)
 
 SHIPPED = "shipped"
+
+
+Z_99 = 2.326                  # one-sided 99 % quantile of the normal distribution
+RISING, SURGING = 1.25, 2.0   # arrival rate over the lowest of the previous STRATUM_LOOKBACK periods
+STRATUM_LOOKBACK = 3          # a step in load and the periods that drain its backlog
+STRATA = 3
+
+
+def load_stratum(rate: float, previous: deque[float]) -> int:
+    """0 steady or falling, 1 rising (over 1.25x), 2 surging (over 2x the lowest rate of the
+    previous periods): what any policy's QoS depends on most, and no policy changes."""
+    if not previous:
+        return 0
+    ratio = rate / max(min(previous), 1e-3)
+    return 2 if ratio > SURGING else 1 if ratio > RISING else 0
 
 
 @dataclass
@@ -47,8 +63,14 @@ class ModelGuard:
     * while online weights decide, newer versions replace them at once (same lineage);
     * once they have decided ``trial_periods`` periods with at least ``min_tasks`` tasks, every
       period judges their *recent* QoS (the newest periods that hold both, at most
-      ``window_periods``): below the shipped model's by more than ``tolerance``, the shipped weights
-      decide again
+      ``window_periods``) against what the shipped model met *in the same kind of periods*:
+      every period has a load stratum (:func:`load_stratum`: steady, rising, surging, from the
+      arrival rates alone, so it does not depend on who decides), the shipped model's QoS is kept
+      per stratum, and the online weights are expected to meet, on each of their periods, what
+      the shipped weights met in that stratum (a surge misses deadlines whoever decides: judged
+      against one QoS of other periods, every surge rolled the online weights back). Below that
+      by more than ``tolerance`` and more than chance explains (:meth:`margin`), the shipped
+      weights decide again
       (``observe`` returns True: the caller resets the learner to the shipped weights and reports
       the version it restarts at with ``reseeded``); until then no new version is taken, and
       afterwards only versions trained from the shipped weights again.
@@ -60,11 +82,13 @@ class ModelGuard:
         self.reference_periods, self.trial_periods = reference_periods, trial_periods
         self.min_tasks, self.tolerance = min_tasks, tolerance
         self.reference = QoSTally()      # periods the shipped weights decided
+        self.strata = [QoSTally() for _ in range(STRATA)]   # ... by load stratum
         self.trial = QoSTally()          # periods online weights decided since they took over
-        # the same periods one by one, newest last: judged over the recent ones only (judged over
-        # the online weights' whole life, a version turning bad after days of good ones was
-        # rolled back hours late, its bad periods diluted in the good ones)
-        self.recent: deque[tuple[int, int]] = deque(maxlen=max(trial_periods, window_periods))
+        # the same periods one by one (met, completed, stratum), newest last: judged over the
+        # recent ones only (judged over the online weights' whole life, a version turning bad after
+        # days of good ones was rolled back hours late, its bad periods diluted in the good ones)
+        self.recent: deque[tuple[int, int, int]] = deque(maxlen=max(trial_periods, window_periods))
+        self._rates: deque[float] = deque(maxlen=STRATUM_LOOKBACK)
         self.online_version: int | None = None
         self.candidate: tuple[Any, int] | None = None
         self.floor_version = 0
@@ -89,30 +113,49 @@ class ModelGuard:
 
     def observe(self, t: PoolTelemetry) -> bool:
         """Account the period to the weights that decided it; True when they were rolled back."""
+        stratum = load_stratum(t.arrival_rate, self._rates)
+        self._rates.append(t.arrival_rate)
         if self.online_version is None:
             self.reference.add(t)
+            self.strata[stratum].add(t)
             if self.candidate is not None and self.reference.periods >= self.reference_periods:
                 self._decide_with(*self.candidate)
                 self._new_trial()
             return False
         self.trial.add(t)
-        self.recent.append((t.met_deadline, t.completed))
+        self.recent.append((t.met_deadline, t.completed, stratum))
         judged = self._recent_tally()
-        if judged is not None and judged.qos < self.reference.qos - self.tolerance:
+        if judged is None:
+            return False
+        tally, expected = judged
+        if tally.qos < expected - self.margin(expected, tally.completed):
             log.warning("controller: online weights %s met %.2f %% of deadlines over their last %d periods, the "
-                        "shipped model %.2f %%: rolling back to the shipped model", self.version, 100 * judged.qos,
-                        judged.periods, 100 * self.reference.qos)
+                        "shipped model %.2f %% in periods of the same load: rolling back to the shipped model",
+                        self.version, 100 * tally.qos, tally.periods, 100 * expected)
             self.rollback()
             return True
         return False
 
-    def _recent_tally(self) -> QoSTally | None:
-        """The newest periods holding ``trial_periods`` periods and ``min_tasks`` tasks (None: not yet)."""
-        tally = QoSTally()
-        for met, completed in reversed(self.recent):
+    def margin(self, expected: float, tasks: int) -> float:
+        """How far below ``expected`` a QoS over ``tasks`` tasks must be to be worse: ``tolerance``, or
+        more when chance alone would often go that far (one-sided 99 % of a binomial): over 320
+        tasks at 95 %, chance alone is 1.2 points below one time in six."""
+        return max(self.tolerance, Z_99 * math.sqrt(max(expected * (1 - expected), 0.0) / max(tasks, 1)))
+
+    def expected_qos(self, stratum: int) -> float:
+        """The shipped model's QoS in ``stratum`` (its overall QoS while it has seen few such tasks)."""
+        tally = self.strata[stratum]
+        return tally.qos if tally.completed >= self.min_tasks else self.reference.qos
+
+    def _recent_tally(self) -> tuple[QoSTally, float] | None:
+        """The newest periods holding ``trial_periods`` periods and ``min_tasks`` tasks and the QoS the
+        shipped model met in periods of the same strata, task for task (None: not yet)."""
+        tally, expected_met = QoSTally(), 0.0
+        for met, completed, stratum in reversed(self.recent):
             tally.met, tally.completed, tally.periods = tally.met + met, tally.completed + completed, tally.periods + 1
+            expected_met += completed * self.expected_qos(stratum)
             if tally.periods >= self.trial_periods and tally.completed >= self.min_tasks:
-                return tally
+                return tally, expected_met / tally.completed
         return None
 
     def _new_trial(self) -> None:

@@ -2,7 +2,8 @@
 targets"), as rich tables, Markdown (the README's) and JSON.
 
 The references (issue 27's decision): the *limit* is the lookahead oracle (a perfect forecast
-that pays every cold start); the *peers* are the baselines at their defaults. For an RL policy on
+that pays every cold start); the *peers* are the baselines at their defaults and the causal rules
+of controller/frontier.py (the best of them by return, the cheapest at 99 %). For an RL policy on
 each scenario: QoS >= 99 % wherever a peer reaches it, a higher return (the env's: worker-seconds
 with missed work priced) than every peer, and mean workers <= 1.15x the lookahead oracle's at
 99 %. The instant-resize oracle, the hindsight fixed pool and the QoS ceiling (the largest pool
@@ -17,9 +18,11 @@ from pathlib import Path
 
 import orjson
 
-from controller.evaluation import METRICS, EvalReport, PolicyReport
+from controller.evaluation import METRICS, RULE, EvalReport, PolicyReport
 
 QOS_TARGET_PCT = 99.0
+PAPER = "paper"            # the paper's setting has the paper's own targets (its SARSA: 99.2 %, 14.78, 24)
+PAPER_QOS_PCT, PAPER_WORKERS, PAPER_ACTIONS = 99.2, 14.0, 24
 ORACLE_FACTOR = 1.2        # the instant-resize oracle's scale in the summary plot (information)
 LOOKAHEAD_FACTOR = 1.15    # the limit: mean workers over the lookahead oracle's
 
@@ -30,7 +33,7 @@ class TargetCheck:
     policy: str
     qos_pct: float
     qos_ceiling_pct: float
-    peer_reaches_99: bool             # some baseline reaches 99 %: then the policy must too
+    peer_reaches_99: bool             # some baseline or rule reaches 99 %: then the policy must too
     workers_vs_lookahead: float       # mean workers / the lookahead oracle's
     workers_vs_oracle: float          # ... / the instant-resize oracle's (information)
     episode_return: float
@@ -70,8 +73,8 @@ def target_checks(reports: Sequence[EvalReport]) -> list[TargetCheck]:
     for report in reports:
         oracle, lookahead, ceiling = (_reference(report, "oracle", unless="lookahead"), _reference(report, "lookahead"),
                                       _reference(report, "ceiling"))
-        peers = [p for p in report.policies if p.role == "baseline"]
-        reactive = [p for p in peers if p.name.startswith("reactive")]
+        peers = [p for p in report.policies if p.role in ("baseline", RULE)]
+        reactive = [p for p in peers if p.role == "baseline" and p.name.startswith("reactive")]
         rl = [p for p in report.policies if p.role == "rl"]
         if oracle is None or lookahead is None or not rl or not peers:
             continue
@@ -88,6 +91,45 @@ def target_checks(reports: Sequence[EvalReport]) -> list[TargetCheck]:
             reactive_actions=min((_mean(r, "scaling_actions") for r in reactive), default=float("nan")),
         ) for p in rl)
     return out
+
+
+@dataclass(frozen=True)
+class PaperCheck:
+    policy: str
+    qos_pct: float
+    mean_workers: float
+    scaling_actions: float
+
+    @property
+    def ok(self) -> bool:
+        return (self.qos_pct >= PAPER_QOS_PCT and self.mean_workers <= PAPER_WORKERS
+                and self.scaling_actions < PAPER_ACTIONS)
+
+
+def paper_checks(reports: Sequence[EvalReport]) -> list[PaperCheck]:
+    """The paper's targets for every RL policy on the ``paper`` family (none without that report)."""
+    return [PaperCheck(p.name, _mean(p, "qos_pct"), _mean(p, "mean_workers"), _mean(p, "scaling_actions"))
+            for report in reports if report.scenario == PAPER for p in report.policies if p.role == "rl"]
+
+
+PAPER_HEADERS = ("RL policy", f"QoS % (>= {PAPER_QOS_PCT:g})", f"mean workers (<= {PAPER_WORKERS:g})",
+                 f"actions (< {PAPER_ACTIONS})", "met")
+
+
+def paper_rows(checks: Sequence[PaperCheck]) -> list[tuple[str, ...]]:
+    return [(c.policy, f"{c.qos_pct:.2f}", f"{c.mean_workers:.2f}", f"{c.scaling_actions:.1f}", _mark(c.ok))
+            for c in checks]
+
+
+def paper_table(checks: Sequence[PaperCheck]):
+    from rich.table import Table
+
+    table = Table(title="the paper's setting: the paper's own targets (its SARSA: 99.2 %, 14.78 workers, 24 actions)")
+    for header in PAPER_HEADERS:
+        table.add_column(header, justify="left" if header == "RL policy" else "right")
+    for row in paper_rows(checks):
+        table.add_row(*row)
+    return table
 
 
 def _mark(ok: bool | None) -> str:
@@ -110,8 +152,8 @@ def target_rows(checks: Sequence[TargetCheck]) -> list[tuple[str, ...]]:
 def targets_table(checks: Sequence[TargetCheck]):
     from rich.table import Table
 
-    table = Table(title="RL targets per scenario: the peers are the baselines, the limit the lookahead oracle; "
-                        "ceiling: the largest pool's QoS")
+    table = Table(title="RL targets per scenario: the peers are the baselines and the causal rules, the limit "
+                        "the lookahead oracle; ceiling: the largest pool's QoS")
     for header in TARGET_HEADERS:
         table.add_column(header, justify="left" if header in ("scenario", "RL policy") else "right")
     for row in target_rows(checks):
@@ -143,6 +185,11 @@ def markdown_report(reports: Sequence[EvalReport], episodes: int, seed: int) -> 
         lines = ["| " + " | ".join(TARGET_HEADERS) + " |", "|" + "---|" * len(TARGET_HEADERS)]
         lines += ["| " + " | ".join(row) + " |" for row in target_rows(checks)]
         parts.append("#### RL targets\n\n" + "\n".join(lines) + "\n")
+    papers = paper_checks(reports)
+    if papers:
+        lines = ["| " + " | ".join(PAPER_HEADERS) + " |", "|" + "---|" * len(PAPER_HEADERS)]
+        lines += ["| " + " | ".join(row) + " |" for row in paper_rows(papers)]
+        parts.append("#### The paper's setting: its own targets\n\n" + "\n".join(lines) + "\n")
     return "\n".join(parts)
 
 

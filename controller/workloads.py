@@ -15,6 +15,7 @@ import numpy as np
 from controller.scenario import Scenario
 
 GENERATED_PREFIX = "generated"
+PAPER = "paper"        # the farm-skeleton paper's setting, its details drawn from the seed
 MIXED = "mixed"        # training: generated workloads, and the shipped scenarios (other seeds), half each
 
 
@@ -96,13 +97,54 @@ def generated_scenario(seed: int) -> Scenario:
     return Scenario.model_validate(data)
 
 
+def paper_scenario(seed: int) -> Scenario:
+    """The farm-skeleton paper's setting (../shared/REFERENCE.md) with the details it does not give
+    drawn from ``seed``: 8 s steps, 30 decisions, 1-32 workers starting at 12, cold starts of
+    5.2-9 s; Poisson arrivals in a quiet phase, then a step to about 5x its load, then a lower
+    plateau; gamma service times around 1.5 s, deadline twice the task's own service time."""
+    rng = np.random.default_rng(np.random.SeedSequence([seed, 27]))
+    step, steps = 8.0, 30
+    mean = float(rng.uniform(1.3, 1.7))
+    shape = float(rng.uniform(3.0, 5.0))
+    quiet = float(rng.uniform(1.0, 1.5))                  # arrivals per second
+    peak = quiet * float(rng.uniform(4.5, 5.5))
+    plateau = peak * float(rng.uniform(0.55, 0.8))
+    quiet_periods = int(rng.integers(4, 9))               # the warm-up period included
+    surge_periods = int(rng.integers(8, 13))
+    rest = steps + 1 - quiet_periods - surge_periods
+    data = {
+        "name": f"{PAPER}-{seed}",
+        "description": "the farm-skeleton paper's setting (controller/workloads.py)",
+        "step_seconds": step,
+        "max_steps": steps,
+        "workers": {"min": 1, "max": 32, "initial": 12},
+        "cold_start_seconds": {"dist": "uniform", "low": 5.2, "high": 9.0},
+        "scale_down_seconds": {"dist": "uniform", "low": 2.0, "high": 4.0},
+        "service_time": {"dist": "gamma", "shape": round(shape, 3), "scale": round(mean / shape, 4), "min": 0.2,
+                         "max": 6.0},
+        "deadline": {"factor": 2.0, "min": 1.0, "max": 12.0},
+        "phases": [{"duration_s": n * step, "rate_per_s": round(rate, 4), "pattern": "constant"}
+                   for n, rate in ((quiet_periods, quiet), (surge_periods, peak), (rest, plateau))],
+    }
+    return Scenario.model_validate(data)
+
+
+FAMILIES = {GENERATED_PREFIX: generated_scenario, PAPER: paper_scenario}
+
+
+def family_scenario(family: str, seed: int) -> Scenario:
+    """The workload of ``seed`` in a family of ``FAMILIES``."""
+    return FAMILIES[family](seed)
+
+
 def is_generated(name: str) -> bool:
     return name == GENERATED_PREFIX or name.startswith(f"{GENERATED_PREFIX}-")
 
 
 def training_scenario(family: str, seed: int) -> Scenario:
-    """The scenario of a training episode: ``generated`` draws one from the seed; ``mixed`` takes a
-    shipped scenario for half the seeds (the episode's workload still comes from the seed)."""
+    """The scenario of a training episode: a family of ``FAMILIES`` draws one from the seed;
+    ``mixed`` takes a shipped scenario for half the seeds, a generated one for the others (the
+    episode's workload still comes from the seed)."""
     from controller.scenario import load_scenario, shipped_scenarios
 
     if family == MIXED:
@@ -110,4 +152,5 @@ def training_scenario(family: str, seed: int) -> Scenario:
         if rng.random() < 0.5:
             shipped = shipped_scenarios()
             return load_scenario(shipped[int(rng.integers(len(shipped)))])
-    return generated_scenario(seed)
+        return generated_scenario(seed)
+    return family_scenario(family, seed)

@@ -33,6 +33,7 @@ def test_eval_writes_tables_targets_json_markdown_and_plots(tmp_path):
     names = [p["name"] for p in data["policies"]]
     assert names[:3] == ["keda", "reactive-avg", "sarsa"] and data["episode_seeds"] == [0, 1]
     assert any(n.startswith("oracle") for n in names) and any("smallest" in n for n in names)
+    assert any(p["role"] == "rule" and "best of 12 rules" in p["name"] for p in data["policies"])   # peers
     assert (plots / "scaling-spike.png").is_file() and "| **sarsa** |" in md.read_text()
 
 
@@ -57,7 +58,8 @@ def test_train_writes_a_model_that_eval_then_prefers_over_the_shipped_one(tmp_pa
     assert model_for("sarsa", tmp_path) == (model, False)
     assert model_for("sarsa", tmp_path / "elsewhere") == (shipped_model("sarsa"), True)
     result = runner.invoke(app, ["eval", "--scenario", "steady", "--episodes", "1", "--policies", "sarsa",
-                                 "--no-references", "--models-dir", str(tmp_path), "--json", str(tmp_path / "r.json")])
+                                 "--no-references", "--no-rules", "--models-dir", str(tmp_path),
+                                 "--json", str(tmp_path / "r.json")])
     assert result.exit_code == 0, result.output
     (data,) = json.loads((tmp_path / "r.json").read_text())
     assert [p["name"] for p in data["policies"]] == ["sarsa"]

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pytest
+
 from controller.baselines import RLPolicy
 from controller.online import SHIPPED, ModelGuard
 
@@ -98,3 +100,42 @@ def test_a_quiet_pool_is_judged_over_as_many_recent_periods_as_hold_min_tasks():
     for _ in range(4):                        # 2 tasks a period: 5 periods hold 10 tasks
         assert not guard.observe(period(1, 2))
     assert guard.observe(period(1, 2))        # 50 % over the 5 periods that hold 10 tasks
+
+
+def test_online_weights_are_judged_against_the_shipped_qos_in_periods_of_the_same_load():
+    """A surge misses deadlines whoever decides: the online weights meeting in a surge what the
+    shipped model met in its surges are not rolled back; doing worse in steady periods they are."""
+    def at(rate: float, met: int, completed: int = 100):
+        return telemetry(arrival_rate=rate, completed=completed, met_deadline=met, qos=met / completed)
+
+    policy = RLPolicy("dqn", Agent(1), SC)
+    guard = ModelGuard(policy, reference_periods=8, trial_periods=4, min_tasks=100, tolerance=0.005)
+    guard.offer(Agent(2), 7)
+    for rate, met in [(2, 100)] * 4 + [(10, 60), (10, 70), (10, 80)] + [(10, 100)]:
+        guard.observe(at(rate, met))      # shipped: 100 % steady, 70 % in its surge and after it
+    assert policy.version == "online-7"
+    assert guard.expected_qos(0) == 1.0 and guard.expected_qos(2) == pytest.approx(0.7)
+    for _ in range(4):                    # quiet again, then the same surge under the online weights
+        assert not guard.observe(at(2, 100))
+    for met in (60, 70, 80):
+        assert not guard.observe(at(10, met)), "a surge like the shipped model's is no reason to roll back"
+    assert guard.rollbacks == 0
+    for _ in range(4):                    # steady periods at 90 %: the shipped model met 100 % there
+        if guard.observe(at(10, 90)):
+            break
+    assert guard.rollbacks == 1 and policy.version == SHIPPED
+
+
+def test_a_drop_that_chance_explains_is_no_reason_to_roll_back():
+    policy = RLPolicy("dqn", Agent(1), SC)
+    guard = ModelGuard(policy, reference_periods=1, trial_periods=2, min_tasks=100, tolerance=0.005)
+    guard.observe(period(950, 1000))      # shipped: 95 %
+    guard.offer(Agent(2), 7)
+    guard.observe(period(950, 1000))
+    assert guard.margin(0.95, 100) == pytest.approx(2.326 * (0.95 * 0.05 / 100) ** 0.5)
+    for _ in range(3):                    # 93 % over 100 tasks a period: within 2.33 sd (5.1 points)
+        assert not guard.observe(period(93, 100))
+    for _ in range(30):                   # 93 % over 3,000 tasks (1 point): worse, not chance
+        if guard.observe(period(930, 1000)):
+            break
+    assert guard.rollbacks == 1

@@ -169,7 +169,7 @@ def test_eval_scaling_runs_the_trace_sample_it_wrote(tmp_path):
     assert str(scenario) in done.stdout
     report = tmp_path / "report.json"
     done = subprocess.run([*cli, "scaling", "--scenario", str(scenario), "--policies", "reactive-max,pg",
-                           "--episodes", "2", "--no-references", "--json", str(report)],
+                           "--episodes", "2", "--no-references", "--no-rules", "--json", str(report)],
                           capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
     [result] = json.loads(report.read_text())

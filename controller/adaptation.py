@@ -1,0 +1,126 @@
+"""Online adaptation in the simulator (issue 27): the live learning path, period by period, over
+consecutive episodes of a workload family, next to the shipped model frozen on the same episodes.
+
+Each period goes as it does live (controller/live.py, docs/autoscaling.md "Online learning"):
+the guard accounts the period to the weights that decided it (and rolls back, re-seeding the
+learner with the shipped weights, when they did worse than the shipped model); the weights the
+guard chose decide; the previous decision and its outcome go to the learner's model (a
+``ModelSlot`` seeded with the controller's ``online_weights``), which trains on it; weights that
+changed are a new version, copied as ``LocalPolicy`` copies them and offered to the guard. The
+only differences: no broker in between (live, the learner publishes within a second, long before
+the next 8 s period) and no experience pairs two episodes (another workload, as after a silence).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from broker.messages import PoolTelemetry
+from broker.subjects import scaling_model
+from controller.baselines import RLPolicy
+from controller.evaluation import episode_workloads, run_episode
+from controller.features import RewardConfig
+from controller.live import online_weights
+from controller.online import ModelGuard
+from controller.scenario import Scenario
+from controller.training import load_model
+from nodes.learner.models import ModelSlot, agent_from_weights
+
+NODE, POOL = "sim", "farm"
+
+
+class OnlineLearning:
+    """A ``ScalingPolicy`` that is the live controller's RL half: guard, learner model, versions."""
+
+    def __init__(self, agent: Any, action_mode: str, scenario: Scenario, name: str = "online",
+                 reward: RewardConfig | None = None, guard_options: dict[str, Any] | None = None,
+                 seed: int = 0) -> None:
+        self.name = name
+        self.policy = RLPolicy(name, agent, scenario, action_mode)
+        self.guard = ModelGuard(self.policy, **(guard_options or {}))
+        self.reward = reward or RewardConfig()
+        self.slot = ModelSlot(scaling_model(POOL), agent.algorithm, agent.n_actions, agent.obs_dim, seed=seed)
+        self.slot.seed(online_weights(NODE, POOL, agent))
+        self.guard.floor_version = self.slot.experiences
+        self._previous: tuple[Any, int, bool] | None = None
+        self.periods = 0            # periods decided, over the whole run
+        self.online_periods = 0     # ... by online weights
+        self.versions = 0           # versions the learner published
+
+    def rebind(self, scenario: Scenario) -> None:
+        self.policy.rebind(scenario)
+
+    def reset(self) -> None:
+        self.policy.reset()
+        self._previous = None
+
+    def decide(self, t: PoolTelemetry, current_target: int) -> int:
+        if self.guard.observe(t) or self.guard.awaiting_reseed:
+            self.slot.seed(online_weights(NODE, POOL, self.guard.shipped))
+            self.guard.reseeded(self.slot.experiences)
+        self.periods += 1
+        self.online_periods += self.guard.online_version is not None
+        wanted = self.policy.decide(t, current_target)
+        obs, action = self.policy.last_observation, self.policy.last_action
+        bounds = self.policy.scenario.workers
+        changed = min(bounds.max, max(bounds.min, int(wanted))) != current_target
+        if self._previous is not None:   # the previous decision's outcome is this period
+            prev_obs, prev_action, prev_changed = self._previous
+            reward = self.reward.reward(t, self.policy.scenario, prev_changed)
+            self.slot.update(prev_obs.tolist(), prev_action, reward, obs.tolist(), False)
+            if self.slot.fresh:   # trained: the learner publishes a version, the controller's copy takes it
+                self.slot.fresh = False
+                weights = self.slot.weights(NODE)
+                self.versions += 1
+                self.guard.offer(agent_from_weights(weights), weights.version)
+        self._previous = (obs, action, changed)
+        return wanted
+
+
+@dataclass(frozen=True)
+class OnlineEpisode:
+    index: int
+    seed: int
+    scenario: str
+    online_cost: float         # -(the env's return) with online learning
+    shipped_cost: float        # the shipped model, frozen, on the same episode
+    online_qos: float
+    shipped_qos: float
+    online_workers: float
+    shipped_workers: float
+    model_version: str         # deciding at the episode's end
+    periods: int               # periods decided so far
+    online_periods: int        # ... by online weights
+    rollbacks: int             # so far
+
+
+def run_online(model: Path, workloads: str, episodes: int, seed: int = 0, reward: RewardConfig | None = None,
+               guard_options: dict[str, Any] | None = None, panic: bool = True,
+               progress: Callable[[OnlineEpisode], None] | None = None) -> Iterator[OnlineEpisode]:
+    """Episodes ``seed .. seed + episodes - 1`` of ``workloads`` (a family or a scenario), one after
+    the other with the same online learner, each also run by the shipped model as it is."""
+    reward = reward or RewardConfig()
+    agent, metadata = load_model(model)
+    frozen_agent, _ = load_model(model)
+    mode = metadata.get("action_mode", "unit")
+    plan = episode_workloads(workloads, episodes, seed)
+    learner = OnlineLearning(agent, mode, plan[0][0], reward=reward, guard_options=guard_options, seed=seed)
+    frozen = RLPolicy("shipped", frozen_agent, plan[0][0], mode)
+    for index, (scenario, episode_seed) in enumerate(plan):
+        learner.rebind(scenario)
+        frozen.rebind(scenario)
+        online = run_episode(scenario, learner, episode_seed, reward, panic=panic)
+        shipped = run_episode(scenario, frozen, episode_seed, reward, panic=panic)
+        episode = OnlineEpisode(
+            index=index, seed=episode_seed, scenario=scenario.name,
+            online_cost=-online.episode_return, shipped_cost=-shipped.episode_return,
+            online_qos=online.totals.qos, shipped_qos=shipped.totals.qos,
+            online_workers=online.totals.mean_workers, shipped_workers=shipped.totals.mean_workers,
+            model_version=learner.guard.version, periods=learner.periods, online_periods=learner.online_periods,
+            rollbacks=learner.guard.rollbacks)
+        if progress is not None:
+            progress(episode)
+        yield episode
