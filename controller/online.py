@@ -26,6 +26,7 @@ Z_99 = 2.326                  # one-sided 99 % quantile of the normal distributi
 RISING, SURGING = 1.25, 2.0   # arrival rate over the lowest of the previous STRATUM_LOOKBACK periods
 STRATUM_LOOKBACK = 3          # a step in load and the periods that drain its backlog
 STRATA = 3
+MIN_STRATUM_PERIODS = 3       # shipped periods of a stratum before its periods are judged
 
 
 def load_stratum(rate: float, previous: deque[float]) -> int:
@@ -61,7 +62,10 @@ class ModelGuard:
     * a learner version newer than ``floor_version`` is a candidate; it decides once the
       shipped model has decided ``reference_periods`` periods (its live QoS is then known);
     * while online weights decide, newer versions replace them at once (same lineage);
-    * once they have decided ``trial_periods`` periods with at least ``min_tasks`` tasks, every
+    * once they have decided ``trial_periods`` periods (32: 4 min at 8 s, about one cycle of a
+      bursty load; over 8, chance and the phase of the load rolled back weights that decided as
+      the shipped ones did every few episodes, and online learning never got anywhere) with at
+      least ``min_tasks`` tasks, every
       period judges their *recent* QoS (the newest periods that hold both, at most
       ``window_periods``) against what the shipped model met *in the same kind of periods*:
       every period has a load stratum (:func:`load_stratum`: steady, rising, surging, from the
@@ -69,14 +73,15 @@ class ModelGuard:
       per stratum, and the online weights are expected to meet, on each of their periods, what
       the shipped weights met in that stratum (a surge misses deadlines whoever decides: judged
       against one QoS of other periods, every surge rolled the online weights back). Below that
-      by more than ``tolerance`` and more than chance explains (:meth:`margin`), the shipped
-      weights decide again
+      by more than ``tolerance`` and more than chance explains (the spread of the shipped
+      weights' own period QoS in those strata, over the periods judged), the shipped weights
+      decide again
       (``observe`` returns True: the caller resets the learner to the shipped weights and reports
       the version it restarts at with ``reseeded``); until then no new version is taken, and
       afterwards only versions trained from the shipped weights again.
     """
 
-    def __init__(self, policy: RLPolicy, reference_periods: int = 8, trial_periods: int = 8,
+    def __init__(self, policy: RLPolicy, reference_periods: int = 8, trial_periods: int = 32,
                  min_tasks: int = 50, tolerance: float = 0.005, window_periods: int = 200) -> None:
         self.policy, self.shipped = policy, policy.agent
         self.reference_periods, self.trial_periods = reference_periods, trial_periods
@@ -89,6 +94,9 @@ class ModelGuard:
         # days of good ones was rolled back hours late, its bad periods diluted in the good ones)
         self.recent: deque[tuple[int, int, int]] = deque(maxlen=max(trial_periods, window_periods))
         self._rates: deque[float] = deque(maxlen=STRATUM_LOOKBACK)
+        # (met, completed) of the periods the shipped weights decided, per stratum: their spread is
+        # what chance does to one period's QoS (tasks of one period miss together, so the unit is the period)
+        self.shipped_periods: list[deque[tuple[int, int]]] = [deque(maxlen=window_periods) for _ in range(STRATA)]
         self.online_version: int | None = None
         self.candidate: tuple[Any, int] | None = None
         self.floor_version = 0
@@ -118,6 +126,8 @@ class ModelGuard:
         if self.online_version is None:
             self.reference.add(t)
             self.strata[stratum].add(t)
+            if t.completed:
+                self.shipped_periods[stratum].append((t.met_deadline, t.completed))
             if self.candidate is not None and self.reference.periods >= self.reference_periods:
                 self._decide_with(*self.candidate)
                 self._new_trial()
@@ -127,35 +137,46 @@ class ModelGuard:
         judged = self._recent_tally()
         if judged is None:
             return False
-        tally, expected = judged
-        if tally.qos < expected - self.margin(expected, tally.completed):
+        tally, expected, margin = judged
+        if tally.qos < expected - margin:
             log.warning("controller: online weights %s met %.2f %% of deadlines over their last %d periods, the "
-                        "shipped model %.2f %% in periods of the same load: rolling back to the shipped model",
-                        self.version, 100 * tally.qos, tally.periods, 100 * expected)
+                        "shipped model %.2f %% in periods of the same load (margin %.2f points): rolling back to the "
+                        "shipped model", self.version, 100 * tally.qos, tally.periods, 100 * expected, 100 * margin)
             self.rollback()
             return True
         return False
 
-    def margin(self, expected: float, tasks: int) -> float:
-        """How far below ``expected`` a QoS over ``tasks`` tasks must be to be worse: ``tolerance``, or
-        more when chance alone would often go that far (one-sided 99 % of a binomial): over 320
-        tasks at 95 %, chance alone is 1.2 points below one time in six."""
-        return max(self.tolerance, Z_99 * math.sqrt(max(expected * (1 - expected), 0.0) / max(tasks, 1)))
+    def spread(self, stratum: int) -> float | None:
+        """The variance of one shipped period's QoS around the stratum's (task-weighted; None while
+        the shipped model has decided fewer than ``MIN_STRATUM_PERIODS`` such periods)."""
+        periods = self.shipped_periods[stratum]
+        if len(periods) < MIN_STRATUM_PERIODS:
+            return None
+        mean = self.strata[stratum].qos
+        tasks = sum(c for _, c in periods)
+        return sum(c * (m / c - mean) ** 2 for m, c in periods) / tasks
 
     def expected_qos(self, stratum: int) -> float:
-        """The shipped model's QoS in ``stratum`` (its overall QoS while it has seen few such tasks)."""
-        tally = self.strata[stratum]
-        return tally.qos if tally.completed >= self.min_tasks else self.reference.qos
+        """What the shipped model met in periods of ``stratum``."""
+        return self.strata[stratum].qos
 
-    def _recent_tally(self) -> tuple[QoSTally, float] | None:
-        """The newest periods holding ``trial_periods`` periods and ``min_tasks`` tasks and the QoS the
-        shipped model met in periods of the same strata, task for task (None: not yet)."""
-        tally, expected_met = QoSTally(), 0.0
+    def _recent_tally(self) -> tuple[QoSTally, float, float] | None:
+        """The online weights' newest periods holding ``trial_periods`` judged periods and
+        ``min_tasks`` tasks, the QoS the shipped model met in periods of the same strata (task for
+        task) and the margin chance allows there (None: not yet). A period of a stratum the shipped
+        model has not decided often enough is not judged: there is nothing to compare it with."""
+        tally, expected_met, variance = QoSTally(), 0.0, 0.0
         for met, completed, stratum in reversed(self.recent):
+            spread = self.spread(stratum)
+            if spread is None or not completed:
+                continue
             tally.met, tally.completed, tally.periods = tally.met + met, tally.completed + completed, tally.periods + 1
             expected_met += completed * self.expected_qos(stratum)
+            variance += completed**2 * spread
             if tally.periods >= self.trial_periods and tally.completed >= self.min_tasks:
-                return tally, expected_met / tally.completed
+                # one-sided 99 %: the period-to-period spread of the shipped model's own QoS, over these periods
+                margin = max(self.tolerance, Z_99 * math.sqrt(variance) / tally.completed)
+                return tally, expected_met / tally.completed, margin
         return None
 
     def _new_trial(self) -> None:

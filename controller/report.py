@@ -144,7 +144,7 @@ def target_rows(checks: Sequence[TargetCheck]) -> list[tuple[str, ...]]:
     return [(
         c.scenario, c.policy, f"{c.qos_pct:.2f} ({c.qos_ceiling_pct:.2f})", _mark(c.qos_ok),
         f"{c.workers_vs_lookahead:.2f}", _mark(c.workers_ok),
-        f"{c.episode_return:.1f} ({c.best_peer} {c.best_peer_return:.1f})", _mark(c.beats_peers),
+        f"{c.episode_return:.1f} ({c.best_peer.split(' (')[0]} {c.best_peer_return:.1f})", _mark(c.beats_peers),
         f"{c.scaling_actions:.1f} ({c.reactive_actions:.1f})",
     ) for c in checks]
 

@@ -46,10 +46,10 @@ def test_online_weights_decide_once_the_shipped_qos_is_known_then_newer_ones_fol
 def test_worse_online_weights_are_rolled_back_and_never_used_again():
     shipped, online = Agent(1), Agent(2)
     policy = RLPolicy("dqn", shipped, SC)
-    guard = ModelGuard(policy, reference_periods=2, trial_periods=2, min_tasks=10, tolerance=0.005)
+    guard = ModelGuard(policy, reference_periods=3, trial_periods=2, min_tasks=10, tolerance=0.005)
     guard.offer(online, 3)
-    guard.observe(period(10))
-    guard.observe(period(10))             # shipped: 100 %
+    for _ in range(3):
+        guard.observe(period(10))         # shipped: 100 % (3 periods: a stratum is judged from then on)
     assert policy.version == "online-3"
     assert not guard.observe(period(9))   # one period judged is not enough
     assert guard.observe(period(9))       # 90 % over two periods < 100 %: roll back
@@ -80,9 +80,9 @@ def test_a_version_that_turns_bad_after_a_long_good_run_is_rolled_back_as_fast_a
     (~11 min at 8 s; ~2 h after a day) before the rollback. Now the recent periods are judged."""
     shipped, good, bad = Agent(1), Agent(2), Agent(0)
     policy = RLPolicy("dqn", shipped, SC)
-    guard = ModelGuard(policy, reference_periods=2, trial_periods=4, min_tasks=100)
+    guard = ModelGuard(policy, reference_periods=3, trial_periods=4, min_tasks=100)
     guard.offer(good, 3)
-    for _ in range(2):
+    for _ in range(3):
         guard.observe(period(99, 100))        # shipped: 99 %
     assert policy.version == "online-3"
     for _ in range(1000):
@@ -94,8 +94,9 @@ def test_a_version_that_turns_bad_after_a_long_good_run_is_rolled_back_as_fast_a
 
 def test_a_quiet_pool_is_judged_over_as_many_recent_periods_as_hold_min_tasks():
     policy = RLPolicy("dqn", Agent(1), SC)
-    guard = ModelGuard(policy, reference_periods=1, trial_periods=2, min_tasks=10)
-    guard.observe(period(10))                 # shipped: 100 %
+    guard = ModelGuard(policy, reference_periods=3, trial_periods=2, min_tasks=10)
+    for _ in range(3):
+        guard.observe(period(10))             # shipped: 100 %
     guard.offer(Agent(2), 7)
     for _ in range(4):                        # 2 tasks a period: 5 periods hold 10 tasks
         assert not guard.observe(period(1, 2))
@@ -127,15 +128,33 @@ def test_online_weights_are_judged_against_the_shipped_qos_in_periods_of_the_sam
 
 
 def test_a_drop_that_chance_explains_is_no_reason_to_roll_back():
+    """Tasks of one period miss together: the margin is the spread of the shipped model's own
+    period QoS, over the periods judged."""
     policy = RLPolicy("dqn", Agent(1), SC)
-    guard = ModelGuard(policy, reference_periods=1, trial_periods=2, min_tasks=100, tolerance=0.005)
-    guard.observe(period(950, 1000))      # shipped: 95 %
+    guard = ModelGuard(policy, reference_periods=4, trial_periods=4, min_tasks=100, tolerance=0.005)
+    for met in (100, 90, 100, 90):
+        guard.observe(period(met, 100))   # shipped: 95 %, periods 5 points either side
+    assert guard.expected_qos(0) == pytest.approx(0.95) and guard.spread(0) == pytest.approx(0.0025)
     guard.offer(Agent(2), 7)
-    guard.observe(period(950, 1000))
-    assert guard.margin(0.95, 100) == pytest.approx(2.326 * (0.95 * 0.05 / 100) ** 0.5)
-    for _ in range(3):                    # 93 % over 100 tasks a period: within 2.33 sd (5.1 points)
-        assert not guard.observe(period(93, 100))
-    for _ in range(30):                   # 93 % over 3,000 tasks (1 point): worse, not chance
-        if guard.observe(period(930, 1000)):
+    for _ in range(4):                    # 91 % over 4 periods: within chance (2.33 x 5 / sqrt(4) = 5.8 points)
+        assert not guard.observe(period(91, 100))
+    for _ in range(60):                   # 91 % for longer: 4 points below is more than chance over 32+ periods
+        if guard.observe(period(91, 100)):
             break
-    assert guard.rollbacks == 1
+    assert guard.rollbacks == 0           # the newest 4 periods are judged: 5.8 points allowed
+    guard.trial_periods = 36              # judged over 36 periods: 1.9 points allowed
+    assert guard.observe(period(91, 100)) and guard.rollbacks == 1
+
+
+def test_periods_of_a_load_the_shipped_model_has_not_seen_are_not_judged():
+    def at(rate: float, met: int):
+        return telemetry(arrival_rate=rate, completed=100, met_deadline=met, qos=met / 100)
+
+    policy = RLPolicy("dqn", Agent(1), SC)
+    guard = ModelGuard(policy, reference_periods=4, trial_periods=2, min_tasks=100)
+    for _ in range(4):
+        guard.observe(at(2, 100))         # shipped: steady periods only
+    guard.offer(Agent(2), 7)
+    for met in (40, 50, 60):              # a surge: nothing to compare it with
+        assert not guard.observe(at(10, met))
+    assert guard.observe(at(10, 80)) or guard.observe(at(10, 80))   # steady again, and worse than shipped
