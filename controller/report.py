@@ -224,7 +224,7 @@ def write_summary_plot(reports: Sequence[EvalReport], path: Path, highlight: Seq
     series.plot(t, first.mean_load_workers, "k:", linewidth=1, label="load (arrivals x S)")
     series.set(title=f"{first.scenario}, episode 0: workers (ready + starting)", xlabel="time s", ylabel="workers")
     series.legend(fontsize="x-small", loc="upper left")
-    markers = {"rl": "o", "baseline": "s", "reference": "^"}
+    markers = {"rl": "o", "baseline": "s", RULE: "D", "reference": "^"}
     for i, report in enumerate(reports):
         oracle = _reference(report, "oracle", unless="lookahead")
         if oracle is None:
@@ -238,7 +238,7 @@ def write_summary_plot(reports: Sequence[EvalReport], path: Path, highlight: Seq
         scatter.scatter([], [], color=f"C{i}", label=report.scenario)
     scatter.axhline(QOS_TARGET_PCT, color="grey", linewidth=0.8, linestyle="--")
     scatter.axvline(ORACLE_FACTOR, color="grey", linewidth=0.8, linestyle="--")
-    scatter.set(title="every policy: QoS vs workers / oracle's (o RL, s baseline, ^ hindsight; < 85 % not shown)",
+    scatter.set(title="QoS vs workers / oracle's (o RL, s baseline, D rule, ^ hindsight; < 85 % not shown)",
                 xlabel="mean workers / instant-resize oracle's", ylabel="QoS %", ylim=(85, 100.5))
     scatter.title.set_fontsize("small")
     scatter.legend(fontsize="x-small", loc="lower right")
