@@ -7,12 +7,13 @@ touch JetStream. Idempotent: whoever needs a stream ensures it; the first create
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import os
 
 from nats.js import JetStreamContext
 from nats.js.api import DiscardPolicy, RetentionPolicy, StorageType, StreamConfig
-from nats.js.errors import APIError, BadRequestError, NotFoundError
+from nats.js.errors import APIError, BadRequestError, NotFoundError, ServiceUnavailableError
 
 from broker.subjects import Subjects
 
@@ -81,7 +82,26 @@ _COMPARED = ("subjects", "retention", "storage", "max_bytes", "max_msgs", "max_a
              "allow_direct", "num_replicas")
 
 
+JETSTREAM_WAIT_S = 15.0   # JetStream's API answered by nobody (starting, or accounts reloading) this long: an error
+
+
 async def _ensure(js: JetStreamContext, config: StreamConfig, share: float) -> None:
+    """``_ensure_once``, again while JetStream's API has no responder: nats-server answers nobody for
+    a moment while it reloads its accounts (a device enrolled while ``up`` starts: the MQTT bridge
+    died of it, and ``up`` with it) or while JetStream starts."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + JETSTREAM_WAIT_S
+    while True:
+        try:
+            return await _ensure_once(js, config, share)
+        except ServiceUnavailableError:
+            if loop.time() >= deadline:
+                raise
+            log.info("stream %s: JetStream does not answer yet; trying again", config.name)
+            await asyncio.sleep(0.2)
+
+
+async def _ensure_once(js: JetStreamContext, config: StreamConfig, share: float) -> None:
     """Create the stream, or bring an existing one to ``config``. An existing stream that already
     has it is left alone: adding it again would make nats-server reserve its ``max_bytes`` a
     second time (error 10047 on a small disk) and every node and learner ensures the streams.

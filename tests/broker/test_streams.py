@@ -109,3 +109,24 @@ def test_a_deliverys_reply_says_what_nats_py_reads_in_it():
     for bad in ("", "_INBOX.x.1", "$JS.ACK.too.short"):
         with pytest.raises(NotJSMessageError):
             delivery_info(bad)
+
+
+async def test_streams_are_ensured_once_jetstream_answers(tmp_path):
+    """While JetStream's API has no responder (nats-server starting it, or reloading its accounts:
+    a device enrolled while `up` starts), ensuring the streams waits for it instead of failing:
+    the MQTT bridge died of it at start, and `up` with it."""
+    server = await NatsServer(data_dir=tmp_path / "a", port=None, jetstream=False).start()
+    nc = await connect(server.url, "streams-wait")
+    try:
+        task = asyncio.create_task(ensure_shared_streams(nc.jetstream(), Subjects("twait")))
+        await asyncio.sleep(1.0)
+        assert not task.done()           # no JetStream: still trying, not failed
+        port = server.port
+        await server.stop()
+        server = await NatsServer(data_dir=tmp_path / "b", port=port).start()   # JetStream answers now
+        await asyncio.wait_for(task, 20)
+        names = {s.config.name for s in await nc.jetstream().streams_info()}
+        assert async_stream(Subjects("twait")) in names
+    finally:
+        await close_quietly(nc)
+        await server.stop()
