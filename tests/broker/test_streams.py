@@ -119,8 +119,10 @@ async def test_streams_are_ensured_once_jetstream_answers(tmp_path):
     nc = await connect(server.url, "streams-wait")
     try:
         task = asyncio.create_task(ensure_shared_streams(nc.jetstream(), Subjects("twait")))
+        # a window in which something must not happen: without JetStream, the ensure keeps trying
+        # (before the fix it failed within milliseconds)
         await asyncio.sleep(1.0)
-        assert not task.done()           # no JetStream: still trying, not failed
+        assert not task.done()
         port = server.port
         await server.stop()
         server = await NatsServer(data_dir=tmp_path / "b", port=port).start()   # JetStream answers now
