@@ -135,6 +135,8 @@ def train_scaling(
     action_mode: Annotated[str, typer.Option(help="Action space: 'target' (keep, or a square-root-staffing size: jumps in one step), 'unit' (-1/0/+1) or 'wide' (-4..+4).")] = "target",
     out: Annotated[Optional[Path], typer.Option(help="Model file (.npz) to write (default data/models/scaling-<agent>-<workloads>-<mode>.npz, which up/eval then prefer over the shipped one).")] = None,
     ship: Annotated[bool, typer.Option(help="Write the package's shipped model controller/models/scaling-<agent>.npz instead (maintainers).")] = False,
+    warm_start: Annotated[int, typer.Option(min=0, help="pg, target mode: first imitate, on this many training episodes, the target action that did best held constant (minutes per 1,000); 0: none.")] = 0,
+    learning_rate: Annotated[Optional[float], typer.Option(min=0.0, help="The optimizer's step size (default: the agent's, 1e-4 for pg and dqn).")] = None,
 ) -> None:
     """Train an RL scaling agent on the simulated farm and save it (portable .npz + a JSON sidecar
     recording the command and seed)."""
@@ -151,6 +153,8 @@ def train_scaling(
         raise typer.BadParameter(f"unknown agent {agent!r}; available: {', '.join(rl_agents()) or 'none'}", param_hint="AGENT")
     if action_mode not in ACTION_MODES:
         raise typer.BadParameter(f"must be one of {', '.join(ACTION_MODES)}", param_hint="--action-mode")
+    if warm_start and (agent != "pg" or action_mode != "target"):
+        raise typer.BadParameter("a warm start trains pg in the 'target' action mode", param_hint="--warm-start")
     families = ("generated", "mixed")
     if workloads not in families:
         _check_scenario(workloads)
@@ -161,9 +165,12 @@ def train_scaling(
     command = "p2pfaas " + " ".join(shlex.quote(a) for a in sys.argv[1:]) if sys.argv[1:2] == ["train"] else ""
     columns = (TextColumn("training {task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(), TimeRemainingColumn())
     with Progress(*columns) as progress:
+        demos = progress.add_task("demonstrations (warm start)", total=warm_start) if warm_start else None
         task = progress.add_task(f"{agent} on {workloads}", total=total)
         trained = train_agent(agent, target, total, seed=seed, action_mode=action_mode, command=command,
-                              out=shipped_model(agent) if ship else out,
+                              out=shipped_model(agent) if ship else out, warm_start=warm_start,
+                              learning_rate=learning_rate,
+                              warm_start_progress=lambda done, all_: progress.update(demos, completed=done, total=all_),
                               progress=lambda done, all_: progress.update(task, completed=done, total=all_))
     Console().print(f"model: {trained.path} ({trained.path.stat().st_size / 1024:.0f} KiB, "
                     f"{trained.metadata['train_seconds']:g} s)")

@@ -111,10 +111,14 @@ def train_agent(
     action_mode: str = DEFAULT_ACTION_MODE,
     command: str = "",
     reward: RewardConfig | None = None,
+    warm_start: int = 0,
+    warm_start_progress: Callable[[int, int], None] | None = None,
+    learning_rate: float | None = None,
 ) -> TrainedModel:
     """Train a ``kind`` agent on the simulator (``"generated"``: a new generated workload every
     episode; or one scenario), on env-drawn seeds >= 2**32 that evaluation never uses, and
-    save it as a portable ``.npz`` with a JSON sidecar saying how it was made."""
+    save it as a portable ``.npz`` with a JSON sidecar saying how it was made. ``warm_start``
+    episodes of demonstrations first (controller/imitation.py; pg in the target mode)."""
     agents = rl_agents()
     if kind not in agents:
         raise ValueError(f"unknown RL agent {kind!r}; available: {', '.join(agents) or 'none (nodes.learner.algorithms missing)'}")
@@ -124,17 +128,32 @@ def train_agent(
     env = FarmScalingEnv(workloads, action_mode=action_mode, reward=reward)
     name = workloads if isinstance(workloads, str) else workloads.name
     agent_class = agents[kind]
-    agent = agent_class(env.observation_space.shape[0], int(env.action_space.n),
-                        config=agent_config(kind, agent_class, steps, action_mode), seed=seed)
+    config = agent_config(kind, agent_class, steps, action_mode)
+    if learning_rate is not None:
+        config = dataclasses.replace(config, learning_rate=learning_rate)
+    if warm_start and kind != "pg":
+        raise ValueError(f"a warm start trains an actor-critic agent (pg), not {kind!r}")
+    agent = agent_class(env.observation_space.shape[0], int(env.action_space.n), config=config, seed=seed)
     started = time.perf_counter()
+    imitated: dict[str, Any] = {}
     with torch_threads(1):
+        if warm_start:
+            from controller.imitation import best_constant_demonstrations, imitate
+
+            demos = best_constant_demonstrations(env, warm_start, config.gamma, seed, progress=warm_start_progress)
+            imitated = {"episodes": warm_start, "best_actions": demos.counts,
+                        "labels_matched": round(imitate(agent, demos, seed=seed), 4)}
         metrics = agent.learn(env, total_steps=steps, seed=seed, progress=progress)
     returns = metrics.get("charts/episodic_return", [])
     metadata = {
         "kind": kind, "algorithm": agent.algorithm, "purpose": "scaling", "action_mode": action_mode,
         "workloads": name, "steps": steps, "seed": seed, "reward": dataclasses.asdict(env.reward_config),
+        **({"warm_start": imitated} if imitated else {}),
+        **({"learning_rate": learning_rate} if learning_rate is not None else {}),
         "command": command or f"p2pfaas train scaling {kind} --workloads {name} --steps {steps} --seed {seed} "
-                              f"--action-mode {action_mode}",
+                              f"--action-mode {action_mode}"
+                              + (f" --warm-start {warm_start}" if warm_start else "")
+                              + (f" --learning-rate {learning_rate:g}" if learning_rate is not None else ""),
         "train_seconds": round(time.perf_counter() - started, 1),
         "episodes": len(returns),
         "last_returns_mean": round(sum(returns[-50:]) / max(1, len(returns[-50:])), 4),

@@ -63,3 +63,15 @@ def test_train_writes_a_model_that_eval_then_prefers_over_the_shipped_one(tmp_pa
     assert result.exit_code == 0, result.output
     (data,) = json.loads((tmp_path / "r.json").read_text())
     assert [p["name"] for p in data["policies"]] == ["sarsa"]
+
+
+def test_train_scaling_warm_start_records_how_the_model_was_made(tmp_path):
+    model = tmp_path / "ws.npz"
+    result = runner.invoke(app, ["train", "pg", "--workloads", "spike", "--steps", "64", "--warm-start", "2",
+                                 "--learning-rate", "3e-4", "--out", str(model)])
+    assert result.exit_code == 0, result.output
+    meta = json.loads(sidecar_of(model).read_text())
+    assert meta["warm_start"]["episodes"] == 2 and sum(meta["warm_start"]["best_actions"].values()) == 2
+    assert meta["learning_rate"] == 3e-4 and "--warm-start 2" in meta["command"]
+    result = runner.invoke(app, ["train", "sarsa", "--warm-start", "2"])
+    assert result.exit_code == 2 and "warm start" in result.output
