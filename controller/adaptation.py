@@ -2,8 +2,8 @@
 consecutive episodes of a workload family, next to the shipped model frozen on the same episodes.
 
 Each period goes as it does live (controller/live.py, docs/autoscaling.md "Online learning"):
-the guard accounts the period to the weights that decided it (and rolls back, re-seeding the
-learner with the shipped weights, when they did worse than the shipped model); the weights the
+the guard accounts the period to the weights that decided it (rolls back, re-seeding the learner
+with the known-good weights, when they did worse than those; or promotes them); the weights the
 guard chose decide; the previous decision and its outcome go to the learner's model (a
 ``ModelSlot`` seeded with the controller's ``online_weights``), which trains on it; weights that
 changed are a new version, copied as ``LocalPolicy`` copies them and offered to the guard. The
@@ -59,7 +59,7 @@ class OnlineLearning:
 
     def decide(self, t: PoolTelemetry, current_target: int) -> int:
         if self.guard.observe(t) or self.guard.awaiting_reseed:
-            self.slot.seed(online_weights(NODE, POOL, self.guard.shipped))
+            self.slot.seed(online_weights(NODE, POOL, self.guard.anchor))
             self.guard.reseeded(self.slot.experiences)
         self.periods += 1
         self.online_periods += self.guard.online_version is not None
@@ -95,6 +95,7 @@ class OnlineEpisode:
     periods: int               # periods decided so far
     online_periods: int        # ... by online weights
     rollbacks: int             # so far
+    promotions: int            # so far
 
 
 def run_online(model: Path, workloads: str, episodes: int, seed: int = 0, reward: RewardConfig | None = None,
@@ -120,7 +121,7 @@ def run_online(model: Path, workloads: str, episodes: int, seed: int = 0, reward
             online_qos=online.totals.qos, shipped_qos=shipped.totals.qos,
             online_workers=online.totals.mean_workers, shipped_workers=shipped.totals.mean_workers,
             model_version=learner.guard.version, periods=learner.periods, online_periods=learner.online_periods,
-            rollbacks=learner.guard.rollbacks)
+            rollbacks=learner.guard.rollbacks, promotions=learner.guard.promotions)
         if progress is not None:
             progress(episode)
         yield episode

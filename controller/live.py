@@ -233,10 +233,10 @@ class LiveController:
         self._reseeding = True
         try:
             remote = RemotePolicy(self.nc, self.node, scaling_model(self.pool), prefix=self.prefix, timeout_s=5.0)
-            stats = await remote.set_weights(online_weights(self.node, self.pool, guard.shipped))
-        except Exception as exc:  # LearnerError, a broker error: the shipped weights go on deciding, no online
+            stats = await remote.set_weights(online_weights(self.node, self.pool, guard.anchor))
+        except Exception as exc:  # LearnerError, a broker error: the known-good weights go on deciding, no online
             # version is taken; the next period tries again
-            log.warning("controller %s/%s: learner not reset to the shipped model (tried again next period): %s",
+            log.warning("controller %s/%s: learner not reset to the known-good weights (tried again next period): %s",
                         self.node, self.pool, exc)
             return
         finally:

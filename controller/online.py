@@ -2,8 +2,9 @@
 
 The controller starts with the model it shipped with (known good); the learner keeps training
 a copy on the live experiences and publishes new versions. ``ModelGuard`` lets the newest
-version decide once the shipped model's live QoS is known, keeps measuring, and rolls back to
-the shipped weights when the online ones do worse than the shipped model did (docs/autoscaling.md).
+version decide once the shipped model's live QoS is known, keeps measuring, rolls back when the
+online ones do worse than the known-good weights did, and promotes online weights that proved
+cheaper to known-good (docs/autoscaling.md, "Online learning").
 """
 
 from __future__ import annotations
@@ -22,7 +23,8 @@ log = logging.getLogger(__name__)
 SHIPPED = "shipped"
 
 
-Z_99 = 2.326                  # one-sided 99 % quantile of the normal distribution
+Z_99 = 2.326                  # one-sided 99 % quantile of the normal distribution: a rollback
+Z_95 = 1.645                  # ... 95 %: a promotion (a false one is rolled back like any weights)
 RISING, SURGING = 1.25, 2.0   # arrival rate over the lowest of the previous STRATUM_LOOKBACK periods
 STRATUM_LOOKBACK = 3          # a step in load and the periods that drain its backlog
 STRATA = 3
@@ -56,64 +58,117 @@ class QoSTally:
         return self.met / self.completed if self.completed else 1.0
 
 
+class Reference:
+    """What the weights that decide when online ones do not (the anchor) did, per load stratum:
+    deadlines met; the newest ``window_periods`` periods of each stratum (met, completed) give
+    its spread."""
+
+    def __init__(self, window_periods: int) -> None:
+        self.strata = [QoSTally() for _ in range(STRATA)]
+        self.periods: list[deque[tuple[int, int]]] = [deque(maxlen=window_periods) for _ in range(STRATA)]
+
+    def add(self, stratum: int, met: int, completed: int) -> None:
+        tally = self.strata[stratum]
+        tally.met, tally.completed, tally.periods = tally.met + met, tally.completed + completed, tally.periods + 1
+        if completed:
+            self.periods[stratum].append((met, completed))
+
+    @property
+    def total_periods(self) -> int:
+        return sum(t.periods for t in self.strata)
+
+    def judged(self, stratum: int) -> bool:
+        return len(self.periods[stratum]) >= MIN_STRATUM_PERIODS
+
+    def qos_variance(self, stratum: int) -> float:
+        """Of one period's QoS around the stratum's (task-weighted)."""
+        periods, mean = self.periods[stratum], self.strata[stratum].qos
+        return sum(c * (m / c - mean) ** 2 for m, c in periods) / sum(c for _, c in periods)
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """The online weights' newest judged periods against the anchor in the same strata."""
+
+    tally: QoSTally
+    expected_qos: float
+    margin: float                # one-sided 99 %
+    promotion_margin: float      # one-sided 95 %
+
+    @property
+    def worse(self) -> bool:
+        return self.tally.qos < self.expected_qos - self.margin
+
+    @property
+    def better(self) -> bool:
+        return self.tally.qos > self.expected_qos + self.promotion_margin
+
+
 class ModelGuard:
-    """Swaps ``policy.agent`` between the shipped agent and the learner's online copy.
+    """Swaps ``policy.agent`` between known-good weights (the anchor: the shipped ones at first)
+    and the learner's online copy.
 
     * a learner version newer than ``floor_version`` is a candidate; it decides once the
-      shipped model has decided ``reference_periods`` periods (its live QoS is then known);
+      anchor has decided ``reference_periods`` periods (its live QoS is then known);
     * while online weights decide, newer versions replace them at once (same lineage);
     * once they have decided ``trial_periods`` periods (32: 4 min at 8 s, about one cycle of a
       bursty load; over 8, chance and the phase of the load rolled back weights that decided as
       the shipped ones did every few episodes, and online learning never got anywhere) with at
-      least ``min_tasks`` tasks, every
-      period judges their *recent* QoS (the newest periods that hold both, at most
-      ``window_periods``) against what the shipped model met *in the same kind of periods*:
-      every period has a load stratum (:func:`load_stratum`: steady, rising, surging, from the
-      arrival rates alone, so it does not depend on who decides), the shipped model's QoS is kept
-      per stratum, and the online weights are expected to meet, on each of their periods, what
-      the shipped weights met in that stratum (a surge misses deadlines whoever decides: judged
+      least ``min_tasks`` tasks, every period judges their *recent* QoS (the newest periods that
+      hold both, at most ``window_periods``) against what the anchor met *in the same kind of
+      periods*: every period has a load stratum (:func:`load_stratum`: steady, rising, surging,
+      from the arrival rates alone, so it does not depend on who decides), the anchor's QoS is
+      kept per stratum, and the online weights are expected to meet, on each of their periods,
+      what the anchor met in that stratum (a surge misses deadlines whoever decides: judged
       against one QoS of other periods, every surge rolled the online weights back). Below that
-      by more than ``tolerance`` and more than chance explains (the spread of the shipped
-      weights' own period QoS in those strata, over the periods judged), the shipped weights
-      decide again
-      (``observe`` returns True: the caller resets the learner to the shipped weights and reports
-      the version it restarts at with ``reseeded``); until then no new version is taken, and
-      afterwards only versions trained from the shipped weights again.
+      by more than ``tolerance`` and more than chance explains (the spread of the anchor's own
+      period QoS in those strata, over the periods judged), the anchor decides again
+      (``observe`` returns True: the caller resets the learner to ``anchor``'s weights and
+      reports the version it restarts at with ``reseeded``); until then no new version is taken,
+      and afterwards only versions trained from the anchor again. The newest ``promote_periods``
+      are judged the same way too: a small drop that lasts is more than chance over them.
+    * above the anchor by more than chance (one-sided 95 %) over their newest ``promote_periods`` judged periods,
+      the online weights are *promoted*: they become the anchor, with those periods as its
+      reference. Online learning drifts as well as it improves (a PPO lineage that met 99 % where
+      the shipped model met 95 % went back to 94.5 % 60 episodes later, which a comparison with
+      the shipped model allows); the anchor keeps the best weights proven.
     """
 
     def __init__(self, policy: RLPolicy, reference_periods: int = 8, trial_periods: int = 32,
-                 min_tasks: int = 50, tolerance: float = 0.005, window_periods: int = 200) -> None:
+                 min_tasks: int = 50, tolerance: float = 0.005, window_periods: int = 200,
+                 promote_periods: int = 96) -> None:
         self.policy, self.shipped = policy, policy.agent
+        self.anchor, self.anchor_version = policy.agent, None   # None: the shipped weights
         self.reference_periods, self.trial_periods = reference_periods, trial_periods
         self.min_tasks, self.tolerance = min_tasks, tolerance
-        self.reference = QoSTally()      # periods the shipped weights decided
-        self.strata = [QoSTally() for _ in range(STRATA)]   # ... by load stratum
+        self.window_periods, self.promote_periods = window_periods, promote_periods
+        self.reference = Reference(window_periods)   # periods the anchor decided, by stratum
         self.trial = QoSTally()          # periods online weights decided since they took over
         # the same periods one by one (met, completed, stratum), newest last: judged over the
         # recent ones only (judged over the online weights' whole life, a version turning bad after
         # days of good ones was rolled back hours late, its bad periods diluted in the good ones)
-        self.recent: deque[tuple[int, int, int]] = deque(maxlen=max(trial_periods, window_periods))
+        self.recent: deque[tuple[int, int, int]] = deque(maxlen=max(trial_periods, window_periods, promote_periods))
         self._rates: deque[float] = deque(maxlen=STRATUM_LOOKBACK)
-        # (met, completed) of the periods the shipped weights decided, per stratum: their spread is
-        # what chance does to one period's QoS (tasks of one period miss together, so the unit is the period)
-        self.shipped_periods: list[deque[tuple[int, int]]] = [deque(maxlen=window_periods) for _ in range(STRATA)]
         self.online_version: int | None = None
         self.candidate: tuple[Any, int] | None = None
         self.floor_version = 0
         self.rollbacks = 0
-        self.awaiting_reseed = False     # rolled back, the learner not yet reset to the shipped weights
+        self.promotions = 0
+        self.awaiting_reseed = False     # rolled back, the learner not yet reset to the anchor's weights
         policy.version = SHIPPED
 
     @property
     def version(self) -> str:
-        return SHIPPED if self.online_version is None else f"online-{self.online_version}"
+        if self.online_version is not None:
+            return f"online-{self.online_version}"
+        return SHIPPED if self.anchor_version is None else f"online-{self.anchor_version}"
 
     def offer(self, agent: Any, version: int) -> None:
         """New weights from the learner (``agent`` acts with them)."""
         if self.awaiting_reseed or version <= self.floor_version:
             return
         self.candidate = (agent, version)
-        if self.online_version is None and self.reference.periods >= self.reference_periods:
+        if self.online_version is None and self.reference.total_periods >= self.reference_periods:
             self._new_trial()
             self._decide_with(agent, version)
         elif self.online_version is not None:
@@ -124,47 +179,46 @@ class ModelGuard:
         stratum = load_stratum(t.arrival_rate, self._rates)
         self._rates.append(t.arrival_rate)
         if self.online_version is None:
-            self.reference.add(t)
-            self.strata[stratum].add(t)
-            if t.completed:
-                self.shipped_periods[stratum].append((t.met_deadline, t.completed))
-            if self.candidate is not None and self.reference.periods >= self.reference_periods:
+            self.reference.add(stratum, t.met_deadline, t.completed)
+            if self.candidate is not None and self.reference.total_periods >= self.reference_periods:
                 self._decide_with(*self.candidate)
                 self._new_trial()
             return False
         self.trial.add(t)
         self.recent.append((t.met_deadline, t.completed, stratum))
-        judged = self._recent_tally()
-        if judged is None:
-            return False
-        tally, expected, margin = judged
-        if tally.qos < expected - margin:
-            log.warning("controller: online weights %s met %.2f %% of deadlines over their last %d periods, the "
-                        "shipped model %.2f %% in periods of the same load (margin %.2f points): rolling back to the "
-                        "shipped model", self.version, 100 * tally.qos, tally.periods, 100 * expected, 100 * margin)
+        # the newest trial_periods catch a bad version fast; the newest promote_periods a small
+        # lasting drop, which chance explains over fewer periods
+        short, long = self.verdict(self.trial_periods), self.verdict(self.promote_periods)
+        worse = next((v for v in (short, long) if v is not None and v.worse), None)
+        if worse is not None:
+            log.warning("controller: online weights %s met %.2f %% of deadlines over their last %d periods, the %s "
+                        "%.2f %% in periods of the same load (margin %.2f points): rolling back to the %s",
+                        self.version, 100 * worse.tally.qos, worse.tally.periods, self._anchor_name,
+                        100 * worse.expected_qos, 100 * worse.margin, self._anchor_name)
             self.rollback()
             return True
+        if long is not None and self.trial.periods >= self.promote_periods and long.better:
+            self._promote(long)
         return False
 
+    @property
+    def _anchor_name(self) -> str:
+        return "shipped model" if self.anchor_version is None else f"promoted weights online-{self.anchor_version}"
+
     def spread(self, stratum: int) -> float | None:
-        """The variance of one shipped period's QoS around the stratum's (task-weighted; None while
-        the shipped model has decided fewer than ``MIN_STRATUM_PERIODS`` such periods)."""
-        periods = self.shipped_periods[stratum]
-        if len(periods) < MIN_STRATUM_PERIODS:
-            return None
-        mean = self.strata[stratum].qos
-        tasks = sum(c for _, c in periods)
-        return sum(c * (m / c - mean) ** 2 for m, c in periods) / tasks
+        """The variance of one anchor period's QoS around the stratum's (None while the anchor
+        has decided fewer than ``MIN_STRATUM_PERIODS`` such periods)."""
+        return self.reference.qos_variance(stratum) if self.reference.judged(stratum) else None
 
     def expected_qos(self, stratum: int) -> float:
-        """What the shipped model met in periods of ``stratum``."""
-        return self.strata[stratum].qos
+        """What the anchor met in periods of ``stratum``."""
+        return self.reference.strata[stratum].qos
 
-    def _recent_tally(self) -> tuple[QoSTally, float, float] | None:
-        """The online weights' newest periods holding ``trial_periods`` judged periods and
-        ``min_tasks`` tasks, the QoS the shipped model met in periods of the same strata (task for
-        task) and the margin chance allows there (None: not yet). A period of a stratum the shipped
-        model has not decided often enough is not judged: there is nothing to compare it with."""
+    def verdict(self, periods: int) -> Verdict | None:
+        """The online weights' newest periods holding ``periods`` judged periods and ``min_tasks``
+        tasks, the QoS the anchor met in periods of the same strata (task for task) and the margin
+        chance allows there (None: not yet). A period of a stratum the anchor has not decided
+        often enough is not judged: there is nothing to compare it with."""
         tally, expected_met, variance = QoSTally(), 0.0, 0.0
         for met, completed, stratum in reversed(self.recent):
             spread = self.spread(stratum)
@@ -173,27 +227,41 @@ class ModelGuard:
             tally.met, tally.completed, tally.periods = tally.met + met, tally.completed + completed, tally.periods + 1
             expected_met += completed * self.expected_qos(stratum)
             variance += completed**2 * spread
-            if tally.periods >= self.trial_periods and tally.completed >= self.min_tasks:
-                # one-sided 99 %: the period-to-period spread of the shipped model's own QoS, over these periods
-                margin = max(self.tolerance, Z_99 * math.sqrt(variance) / tally.completed)
-                return tally, expected_met / tally.completed, margin
+            if tally.periods >= periods and tally.completed >= self.min_tasks:
+                # one-sided 99 %: the period-to-period spread of the anchor's own QoS, over these periods
+                sigma = math.sqrt(variance) / tally.completed
+                return Verdict(tally, expected_met / tally.completed, max(self.tolerance, Z_99 * sigma),
+                               max(self.tolerance, Z_95 * sigma))
         return None
 
     def _new_trial(self) -> None:
         self.trial = QoSTally()
         self.recent.clear()
 
+    def _promote(self, verdict: Verdict) -> None:
+        log.info("controller: online weights %s promoted: %.2f %% of deadlines met over %d periods, the %s %.2f %% "
+                 "in periods of the same load (margin %.2f points); a rollback comes back to them", self.version,
+                 100 * verdict.tally.qos, verdict.tally.periods, self._anchor_name, 100 * verdict.expected_qos,
+                 100 * verdict.margin)
+        self.anchor, self.anchor_version = self.policy.agent, self.online_version
+        self.reference = Reference(self.window_periods)
+        for met, completed, stratum in self.recent:
+            self.reference.add(stratum, met, completed)
+        self.promotions += 1
+        self._new_trial()
+
     def rollback(self) -> None:
         self.floor_version = max(self.floor_version, self.online_version or 0,
                                  self.candidate[1] if self.candidate else 0)
         self.online_version, self.candidate = None, None
-        self.policy.agent, self.policy.version = self.shipped, SHIPPED
+        self.policy.agent = self.anchor
+        self.policy.version = self.version
         self._new_trial()
         self.rollbacks += 1
         self.awaiting_reseed = True
 
     def reseeded(self, version: int) -> None:
-        """The learner restarted from the shipped weights at ``version``: newer ones may decide again."""
+        """The learner restarted from the anchor's weights at ``version``: newer ones may decide again."""
         self.floor_version = max(self.floor_version, version)
         self.awaiting_reseed = False
 

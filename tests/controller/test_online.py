@@ -89,7 +89,8 @@ def test_a_version_that_turns_bad_after_a_long_good_run_is_rolled_back_as_fast_a
         assert not guard.observe(period(100, 100))
     guard.offer(bad, 4)                       # same lineage: decides at once
     rolled_back = [guard.observe(period(80, 100)) for _ in range(4)]
-    assert any(rolled_back) and policy.agent is shipped and guard.rollbacks == 1, rolled_back
+    # back to the good weights: 100 % against the shipped 99 % over 1,000 periods promoted them
+    assert any(rolled_back) and policy.agent is good and guard.promotions >= 1 and guard.rollbacks == 1, rolled_back
 
 
 def test_a_quiet_pool_is_judged_over_as_many_recent_periods_as_hold_min_tasks():
@@ -158,3 +159,51 @@ def test_periods_of_a_load_the_shipped_model_has_not_seen_are_not_judged():
     for met in (40, 50, 60):              # a surge: nothing to compare it with
         assert not guard.observe(at(10, met))
     assert guard.observe(at(10, 80)) or guard.observe(at(10, 80))   # steady again, and worse than shipped
+
+
+def test_online_weights_proven_better_are_promoted_and_a_relapse_comes_back_to_them():
+    """A PPO lineage that met 99 % where the shipped model met 95 % went back to 94.5 % 60
+    episodes later: judged against the shipped model only, the relapse was never rolled back."""
+    shipped, good, relapsed = Agent(1), Agent(2), Agent(0)
+    policy = RLPolicy("pg", shipped, SC)
+    guard = ModelGuard(policy, reference_periods=8, trial_periods=8, min_tasks=100, promote_periods=16)
+    for i in range(8):
+        guard.observe(period(95 + 3 * (-1) ** i, 100))   # shipped: 95 % +- 3 points a period
+    guard.offer(good, 5)
+    assert policy.version == "online-5"
+    for i in range(15):
+        assert not guard.observe(period(99 + i % 2, 100))
+    assert guard.promotions == 0             # not yet over promote_periods
+    assert not guard.observe(period(99, 100))
+    assert guard.promotions == 1 and guard.anchor is good and guard.anchor_version == 5
+    assert policy.agent is good and policy.version == "online-5"   # they go on deciding
+    assert guard.expected_qos(0) == pytest.approx(1591 / 1600)     # ... judged against their own QoS
+    guard.offer(relapsed, 9)                 # same lineage, back at the shipped model's QoS
+    assert any(guard.observe(period(95, 100)) for _ in range(8))
+    assert policy.agent is good and policy.version == "online-5" and guard.rollbacks == 1
+    assert guard.awaiting_reseed             # the learner restarts from the promoted weights
+    guard.reseeded(12)
+    guard.offer(Agent(1), 13)
+    assert policy.version == "online-13"     # the promoted weights' reference is known: at once
+
+
+def test_online_weights_no_better_than_chance_are_not_promoted():
+    policy = RLPolicy("pg", Agent(1), SC)
+    guard = ModelGuard(policy, reference_periods=8, trial_periods=8, min_tasks=100, promote_periods=16)
+    for i in range(8):
+        guard.observe(period(95 + 5 * (-1) ** i, 100))   # shipped: 95 % +- 5 points
+    guard.offer(Agent(2), 5)
+    for i in range(40):   # 96.5 %: 1.5 points up, within chance over 16 periods (2.1 points at 95 %)
+        assert not guard.observe(period(96 + i % 2, 100))
+    assert guard.promotions == 0 and guard.rollbacks == 0 and guard.anchor_version is None
+
+
+def test_a_small_lasting_drop_is_caught_over_the_longer_window():
+    policy = RLPolicy("pg", Agent(1), SC)
+    guard = ModelGuard(policy, reference_periods=8, trial_periods=32, min_tasks=100, promote_periods=96)
+    for i in range(8):
+        guard.observe(period(95 + 5 * (-1) ** i, 100))   # shipped: 95 % +- 5 points a period
+    guard.offer(Agent(2), 5)
+    # 93.5 %: within chance over 32 periods (2.33 x 5 / sqrt(32) = 2.1 points), not over 96 (1.2)
+    rolled_back = [guard.observe(period(93 + i % 2, 100)) for i in range(96)]
+    assert rolled_back.index(True) == 95 and guard.rollbacks == 1
