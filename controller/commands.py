@@ -129,7 +129,7 @@ def eval_scaling(
 
 def train_scaling(
     agent: Annotated[str, typer.Argument(help=f"RL agent to train: {', '.join(RL_NAMES)}.")],
-    workloads: Annotated[str, typer.Option(help="'mixed' (the default: half generated workloads, half the shipped scenarios, all on training seeds), 'generated' (only generated ones) or one scenario (name or file).")] = "mixed",
+    workloads: Annotated[str, typer.Option(help="'mixed' (the default: half generated workloads, half the shipped scenarios, all on training seeds), 'mixed-paper' (the paper's setting for a quarter of the episodes, mixed for the rest: the shipped PPO's), 'generated' (only generated ones) or one scenario (name or file).")] = "mixed",
     steps: Annotated[Optional[int], typer.Option(min=1, help="Environment steps (control periods) to train for (default: pg 300,000, dqn and sarsa 200,000: minutes).")] = None,
     seed: Annotated[int, typer.Option(min=0, help="Seed of the agent and of the training episodes (drawn >= 2**32, never an evaluation seed).")] = 0,
     action_mode: Annotated[str, typer.Option(help="Action space: 'target' (keep, or a square-root-staffing size: jumps in one step), 'unit' (-1/0/+1) or 'wide' (-4..+4).")] = "target",
@@ -155,7 +155,7 @@ def train_scaling(
         raise typer.BadParameter(f"must be one of {', '.join(ACTION_MODES)}", param_hint="--action-mode")
     if warm_start and (agent != "pg" or action_mode != "target"):
         raise typer.BadParameter("a warm start trains pg in the 'target' action mode", param_hint="--warm-start")
-    families = ("generated", "mixed")
+    families = ("generated", "mixed", "mixed-paper")
     if workloads not in families:
         _check_scenario(workloads)
     from controller.scenario import load_scenario

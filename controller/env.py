@@ -26,7 +26,7 @@ from controller.features import (
 from controller.panic import PanicRule
 from controller.scenario import Scenario, load_scenario
 from controller.simulator import EpisodeTotals, FarmSimulator
-from controller.workloads import FAMILIES, MIXED, training_scenario
+from controller.workloads import FAMILIES, TRAINING_MIXES, training_scenario
 
 __all__ = [
     "ACTION_DELTAS", "OBSERVATION_FIELDS", "TRAINING_SEED_FLOOR", "FarmBackend", "FarmScalingEnv", "RewardConfig",
@@ -140,8 +140,9 @@ class FarmScalingEnv(gym.Env[np.ndarray, np.integer]):
     ## Arguments
 
     * ``scenario``: shipped name (``"bursty"``), path to a scenario file, a ``Scenario``,
-      ``"generated"`` (a new generated workload every episode) or ``"mixed"`` (half generated,
-      half the shipped scenarios, on training seeds).
+      ``"generated"`` (a new generated workload every episode), ``"mixed"`` (half generated,
+      half the shipped scenarios, on training seeds) or ``"mixed-paper"`` (the paper's setting
+      for a quarter of the episodes, ``mixed`` for the rest).
     * ``action_mode``: ``"unit"`` (default), ``"wide"`` or ``"target"``.
     * ``reward``: a :class:`RewardConfig`.
     * ``backend``: a :class:`FarmBackend`; default :class:`SimulatedFarm`.
@@ -163,7 +164,7 @@ class FarmScalingEnv(gym.Env[np.ndarray, np.integer]):
     ) -> None:
         self.actions = ScalingActions(action_mode)
         self.panic = panic
-        self.family = scenario if isinstance(scenario, str) and (scenario in FAMILIES or scenario == MIXED) else None
+        self.family = scenario if isinstance(scenario, str) and (scenario in FAMILIES or scenario in TRAINING_MIXES) else None
         if self.family and backend is not None:
             raise ValueError("generated workloads run on the simulator: do not pass a backend")
         self._use(training_scenario(self.family, TRAINING_SEED_FLOOR) if self.family else load_scenario(scenario),

@@ -45,7 +45,7 @@ def best_constant_demonstrations(env: FarmScalingEnv, episodes: int, gamma: floa
 
     if env.actions.mode != "target":
         raise ValueError("a warm start needs the 'target' action mode: its actions are staffing levels")
-    rng = np.random.default_rng(np.random.SeedSequence([seed, 41]))
+    rng = np.random.default_rng(seed)
     observations: list[np.ndarray] = []
     actions: list[int] = []
     returns: list[float] = []
@@ -75,20 +75,20 @@ def best_constant_demonstrations(env: FarmScalingEnv, episodes: int, gamma: floa
                           {names[a]: int(n) for a, n in enumerate(counts) if n})
 
 
-def imitate(agent, demos: Demonstrations, epochs: int = 30, smoothing: float = 0.05, seed: int = 0) -> float:
+def imitate(agent, demos: Demonstrations, epochs: int = 30, smoothing: float = 0.05) -> float:
     """Fit a PPO agent's actor to the demonstrations (cross-entropy with label smoothing) and its
-    critic to their returns; the share of observations whose greedy action is the label."""
+    critic to their returns; the share of observations whose greedy action is the label. The
+    minibatches come from torch's generator, which the agent's seed has set."""
     import torch
 
     network = getattr(agent, "network", None)
     if network is None or not hasattr(network, "actor") or not hasattr(network, "value"):
         raise ValueError(f"a warm start needs an actor-critic agent (pg), not {agent.algorithm!r}")
-    generator = torch.Generator().manual_seed(seed)
     x, a, g = (torch.from_numpy(demos.observations), torch.from_numpy(demos.actions),
                torch.from_numpy(demos.returns))
     optimizer = torch.optim.Adam(network.parameters(), lr=1e-3)
     for _ in range(epochs):
-        order = torch.randperm(len(x), generator=generator)
+        order = torch.randperm(len(x))
         for start in range(0, len(x), 256):
             batch = order[start:start + 256]
             loss = (torch.nn.functional.cross_entropy(network.actor(x[batch]), a[batch], label_smoothing=smoothing)

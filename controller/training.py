@@ -142,7 +142,7 @@ def train_agent(
 
             demos = best_constant_demonstrations(env, warm_start, config.gamma, seed, progress=warm_start_progress)
             imitated = {"episodes": warm_start, "best_actions": demos.counts,
-                        "labels_matched": round(imitate(agent, demos, seed=seed), 4)}
+                        "labels_matched": round(imitate(agent, demos), 4)}
         metrics = agent.learn(env, total_steps=steps, seed=seed, progress=progress)
     returns = metrics.get("charts/episodic_return", [])
     metadata = {

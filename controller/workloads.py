@@ -17,6 +17,8 @@ from controller.scenario import Scenario
 GENERATED_PREFIX = "generated"
 PAPER = "paper"        # the farm-skeleton paper's setting, its details drawn from the seed
 MIXED = "mixed"        # training: generated workloads, and the shipped scenarios (other seeds), half each
+MIXED_PAPER = "mixed-paper"   # training: the paper's setting for a quarter of the seeds, mixed for the rest
+TRAINING_MIXES = (MIXED, MIXED_PAPER)
 
 
 def _service(rng: np.random.Generator) -> dict[str, Any]:
@@ -144,9 +146,13 @@ def is_generated(name: str) -> bool:
 def training_scenario(family: str, seed: int) -> Scenario:
     """The scenario of a training episode: a family of ``FAMILIES`` draws one from the seed;
     ``mixed`` takes a shipped scenario for half the seeds, a generated one for the others (the
-    episode's workload still comes from the seed)."""
+    episode's workload still comes from the seed); ``mixed-paper`` the paper's setting for a
+    quarter of them and ``mixed`` for the rest (the shipped PPO's)."""
     from controller.scenario import load_scenario, shipped_scenarios
 
+    if family == MIXED_PAPER:
+        rng = np.random.default_rng(np.random.SeedSequence([seed, 3]))
+        return paper_scenario(seed) if rng.random() < 0.25 else training_scenario(MIXED, seed)
     if family == MIXED:
         rng = np.random.default_rng(np.random.SeedSequence([seed, 1]))
         if rng.random() < 0.5:

@@ -16,7 +16,7 @@ def test_each_episode_is_labelled_with_the_constant_action_of_the_highest_return
     assert sum(demos.counts.values()) == 3 and "keep" not in demos.counts
     assert len(demos.observations) == len(demos.actions) == len(demos.returns) > 0
     # replay the same episode seeds: the label's return is the best of every constant action
-    rng = np.random.default_rng(np.random.SeedSequence([5, 41]))
+    rng = np.random.default_rng(5)
     start = 0
     for _ in range(3):
         episode_seed = int(rng.integers(2**40, 2**62))
