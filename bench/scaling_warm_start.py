@@ -7,19 +7,19 @@ trained by PPO; compared with the shipped PPO and the peers on validation seeds 
 
 Training is ``p2pfaas train scaling pg --warm-start EPISODES`` (controller/imitation.py):
 
-1. For each of ``--episodes`` training episodes (``mixed`` workloads, seeds >= 2**32), every
+1. For each of ``--episodes`` training episodes (``--workloads``, seeds >= 2**32), every
    target action but "keep" is held constant for the whole episode; the one with the highest
    return labels every observation of that episode (hindsight on training seeds only).
 2. The PPO actor learns those labels (cross-entropy, label smoothing 0.05, 30 epochs) and its
    critic the discounted returns (gamma 0.9).
 3. PPO trains on from there for ``--steps`` steps at ``--learning-rate``.
-4. The model (``DIR/scaling-pg-mixed-target.npz``, so ``eval scaling --models-dir DIR`` takes
-   it) and the shipped PPO run on validation seeds 100..119 of every scenario, next to the
+4. The model (``DIR/scaling-pg-<workloads>-target.npz``; ``eval scaling --models-dir DIR`` takes
+   the ``mixed`` one) and the shipped PPO run on validation seeds 100..119 of every scenario, next to the
    best peer (baselines and causal rules) by return; the reported seeds 0..9 are not used.
 
-2026-12-03 (3,000 episodes, 1,200,000 steps, 2.5e-4, seed 1; ~20 min of collection and ~20 min of
-PPO on a shared core): it beat every peer on bursty, steady, spike and paper, not on diurnal
-(-53.7 against -52.9) or generated (-28.8 against -26.4; the shipped PPO -27.0). README, "RL targets".
+2026-12-03 (3,000 episodes, 1,200,000 steps, 2.5e-4; 35-40 min on a shared core): with
+``--workloads mixed-paper --seed 2`` it beat every peer on bursty, steady, spike and paper, not on
+diurnal or generated; it is the shipped PPO (bench/README.md has the table).
 """
 
 from __future__ import annotations
