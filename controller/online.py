@@ -3,8 +3,8 @@
 The controller starts with the model it shipped with (known good); the learner keeps training
 a copy on the live experiences and publishes new versions. ``ModelGuard`` lets the newest
 version decide once the shipped model's live QoS is known, keeps measuring, rolls back when the
-online ones do worse than the known-good weights did, and promotes online weights that proved
-cheaper to known-good (docs/autoscaling.md, "Online learning").
+online ones do worse than the known-good weights did, and promotes online weights that met more
+deadlines to known-good (docs/autoscaling.md, "Online learning").
 """
 
 from __future__ import annotations
@@ -127,11 +127,11 @@ class ModelGuard:
       reports the version it restarts at with ``reseeded``); until then no new version is taken,
       and afterwards only versions trained from the anchor again. The newest ``promote_periods``
       are judged the same way too: a small drop that lasts is more than chance over them.
-    * above the anchor by more than chance (one-sided 95 %) over their newest ``promote_periods`` judged periods,
-      the online weights are *promoted*: they become the anchor, with those periods as its
-      reference. Online learning drifts as well as it improves (a PPO lineage that met 99 % where
-      the shipped model met 95 % went back to 94.5 % 60 episodes later, which a comparison with
-      the shipped model allows); the anchor keeps the best weights proven.
+    * above the anchor by more than chance (one-sided 95 %) over their newest ``promote_periods``
+      judged periods, the online weights are *promoted*: they become the anchor, with those
+      periods as its reference. Online learning drifts as well as it improves (a PPO lineage
+      that met 99 % where the shipped model met 95 % went back to 95 % 40 episodes later, which a
+      comparison with the shipped model allows); the anchor keeps the best weights proven.
     """
 
     def __init__(self, policy: RLPolicy, reference_periods: int = 8, trial_periods: int = 32,
