@@ -16,14 +16,12 @@ from rich.console import Console
 
 from broker.errors import BrokerUnavailable
 from broker.messages import NodeConfiguration
-from p2pfaas.cli_common import (MAX_PORT, MqttChoice, Runtime, _fail, _failed_with, _functions,
+from p2pfaas.cli_common import (MAX_PORT, MqttChoice, Runtime, _fail, command_group, _failed_with, _functions,
                                 _importable, _logging, _reported, _until_signal,
                                 _usable_data_dir, console, serve_stack)
 
-app = typer.Typer(help="p2pfaas: peer-to-peer Function-as-a-Service over NATS/JetStream and MQTT.",
-                  no_args_is_help=True, add_completion=False)
-eval_app = typer.Typer(help="Experiments: run the real system on seeded workloads and compare with references.",
-                       no_args_is_help=True, add_completion=False)
+app = command_group("p2pfaas: peer-to-peer Function-as-a-Service over NATS/JetStream and MQTT.")
+eval_app = command_group("Experiments: run the real system on seeded workloads and compare with references.")
 app.add_typer(eval_app, name="eval")
 ENROL_TIMEOUT_S = 20.0   # `auth device` waits this long for a running `up` to let the device in
 START_THE_STACK = "is the stack running? Start it with `p2pfaas up`, or name a running NATS with --nats-url"
@@ -572,7 +570,7 @@ def learner(
 
 
 # -- identities (docs/security.md) ---------------------------------------------------
-auth_app = typer.Typer(help="Identities of an `up` stack (devices, the operator token) and of a hub (invitations).", no_args_is_help=True)
+auth_app = command_group("Identities of an `up` stack (devices, the operator token) and of a hub (invitations).")
 app.add_typer(auth_app, name="auth")
 
 
@@ -617,9 +615,9 @@ def auth_operator(
 
 
 # -- autoscaling ------------------------------------------------------------------
-train_app = typer.Typer(help="Train models (saved under data/models by default).", no_args_is_help=True)
+train_app = command_group("Train models (saved under data/models by default).")
 app.add_typer(train_app, name="train")
-farm_app = typer.Typer(help="The farm: emit a scenario's tasks into a node.", no_args_is_help=True)
+farm_app = command_group("The farm: emit a scenario's tasks into a node.")
 app.add_typer(farm_app, name="farm")
 
 
@@ -863,8 +861,7 @@ def top(
 
 
 # -- container images ----------------------------------------------------------------
-image_app = typer.Typer(help="Container images built from this repository (docs/containers.md).",
-                        no_args_is_help=True, add_completion=False)
+image_app = command_group("Container images built from this repository (docs/containers.md).")
 app.add_typer(image_app, name="image")
 
 
@@ -927,7 +924,7 @@ def _mount_edge_commands() -> None:
     app.command("join")(cli_edge.join)
     auth_app.command("invite")(cli_edge.auth_invite)
     auth_app.command("revoke")(cli_edge.auth_revoke)
-    compose_app = typer.Typer(help="compose.yaml's deployment: its identities.", no_args_is_help=True)
+    compose_app = command_group("compose.yaml's deployment: its identities.")
     compose_app.command("init")(cli_edge.compose_init)
     app.add_typer(compose_app, name="compose")
 

@@ -38,6 +38,12 @@ class Runtime(str, Enum):
     inprocess = "inprocess"
 
 
+def command_group(help: str) -> typer.Typer:
+    """A command group whose help is click's plain text: wrapped to the terminal's width (80
+    columns in a file or a pipe) without cutting a flag's name, the same in a file as on screen."""
+    return typer.Typer(help=help, no_args_is_help=True, add_completion=False, rich_markup_mode=None)
+
+
 def _fail(message: str) -> NoReturn:
     """What a user can fix (bad input, an unreachable broker, an unusable data dir): one red line
     saying what is wrong and what to do, exit code 2, never a traceback."""

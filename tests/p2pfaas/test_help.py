@@ -1,0 +1,46 @@
+"""Every command's ``--help`` reads whole at 80 columns: no line wider, no name cut with an
+ellipsis, every flag spelled out (typer's boxed help cut ``--heartbeat-per…`` and showed every
+flag as taking a ``<bool>``)."""
+
+from __future__ import annotations
+
+import re
+
+import typer.main
+from typer.testing import CliRunner
+
+from p2pfaas.cli import app
+
+WIDTH = 80
+
+
+def commands(group, path: tuple[str, ...] = ()):
+    yield path, group
+    for name, command in getattr(group, "commands", {}).items():
+        yield from commands(command, (*path, name))
+
+
+def test_every_help_reads_whole_at_80_columns():
+    root = typer.main.get_command(app)
+    runner = CliRunner()
+    seen = 0
+    for path, command in commands(root):
+        done = runner.invoke(app, [*path, "--help"], terminal_width=WIDTH, env={"COLUMNS": str(WIDTH)},
+                             prog_name="p2pfaas")
+        where = " ".join(("p2pfaas", *path, "--help"))
+        assert done.exit_code == 0, (where, done.output)
+        lines = done.output.splitlines()
+        assert lines and lines[0].startswith("Usage: "), (where, done.output)
+        wide = [line for line in lines if len(line) > WIDTH]
+        assert not wide, (where, wide)
+        assert "…" not in done.output, (where, done.output)
+        assert "<bool>" not in done.output, (where, done.output)
+        spelled = set(re.findall(r"(?<![\w-])-{1,2}[A-Za-z0-9][\w-]*", done.output))
+        for param in command.params:
+            for flag in (*param.opts, *param.secondary_opts):
+                if flag.startswith("-"):
+                    assert flag in spelled, (where, flag, done.output)
+        for name in getattr(command, "commands", {}):
+            assert any(line.split()[:1] == [name] for line in lines), (where, name, done.output)
+        seen += 1
+    assert seen >= 25, seen   # every group and command was walked
