@@ -288,6 +288,9 @@ class Subjects:
         """A pool's ``PoolPulse`` between its control periods (the controller's panic rule)."""
         return self._join(node, "pulse", check_token(pool, "pool"))
 
+    def all_pulses(self) -> str:
+        return f"{self.prefix}.*.pulse.*"
+
     def scale(self, node: str, pool: str) -> str:
         return self._join(node, "scale", check_token(pool, "pool"))
 

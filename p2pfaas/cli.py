@@ -835,24 +835,20 @@ def top(
     nats_url: Optional[str] = typer.Option(None, help="NATS URL (default: from a running `p2pfaas up`)."),
     data_dir: Path = typer.Option(Path("data"), help="Where `p2pfaas up` wrote endpoints.json."),
     prefix: str = typer.Option("faas", help="Subject prefix."),
-    once: Optional[float] = typer.Option(None, callback=_positive_seconds, help="Watch this many seconds, print one snapshot and exit."),
+    once: Optional[float] = typer.Option(None, callback=_positive_seconds, help="Watch this many seconds, print one snapshot and exit (2 or more shows every pool: one with a long control period sends a pulse every 2 s)."),
     interval: float = typer.Option(1.0, callback=_positive_seconds, help="Seconds between refreshes; when stdout is not a terminal (a file, a pipe), a plain snapshot is printed each time."),
 ) -> None:
     """Live view of nodes (load, K, queue) and pools (workers, queue, latency, QoS); into a file or
     a pipe, timestamped snapshots instead."""
-    from rich.console import Console
-
     from p2pfaas.top import watch
 
     url = _stack_nats_url(data_dir, nats_url)
     _stack_identity(data_dir)
-    out = Console()
-    if not out.is_terminal:   # not squeezed into 80 columns
-        out = Console(width=160)
+    out = Console()   # a file or a pipe gets 80 columns, which every table fits
     with _reported(BrokerUnavailable, todo=START_THE_STACK):
         if once is not None:
             view = asyncio.run(watch(url, prefix, duration_s=once, live=False))
-            Console(width=160).print(view.render())
+            out.print(view.render())
             return
         try:
             asyncio.run(watch(url, prefix, refresh_s=interval, out=out))

@@ -8,9 +8,10 @@ import asyncio
 import os
 import signal
 import subprocess
+import time
 
 from broker.codec import encode
-from broker.messages import Heartbeat
+from broker.messages import Heartbeat, PoolPulse, PoolTelemetry, ScaleCommand
 from broker.subjects import Subjects
 
 from stack_processes import P2PFAAS
@@ -49,3 +50,48 @@ def test_top_durations_must_be_positive(tmp_path):
                               timeout=60, env={**os.environ, "COLUMNS": "400"})
         assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr
         assert f"Invalid value for '{args[0]}': {args[1]} is not more than 0 seconds" in done.stderr, done.stderr
+
+
+async def test_top_once_shows_every_pool_whole_at_80_columns(nats_server, nc, prefix, tmp_path):
+    """A pool whose control period (8 s) is longer than --once is shown from its pulses (it was
+    left out), and every table fits 80 columns (the pool headers were "no… po… wo…")."""
+    subjects = Subjects(prefix)
+    top = await asyncio.create_subprocess_exec(
+        *P2PFAAS, "top", "--nats-url", nats_server.url, "--prefix", prefix, "--once", "3",
+        "--data-dir", str(tmp_path), stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+        env={**os.environ, "COLUMNS": "80"})
+    try:
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + 30
+        while loop.time() < deadline and top.returncode is None:
+            now = time.time()
+            await nc.publish(subjects.membership("n7"), encode(Heartbeat(
+                node="n7", address="http://127.0.0.1:18080", running=3, queued=12,
+                parallel_running_functions_max=128, queue_length_max=100_000)))
+            await nc.publish(subjects.telemetry("n7", "main"), encode(PoolTelemetry(
+                node="n7", pool="main", time=now, period_s=1, queue_length=1234, in_service=128, workers_ready=128,
+                workers_starting=0, arrivals=1000, completed=999, met_deadline=990, arrival_rate=1000.0,
+                throughput=999.0, latency_mean_s=0.1, latency_p95_s=12.3, latency_max_s=13.0, qos=0.99)))
+            await nc.publish(subjects.pulse("n7", "farm"), encode(PoolPulse(
+                node="n7", pool="farm", time=now, window_s=2, arrivals=31, queue_length=7, workers_ready=1,
+                workers_starting=3)))
+            await nc.publish(subjects.scale("n7", "farm"), encode(ScaleCommand(
+                node="n7", pool="farm", target_workers=12, policy="pg", model_version="shipped-17")))
+            await asyncio.sleep(0.2)
+        out, err = await asyncio.wait_for(top.communicate(), 30)
+    finally:
+        if top.returncode is None:
+            top.kill()
+            await top.wait()
+    text = out.decode()
+    assert top.returncode == 0 and "Traceback" not in err.decode(), err.decode()
+    lines = text.splitlines()
+    assert all(len(line) <= 80 for line in lines) and "…" not in text, text
+    rows = {tuple(line.split()[:2]) for line in lines}
+    assert ("n7", "farm") in rows and ("n7", "main") in rows, text
+    for header in ("running", "queue max", "ready", "starting", "busy", "in/s", "done/s", "p95", "QoS", "target",
+                   "policy", "model"):
+        assert header in text, (header, text)
+    farm = next(line for line in lines if line.split()[:2] == ["n7", "farm"] and "15.50" in line)
+    assert farm.split()[2:5] == ["1", "3", "7"], farm   # ready, starting, queue from the pulse
+    assert "shipped-17" in text and "12345" not in text and "12300 ms" in text
