@@ -80,10 +80,10 @@ def eval_scaling(
     from rich.progress import Progress
 
     from controller.baselines import is_baseline
-    from controller.evaluation import evaluate, report_table, write_plots
+    from controller.evaluation import evaluate, write_plots
     from controller.frontier import rules as causal_rules
-    from controller.report import (markdown_report, paper_checks, paper_table, target_checks, targets_table,
-                                   write_reports, write_summary_plot)
+    from controller.report import (markdown_report, paper_checks, paper_table, report_table, target_checks,
+                                   targets_tables, write_reports, write_summary_plot)
 
     scenarios = list(EVERYTHING) if scenario == "all" else [scenario]
     for name in scenarios:
@@ -94,9 +94,7 @@ def eval_scaling(
         known = ", ".join([*BASELINE_NAMES, "fixed-<n>", *RL_NAMES])
         raise typer.BadParameter(f"unknown policy {', '.join(unknown) or '(none given)'}; known: {known}", param_hint="--policies")
     specs = _policy_specs(wanted, models_dir)
-    console = Console()
-    if not console.is_terminal:  # piped into a file: do not squeeze the tables into 80 columns
-        console = Console(width=200)
+    console = Console()   # the terminal's width; 80 columns in a file, which every table fits
     reports = []
     with Progress(console=Console(stderr=True), transient=True) as progress:
         peers = causal_rules() if rules else []
@@ -108,9 +106,10 @@ def eval_scaling(
             reports.append(evaluate(name, specs, episodes=episodes, seed=seed, references=references, progress=step,
                                     rules=peers))
     for report in reports:
-        console.print(report_table(report))
+        console.print(report_table(report, console.width), "")
     if references:
-        console.print(targets_table(target_checks(reports)))
+        for table in targets_tables(target_checks(reports)):
+            console.print(table, "")
         if paper_checks(reports):
             console.print(paper_table(paper_checks(reports)))
     if json_out is not None:

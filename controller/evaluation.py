@@ -318,22 +318,6 @@ def evaluate(
 
 
 # --------------------------------------------------------------------------- output
-def report_table(report: EvalReport, qos_target: float = 0.99):
-    """A rich table, mean ± std over episodes; policies reaching the QoS target in bold."""
-    from rich.table import Table
-
-    n = len(report.episode_seeds)
-    table = Table(title=f"scenario {report.scenario}: {n} episode(s), seeds {report.episode_seeds[0]}..{report.episode_seeds[-1]}")
-    table.add_column("policy")
-    for title, _ in METRICS.values():
-        table.add_column(title, justify="right")
-    for p in report.policies:
-        cells = [f"{fmt.format(p.metrics[k].mean)} ± {fmt.format(p.metrics[k].std)}" for k, (_, fmt) in METRICS.items()]
-        style = "bold" if p.metrics["qos_pct"].mean >= 100 * qos_target else None
-        table.add_row(p.name, *cells, style=style)
-    return table
-
-
 def write_plots(report: EvalReport, out_dir: Path) -> list[Path]:
     """Workers, queue and window QoS over time of episode 0, one line per policy (PNG)."""
     import matplotlib

@@ -121,17 +121,6 @@ def paper_rows(checks: Sequence[PaperCheck]) -> list[tuple[str, ...]]:
             for c in checks]
 
 
-def paper_table(checks: Sequence[PaperCheck]):
-    from rich.table import Table
-
-    table = Table(title="the paper's setting: the paper's own targets (its SARSA: 99.2 %, 14.78 workers, 24 actions)")
-    for header in PAPER_HEADERS:
-        table.add_column(header, justify="left" if header == "RL policy" else "right")
-    for row in paper_rows(checks):
-        table.add_row(*row)
-    return table
-
-
 def _mark(ok: bool | None) -> str:
     return "n/a" if ok is None else ("yes" if ok else "no")
 
@@ -147,18 +136,6 @@ def target_rows(checks: Sequence[TargetCheck]) -> list[tuple[str, ...]]:
         f"{c.episode_return:.1f} ({c.best_peer.split(' (')[0]} {c.best_peer_return:.1f})", _mark(c.beats_peers),
         f"{c.scaling_actions:.1f} ({c.reactive_actions:.1f})",
     ) for c in checks]
-
-
-def targets_table(checks: Sequence[TargetCheck]):
-    from rich.table import Table
-
-    table = Table(title="RL targets per scenario: the peers are the baselines and the causal rules, the limit "
-                        "the lookahead oracle; ceiling: the largest pool's QoS")
-    for header in TARGET_HEADERS:
-        table.add_column(header, justify="left" if header in ("scenario", "RL policy") else "right")
-    for row in target_rows(checks):
-        table.add_row(*row)
-    return table
 
 
 def _cell(p: PolicyReport, key: str, fmt: str) -> str:
@@ -191,6 +168,88 @@ def markdown_report(reports: Sequence[EvalReport], episodes: int, seed: int) -> 
         lines += ["| " + " | ".join(row) + " |" for row in paper_rows(papers)]
         parts.append("#### The paper's setting: its own targets\n\n" + "\n".join(lines) + "\n")
     return "\n".join(parts)
+
+
+# --------------------------------------------------------------------------- the terminal
+# Narrow tables: whole at 80 columns, in a terminal and in a file. A name is never cut; a policy's
+# note ("best of 12 rules", "hindsight") goes into the legend under its table.
+GAP = 2   # between columns: one space of padding and the box's separator
+TERMINAL_TITLES = {"qos_pct": "QoS %", "mean_workers": "workers", "max_workers": "max", "worker_seconds": "worker-s",
+                   "scaling_actions": "actions", "latency_p95_s": "p95 s", "episode_return": "return"}
+
+
+def _fits(headers: Sequence[str], rows: Sequence[Sequence[str]], width: int) -> bool:
+    widths = [max(len(h), *(len(r[i]) for r in rows)) if rows else len(h) for i, h in enumerate(headers)]
+    return sum(widths) + GAP * (len(headers) - 1) <= width
+
+
+def text_table(title: str, headers: Sequence[str], rows: Sequence[Sequence[str]], *, text: Sequence[int] = (0,),
+               caption: str | None = None, styles: Sequence[str | None] | None = None):
+    """The ``text`` columns (names) are never wrapped nor cut; the numbers fold if they must. The
+    caption follows the table, wrapped to the console rather than to a narrow table."""
+    from rich import box
+    from rich.console import Group
+    from rich.table import Table
+    from rich.text import Text
+
+    table = Table(title=title, box=box.SIMPLE_HEAD, show_edge=False, padding=(0, 1, 0, 0), title_justify="left")
+    for i, header in enumerate(headers):
+        table.add_column(header, justify="left" if i in text else "right", no_wrap=i in text, overflow="fold")
+    for i, row in enumerate(rows):
+        table.add_row(*row, style=styles[i] if styles else None)
+    return Group(table, Text(caption)) if caption else table
+
+
+def report_table(report: EvalReport, width: int = 80, qos_target: float = 0.99):
+    """One scenario: a row per policy, mean ± std over the episodes when that fits ``width``, else
+    the means (the deviations are in --json and --markdown); bold where QoS reaches the target."""
+    n = len(report.episode_seeds)
+    headers = ["policy", *(TERMINAL_TITLES[k] for k in METRICS)]
+    labels, legend = [], []
+    for p in report.policies:
+        name, _, note = p.name.partition(" (")
+        label = ("best rule" if "best of" in note else "cheapest rule") if p.role == RULE else name
+        labels.append(label)
+        if note:
+            legend.append(f"{label}: {name.removeprefix('rule ') + ', ' if label != name else ''}{note.rstrip(')')}")
+
+    def rows(spread: bool) -> list[list[str]]:
+        return [[label, *(fmt.format(p.metrics[k].mean) + (f"±{fmt.format(p.metrics[k].std)}" if spread else "")
+                          for k, (_, fmt) in METRICS.items())] for label, p in zip(labels, report.policies)]
+
+    spread = _fits(headers, rows(True), width)
+    legend.insert(0, f"{'mean ± std' if spread else 'means'} over the episodes (bold: QoS >= {100 * qos_target:g} %)")
+    return text_table(f"scenario {report.scenario}: {n} episode(s), seeds {report.episode_seeds[0]}.."
+                      f"{report.episode_seeds[-1]}", headers, rows(spread), caption="\n".join(legend),
+                      styles=["bold" if p.metrics["qos_pct"].mean >= 100 * qos_target else None
+                              for p in report.policies])
+
+
+def targets_tables(checks: Sequence[TargetCheck]) -> list:
+    """The RL targets in two narrow tables: QoS and the limit, then the peers."""
+    limit = text_table(
+        "RL targets: QoS and the limit",
+        ("scenario", "RL", "QoS %", "ceiling", ">= 99 %", "/ lookahead", "<= 1.15", "actions"),
+        [(c.scenario, c.policy, f"{c.qos_pct:.2f}", f"{c.qos_ceiling_pct:.2f}", _mark(c.qos_ok),
+          f"{c.workers_vs_lookahead:.2f}", _mark(c.workers_ok), f"{c.scaling_actions:.1f}") for c in checks],
+        text=(0, 1), caption=">= 99 %: needed where a baseline or a rule reaches 99 % (n/a: none does); ceiling: "
+                             "the largest pool's QoS; / lookahead: mean workers over the lookahead oracle's, at "
+                             "most 1.15 at 99 %; actions: scaling actions (the reactive baselines' are above)")
+    peers = text_table(
+        "RL targets: the peers", ("scenario", "RL", "return", "> peers", "best peer", "peer's"),
+        [(c.scenario, c.policy, f"{c.episode_return:.1f}", _mark(c.beats_peers), c.best_peer.split(" (")[0],
+          f"{c.best_peer_return:.1f}") for c in checks], text=(0, 1, 4),
+        caption="peers: every baseline and causal rule; return: the env's (higher is better), the best peer's")
+    return [limit, peers]
+
+
+def paper_table(checks: Sequence[PaperCheck]):
+    return text_table(
+        "the paper's setting: its own targets", ("RL", "QoS %", "workers", "actions", "met"),
+        [(c.policy, f"{c.qos_pct:.2f}", f"{c.mean_workers:.2f}", f"{c.scaling_actions:.1f}", _mark(c.ok))
+         for c in checks],
+        caption=f"QoS >= {PAPER_QOS_PCT:g} %, mean workers <= {PAPER_WORKERS:g}, fewer than {PAPER_ACTIONS} "
+                f"actions (the paper's SARSA: 99.2 %, 14.78 workers, 24 actions)")
 
 
 def write_reports(reports: Sequence[EvalReport], path: Path) -> Path:

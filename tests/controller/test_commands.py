@@ -75,3 +75,26 @@ def test_train_scaling_warm_start_records_how_the_model_was_made(tmp_path):
     assert meta["learning_rate"] == 3e-4 and "--warm-start 2" in meta["command"]
     result = runner.invoke(app, ["train", "sarsa", "--warm-start", "2"])
     assert result.exit_code == 2 and "warm start" in result.output
+
+
+def test_eval_tables_read_whole_at_80_columns():
+    """Every table of `eval scaling` within 80 columns, every policy, peer and rule name whole on
+    its line (a terminal cut them: "fixed-…"); the rules' and references' notes in a legend."""
+    from p2pfaas.cli import app as p2pfaas
+
+    result = runner.invoke(p2pfaas, ["eval", "scaling", "--scenario", "paper", "--episodes", "1"], terminal_width=80,
+                           env={"COLUMNS": "80"})
+    assert result.exit_code == 0, result.output
+    lines = result.output.splitlines()
+    assert not [line for line in lines if len(line) > 80] and "…" not in result.output, result.output
+    rows = {line.split("  ")[0].strip() for line in lines}
+    for name in (*BASELINE_NAMES, *RL_NAMES, "best rule", "oracle", "lookahead oracle"):
+        assert name in rows, (name, result.output)
+    assert any(line.startswith("fixed-") for line in lines), result.output
+    for title in ("scenario paper", "RL targets: QoS and the limit", "RL targets: the peers",
+                  "the paper's setting: its own targets"):
+        assert any(line.startswith(title) for line in lines), (title, result.output)
+    rule = next(line for line in lines if line.startswith("best rule: "))
+    assert "best of 12 rules" in rule, rule   # the rule's name and note whole on one line
+    peers = lines[next(i for i, line in enumerate(lines) if line.startswith("RL targets: the peers")) + 3]
+    assert peers.split()[:2] == ["paper", "dqn"], peers

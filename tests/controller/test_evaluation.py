@@ -10,14 +10,13 @@ from controller.evaluation import (
     best_fixed_pool,
     episode_workloads,
     evaluate,
-    report_table,
     run_episode,
     tune_oracle,
     write_json,
     write_plots,
 )
 from controller.oracle import ORACLE_BETAS, InstantResizeOracle, LookaheadOracle
-from controller.report import markdown_report, target_checks
+from controller.report import markdown_report, report_table, target_checks
 from controller.scenario import load_scenario
 from controller.training import load_model, load_rl_policy, rl_agents, sidecar_of, train_agent
 
@@ -65,8 +64,8 @@ def test_outputs(report, tmp_path):
     assert json.loads(path.read_text())["policies"][1]["name"] == "keda"
     (png,) = write_plots(report, tmp_path / "plots")
     assert png.name == "scaling-bursty.png" and png.read_bytes()[:4] == b"\x89PNG"
-    table = report_table(report)
-    assert table.row_count == 4 and "QoS %" in [c.header for c in table.columns]
+    table, legend = report_table(report).renderables
+    assert table.row_count == 4 and "QoS %" in [c.header for c in table.columns] and "over the episodes" in str(legend)
 
 
 RL = sorted(rl_agents())
