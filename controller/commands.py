@@ -11,8 +11,8 @@ from typing import Annotated, Optional
 
 import typer
 
-BASELINE_NAMES = ("reactive-avg", "reactive-max", "keda", "kpa", "hpa")
-RL_NAMES = ("dqn", "pg", "sarsa")
+from controller.names import BASELINE_NAMES, MODEL_SUFFIX, RL_NAMES, PolicyNameError, canonical, known, rl_agent
+
 FAMILY_NAMES = ("generated", "paper")   # controller/workloads.py FAMILIES (not imported: --help stays fast)
 EVERYTHING = ("bursty", "steady", "spike", "diurnal", *FAMILY_NAMES)
 _SCENARIO_HELP = ("'all' (every shipped scenario and both families), a shipped scenario (bursty, steady, "
@@ -41,7 +41,10 @@ def _policy_specs(wanted: list[str], models_dir: Path):
 
     specs = []
     for name in wanted:
-        if name in RL_NAMES:
+        if name.endswith(MODEL_SUFFIX):   # a model file, as up --controller takes it
+            path = Path(name)
+            specs.append(PolicySpec(path.name, lambda sc, path=path: load_rl_policy(path, sc, name=path.name), "rl"))
+        elif name in RL_NAMES:
             path, _ = model_for(name, models_dir)
             if not path.is_file():
                 raise typer.BadParameter(f"no {name} model at {path}; train one: p2pfaas train scaling {name}",
@@ -58,8 +61,9 @@ def eval_scaling(
     seed: Annotated[int, typer.Option(min=0, max=2**32 - 1, help="Seed of the first evaluation episode (training never uses seeds below 2**32).")] = 0,
     policies: Annotated[
         str,
-        typer.Option(help=f"Comma-separated policies, or 'all'. Baselines: {', '.join(BASELINE_NAMES)}, fixed-<n>. "
-                          f"RL agents: {', '.join(RL_NAMES)} (your model in --models-dir, else the shipped one)."),
+        typer.Option(help=f"Comma-separated policies, or 'all' (the baselines and the RL agents): "
+                          f"{known(auto=False)}. An RL agent runs your model in --models-dir, else the shipped "
+                          "one."),
     ] = "all",
     references: Annotated[bool, typer.Option(help="Add the best fixed pool reaching 99 % and the instant-resize oracle (both with hindsight).")] = True,
     rules: Annotated[bool, typer.Option(help="Add the causal rules of controller/frontier.py as peers (shown: the best by return and the cheapest at 99 %).")] = True,
@@ -79,7 +83,6 @@ def eval_scaling(
     from rich.console import Console
     from rich.progress import Progress
 
-    from controller.baselines import is_baseline
     from controller.evaluation import evaluate, write_plots
     from controller.frontier import rules as causal_rules
     from controller.report import (markdown_report, paper_checks, paper_table, report_table, target_checks,
@@ -89,10 +92,14 @@ def eval_scaling(
     for name in scenarios:
         _check_scenario(name)
     wanted = [*BASELINE_NAMES, *RL_NAMES] if policies.strip() == "all" else [p.strip() for p in policies.split(",") if p.strip()]
-    unknown = [p for p in wanted if not is_baseline(p) and p not in RL_NAMES]
-    if unknown or not wanted:
-        known = ", ".join([*BASELINE_NAMES, "fixed-<n>", *RL_NAMES])
-        raise typer.BadParameter(f"unknown policy {', '.join(unknown) or '(none given)'}; known: {known}", param_hint="--policies")
+    if not wanted:
+        raise typer.BadParameter(f"no policy given; known: {known(auto=False)}", param_hint="--policies")
+    try:
+        wanted = [canonical(p, auto=False) for p in wanted]
+    except PolicyNameError as exc:
+        raise typer.BadParameter(str(exc), param_hint="--policies") from None
+    if len(set(wanted)) < len(wanted):
+        raise typer.BadParameter(f"a policy is named twice: {', '.join(wanted)}", param_hint="--policies")
     specs = _policy_specs(wanted, models_dir)
     console = Console()   # the terminal's width; 80 columns in a file, which every table fits
     reports = []
@@ -127,7 +134,7 @@ def eval_scaling(
 
 
 def train_scaling(
-    agent: Annotated[str, typer.Argument(help=f"RL agent to train: {', '.join(RL_NAMES)}.")],
+    agent: Annotated[str, typer.Argument(help=f"RL agent to train: {', '.join(RL_NAMES)} (ppo: pg).")],
     workloads: Annotated[str, typer.Option(help="'mixed' (the default: half generated workloads, half the shipped scenarios, all on training seeds), 'mixed-paper' (the paper's setting for a quarter of the episodes, mixed for the rest: the shipped PPO's), 'generated' (only generated ones) or one scenario (name or file).")] = "mixed",
     steps: Annotated[Optional[int], typer.Option(min=1, help="Environment steps (control periods) to train for (default: pg 300,000, dqn and sarsa 200,000: minutes).")] = None,
     seed: Annotated[int, typer.Option(min=0, help="Seed of the agent and of the training episodes (drawn >= 2**32, never an evaluation seed).")] = 0,
@@ -148,6 +155,10 @@ def train_scaling(
     from controller.features import ACTION_MODES
     from controller.training import DEFAULT_STEPS, rl_agents, shipped_model, train_agent
 
+    try:
+        agent = rl_agent(agent)
+    except PolicyNameError as exc:
+        raise typer.BadParameter(str(exc), param_hint="AGENT") from None
     if agent not in rl_agents():
         raise typer.BadParameter(f"unknown agent {agent!r}; available: {', '.join(rl_agents()) or 'none'}", param_hint="AGENT")
     if action_mode not in ACTION_MODES:

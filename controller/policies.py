@@ -7,7 +7,8 @@ from pathlib import Path
 
 import orjson
 
-from controller.baselines import ScalingPolicy, is_baseline, make_baseline
+from controller.baselines import ScalingPolicy, make_baseline
+from controller.names import AUTO, MODEL_SUFFIX, canonical
 from controller.scenario import Scenario
 from controller.training import (
     DEFAULT_ACTION_MODE,
@@ -19,7 +20,6 @@ from controller.training import (
     sidecar_of,
 )
 
-ALIASES = {"reactive": "reactive-avg"}   # the paper's reactive controller (on average latency)
 AUTO_KIND = "pg"                         # what "auto" runs: the shipped PPO (the best shipped model, docs/autoscaling.md)
 
 
@@ -39,27 +39,23 @@ def model_for(kind: str, models_dir: Path) -> tuple[Path, bool]:
 
 
 def resolve_policy(name: str, scenario: Scenario, models_dir: Path) -> tuple[ScalingPolicy, str, str | None]:
-    """(policy, its name, a note for the user) for ``auto|dqn|pg|sarsa|<model.npz>|<baseline>``.
+    """(policy, its name, a note for the user) for ``auto|dqn|pg|sarsa|<model.npz>|<baseline>``
+    or an alias (controller/names.py).
 
     ``auto`` (the default of ``up``) and the RL kinds run the model of that kind trained in
     ``models_dir`` (``p2pfaas train scaling``) if there is one, else the one shipped in the package.
     """
-    name = ALIASES.get(name, name)
-    if name == "auto" or name in RL_KINDS:
-        kind = AUTO_KIND if name == "auto" else name
+    name = canonical(name)   # PolicyNameError (a ValueError) for a name no command knows
+    if name == AUTO or name in RL_KINDS:
+        kind = AUTO_KIND if name == AUTO else name
         path, shipped = model_for(kind, models_dir)
         if not path.is_file():
             raise ValueError(f"no {kind} model: neither {path} nor a shipped one; "
                              f"train it: p2pfaas train scaling {kind}")
         origin = "shipped in the package" if shipped else "trained here"
         return load_rl_policy(path, scenario, name=kind), kind, f"RL policy {kind}, {origin}: {describe_model(path)}"
-    if name.endswith(".npz"):
+    if name.endswith(MODEL_SUFFIX):
         path = Path(name)
-        if not path.is_file():
-            raise ValueError(f"no model file {path}")
         policy = load_rl_policy(path, scenario)
         return policy, policy.name, f"RL policy from {describe_model(path)}"
-    if is_baseline(name):
-        return make_baseline(name, scenario), name, None
-    raise ValueError(f"unknown policy {name!r}: use auto, {', '.join(RL_KINDS)}, a model .npz, reactive, "
-                     "reactive-avg, reactive-max, keda, kpa, hpa or fixed-<n>")
+    return make_baseline(name, scenario), name, None

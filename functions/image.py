@@ -40,6 +40,38 @@ def parse_image_reference(reference: str) -> str | None:
     return image
 
 
+ENGINE_CHECK_TIMEOUT_S = 3.0
+
+
+def check_engine(image: str) -> None:
+    """The engine that would run ``image`` answers and has it, or ValueError saying what to do:
+    checked when the function is added, not at its first call (which answered 500 for ever)."""
+    import docker
+    from docker.errors import DockerException, ImageNotFound
+
+    engine = os.environ.get("DOCKER_HOST", "unix:///var/run/docker.sock")
+    try:
+        client = docker.from_env(timeout=ENGINE_CHECK_TIMEOUT_S)
+    except DockerException as exc:
+        raise ValueError(f"no Docker engine at {engine} to run {image} ({_first_line(exc)}): start one, "
+                         "or name it with DOCKER_HOST") from None
+    try:
+        client.ping()
+        client.images.get(image)
+    except ImageNotFound:
+        raise ValueError(f"image {image} is not on the Docker engine at {engine}: build it (p2pfaas image "
+                         f"build function ...) or pull it (docker pull {image})") from None
+    except (DockerException, OSError) as exc:
+        raise ValueError(f"the Docker engine at {engine} does not answer ({_first_line(exc)}): start it, or "
+                         "name another with DOCKER_HOST") from None
+    finally:
+        client.close()
+
+
+def _first_line(exc: Exception) -> str:
+    return (str(exc).strip().splitlines() or [type(exc).__name__])[0][:200]
+
+
 def _owner() -> dict[str, str]:
     """Labels naming the worker process this function runs in (from the worker's environment)."""
     try:

@@ -16,6 +16,7 @@ from rich.console import Console
 
 from broker.errors import BrokerUnavailable
 from broker.messages import NodeConfiguration
+from controller.names import PolicyNameError, canonical, known
 from p2pfaas.cli_common import (MAX_PORT, MqttChoice, Runtime, _fail, command_group, _failed_with, _functions,
                                 _importable, _logging, _reported, _until_signal,
                                 _usable_data_dir, console, serve_stack)
@@ -32,6 +33,14 @@ class Via(str, Enum):
     http = "http"
     mqtt = "mqtt"
     nats = "nats"
+
+
+def _policy_name(name: str, flag: str, *, off: bool = False) -> None:
+    """A scaling policy no command knows is said before anything starts, with the nearest names."""
+    try:
+        canonical(name, off=off)
+    except PolicyNameError as exc:
+        _fail(f"{flag}: {exc}")
 
 
 @app.callback()
@@ -102,7 +111,7 @@ def up(
     worker_user: str = typer.Option("auto", help="User the worker processes (user code) run as: a name or uid; auto: nobody when up runs as root and nobody can run them, else up's own (docs/security.md)."),
     worker_writable: list[Path] = typer.Option([], "--worker-writable", help="A directory functions may write to besides the temporary ones (repeatable)."),
     function: list[str] = typer.Option([], "--function", "-f", help="Add a function: name=package.module:callable (repeatable)."),
-    controller: str = typer.Option("auto", help="Policy of the autoscaled farm pool on n1 (function sleep): auto (the RL model shipped in the package, learning online), dqn, pg, sarsa, a model .npz, reactive, keda, kpa, hpa, fixed-<n>, or off."),
+    controller: str = typer.Option("auto", help=f"Policy of the autoscaled farm pool on n1 (function sleep): auto (the RL model shipped in the package, learning online), or {known(auto=False, off=True)}."),
     scenario: str = typer.Option("bursty", help="Scenario whose worker bounds and normalisation the controller uses."),
     models_dir: Path = typer.Option(Path("data/models"), help="Where trained scaling models are looked up."),
     http_processes: int = typer.Option(1, min=1, max=32, help="HTTP bridge processes per node, sharing its port (more use more cores)."),
@@ -135,6 +144,7 @@ def up(
                                  param_hint="--http-port")
     with _reported(ValueError):
         functions = _functions(function)
+    _policy_name(controller, "--controller", off=True)
     sandbox = None
     if runtime is Runtime.process:   # a worker user that cannot run the workers, said before anything starts
         from nodes.sandbox import decide as decide_sandbox
@@ -682,7 +692,7 @@ def train_scheduling(
 def controller_cmd(
     node_id: str = typer.Option("n1", "--node", help="Node of the pool."),
     pool: str = typer.Option("farm", help="Pool to scale (the `up` stack's farm pool is 'farm'; 'default' scales K)."),
-    policy: str = typer.Option("auto", help="auto (the shipped RL model), dqn, pg, sarsa, a model .npz, reactive, reactive-max, keda, kpa, hpa or fixed-<n>."),
+    policy: str = typer.Option("auto", help=f"auto (the shipped RL model), or {known(auto=False)}."),
     learn_online: bool = typer.Option(True, help="RL policies: seed the node's learner, use its online-trained weights, roll back to the shipped ones if live QoS drops."),
     scenario: str = typer.Option("bursty", help="Scenario giving worker bounds and observation normalisation."),
     panic: Optional[bool] = typer.Option(None, "--panic/--no-panic", help="Raise the target between decisions when the load outgrows the pool (Knative's panic mode; default: for RL policies, which are trained with it)."),
@@ -702,12 +712,11 @@ def controller_cmd(
 
     handoff.take()
     _logging(verbose)
+    _policy_name(policy, "--policy")
     with _reported(ScenarioError):
         sc = load_scenario(scenario)
-    try:
+    with _reported(ValueError, todo="see --policy in --help"):
         chosen, name, note = resolve_policy(policy, sc, models_dir)
-    except ValueError as exc:
-        raise typer.BadParameter(str(exc), param_hint="--policy") from None
     url, _ = _attach(data_dir, nats_url)
 
     def show(step) -> None:

@@ -94,22 +94,26 @@ def _functions(specs: list[str]) -> list[tuple[str, str]]:
 # run by `python -c` as a node imports them: "name=reference" arguments, the first failure on stderr
 IMPORT_REFERENCES = """
 import sys
-from functions.image import parse_image_reference
+from functions.image import check_engine, parse_image_reference
 from functions.registry import load_reference
 for spec in sys.argv[1:]:
     name, _, reference = spec.partition("=")
-    if parse_image_reference(reference) is None:
-        try:
+    try:
+        image = parse_image_reference(reference)
+        if image is not None:
+            check_engine(image)
+        else:
             load_reference(reference)
-        except ValueError as exc:
-            sys.exit(f"\\n--function {spec}: {exc}")
-        except Exception as exc:
-            sys.exit(f"\\n--function {spec}: importing it raised {type(exc).__name__}: {exc}")
+    except ValueError as exc:
+        sys.exit(f"\\n--function {spec}: {exc}")
+    except Exception as exc:
+        sys.exit(f"\\n--function {spec}: importing it raised {type(exc).__name__}: {exc}")
 """
 
 
 def _importable(functions: list[tuple[str, str]], sandbox=None) -> None:
-    """Every --function reference imports and names a callable, checked before anything starts
+    """Every --function reference imports and names a callable (an image: its engine answers and
+    has it), checked before anything starts
     (nats-server used to start, then the node died with its traceback). In a child process, as
     a worker imports it: with the current directory on sys.path (a node is `python -m`, the
     `p2pfaas` script is not), in the workers' ``sandbox`` (nodes/sandbox.py) when they have one,

@@ -80,3 +80,17 @@ async def test_image_function_runs_in_the_workers_own_container(
         assert fn_container.labels[LABEL_WORKER] == node.pool.workers[0].name
         assert fn_container.image.tags[0] == function_image
     await wait_until(lambda: containers(docker_client, prefix, role="function") == [], timeout_s=30, interval_s=0.2)
+
+
+def test_an_image_function_is_checked_on_the_engine_before_anything_starts(docker_client, function_image, capsys):
+    """`up --function` asks the engine for the image at once; a missing one is one clear line."""
+    import typer
+
+    from p2pfaas.cli_common import _importable
+
+    _importable([("wc", f"image:{function_image}")])
+    with pytest.raises(typer.Exit) as stopped:
+        _importable([("nope", "image:p2pfaas-no-such-image:1")])
+    assert stopped.value.exit_code == 2
+    assert ("--function nope=image:p2pfaas-no-such-image:1: image p2pfaas-no-such-image:1 is not on the Docker "
+            "engine at") in " ".join(capsys.readouterr().err.split())
