@@ -21,7 +21,7 @@ import orjson
 from broker.codec import decode, encode
 from broker.control import ControlError
 from broker.messages import FunctionDeployment, FunctionInfo, FunctionList, FunctionScale, ScaleDelay
-from functions.image import parse_image_reference
+from functions.image import check_engine, parse_image_reference
 from functions.registry import default_registry
 from nodes.config_store import read_node_file, write_node_file
 from nodes.worker import DEFAULT_POOL
@@ -80,8 +80,11 @@ class Deployments:
     async def on_deploy(self, body: bytes) -> bytes:
         deployment = decode(FunctionDeployment, body)
         async with self._lock:
-            try:  # imports the module (or checks the image reference) here: a bad one changes nothing
+            try:  # imports the module (or asks the engine for the image) here: a bad one changes nothing
                 trial = default_registry([(deployment.service, deployment.reference)])
+                image = parse_image_reference(deployment.reference)
+                if image is not None:
+                    await asyncio.to_thread(check_engine, image)
             except ValueError as exc:
                 raise ControlError(400, str(exc)) from None
             others = [(n, r) for n, r in self.node.settings.functions if n != deployment.service]

@@ -70,3 +70,15 @@ async def test_a_deploy_or_delete_on_a_full_disk_changes_nothing(node_factory, n
         assert status == 500 and b"delete of echo2 refused, nothing changed" in body
         assert node.registry.get("echo2") is not None and path.read_bytes() == saved
         assert (await faas.invoke("n1", "echo2", b"y", timeout_s=10)).output == b"y"
+
+
+async def test_an_image_function_is_refused_when_its_engine_is_not_there(node_factory, nc, prefix, faas, tmp_path,
+                                                                        monkeypatch):
+    """It was deployed, listed as available, and every call answered 500 DockerException."""
+    monkeypatch.setenv("DOCKER_HOST", f"unix://{tmp_path}/no-engine.sock")
+    deploy = encode(FunctionDeployment(service="wc", reference="image:p2pfaas-fn-wordcount"))
+    async with node_factory(k=1, runtime="inprocess") as node:
+        status, body = await control_request(nc, Subjects(prefix).functions("n1", "deploy"), deploy, timeout_s=30)
+        assert status == 400 and b"no Docker engine at unix://" in body and b"start one" in body, body
+        assert node.registry.get("wc") is None and not (node.settings.node_dir / "functions.json").exists()
+        assert (await faas.invoke("n1", "wc", b"x", timeout_s=10)).status == 404
