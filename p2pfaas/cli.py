@@ -96,14 +96,15 @@ def _attach(data_dir: Path, nats_url: Optional[str]):
 
 @app.command()
 def up(
+    ctx: typer.Context,
     nodes: int = typer.Option(3, "--nodes", min=1, max=64, help="Number of nodes (n1..nN); a --config node list wins."),
     config: Optional[Path] = typer.Option(None, "--config", help="JSON file: heterogeneous nodes (K, queue, speed, scheduler), discovery; see docs/p2p.md."),
-    http_port: int = typer.Option(18080, min=0, max=MAX_PORT, help="HTTP bridge port of n1; node i gets PORT+i-1 (a busy port is replaced; 0: a free port each)."),
+    http_port: int = typer.Option(18080, min=0, max=MAX_PORT, help="HTTP bridge port of n1; node i gets PORT+i-1 (busy: the default is replaced, a port given here refused; 0: a free port each)."),
     nats_url: Optional[str] = typer.Option(None, help="Use this NATS instead of starting the embedded nats-server."),
-    nats_port: int = typer.Option(4222, min=0, max=MAX_PORT, help="Port of the embedded nats-server (a busy port is replaced; 0: a free one)."),
+    nats_port: int = typer.Option(4222, min=0, max=MAX_PORT, help="Port of the embedded nats-server (busy: the default is replaced, a port given here refused; 0: a free one)."),
     mqtt: MqttChoice = typer.Option(MqttChoice.nats, help="nats: nats-server's MQTT listener; mosquitto: start mosquitto + the MQTT bridge; off."),
     mqtt_url: Optional[str] = typer.Option(None, help="Bridge to an MQTT broker that already runs (mqtt://HOST:PORT)."),
-    mqtt_port: int = typer.Option(1883, min=0, max=MAX_PORT, help="MQTT port to listen on (a busy port is replaced; 0: a free one)."),
+    mqtt_port: int = typer.Option(1883, min=0, max=MAX_PORT, help="MQTT port to listen on (busy: the default is replaced, a port given here refused; 0: a free one)."),
     data_dir: Path = typer.Option(Path("data"), help="Streams, configuration and models live here."),
     parallel: int = typer.Option(4, "--k", min=1, max=1024, help="K: parallel running functions per node (changeable at run time)."),
     queue: int = typer.Option(4, min=0, max=100_000, help="Queue length max per node."),
@@ -154,7 +155,6 @@ def up(
             sandbox = decide_sandbox(NodeSettings(data_dir=data_dir, functions=functions, worker_user=worker_user,
                                                   worker_writable=worker_writable))
     _importable(functions, sandbox)
-    _usable_data_dir(data_dir)
     settings = StackSettings(
         nodes=nodes, http_port=http_port, nats_url=nats_url, nats_port=nats_port, mqtt=mqtt.value,
         mqtt_url=mqtt_url, mqtt_port=mqtt_port, data_dir=data_dir, runtime=runtime.value,
@@ -166,7 +166,11 @@ def up(
         callback_hosts=callback_host, tls=tls, loopback_hosts=loopback_hosts, loopback_net=loopback_net,
         node_rewards=node_rewards,
     )
-
+    named = {flag for flag in ("http", "nats", "mqtt")
+             if getattr(ctx.get_parameter_source(f"{flag}_port"), "name", "") == "COMMANDLINE"}
+    for busy in settings.busy_ports(named):
+        _fail(busy)
+    _usable_data_dir(data_dir)
     serve_stack(settings)
 
 

@@ -23,7 +23,7 @@ from broker import handoff
 from broker.auth import (BRIDGE, CONTROLLER, OPERATOR, AuthStore, AuthStoreError, mosquitto_files,
                           mqtt_bridge_client_id, nats_accounts)
 from broker.edge import PING_INTERVAL, Invitation, inbox_prefix, leaf_remote
-from broker.embedded import Mosquitto, NatsServer, choose_port
+from broker.embedded import Mosquitto, NatsServer, choose_port, port_is_free
 from broker.handoff import SECRET_NAMES
 from broker.mqtt_bridge import mqtt_accepts
 from broker.lifecycle import hold_data_dir, still_wanted
@@ -156,6 +156,21 @@ class StackSettings:
     def p2pfaas_ports(self) -> bool:
         """Each node serves P2PFaaS's discovery and learner APIs on ports of their own."""
         return self.loopback_hosts or self.edge is not None
+
+    def busy_ports(self, named: set[str]) -> list[str]:
+        """Of the ports the user named (``http``, ``nats``, ``mqtt``), those taken: a port given on
+        purpose is never replaced by another (only a busy default is)."""
+        wanted: list[tuple[str, str, str, int]] = []   # flag, whose, host, port
+        if "http" in named and self.http_port:
+            wanted += [("--http-port", f"node {i + 1}'s port" if self.node_count > 1 else "port", self.node_host(i),
+                        self.http_port if self.p2pfaas_ports else self.http_port + i) for i in range(self.node_count)]
+        if "nats" in named and self.nats_port and not self.nats_url:
+            wanted.append(("--nats-port", "port", self.host, self.nats_port))
+        if "mqtt" in named and self.mqtt_port and self.mqtt != "off" and not self.mqtt_url:
+            wanted.append(("--mqtt-port", "port", self.host, self.mqtt_port))
+        return [f"{flag}: {whose} {port} is busy on {host}: give another, 0 for a free one, or leave {flag} out "
+                f"(a busy default is replaced and reported)"
+                for flag, whose, host, port in wanted if not port_is_free(port, host)]
 
     def node_host(self, i: int) -> str:
         """The address node i (0-based) listens on: its own in the P2PFaaS layout, else ``host``."""

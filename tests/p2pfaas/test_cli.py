@@ -496,6 +496,24 @@ def test_an_image_function_without_an_engine_is_one_clear_line(tmp_path):
     assert not (tmp_path / "d").exists()
 
 
+def test_a_busy_port_given_on_purpose_is_refused_and_a_busy_default_replaced(tmp_path):
+    """An explicit --http-port that was busy was silently replaced by a free one."""
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        cases = {("--http-port", str(port - 1)): f"--http-port: node 2's port {port} is busy on 127.0.0.1: give "
+                                                 "another, 0 for a free one, or leave --http-port out",
+                 ("--nats-port", str(port)): f"--nats-port: port {port} is busy on 127.0.0.1",
+                 ("--mqtt-port", str(port)): f"--mqtt-port: port {port} is busy on 127.0.0.1"}
+        for done in run_all([["up", "--data-dir", str(tmp_path / "d"), *args] for args in cases]):
+            assert_one_clear_line(done, cases[tuple(done.args[3:])])
+        assert not (tmp_path / "d").exists()
+        from p2pfaas.stack import StackSettings   # the defaults are never refused, only replaced
+        assert StackSettings(http_port=port, nats_port=port, mqtt_port=port).busy_ports(set()) == []
+        assert StackSettings(http_port=port, mqtt="off", mqtt_port=port).busy_ports({"mqtt"}) == []
+
+
 def test_without_a_running_stack_tools_ask_for_a_url(tmp_path):
     """No endpoints.json in the data dir (no `up` ever ran there): the tools that read it say so
     and ask for the URL; they used to fall back to the default local NATS, HTTP and MQTT ports and
