@@ -81,12 +81,12 @@ def eval_scaling(
     hindsight. RL models come from --models-dir if you trained one, else from the package.
     """
     from rich.console import Console
-    from rich.progress import Progress
 
     from controller.evaluation import evaluate, write_plots
     from controller.frontier import rules as causal_rules
     from controller.report import (markdown_report, paper_checks, paper_table, report_table, target_checks,
                                    targets_tables, write_reports, write_summary_plot)
+    from p2pfaas.progress import WorkProgress
 
     scenarios = list(EVERYTHING) if scenario == "all" else [scenario]
     for name in scenarios:
@@ -103,7 +103,7 @@ def eval_scaling(
     specs = _policy_specs(wanted, models_dir)
     console = Console()   # the terminal's width; 80 columns in a file, which every table fits
     reports = []
-    with Progress(console=Console(stderr=True), transient=True) as progress:
+    with WorkProgress(console=Console(stderr=True), transient=True) as progress:
         peers = causal_rules() if rules else []
         bar = progress.add_task("evaluating", total=len(scenarios) * (len(specs) + bool(peers) + 4 * references))
         for name in scenarios:
@@ -150,10 +150,11 @@ def train_scaling(
     import sys
 
     from rich.console import Console
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+    from rich.progress import BarColumn, MofNCompleteColumn, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
     from controller.features import ACTION_MODES
     from controller.training import DEFAULT_STEPS, rl_agents, shipped_model, train_agent
+    from p2pfaas.progress import WorkProgress
 
     try:
         agent = rl_agent(agent)
@@ -174,7 +175,7 @@ def train_scaling(
     total = steps or DEFAULT_STEPS[agent]
     command = "p2pfaas " + " ".join(shlex.quote(a) for a in sys.argv[1:]) if sys.argv[1:2] == ["train"] else ""
     columns = (TextColumn("training {task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(), TimeRemainingColumn())
-    with Progress(*columns) as progress:
+    with WorkProgress(*columns) as progress:
         demos = progress.add_task("demonstrations (warm start)", total=warm_start) if warm_start else None
         task = progress.add_task(f"{agent} on {workloads}", total=total)
         trained = train_agent(agent, target, total, seed=seed, action_mode=action_mode, command=command,

@@ -446,10 +446,12 @@ def _stack_identity(data_dir: Path):
 
 def _with_progress_bars(run, width: int, total: int | None = None):
     """Run an experiment coroutine ``run(advance)`` with one progress bar per phase."""
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+    from rich.progress import BarColumn, MofNCompleteColumn, TextColumn, TimeElapsedColumn
 
-    progress = Progress(TextColumn(f"{{task.description:<{width}}}"), BarColumn(), MofNCompleteColumn(),
-                        TimeElapsedColumn(), console=console)
+    from p2pfaas.progress import WorkProgress
+
+    progress = WorkProgress(TextColumn(f"{{task.description:<{width}}}"), BarColumn(), MofNCompleteColumn(),
+                            TimeElapsedColumn(), console=console)
     bars: dict[str, int] = {}
 
     def advance(name: str, done: int, phase_total: int) -> None:
@@ -668,9 +670,9 @@ def train_scheduling(
     exp = LearningExperiment()
     if node_id not in {n.node_id for n in exp.nodes}:
         raise typer.BadParameter(f"no node {node_id!r} in the experiment", param_hint="--node")
-    from rich.progress import Progress
+    from p2pfaas.progress import WorkProgress
 
-    with Progress(console=console) as progress:
+    with WorkProgress(console=console) as progress:
         bar = progress.add_task(f"simulating {duration:g} s", total=1)
         agents = train_scheduling_tables(
             exp, duration, seed, progress=lambda done, total: progress.update(bar, completed=done, total=total))
@@ -774,12 +776,11 @@ def farm_run(
 ) -> None:
     """Emit a scenario's tasks (Poisson arrivals, sampled service times, deadlines); report QoS and
     what the pool spent (worker-seconds, mean/max workers, scaling actions, deciding models)."""
-    from rich.progress import Progress
-
     import orjson
 
     from broker.connection import close_quietly, connect
-    from controller.emitter import FarmEmitter, PoolMeter
+    from controller.emitter import POOL_FIGURES, FarmEmitter, PoolMeter
+    from p2pfaas.progress import WorkProgress
     from controller.scenario import ScenarioError, load_scenario
 
     with _reported(ScenarioError):
@@ -795,7 +796,7 @@ def farm_run(
             emitter = running["emitter"] = FarmEmitter(nc, node_id, sc, seed=seed, prefix=prefix, fn=fn, speed=speed)
             async with PoolMeter(nc, node_id, pool, prefix=prefix) as meter:
                 running["meter"] = meter
-                with Progress(console=console) as progress:
+                with WorkProgress(console=console) as progress:
                     bar = progress.add_task(f"{sc.name} -> {node_id}", total=1.0)
 
                     def update(fraction, report):
@@ -835,7 +836,7 @@ def farm_run(
             "scenario": sc.name, "seed": seed, "speed": speed, "tasks": report.submitted, "completed": report.completed,
             "errors": report.errors, "unfinished": report.unfinished, "lost": report.lost, "qos": report.qos,
             "p95_s": report.p95_s, "interrupted": report.interrupted, "stopped_because": report.stopped_because,
-            "pool": totals.model_dump() if totals else None, "decided_by": meter.policies,
+            "pool": totals.model_dump(include=POOL_FIGURES) if totals else None, "decided_by": meter.policies,
         }, option=orjson.OPT_INDENT_2))
     if report.interrupted and not report.stopped_because:   # Ctrl-C
         raise typer.Exit(130)

@@ -21,7 +21,7 @@ from rich.markup import escape
 
 from broker.errors import BrokerUnavailable, FaasError
 
-console = Console(stderr=True)
+console = Console(stderr=True, soft_wrap=True)   # a line of figures stays one line in a file or a pipe
 STOP_TIMEOUT_S = float(os.environ.get("P2PFAAS_STOP_TIMEOUT_S", 60.0))  # up's whole shutdown
 MAX_PORT = 65535
 FUNCTION_IMPORT_TIMEOUT_S = 120.0   # importing the --function modules, checked before up starts anything

@@ -4,14 +4,17 @@ it counts the tasks that got no answer."""
 from __future__ import annotations
 
 import asyncio
-import os
+import json
 import logging
+import os
+import re
 import signal
 import time
 
 from broker.streams import ensure_node_streams
 from broker.subjects import Subjects
-from controller.emitter import FarmEmitter
+from controller.emitter import POOL_FIGURES, FarmEmitter
+from nodes.settings import PoolSpec
 from support import eventually
 
 from .conftest import make_scenario
@@ -79,6 +82,8 @@ async def test_ctrl_c_mid_run_prints_what_was_measured_so_far(nats_server, nc, p
             await proc.wait()
     assert proc.returncode == 130, out
     assert "interrupted" in out and "tasks " in out and "Traceback" not in out, out
+    # into a pipe: plain progress lines as it goes (a bar there was drawn only at the end)
+    assert re.search(r"^\d\d:\d\d:\d\d \S+ -> n1: \d+ sent, \d+ done: \d+ %, \d+ s$", out, re.M), out
 
 
 async def test_a_stack_that_stops_mid_run_ends_the_run_soon_and_says_why(tmp_path, caplog):
@@ -112,3 +117,33 @@ async def test_a_stack_that_stops_mid_run_ends_the_run_soon_and_says_why(tmp_pat
     assert report.submitted >= 3 and report.completed == 0
     warnings = [r for r in caplog.records if r.levelno >= logging.WARNING and r.name == "controller.emitter"]
     assert len(warnings) <= 5, [r.getMessage() for r in warnings]
+
+
+async def test_farm_run_into_a_file_shows_progress_and_one_set_of_figures(node_factory, nats_server, prefix, tmp_path):
+    """Into a pipe, `farm run` printed nothing until the end; its JSON gave the tasks' p95 and
+    unfinished from the answers and, under "pool", other ones from the telemetry."""
+    from stack_processes import P2PFAAS
+
+    scenario = tmp_path / "short.json"
+    scenario.write_text(make_scenario(step_seconds=1.0, max_steps=5, workers={"min": 1, "max": 4, "initial": 2},
+                                      service_time={"dist": "constant", "value": 0.1},
+                                      phases=[{"duration_s": 6.0, "rate_per_s": 3.0}]).model_dump_json())
+    pools = {"farm": PoolSpec(functions=["sleep"], initial=2, min=1, max=4, period_s=1.0)}
+    async with node_factory(k=2, pools=pools, runtime="process"):
+        proc = await asyncio.create_subprocess_exec(
+            *P2PFAAS, "farm", "run", "--scenario", str(scenario), "--nats-url", nats_server.url, "--prefix", prefix,
+            "--data-dir", str(tmp_path), "--pool", "farm", "--json", str(tmp_path / "run.json"),
+            stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT)
+        try:
+            async with asyncio.timeout(90):
+                out = (await proc.communicate())[0].decode()
+        finally:
+            if proc.returncode is None:
+                proc.kill()
+                await proc.wait()
+    assert proc.returncode == 0 and "Traceback" not in out, out
+    assert re.search(r"^\d\d:\d\d:\d\d test -> n1: \d+ sent, \d+ done: 100 %, \d+ s$", out, re.M), out
+    report = json.loads((tmp_path / "run.json").read_text())
+    assert report["tasks"] == report["completed"] > 0 and report["unfinished"] == 0 and report["qos"] > 0
+    assert set(report["pool"]) == POOL_FIGURES and report["pool"]["worker_seconds"] > 0, report
+    assert f"p95 latency {report['p95_s']:.2f} s" in out and f"{report['pool']['worker_seconds']:.0f} worker-s" in out

@@ -51,13 +51,15 @@ def stop_and_check_no_orphans(proc: subprocess.Popen) -> str:
 def test_up_serves_http_nats_mqtt_and_stops_cleanly(tmp_path, mqtt, start_up):
     if mqtt == "mosquitto" and not (Path("/usr/sbin/mosquitto").exists()):
         pytest.fail("mosquitto not installed (.ci/run installs it)")
+    busy_port = 18080   # the default, taken: replaced by a free one and said (one given on purpose is refused)
     busy = socket.socket()
-    busy.bind(("127.0.0.1", 0))
-    busy.listen()
-    busy_port = busy.getsockname()[1]
     try:
-        proc = start_up(tmp_path, "--http-port", str(busy_port), "--nats-port", str(free_port()),
-                        "--mqtt-port", str(free_port()), "--mqtt", mqtt)
+        busy.bind(("127.0.0.1", busy_port))
+        busy.listen()
+    except OSError:   # taken already
+        pass
+    try:
+        proc = start_up(tmp_path, "--nats-port", str(free_port()), "--mqtt-port", str(free_port()), "--mqtt", mqtt)
         endpoints = wait_endpoints(proc, tmp_path)
         http = endpoints["http"]["n1"]
         assert not http.endswith(f":{busy_port}")
