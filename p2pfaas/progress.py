@@ -8,7 +8,7 @@ It takes the part of rich's ``Progress`` the commands use: ``add_task`` and ``up
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from rich.console import Console
 from rich.progress import Progress
@@ -20,9 +20,10 @@ PLAIN_EVERY_S = 10.0
 class _Task:
     description: str
     total: float | None
+    started: float
     completed: float = 0.0
-    started: float = field(default_factory=time.monotonic)
     said: float | None = None     # when its last line was printed
+    unsaid: bool = False          # updated since
     ended: bool = False
 
 
@@ -44,13 +45,13 @@ class WorkProgress:
             self._bars.__exit__(*exc)
             return
         for task in self._tasks:   # where it stopped, if its last line is older than that
-            if not task.ended and task.said is not None and task.completed and exc[0] is None:
+            if task.unsaid and exc[0] is None:
                 self._say(task)
 
     def add_task(self, description: str, total: float | None = None, **fields) -> int:
         if self._bars is not None:
             return self._bars.add_task(description, total=total, **fields)
-        self._tasks.append(_Task(description, total))
+        self._tasks.append(_Task(description, total, started=time.monotonic()))
         return len(self._tasks) - 1
 
     def update(self, task_id: int, *, completed: float | None = None, total: float | None = None,
@@ -65,13 +66,14 @@ class WorkProgress:
         task.completed = (task.completed + (advance or 0)) if completed is None else completed
         now = time.monotonic()
         done = task.total is not None and task.completed >= task.total
+        task.unsaid = True
         if (done and not task.ended) or task.said is None or now - task.said >= self.every_s:
             task.ended = done
             self._say(task, now)
 
     def _say(self, task: _Task, now: float | None = None) -> None:
         now = time.monotonic() if now is None else now
-        task.said = now
+        task.said, task.unsaid = now, False
         if task.total in (None, 0):
             amount = f"{task.completed:g}"
         elif task.total == 1:   # a fraction
