@@ -17,6 +17,7 @@ FunctionBody = Callable[[bytes], bytes] | Callable[[bytes], Awaitable[bytes]]
 CONCURRENT = 64   # calls one worker process runs at once for an I/O-bound or async function
 NAME_RE = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
 IMAGE_TIMEOUT_S = 60.0
+MAX_RETRY_DELAY_S = 3600.0
 
 
 class FunctionInputError(ValueError):
@@ -40,11 +41,15 @@ class FunctionSpec:
     description: str = ""
     concurrency: int = 1
     inline: bool = False
+    retry_backoff_s: tuple[float, ...] = ()   # seconds before each retry of a lost task (empty: the node's)
     is_async: bool = field(init=False, default=False)
 
     def __post_init__(self) -> None:
         if self.concurrency < 1:
             raise ValueError(f"{self.name}: concurrency must be >= 1, got {self.concurrency}")
+        if not all(isinstance(d, (int, float)) and 0 < d <= MAX_RETRY_DELAY_S for d in self.retry_backoff_s):
+            raise ValueError(f"{self.name}: retry_backoff_s must be seconds in (0, {MAX_RETRY_DELAY_S:g}], "
+                             f"got {self.retry_backoff_s!r}")
         object.__setattr__(self, "is_async", inspect.iscoroutinefunction(self.body))
 
 
@@ -63,7 +68,8 @@ class FunctionRegistry:
 
         An ``async def`` function runs up to :data:`CONCURRENT` calls per worker, and so does an
         image function (its container does the work); any other is taken as CPU-bound (one call
-        per worker) unless it sets ``p2pfaas_concurrency``."""
+        per worker) unless it sets ``p2pfaas_concurrency``. ``p2pfaas_retry_backoff_s`` (seconds)
+        sets the waits before the retries of a task whose worker died."""
         from functions.image import ImageFunction, parse_image_reference
 
         image = parse_image_reference(reference)
@@ -74,8 +80,13 @@ class FunctionRegistry:
         else:
             body = load_reference(reference)
             concurrency = getattr(body, "p2pfaas_concurrency", CONCURRENT if inspect.iscoroutinefunction(body) else 1)
+        backoff = getattr(body, "p2pfaas_retry_backoff_s", ())
+        try:
+            backoff = tuple(backoff)
+        except TypeError:
+            raise ValueError(f"{reference}: p2pfaas_retry_backoff_s must be a list of seconds") from None
         spec = FunctionSpec(name, body, timeout_s, requires_input, f"user function {reference}",
-                            concurrency=int(concurrency))
+                            concurrency=int(concurrency), retry_backoff_s=backoff)
         self.add(spec)
         return spec
 

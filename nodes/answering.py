@@ -16,7 +16,7 @@ import asyncio
 import base64
 import logging
 import time
-from typing import Callable
+from typing import Callable, Sequence
 
 import orjson
 from nats.aio.client import Client
@@ -32,6 +32,7 @@ from broker.lifecycle import OnItsLoop
 from broker.messages import DirectAnswer, HopTiming, Rejection, Result, Timings
 from broker.streams import deadletter_stream, ensure_shared_streams, results_stream
 from broker.subjects import Subjects
+from functions.registry import FunctionRegistry
 from nodes.calls import Call
 from nodes.inbox import Inbox, Reply
 from nodes.metrics import NodeMetrics
@@ -46,7 +47,8 @@ REMAKE_PERIOD_S = 10.0   # a store that no stream took makes the shared streams 
 class Answerer(OnItsLoop):
     def __init__(self, node: str, nc: Client, subjects: Subjects, metrics: NodeMetrics,
                  stats_of: Callable[[str], PoolStats | None], released: Callable[[Call, bool], None],
-                 inbox: Inbox) -> None:
+                 inbox: Inbox, *, registry: FunctionRegistry | None = None,
+                 retry_backoff_s: Sequence[float] = (1.0,)) -> None:
         self.node, self.nc, self.js, self.subjects = node, nc, nc.jetstream(), subjects
         self.inbox = inbox
         self.ip = ""   # this node's IP address, as P2PFaaS lists it (X-P2pfaas-Peers-List-Ip)
@@ -62,6 +64,8 @@ class Answerer(OnItsLoop):
         self._stopping = False
         self.unstored = 0   # answers waiting for JetStream to take them (disk full, broker away)
         self._remade_at = -REMAKE_PERIOD_S
+        self.registry = registry                         # the functions' own retry back-off
+        self.retry_backoff_s = tuple(retry_backoff_s)    # ... else the node's (NodeSettings)
 
     # -- outcomes -----------------------------------------------------------------------
     async def executed(self, call: Call, status: int, output: bytes, error: str | None, execution_s: float) -> None:
@@ -202,20 +206,32 @@ class Answerer(OnItsLoop):
         if not call.is_async:
             return await self.executed(call, 500, b"", f"{call.fn} was not completed: {reason}", 0.0)
         assert call.held is not None
+        delay = self.retry_delay_s(call)
         try:  # the intake dead-letters it on its last delivery, before running it
-            await call.held.nak(delay=1.0)
+            await call.held.nak(delay=delay)
+            log.info("%s: %s delivered again in %g s (retry %d)", self.node, call.key, delay, call.deliveries)
         except Exception as exc:  # the intake redelivers after ack_wait anyway
             log.warning("%s: nak of %s failed: %s", self.node, call.key, exc)
         self.released(call, False)
+
+    def retry_delay_s(self, call: Call) -> float:
+        """The wait before the next delivery of a lost task: its function's back-off, else the node's."""
+        spec = self.registry.get(call.fn) if self.registry is not None else None
+        schedule = (spec.retry_backoff_s if spec is not None else ()) or self.retry_backoff_s
+        return schedule[min(call.deliveries, len(schedule)) - 1]
 
     async def dead_letter(self, call: Call, reason: str) -> None:
         """Keep a poison task for inspection and answer its caller with the cause."""
         log.error("%s: %s dead-lettered: %s", self.node, call.key, reason)
         self.metrics.error("dead_letter")
+        held = call.held
+        kept = {**((held.headers or {}) if held is not None else {}), H.MSG_ID: f"dead.{call.key}",
+                H.DEAD_LETTER_REASON: reason[:300], H.DEAD_LETTER_AT: f"{time.time():.3f}"}
+        if held is not None:   # what a redrive needs to store it again (broker/deadletters.py)
+            kept[H.DEAD_LETTER_SUBJECT] = held.subject
         for attempt in range(2):
             try:
-                await self.js.publish(self.subjects.deadletter(self.node, call.fn), call.payload,
-                                      headers={H.MSG_ID: f"dead.{call.key}", H.DEAD_LETTER_REASON: reason[:300]},
+                await self.js.publish(self.subjects.deadletter(self.node, call.fn), call.payload, headers=kept,
                                       stream=deadletter_stream(self.subjects), timeout=STORE_TIMEOUT_S)
                 break
             except Exception as exc:

@@ -34,6 +34,7 @@ class Call:
     entered: int = 0               # its place in the order calls entered its pool's lines
     transit_s: float = 0.0         # caller -> node (direct calls that say when they were sent)
     waited_s: float = 0.0          # async: stored -> taken from the intake
+    deliveries: int = 1            # async: this is its n-th delivery
     pool: str = ""
     scheduler: str = ""            # the algorithm that decided (the origin's, for a forward)
     scheduled_at: float = 0.0

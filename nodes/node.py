@@ -105,7 +105,7 @@ class Node:
             scheduler.released(call, answered)
 
         answerer = Answerer(self.settings.node_id, self.nc, self.subjects, self.metrics, self.stats.get, released,
-                            self.inbox)
+                            self.inbox, registry=self.registry, retry_backoff_s=self.settings.retry_backoff_s)
         answerer.ip = self.settings.machine_ip
         dispatchers = self._start_dispatchers(answerer)
         peers = self._peers

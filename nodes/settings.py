@@ -65,6 +65,9 @@ class NodeSettings(BaseModel):
     worker_writable: list[Path] = Field(default_factory=list)   # where functions may write besides the temp dirs
     ack_wait_s: float = Field(default=10.0, gt=0)   # a silent worker's task is redelivered after this
     max_deliver: int = Field(default=4, ge=2)       # counted by the node: this delivery is not run, it dead-letters
+    # a task whose worker died is delivered again after these seconds (the n-th retry waits the n-th,
+    # the last repeats); a function's own (``p2pfaas_retry_backoff_s``) wins
+    retry_backoff_s: list[PositiveFloat] = Field(default_factory=lambda: [1.0, 2.0, 4.0], min_length=1)
     unknown_node_after_s: float = Field(default=60.0, gt=0)   # async calls to a node never seen: refused after
     # a device of a hub (docs/edge.md): its streams hold its own calls only; one stored here for
     # another device's node is refused (after unknown_node_after_s), never kept

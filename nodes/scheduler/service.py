@@ -280,7 +280,7 @@ class SchedulerService:
         if isinstance(call, Refusal):
             return self._answer_later(self.answerer.refused(self._bare(inv, info.timestamp, held=msg), call.code,
                                                             call.http_status, call.reason, call.kind))
-        call.held, call.waited_s = msg, max(0.0, now - info.timestamp)
+        call.held, call.waited_s, call.deliveries = msg, max(0.0, now - info.timestamp), info.num_delivered
         self._holding[inv.call_key] = call
         if info.num_delivered >= self.settings.max_deliver:
             return self._answer_later(self.answerer.dead_letter(

@@ -40,7 +40,16 @@ def test_every_help_reads_whole_at_80_columns():
             for flag in (*param.opts, *param.secondary_opts):
                 if flag.startswith("-"):
                     assert flag in spelled, (where, flag, done.output)
-        for name in getattr(command, "commands", {}):
-            assert any(line.split()[:1] == [name] for line in lines), (where, name, done.output)
+        for name in getattr(command, "commands", {}):   # listed with its summary whole (click cuts with "...")
+            listed = [line for line in lines if line.split()[:1] == [name]]
+            assert listed and not listed[0].rstrip().endswith("..."), (where, name, done.output)
         seen += 1
     assert seen >= 25, seen   # every group and command was walked
+
+
+def test_every_command_has_a_summary():
+    from p2pfaas.cli import SUMMARIES
+
+    root = typer.main.get_command(app)
+    names = {" ".join(path) for path, _ in commands(root) if path}
+    assert names == set(SUMMARIES), names ^ set(SUMMARIES)
