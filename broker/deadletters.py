@@ -112,8 +112,9 @@ async def redrive(js: JetStreamContext, subjects: Subjects, letter: DeadLetter, 
     node = check_node(to_node) if to_node else target.node
     new_id = redriven_id(letter)
     key = f"{letter.client}.{new_id}"
-    headers = {k: v for k, v in letter.headers.items()
-               if k not in (H.DEAD_LETTER_REASON, H.DEAD_LETTER_SUBJECT, H.DEAD_LETTER_AT)}
+    headers = {k: v for k, v in letter.headers.items()   # not the dead-letter store's own (Nats-Expected-Stream)
+               if k not in (H.DEAD_LETTER_REASON, H.DEAD_LETTER_SUBJECT, H.DEAD_LETTER_AT)
+               and not k.lower().startswith("nats-")}
     headers[H.MSG_ID], headers[H.REDRIVEN_FROM], headers[H.SENT_AT] = key, letter.call_key, repr(time.time())
     await js.publish(subjects.async_request(node, letter.fn, letter.client, new_id), letter.payload,
                      headers=headers, timeout=STORE_TIMEOUT_S)

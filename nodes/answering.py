@@ -215,10 +215,8 @@ class Answerer(OnItsLoop):
         self.released(call, False)
 
     def retry_delay_s(self, call: Call) -> float:
-        """The wait before the next delivery of a lost task: its function's back-off, else the node's."""
         spec = self.registry.get(call.fn) if self.registry is not None else None
-        schedule = (spec.retry_backoff_s if spec is not None else ()) or self.retry_backoff_s
-        return schedule[min(call.deliveries, len(schedule)) - 1]
+        return retry_delay_s(spec.retry_backoff_s if spec is not None else (), self.retry_backoff_s, call.deliveries)
 
     async def dead_letter(self, call: Call, reason: str) -> None:
         """Keep a poison task for inspection and answer its caller with the cause."""
@@ -430,3 +428,10 @@ def _output_fields(output: bytes) -> dict[str, str | None]:
         return {"output": output.decode(), "output_b64": None}
     except UnicodeDecodeError:
         return {"output": None, "output_b64": base64.b64encode(output).decode()}
+
+
+def retry_delay_s(own: Sequence[float], node: Sequence[float], deliveries: int) -> float:
+    """The wait before the next delivery of a task lost on its ``deliveries``-th: the n-th value of
+    its function's back-off (``own``), else of the node's; the last one repeats."""
+    schedule = own or node
+    return schedule[max(1, min(deliveries, len(schedule))) - 1]

@@ -133,8 +133,8 @@ def redrive_letters(
         for letter in letters:
             try:
                 done.append((letter, await redrive(js, subjects, letter, to_node=to)))
-            except (DeadLetterError, ValueError) as exc:
-                failed.append((letter, str(exc)))
+            except Exception as exc:   # said per letter; the others are still redriven
+                failed.append((letter, str(exc) if isinstance(exc, DeadLetterError) else f"{type(exc).__name__}: {exc}"))
         return done, failed
 
     with _reported(DeadLetterError):
