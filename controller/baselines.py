@@ -245,6 +245,11 @@ class RLPolicy:
         self.observe.reset()
         self.last_observation, self.last_action = None, None
 
+    @property
+    def learns_online(self) -> bool:
+        """Its weights can seed the node's learner (our agents); a Stable-Baselines3 model's cannot."""
+        return getattr(self.agent, "online", True)
+
     def rebind(self, scenario: Scenario) -> None:
         """Decide on ``scenario`` from the next ``reset()`` on (the same agent, its observations
         built for that scenario): an online run goes from one workload to the next."""

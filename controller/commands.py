@@ -11,7 +11,8 @@ from typing import Annotated, Optional
 
 import typer
 
-from controller.names import BASELINE_NAMES, MODEL_SUFFIX, RL_NAMES, PolicyNameError, canonical, known, rl_agent
+from controller.names import (BASELINE_NAMES, MODEL_SUFFIX, RL_NAMES, SB3_SUFFIX, PolicyNameError, canonical, known,
+                              rl_agent)
 
 FAMILY_NAMES = ("generated", "paper")   # controller/workloads.py FAMILIES (not imported: --help stays fast)
 EVERYTHING = ("bursty", "steady", "spike", "diurnal", *FAMILY_NAMES)
@@ -37,11 +38,21 @@ def _policy_specs(wanted: list[str], models_dir: Path):
     from controller.baselines import make_baseline
     from controller.evaluation import PolicySpec
     from controller.policies import model_for
+    from controller.scenario import load_scenario
     from controller.training import load_rl_policy
 
     specs = []
     for name in wanted:
-        if name.endswith(MODEL_SUFFIX):   # a model file, as up --controller takes it
+        if name.endswith(SB3_SUFFIX):     # a Stable-Baselines3 model
+            from controller.sb3 import load_sb3_policy
+
+            path = Path(name)
+            try:
+                load_sb3_policy(path, load_scenario("bursty"))   # said now, not in the middle of the tables
+            except ValueError as exc:
+                raise typer.BadParameter(str(exc), param_hint="--policies") from None
+            specs.append(PolicySpec(path.name, lambda sc, path=path: load_sb3_policy(path, sc), "rl"))
+        elif name.endswith(MODEL_SUFFIX):   # a model file, as up --controller takes it
             path = Path(name)
             specs.append(PolicySpec(path.name, lambda sc, path=path: load_rl_policy(path, sc, name=path.name), "rl"))
         elif name in RL_NAMES:

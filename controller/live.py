@@ -99,7 +99,8 @@ class LiveController:
         if self.actions is None:
             self.actions = self.policy.actions if rl else ScalingActions("target")
         self.observe = ObservationBuilder(self.scenario)
-        self.guard = ModelGuard(self.policy, **self.guard_options) if rl and self.learn_online else None
+        self.guard = (ModelGuard(self.policy, **self.guard_options)
+                      if rl and self.learn_online and self.policy.learns_online else None)
         self.local = None
         self.learner_note = ""
         self._previous: tuple[np.ndarray, int, bool] | None = None
@@ -279,7 +280,8 @@ class LiveController:
         rl = isinstance(policy, RLPolicy)
         self.policy, self.policy_name = policy, name
         self.actions = policy.actions if rl else ScalingActions("target")
-        self.guard = ModelGuard(policy, **self.guard_options) if rl and self.learn_online else None
+        self.guard = ModelGuard(policy, **self.guard_options) if rl and self.learn_online and policy.learns_online \
+            else None
         self.learner_note = ""
         self._previous = None
         policy.reset()

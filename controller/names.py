@@ -13,7 +13,9 @@ ALIASES = {"reactive": "reactive-avg",   # the paper's reactive controller (on a
            "ppo": "pg"}                  # pg is PPO (docs/autoscaling.md)
 AUTO = "auto"                            # the shipped model, learning online
 OFF = "off"                              # up: no controller
-MODEL_SUFFIX = ".npz"
+MODEL_SUFFIX = ".npz"                     # our agents' portable weights (train scaling)
+SB3_SUFFIX = ".zip"                       # a Stable-Baselines3 model (controller/sb3.py)
+MODEL_SUFFIXES = (MODEL_SUFFIX, SB3_SUFFIX)
 
 
 class PolicyNameError(ValueError):
@@ -26,7 +28,8 @@ def known(*, auto: bool = True, off: bool = False) -> str:
         aliases = [alias for alias, target in ALIASES.items() if target == name]
         return f"{name} ({', '.join(aliases)})" if aliases else name
 
-    return ", ".join([*([AUTO] if auto else []), *map(with_alias, RL_NAMES), f"a model {MODEL_SUFFIX}",
+    return ", ".join([*([AUTO] if auto else []), *map(with_alias, RL_NAMES),
+                      f"a model {MODEL_SUFFIX} (or a Stable-Baselines3 {SB3_SUFFIX})",
                       *map(with_alias, BASELINE_NAMES), "fixed-<n>", *([OFF] if off else [])])
 
 
@@ -42,7 +45,7 @@ def canonical(name: str, *, auto: bool = True, off: bool = False) -> str:
         if size.isdigit() and int(size) >= 1:
             return name
         raise PolicyNameError(f"{name!r}: fixed-<n> takes a worker count of 1 or more, e.g. fixed-8")
-    if name.endswith(MODEL_SUFFIX):
+    if name.endswith(MODEL_SUFFIXES):
         if not Path(name).is_file():
             raise PolicyNameError(f"no model file {name}")
         return name

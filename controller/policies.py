@@ -8,7 +8,7 @@ from pathlib import Path
 import orjson
 
 from controller.baselines import ScalingPolicy, make_baseline
-from controller.names import AUTO, MODEL_SUFFIX, canonical
+from controller.names import AUTO, MODEL_SUFFIX, SB3_SUFFIX, canonical
 from controller.scenario import Scenario
 from controller.training import (
     DEFAULT_ACTION_MODE,
@@ -54,6 +54,12 @@ def resolve_policy(name: str, scenario: Scenario, models_dir: Path) -> tuple[Sca
                              f"train it: p2pfaas train scaling {kind}")
         origin = "shipped in the package" if shipped else "trained here"
         return load_rl_policy(path, scenario, name=kind), kind, f"RL policy {kind}, {origin}: {describe_model(path)}"
+    if name.endswith(SB3_SUFFIX):
+        from controller.sb3 import load_sb3_policy
+
+        policy = load_sb3_policy(Path(name), scenario)
+        return policy, policy.name, (f"Stable-Baselines3 {policy.agent.algorithm} from {name} "
+                                     f"({policy.actions.mode} actions; it decides, it does not learn online)")
     if name.endswith(MODEL_SUFFIX):
         path = Path(name)
         policy = load_rl_policy(path, scenario)
