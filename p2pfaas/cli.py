@@ -16,7 +16,7 @@ from rich.console import Console
 
 from broker.errors import BrokerUnavailable
 from broker.messages import NodeConfiguration
-from controller.names import PolicyNameError, canonical, known
+from controller.names import MODEL_SUFFIXES, PolicyNameError, canonical, known
 from p2pfaas import cli_deadletters
 from p2pfaas.cli_common import (MAX_PORT, MqttChoice, Runtime, _fail, command_group, _failed_with, _functions,
                                 _importable, _logging, _reported, _until_signal,
@@ -36,12 +36,14 @@ class Via(str, Enum):
     nats = "nats"
 
 
-def _policy_name(name: str, flag: str, *, off: bool = False) -> None:
-    """A scaling policy no command knows is said before anything starts, with the nearest names."""
+def _policy_name(name: str, flag: str, *, off: bool = False) -> str:
+    """The policy as the parts take it (a model file by its absolute path: they run elsewhere);
+    a name no command knows is said before anything starts, with the nearest names."""
     try:
-        canonical(name, off=off)
+        name = canonical(name, off=off)
     except PolicyNameError as exc:
         _fail(f"{flag}: {exc}")
+    return str(Path(name).resolve()) if name.endswith(MODEL_SUFFIXES) else name
 
 
 @app.callback()
@@ -146,7 +148,7 @@ def up(
                                  param_hint="--http-port")
     with _reported(ValueError):
         functions = _functions(function)
-    _policy_name(controller, "--controller", off=True)
+    controller = _policy_name(controller, "--controller", off=True)
     sandbox = None
     if runtime is Runtime.process:   # a worker user that cannot run the workers, said before anything starts
         from nodes.sandbox import decide as decide_sandbox
