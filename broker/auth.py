@@ -43,6 +43,7 @@ SYSTEM = "sys"   # a hub's system-account user (it drops a revoked device's live
 FULL_JS = "$JS.API.>"
 JS_DENIED = ["$JS.API.STREAM.DELETE.>", "$JS.API.STREAM.PURGE.>"]   # streams are the operators'
 JS_RUNTIME = ["$JS.ACK.>", "$JS.FC.>", "_INBOX.>"]
+FUNCTION_CATALOGUE = "$KV.*_FUNCTIONS.>"   # nodes write the deployment's functions (nodes/catalogue.py)
 # names no device may take: the services' users (Mosquitto would give a device named "bridge" the
 # bridge's ACL; nats-server wants user names unique across accounts, so it would not start) and the
 # HTTP bridge's client token "http-<node>", whose results are every HTTP caller's
@@ -277,7 +278,8 @@ def node_permissions(node: str) -> dict:
     to peers, its own membership and dead letters, JetStream without deleting streams."""
     return _permissions(
         publish=[f"*.{node}.>", f"*.membership.*.{node}", f"*.storecheck.{node}", "*.result.>", "*.reject.>",
-                 "*.async.>", "*.*.forward.>", "*.*.load", f"*.deadletter.{node}.>", FULL_JS, *JS_RUNTIME],
+                 "*.async.>", "*.*.forward.>", "*.*.load", f"*.deadletter.{node}.>", FUNCTION_CATALOGUE, FULL_JS,
+                 *JS_RUNTIME],
         deny=[f"*.{node}.scale.*", f"*.{node}.config.set", f"*.{node}.config.scheduler.set", *JS_DENIED])
 
 

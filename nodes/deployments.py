@@ -23,6 +23,7 @@ from broker.control import ControlError
 from broker.messages import FunctionDeployment, FunctionInfo, FunctionList, FunctionScale, ScaleDelay
 from functions.image import check_engine, parse_image_reference
 from functions.registry import default_registry
+from nodes.catalogue import APPLY_TIMEOUT_S, Catalogue
 from nodes.config_store import read_node_file, write_node_file
 from nodes.worker import DEFAULT_POOL
 
@@ -40,6 +41,8 @@ class Deployments:
         self.node = node
         self.path = node.settings.node_dir / "functions.json"
         self._lock = asyncio.Lock()
+        self._deployed: list[tuple[str, str]] = []   # deployed at run time (functions.json)
+        self.catalogue: Catalogue | None = None
 
     # -- persistence -----------------------------------------------------------------
     def restore(self) -> None:
@@ -60,55 +63,124 @@ class Deployments:
                             self.node.settings.node_id, name, ref, exc)
                 continue
             extra.append((name, ref))
+        self._deployed = extra
         self.node.settings.functions = [*self.node.settings.functions, *extra]
 
     def _save(self, functions: list[tuple[str, str]], change: str) -> None:
-        """Persist ``functions`` before anything else changes: a write that fails (a full disk)
-        leaves the node as it was, never a function registered that its workers do not have."""
+        """This node's record of its deployed functions. The catalogue holds them (a restart reads
+        it), so a record that cannot be written (a full disk) is said, counted, and not fatal."""
         try:
             write_node_file(self.path, orjson.dumps(functions))
         except OSError as exc:
-            log.error("node %s: %s refused: %s cannot be written (%s)", self.node.settings.node_id, change,
-                      self.path, exc.strerror or exc)
-            raise ControlError(500, f"{change} refused, nothing changed: {self.path} cannot be written "
-                                    f"({exc.strerror or exc})") from None
+            log.error("node %s: %s applied, but its record %s cannot be written (%s): the catalogue has it",
+                      self.node.settings.node_id, change, self.path, exc.strerror or exc)
+            self.node.metrics.error("node_file_unwritten")
+
+    # -- the catalogue (nodes/catalogue.py) ---------------------------------------------
+    async def join_catalogue(self, js) -> None:
+        """Before the workers start: what the deployment's catalogue holds becomes this node's
+        (a function deployed or removed while it was away included); then every later change. The
+        first node to make the catalogue brings the functions it had deployed before there was one."""
+        self.catalogue = catalogue = Catalogue(js, self.node.subjects, self.node.settings.node_id)
+        current = await catalogue.open()
+        if catalogue.created:
+            for name, ref in self.deployed():
+                await catalogue.put(FunctionDeployment(service=name, reference=ref))
+                current[name] = FunctionDeployment(service=name, reference=ref)
+        ours = dict(self.deployed())
+        for name in [n for n in ours if n not in current]:
+            await self._apply(name, None, replace=False)
+        for name, deployment in current.items():
+            if ours.get(name) != deployment.reference:
+                try:
+                    await self._apply(name, deployment, replace=False)
+                except ControlError as exc:   # e.g. its module is not on this machine: the others run it
+                    log.error("node %s: catalogue function %s = %s cannot run here: %s",
+                              self.node.settings.node_id, name, deployment.reference, exc.message)
+        catalogue.start(self._apply)
+
+    def deployed(self) -> list[tuple[str, str]]:
+        """The functions deployed at run time here (those of functions.json), not --function's."""
+        return list(self._deployed)
+
+    async def _apply(self, name: str, deployment: FunctionDeployment | None, replace: bool = True) -> None:
+        """One catalogue change, here: deploy (import or check the image first: a bad one changes
+        nothing) or remove ``name``; ControlError says why not."""
+        async with self._lock:
+            if deployment is None:
+                if name not in dict(self._deployed):
+                    return
+                functions = [(n, r) for n, r in self.node.settings.functions if n != name]
+                self._save([(n, r) for n, r in self._deployed if n != name], f"removal of {name}")
+                self.node.settings.functions = functions
+                self._deployed = [(n, r) for n, r in self._deployed if n != name]
+                self.node.registry.remove(name)
+                log.info("node %s: removed %s", self.node.settings.node_id, name)
+            else:
+                if dict(self._deployed).get(name) == deployment.reference and self.node.registry.get(name):
+                    return
+                try:
+                    trial = default_registry([(name, deployment.reference)])
+                    image = parse_image_reference(deployment.reference)
+                    if image is not None:
+                        await asyncio.to_thread(check_engine, image)
+                except ValueError as exc:
+                    raise ControlError(400, str(exc)) from None
+                deployed = [*((n, r) for n, r in self._deployed if n != name), (name, deployment.reference)]
+                self._save(deployed, f"deploy of {name}")
+                self._deployed = deployed
+                self.node.registry.add(trial.get(name))   # admitted from now on
+                self.node.settings.functions = [*((n, r) for n, r in self.node.settings.functions if n != name),
+                                                (name, deployment.reference)]
+                log.info("node %s: deployed %s = %s", self.node.settings.node_id, name, deployment.reference)
+            if replace:
+                await self._replace_workers()
 
     # -- control handlers (faas.<node>.functions.*) ----------------------------------
     async def on_list(self, body: bytes) -> bytes:
         return encode(FunctionList([self.info(name) for name in self.node.registry.names()]))
 
     async def on_deploy(self, body: bytes) -> bytes:
+        """Checked here (a bad one changes nothing anywhere), then into the catalogue: every node
+        deploys it; the answer comes once this one has."""
         deployment = decode(FunctionDeployment, body)
-        async with self._lock:
-            try:  # imports the module (or asks the engine for the image) here: a bad one changes nothing
-                trial = default_registry([(deployment.service, deployment.reference)])
-                image = parse_image_reference(deployment.reference)
-                if image is not None:
-                    await asyncio.to_thread(check_engine, image)
-            except ValueError as exc:
-                raise ControlError(400, str(exc)) from None
-            others = [(n, r) for n, r in self.node.settings.functions if n != deployment.service]
-            functions = [*others, (deployment.service, deployment.reference)]
-            self._save(functions, f"deploy of {deployment.service}")
-            self.node.registry.add(trial.get(deployment.service))   # admitted from now on
-            self.node.settings.functions = functions
-            await self._replace_workers()
-        log.info("node %s: deployed %s = %s", self.node.settings.node_id, deployment.service, deployment.reference)
+        try:
+            default_registry([(deployment.service, deployment.reference)])
+            image = parse_image_reference(deployment.reference)
+            if image is not None:
+                await asyncio.to_thread(check_engine, image)
+        except ValueError as exc:
+            raise ControlError(400, str(exc)) from None
+        await self._changed(self._catalogue().put(deployment), f"deploy of {deployment.service}")
         return encode(self.info(deployment.service))
 
     async def on_delete(self, body: bytes) -> bytes:
         name = decode(FunctionScale, body).service
-        async with self._lock:
-            if not any(n == name for n, _ in self.node.settings.functions):
-                known = self.node.registry.get(name) is not None
-                raise ControlError(400 if known else 404, f"{name} is built in and cannot be removed" if known
-                                   else f"no function {name!r} is deployed on {self.node.settings.node_id}")
-            functions = [(n, r) for n, r in self.node.settings.functions if n != name]
-            self._save(functions, f"delete of {name}")
-            self.node.settings.functions = functions
-            self.node.registry.remove(name)
-            await self._replace_workers()
+        catalogue = self._catalogue()
+        if not await catalogue.has(name) and name not in dict(self._deployed):
+            known = self.node.registry.get(name) is not None
+            raise ControlError(400 if known else 404, f"{name} is not deployed at run time and cannot be removed"
+                               if known else f"no function {name!r} is deployed")
+        await self._changed(catalogue.delete(name), f"removal of {name}")
         return b"{}"
+
+    def _catalogue(self) -> Catalogue:
+        if self.catalogue is None:
+            raise ControlError(503, "the node is starting: its function catalogue is not read yet; try again")
+        return self.catalogue
+
+    async def _changed(self, change, what: str) -> None:
+        """Make a catalogue change and wait until this node has applied it."""
+        try:
+            revision = await change
+        except Exception as exc:   # JetStream away, or the bucket's store full
+            raise ControlError(503, f"{what} refused, nothing changed: the function catalogue cannot be written "
+                                    f"({type(exc).__name__}: {exc})") from None
+        try:
+            await self.catalogue.applied(revision)
+        except TimeoutError:
+            raise ControlError(504, f"{what}: in the catalogue, not applied here within "
+                                    f"{APPLY_TIMEOUT_S:g} s") from None
 
     async def on_scale(self, body: bytes) -> bytes:
         scale = decode(FunctionScale, body)

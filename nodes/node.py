@@ -95,6 +95,8 @@ class Node:
         self.nc = await connect(self.settings.nats_servers, f"node-{self.settings.node_id}")
         js = self.nc.jetstream()
         await _when_jetstream_ready(lambda: ensure_node_streams(js, self.subjects, self.settings.node_id))
+        # the deployment's functions before the workers start: they load them at once
+        await _when_jetstream_ready(lambda: self.deployments.join_catalogue(js))
         if self.settings.learner:  # before the scheduler, so a LearningScheduler can use it
             self.learner = await LearnerService(self.nc, LearnerSettings.for_node(self.settings)).start()
         self.inbox = await Inbox(self.nc).start()
@@ -174,6 +176,8 @@ class Node:
         self._subs.clear()
         if self.control:
             await self.control.stop()
+        if self.deployments.catalogue is not None:
+            await self.deployments.catalogue.stop()
         if self.scheduler:
             await self.scheduler.stop_intake()
         await asyncio.gather(*(pool.stop() for pool in self.pools.values()))
