@@ -43,7 +43,7 @@ SYSTEM = "sys"   # a hub's system-account user (it drops a revoked device's live
 FULL_JS = "$JS.API.>"
 JS_DENIED = ["$JS.API.STREAM.DELETE.>", "$JS.API.STREAM.PURGE.>"]   # streams are the operators'
 JS_RUNTIME = ["$JS.ACK.>", "$JS.FC.>", "_INBOX.>"]
-FUNCTION_CATALOGUE = "$KV.*_FUNCTIONS.>"   # nodes write the deployment's functions (nodes/catalogue.py)
+FUNCTION_CATALOGUE = "$KV.>"   # nodes write the deployment's functions (nodes/catalogue.py), the only bucket
 # names no device may take: the services' users (Mosquitto would give a device named "bridge" the
 # bridge's ACL; nats-server wants user names unique across accounts, so it would not start) and the
 # HTTP bridge's client token "http-<node>", whose results are every HTTP caller's

@@ -9,7 +9,7 @@ from __future__ import annotations
 import time
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, RootModel
+from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, RootModel
 
 from broker import headers as H
 
@@ -256,12 +256,28 @@ class SchedulerChange(Contract):
     parameters: list[str] = Field(default_factory=list, max_length=16)
 
 
+def _not_ours(name: str) -> str:
+    if name.upper().startswith("P2PFAAS_"):
+        raise ValueError(f"{name}: P2PFAAS_ variables are the platform's")
+    return name
+
+
+EnvName = Annotated[str, Field(pattern=r"^[A-Za-z_][A-Za-z0-9_]{0,127}$"), AfterValidator(_not_ours)]
+LabelName = Annotated[str, Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_./-]{0,252}$")]
+
+
 class FunctionDeployment(Contract):
-    """Deploy on ``faas.<node>.functions.deploy``: ``reference`` is ``package.module:callable`` or
-    ``image:<ref>`` (an OpenFaaS-style image), as ``p2pfaas up --function name=reference``."""
+    """Deploy on ``faas.<node>.functions.deploy``, and a function of the catalogue
+    (nodes/catalogue.py): ``reference`` is ``package.module:callable`` or ``image:<ref>`` (an
+    OpenFaaS-style image), as ``p2pfaas up --function name=reference``; ``env_vars`` reach the
+    function's environment (its workers', or its container's), OpenFaaS's ``envVars``."""
 
     service: str = Field(pattern=r"^[A-Za-z0-9_-]{1,64}$")
     reference: str = Field(min_length=1, max_length=512)
+    env_vars: dict[EnvName, Annotated[str, Field(max_length=4096)]] = Field(default_factory=dict, max_length=64)
+    labels: dict[LabelName, Annotated[str, Field(max_length=256)]] = Field(default_factory=dict, max_length=64)
+    annotations: dict[LabelName, Annotated[str, Field(max_length=4096)]] = Field(default_factory=dict,
+                                                                                 max_length=64)
 
 
 class FunctionScale(Contract):
@@ -279,6 +295,7 @@ class FunctionInfo(Contract):
     name: str
     image: str
     envProcess: str = ""
+    envVars: dict[str, str] = Field(default_factory=dict)
     invocationCount: int = 0
     replicas: int
     availableReplicas: int

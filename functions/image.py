@@ -102,9 +102,10 @@ class ImageFunction:
     """
 
     def __init__(self, name: str, image: str, *, timeout_s: float = 60.0, start_timeout_s: float = 60.0,
-                 network: str | None = None) -> None:
+                 network: str | None = None, environment: dict[str, str] | None = None) -> None:
         self.name = name
         self.image = image
+        self.environment = dict(environment or {})   # its envVars, in its container
         self.timeout_s = timeout_s
         self.start_timeout_s = start_timeout_s
         self.network = network or os.environ.get("P2PFAAS_FUNCTION_NETWORK", "host")
@@ -166,10 +167,11 @@ class ImageFunction:
                 raise RuntimeError(f"container {name} exists and is not this worker's; not touching it")
         except NotFound:
             pass
-        kwargs: dict[str, Any] = dict(name=name, labels=labels, detach=True, network_mode=self.network)
+        kwargs: dict[str, Any] = dict(name=name, labels=labels, detach=True, network_mode=self.network,
+                                      environment=dict(self.environment))
         if self.network == "host":
             port = _free_port()
-            kwargs["environment"] = {"port": str(port)}
+            kwargs["environment"]["port"] = str(port)
         else:
             kwargs["ports"] = {f"{WATCHDOG_PORT}/tcp": ("127.0.0.1", None)}
         started = time.monotonic()

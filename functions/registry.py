@@ -62,7 +62,8 @@ class FunctionRegistry:
             raise ValueError(f"invalid function name {spec.name!r}: must match [A-Za-z0-9_-]{{1,64}}")
         self._specs[spec.name] = spec
 
-    def add_reference(self, name: str, reference: str, *, timeout_s: float = 30.0, requires_input: bool = False) -> FunctionSpec:
+    def add_reference(self, name: str, reference: str, *, timeout_s: float = 30.0, requires_input: bool = False,
+                      env: dict[str, str] | None = None) -> FunctionSpec:
         """Register ``module:function`` (ValueError if it cannot be imported) or ``image:<ref>``
         (a container image following the OpenFaaS watchdog convention) under ``name``.
 
@@ -75,7 +76,7 @@ class FunctionRegistry:
         image = parse_image_reference(reference)
         if image is not None:  # the first call starts the container: allow for its cold start
             timeout_s = max(timeout_s, IMAGE_TIMEOUT_S)
-            body: FunctionBody = ImageFunction(name, image, timeout_s=timeout_s)
+            body: FunctionBody = ImageFunction(name, image, timeout_s=timeout_s, environment=env)
             concurrency = CONCURRENT
         else:
             body = load_reference(reference)
@@ -128,8 +129,10 @@ def parse_function_specs(text: str) -> list[tuple[str, str]]:
     return pairs
 
 
-def default_registry(extra: str | list[tuple[str, str]] = "") -> FunctionRegistry:
-    """Built-ins plus user functions (``name=module:function`` pairs)."""
+def default_registry(extra: str | list[tuple[str, str]] = "",
+                     env: dict[str, dict[str, str]] | None = None) -> FunctionRegistry:
+    """Built-ins plus user functions (``name=module:function`` pairs); ``env``: the variables of
+    each (an image function's container gets its own)."""
     from functions import builtins
 
     registry = FunctionRegistry()
@@ -137,5 +140,18 @@ def default_registry(extra: str | list[tuple[str, str]] = "") -> FunctionRegistr
         registry.add(spec)
     pairs = parse_function_specs(extra) if isinstance(extra, str) else extra
     for name, ref in pairs:
-        registry.add_reference(name, ref)
+        registry.add_reference(name, ref, env=(env or {}).get(name))
     return registry
+
+
+def function_environment(env: dict[str, dict[str, str]]) -> dict[str, str]:
+    """What a worker process that loads every function sets: each one's variables (a name two
+    functions set differently is refused when the second is deployed, see env_conflicts)."""
+    return {k: v for variables in env.values() for k, v in variables.items()}
+
+
+def env_conflicts(env: dict[str, dict[str, str]], name: str, variables: dict[str, str]) -> list[str]:
+    """The variables of ``name`` that another function sets to another value: the functions of a
+    pool share its worker processes, so their environment."""
+    return [f"{k} (set by {other} to another value)" for other, theirs in sorted(env.items()) if other != name
+            for k, v in variables.items() if k in theirs and theirs[k] != v]

@@ -13,16 +13,18 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import time
 from typing import TYPE_CHECKING
 
 import orjson
+from pydantic import ValidationError
 
 from broker.codec import decode, encode
 from broker.control import ControlError
 from broker.messages import FunctionDeployment, FunctionInfo, FunctionList, FunctionScale, ScaleDelay
 from functions.image import check_engine, parse_image_reference
-from functions.registry import default_registry
+from functions.registry import FunctionRegistry, default_registry, env_conflicts
 from nodes.catalogue import APPLY_TIMEOUT_S, Catalogue
 from nodes.config_store import read_node_file, write_node_file
 from nodes.worker import DEFAULT_POOL
@@ -41,40 +43,52 @@ class Deployments:
         self.node = node
         self.path = node.settings.node_dir / "functions.json"
         self._lock = asyncio.Lock()
-        self._deployed: list[tuple[str, str]] = []   # deployed at run time (functions.json)
+        self._deployed: dict[str, FunctionDeployment] = {}   # deployed at run time (functions.json)
         self.catalogue: Catalogue | None = None
 
     # -- persistence -----------------------------------------------------------------
     def restore(self) -> None:
         """Functions deployed before a restart join the settings' (the workers load them). A
-        ``functions.json`` that cannot be read is refused (NodeFileError): started without it, the
-        node would overwrite it at the next deploy and the user's functions would be lost."""
+        ``functions.json`` that cannot be read is refused (NodeFileError): the node does not guess
+        what its functions were (the catalogue then says what they are now)."""
         saved = read_node_file(self.path, _deployed_functions, "fix it, or delete it to start without the "
                                                                "functions deployed at run time")
         known = {name for name, _ in self.node.settings.functions}
-        extra = []
-        for name, ref in saved or []:
-            if name in known:
+        for deployment in saved or []:
+            if deployment.service in known:
                 continue
             try:
-                default_registry([(name, ref)])
+                default_registry([(deployment.service, deployment.reference)])
             except ValueError as exc:   # e.g. its module is gone: the node starts without it
                 log.warning("node %s: deployed function %s = %s not restored: %s",
-                            self.node.settings.node_id, name, ref, exc)
+                            self.node.settings.node_id, deployment.service, deployment.reference, exc)
                 continue
-            extra.append((name, ref))
-        self._deployed = extra
-        self.node.settings.functions = [*self.node.settings.functions, *extra]
+            self._deployed[deployment.service] = deployment
+            self._take(deployment)
 
-    def _save(self, functions: list[tuple[str, str]], change: str) -> None:
+    def _save(self, change: str) -> None:
         """This node's record of its deployed functions. The catalogue holds them (a restart reads
         it), so a record that cannot be written (a full disk) is said, counted, and not fatal."""
         try:
-            write_node_file(self.path, orjson.dumps(functions))
+            write_node_file(self.path, orjson.dumps([d.model_dump() for d in self._deployed.values()]))
         except OSError as exc:
             log.error("node %s: %s applied, but its record %s cannot be written (%s): the catalogue has it",
                       self.node.settings.node_id, change, self.path, exc.strerror or exc)
             self.node.metrics.error("node_file_unwritten")
+
+    def _take(self, deployment: FunctionDeployment) -> None:
+        """``deployment`` in the settings the workers start from: its reference and variables."""
+        name, settings = deployment.service, self.node.settings
+        settings.functions = [*((n, r) for n, r in settings.functions if n != name), (name, deployment.reference)]
+        settings.function_env = {**{n: e for n, e in settings.function_env.items() if n != name},
+                                 **({name: dict(deployment.env_vars)} if deployment.env_vars else {})}
+        if settings.runtime == "inprocess":   # its functions run in this process
+            os.environ.update(deployment.env_vars)
+
+    def _drop(self, name: str) -> None:
+        settings = self.node.settings
+        settings.functions = [(n, r) for n, r in settings.functions if n != name]
+        settings.function_env = {n: e for n, e in settings.function_env.items() if n != name}
 
     # -- the catalogue (nodes/catalogue.py) ---------------------------------------------
     async def join_catalogue(self, js) -> None:
@@ -84,54 +98,62 @@ class Deployments:
         self.catalogue = catalogue = Catalogue(js, self.node.subjects, self.node.settings.node_id)
         current = await catalogue.open()
         if catalogue.created:
-            for name, ref in self.deployed():
-                await catalogue.put(FunctionDeployment(service=name, reference=ref))
-                current[name] = FunctionDeployment(service=name, reference=ref)
-        ours = dict(self.deployed())
-        for name in [n for n in ours if n not in current]:
+            for deployment in self.deployed():
+                await catalogue.put(deployment)
+                current[deployment.service] = deployment
+        for name in [n for n in self._deployed if n not in current]:
             await self._apply(name, None, replace=False)
         for name, deployment in current.items():
-            if ours.get(name) != deployment.reference:
-                try:
-                    await self._apply(name, deployment, replace=False)
-                except ControlError as exc:   # e.g. its module is not on this machine: the others run it
-                    log.error("node %s: catalogue function %s = %s cannot run here: %s",
-                              self.node.settings.node_id, name, deployment.reference, exc.message)
+            try:
+                await self._apply(name, deployment, replace=False)
+            except ControlError as exc:   # e.g. its module is not on this machine: the others run it
+                log.error("node %s: catalogue function %s = %s cannot run here: %s",
+                          self.node.settings.node_id, name, deployment.reference, exc.message)
         catalogue.start(self._apply)
 
-    def deployed(self) -> list[tuple[str, str]]:
+    def deployed(self) -> list[FunctionDeployment]:
         """The functions deployed at run time here (those of functions.json), not --function's."""
-        return list(self._deployed)
+        return list(self._deployed.values())
+
+    def check(self, deployment: FunctionDeployment) -> "FunctionRegistry":
+        """A registry with ``deployment`` (its module imported, its image's reference parsed), or
+        ControlError: what could not run, or variables another function sets otherwise."""
+        try:
+            trial = default_registry([(deployment.service, deployment.reference)],
+                                     env={deployment.service: dict(deployment.env_vars)})
+        except ValueError as exc:
+            raise ControlError(400, str(exc)) from None
+        clash = env_conflicts(self.node.settings.function_env, deployment.service, dict(deployment.env_vars))
+        if clash:
+            raise ControlError(409, f"{deployment.service}: {', '.join(clash)}: the functions of a pool share "
+                                    "its workers' environment")
+        return trial
 
     async def _apply(self, name: str, deployment: FunctionDeployment | None, replace: bool = True) -> None:
         """One catalogue change, here: deploy (import or check the image first: a bad one changes
         nothing) or remove ``name``; ControlError says why not."""
         async with self._lock:
             if deployment is None:
-                if name not in dict(self._deployed):
+                if self._deployed.pop(name, None) is None:
                     return
-                functions = [(n, r) for n, r in self.node.settings.functions if n != name]
-                self._save([(n, r) for n, r in self._deployed if n != name], f"removal of {name}")
-                self.node.settings.functions = functions
-                self._deployed = [(n, r) for n, r in self._deployed if n != name]
+                self._save(f"removal of {name}")
+                self._drop(name)
                 self.node.registry.remove(name)
                 log.info("node %s: removed %s", self.node.settings.node_id, name)
             else:
-                if dict(self._deployed).get(name) == deployment.reference and self.node.registry.get(name):
+                if self._deployed.get(name) == deployment and self.node.registry.get(name):
                     return
-                try:
-                    trial = default_registry([(name, deployment.reference)])
-                    image = parse_image_reference(deployment.reference)
-                    if image is not None:
+                trial = self.check(deployment)
+                image = parse_image_reference(deployment.reference)
+                if image is not None:
+                    try:
                         await asyncio.to_thread(check_engine, image)
-                except ValueError as exc:
-                    raise ControlError(400, str(exc)) from None
-                deployed = [*((n, r) for n, r in self._deployed if n != name), (name, deployment.reference)]
-                self._save(deployed, f"deploy of {name}")
-                self._deployed = deployed
+                    except ValueError as exc:
+                        raise ControlError(400, str(exc)) from None
+                self._deployed[name] = deployment
+                self._save(f"deploy of {name}")
                 self.node.registry.add(trial.get(name))   # admitted from now on
-                self.node.settings.functions = [*((n, r) for n, r in self.node.settings.functions if n != name),
-                                                (name, deployment.reference)]
+                self._take(deployment)
                 log.info("node %s: deployed %s = %s", self.node.settings.node_id, name, deployment.reference)
             if replace:
                 await self._replace_workers()
@@ -144,20 +166,20 @@ class Deployments:
         """Checked here (a bad one changes nothing anywhere), then into the catalogue: every node
         deploys it; the answer comes once this one has."""
         deployment = decode(FunctionDeployment, body)
-        try:
-            default_registry([(deployment.service, deployment.reference)])
-            image = parse_image_reference(deployment.reference)
-            if image is not None:
+        self.check(deployment)
+        image = parse_image_reference(deployment.reference)
+        if image is not None:
+            try:
                 await asyncio.to_thread(check_engine, image)
-        except ValueError as exc:
-            raise ControlError(400, str(exc)) from None
+            except ValueError as exc:
+                raise ControlError(400, str(exc)) from None
         await self._changed(self._catalogue().put(deployment), f"deploy of {deployment.service}")
         return encode(self.info(deployment.service))
 
     async def on_delete(self, body: bytes) -> bytes:
         name = decode(FunctionScale, body).service
         catalogue = self._catalogue()
-        if not await catalogue.has(name) and name not in dict(self._deployed):
+        if not await catalogue.has(name) and name not in self._deployed:
             known = self.node.registry.get(name) is not None
             raise ControlError(400 if known else 404, f"{name} is not deployed at run time and cannot be removed"
                                if known else f"no function {name!r} is deployed")
@@ -219,12 +241,17 @@ class Deployments:
         reference = dict(self.node.settings.functions).get(name, "")
         image = parse_image_reference(reference) if reference else None
         pool = self.node.pools.get(self._pool_of(name))
+        deployed = self._deployed.get(name)
         return FunctionInfo(
             name=name, image=image or "p2pfaas", envProcess="" if image else reference,
+            envVars=dict(deployed.env_vars) if deployed else {},
             invocationCount=int(self.node.metrics.invocations(name)),
             replicas=pool.target if pool else 0, availableReplicas=pool.ready if pool else 0,
-            labels={"p2pfaas.pool": self._pool_of(name), "p2pfaas.node": self.node.settings.node_id},
-            annotations={"description": spec.description} if spec.description else {},
+            labels={**(deployed.labels if deployed else {}), "p2pfaas.pool": self._pool_of(name),
+                    "p2pfaas.node": self.node.settings.node_id,
+                    "p2pfaas.deployed": "catalogue" if deployed else "node"},
+            annotations={**({"description": spec.description} if spec.description else {}),
+                         **(deployed.annotations if deployed else {})},
         )
 
     def _pool_of(self, name: str) -> str:
@@ -247,10 +274,21 @@ class Deployments:
                  sum(replaced))
 
 
-def _deployed_functions(data: bytes) -> list[tuple[str, str]]:
-    """``functions.json``: a JSON list of ``[name, reference]`` pairs (ValueError otherwise)."""
+def _deployed_functions(data: bytes) -> list[FunctionDeployment]:
+    """``functions.json``: a JSON list of deployments (or, as written before the catalogue, of
+    ``[name, reference]`` pairs); ValueError otherwise."""
     saved = orjson.loads(data)
-    if not isinstance(saved, list) or not all(
-            isinstance(pair, list) and len(pair) == 2 and all(isinstance(x, str) for x in pair) for pair in saved):
-        raise ValueError('it must be a JSON list of ["name", "reference"] pairs')
-    return [(name, reference) for name, reference in saved]
+    wrong = 'it must be a JSON list of ["name", "reference"] pairs or of deployments'
+    if not isinstance(saved, list):
+        raise ValueError(wrong)
+    out = []
+    for item in saved:
+        if isinstance(item, list) and len(item) == 2 and all(isinstance(x, str) for x in item):
+            item = {"service": item[0], "reference": item[1]}
+        if not isinstance(item, dict):
+            raise ValueError(wrong)
+        try:
+            out.append(FunctionDeployment.model_validate(item))
+        except ValidationError as exc:
+            raise ValueError(f"{wrong} ({exc.errors()[0]['msg']})") from None
+    return out

@@ -73,6 +73,9 @@ class NodeSettings(BaseModel):
     # another device's node is refused (after unknown_node_after_s), never kept
     edge: bool = False
     functions: list[tuple[str, str]] = Field(default_factory=list)  # user (name, module:function)
+    # the environment variables of deployed functions (envVars), by function: a worker process
+    # sets those of every function it loads, an image function's container gets its own
+    function_env: dict[str, dict[str, str]] = Field(default_factory=dict)
     initial: NodeConfiguration = NodeConfiguration()
     # P2PFaaS's default algorithm
     initial_scheduler: SchedulerConfiguration = SchedulerConfiguration(name="PowerOfNScheduler",

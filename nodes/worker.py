@@ -39,7 +39,8 @@ from broker.errors import ContractError
 from broker.lifecycle import OnItsLoop, hard_exit_after, on_parent_gone, parent_gone, parent_pipe_watched, run_loop
 from broker.messages import (DirectAnswer, NodeGone, WorkerCall, WorkerCalls, WorkerOutcome, WorkerStatus, WorkerStatusRequest)
 from broker.subjects import Subjects
-from functions.registry import FunctionInputError, FunctionRegistry, FunctionSpec, default_registry
+from functions.registry import (FunctionInputError, FunctionRegistry, FunctionSpec, default_registry,
+                                function_environment)
 from nodes.settings import NodeSettings
 
 log = logging.getLogger(__name__)
@@ -343,7 +344,8 @@ async def _main() -> int:
     settings = NodeSettings.model_validate_json(os.environ["P2PFAAS_NODE_SETTINGS"])
     name = os.environ.get("P2PFAAS_WORKER_NAME", f"w{os.getpid()}")
     pool = os.environ.get("P2PFAAS_WORKER_POOL", DEFAULT_POOL)
-    worker = Worker(settings, default_registry(settings.functions), name, pool, process=True,
+    os.environ.update(function_environment(settings.function_env))   # before the functions are imported
+    worker = Worker(settings, default_registry(settings.functions, env=settings.function_env), name, pool, process=True,
                     watch_node=os.environ.get("P2PFAAS_WORKER_WATCH_NODE") == "1")
     loop = asyncio.get_running_loop()
     orphaned = stop_requested = False

@@ -17,7 +17,7 @@ from rich.console import Console
 from broker.errors import BrokerUnavailable
 from broker.messages import NodeConfiguration
 from controller.names import MODEL_SUFFIXES, PolicyNameError, canonical, known
-from p2pfaas import cli_deadletters
+from p2pfaas import cli_deadletters, cli_functions
 from p2pfaas.cli_common import (MAX_PORT, MqttChoice, Runtime, _fail, command_group, _failed_with, _functions,
                                 _importable, _logging, _reported, _until_signal,
                                 _usable_data_dir, console, serve_stack)
@@ -944,6 +944,9 @@ def _mount_edge_commands() -> None:
 
 _mount_edge_commands()
 app.add_typer(cli_deadletters.app, name="dead-letters")
+for _name, _command in (("deploy", cli_functions.deploy), ("list", cli_functions.list_functions),
+                        ("describe", cli_functions.describe), ("remove", cli_functions.remove)):
+    app.command(_name)(_command)
 
 # What `--help` lists for each command and group: whole in 80 columns (click cuts a longer first
 # sentence with "..."); the docstrings say the rest. A command without one fails tests/p2pfaas/test_help.py.
@@ -976,6 +979,10 @@ SUMMARIES = {
     "image build": "Build an image on the Docker engine.",
     "compose": "compose.yaml's deployment.",
     "compose init": "Make the identities of compose.yaml's services.",
+    "deploy": "Deploy a function on every node (or a stack file's).",
+    "list": "The deployment's functions.",
+    "describe": "One function: reference, environment, labels.",
+    "remove": "Remove a function from every node.",
     "dead-letters": "List, show and redrive dead-lettered tasks.",
     "dead-letters list": "The dead letters, oldest first.",
     "dead-letters show": "One dead letter, its headers and payload.",

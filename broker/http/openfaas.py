@@ -4,9 +4,11 @@
 request/reply on ``faas.<node>.functions.*``; every one that changes something passes the
 bridge's ``changes_state`` check.
 
-A deploy body is OpenFaaS's (``service`` + ``image``), or P2PFaaS's wrapping of it
-(``{"openfaas_service": {...}}``); ``reference`` (``module:callable`` or ``image:<ref>``) is
-p2pfaas's way to deploy a Python function. Other OpenFaaS keys are ignored.
+A deploy body is OpenFaaS's (``service`` + ``image``, ``envVars``, ``labels``, ``annotations``,
+``envProcess``), or P2PFaaS's wrapping of it (``{"openfaas_service": {...}}``); ``reference``
+(``module:callable`` or ``image:<ref>``) is p2pfaas's way to deploy a Python function. A deploy
+reaches every node (nodes/catalogue.py). What is not supported (``secrets``, ``limits``, ...) is
+refused with 400 when it asks for something, never dropped in silence.
 """
 
 from __future__ import annotations
@@ -27,8 +29,18 @@ if TYPE_CHECKING:
 IMAGE = "image:"
 
 
-def deployment(body: bytes) -> dict[str, str] | Response:
-    """``{service, reference}`` from an OpenFaaS (or P2PFaaS) deploy body, or the 400 saying why not."""
+# OpenFaaS deploy keys this platform does not do: refused when they ask for something (faas-cli
+# sends some of them empty), never dropped in silence (envVars were: the function ran without them)
+NOT_SUPPORTED = {"secrets": "secrets are not supported yet: pass the value another way (envVars are not secret)",
+                 "limits": "per-function limits are not supported yet", "requests": "resource requests are not supported",
+                 "constraints": "placement constraints are not supported: every node runs every function",
+                 "readOnlyRootFilesystem": "readOnlyRootFilesystem is not supported for image functions yet"}
+IGNORED = {"namespace", "registryAuth", "network"}   # nothing to do here: no namespaces, no registry
+
+
+def deployment(body: bytes) -> dict[str, Any] | Response:
+    """The deployment (``service``, ``reference``, ``env_vars``, ``labels``, ``annotations``) of an
+    OpenFaaS (or P2PFaaS) deploy body, or the 400 saying why not."""
     try:
         sent: Any = orjson.loads(body)
     except orjson.JSONDecodeError as exc:
@@ -38,10 +50,27 @@ def deployment(body: bytes) -> dict[str, str] | Response:
     if not isinstance(sent, dict):
         return error(400, "the function must be a JSON object {service, image} or {service, reference}")
     service = sent.get("service") or sent.get("name")
-    reference = sent.get("reference") or (IMAGE + sent["image"] if isinstance(sent.get("image"), str) else None)
+    image = sent.get("image")
+    reference = sent.get("reference") or (IMAGE + image if isinstance(image, str) else None)
     if not isinstance(service, str) or not isinstance(reference, str):
         return error(400, "a function needs service and image (an image) or reference (module:callable)")
-    return {"service": service, "reference": reference}
+    asked = [f"{key}: {why}" for key, why in NOT_SUPPORTED.items() if sent.get(key)]
+    unknown = sorted(set(sent) - {"service", "name", "image", "reference", "envProcess", "envVars", "labels",
+                                  "annotations", *NOT_SUPPORTED, *IGNORED})
+    if asked or unknown:
+        return error(400, "; ".join([*asked, *(f"{key}: unknown" for key in unknown)]))
+    fields = {}
+    for key, ours in (("envVars", "env_vars"), ("labels", "labels"), ("annotations", "annotations")):
+        value = sent.get(key) or {}
+        if not isinstance(value, dict) or not all(isinstance(v, str) for v in value.values()):
+            return error(400, f"{key} must be an object of strings")
+        fields[ours] = value
+    process = sent.get("envProcess")
+    if process:   # OpenFaaS: the process the image's watchdog runs (its fprocess)
+        if not isinstance(process, str) or not reference.startswith(IMAGE):
+            return error(400, "envProcess is the process an image's watchdog runs: give it with image")
+        fields["env_vars"] = {**fields["env_vars"], "fprocess": process}
+    return {"service": service, "reference": reference, **fields}
 
 
 def openfaas_router(bridge: "HttpBridge") -> APIRouter:

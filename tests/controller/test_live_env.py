@@ -98,7 +98,7 @@ async def test_top_shows_who_scales_a_pool_and_the_model_version(node_factory, n
     command = view.commands[("n1", "farm")]
     assert (command.policy, command.model_version) == ("dqn", "shipped")   # (this node runs no learner)
     text = rendered(view.render())
-    assert "scaled by" in text and "shipped" in text
+    assert "scaling" in text and "policy" in text and "shipped" in text   # the scaling table
 
 
 async def test_a_live_env_whose_pool_sends_no_telemetry_says_which_and_where(nats_server, prefix):

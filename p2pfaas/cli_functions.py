@@ -1,0 +1,240 @@
+"""``p2pfaas deploy | list | describe | remove``: the deployment's functions, as faas-cli has them
+(docs/compat.md). A deploy or a removal goes to one node (``--node``) and reaches every node
+through the catalogue (nodes/catalogue.py); the command returns once every node that is up says so.
+``deploy -f stack.yml`` deploys the functions of a faas-cli-like stack file."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from pathlib import Path
+from typing import Optional
+
+import orjson
+import typer
+
+from broker.errors import BrokerUnavailable
+from p2pfaas.cli_common import _fail, _reported, console
+
+CONVERGE_TIMEOUT_S = 60.0   # every node that is up has applied it (a deploy replaces workers: seconds)
+HEARD_S = 2.5               # listening to heartbeats for who is up: more than two periods
+
+NatsUrl = typer.Option(None, help="NATS URL (default: from a running `p2pfaas up`).")
+DataDir = typer.Option(Path("data"), help="Where `p2pfaas up` wrote endpoints.json.")
+Prefix = typer.Option("faas", help="Subject prefix.")
+Node = typer.Option("n1", "--node", help="The node to ask (every node has the deployment's functions).")
+
+
+def _pairs(values: list[str], flag: str) -> dict[str, str]:
+    out = {}
+    for item in values:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            _fail(f"{flag} {item!r} must look like NAME=VALUE")
+        out[key] = value
+    return out
+
+
+def _run(data_dir: Path, nats_url: Optional[str], prefix: str, work):
+    from broker.connection import close_quietly, connect
+    from broker.subjects import Subjects
+    from p2pfaas.cli import START_THE_STACK, _stack_identity, _stack_nats_url
+
+    url = _stack_nats_url(data_dir, nats_url)
+    _stack_identity(data_dir)
+
+    async def main():
+        nc = await connect(url, "p2pfaas-functions")
+        try:
+            return await work(nc, Subjects(prefix))
+        finally:
+            await close_quietly(nc)
+
+    with _reported(BrokerUnavailable, todo=START_THE_STACK):
+        return asyncio.run(main())
+
+
+async def _ask(nc, subjects, node: str, verb: str, body: dict, timeout_s: float = 90.0):
+    from broker.control import control_request
+
+    status, data = await control_request(nc, subjects.functions(node, verb), orjson.dumps(body), timeout_s)
+    if status != 200:
+        try:
+            message = orjson.loads(data).get("message", data.decode(errors="replace"))
+        except (orjson.JSONDecodeError, AttributeError):
+            message = data.decode(errors="replace")
+        raise FunctionsError(f"{node} answered {status}: {message}")
+    return orjson.loads(data)
+
+
+class FunctionsError(Exception):
+    pass
+
+
+async def _nodes_up(nc, subjects) -> set[str]:
+    """The nodes whose heartbeats come within HEARD_S."""
+    from broker.codec import decode
+    from broker.errors import ContractError
+    from broker.messages import Heartbeat
+
+    heard: set[str] = set()
+
+    async def on(msg) -> None:
+        try:
+            heard.add(decode(Heartbeat, msg.data).node)
+        except ContractError:
+            pass
+
+    sub = await nc.subscribe(subjects.all_membership(), cb=on)
+    await asyncio.sleep(HEARD_S)
+    await sub.unsubscribe()
+    return heard
+
+
+async def _converged(nc, subjects, name: str, present: bool) -> tuple[list[str], list[str]]:
+    """(nodes that agree, nodes that do not within CONVERGE_TIMEOUT_S): has ``name`` or not."""
+    nodes = sorted(await _nodes_up(nc, subjects))
+    waiting, deadline = set(nodes), time.monotonic() + CONVERGE_TIMEOUT_S
+    while waiting and time.monotonic() < deadline:
+        for node in sorted(waiting):
+            try:
+                listed = {f["name"] for f in await _ask(nc, subjects, node, "list", {}, timeout_s=5.0)}
+            except Exception:   # a node going away meanwhile: asked again
+                continue
+            if (name in listed) == present:
+                waiting.discard(node)
+        if waiting:
+            await asyncio.sleep(0.5)
+    return [n for n in nodes if n not in waiting], sorted(waiting)
+
+
+def _say_converged(what: str, name: str, agreed: list[str], late: list[str]) -> None:
+    print(f"{what} {name}" + (f" on {', '.join(agreed)}" if agreed else ""))
+    if late:
+        console.print(f"[yellow]not yet on {', '.join(late)}[/] after {CONVERGE_TIMEOUT_S:g} s "
+                      f"(their logs say why: `grep {name} data/logs/node-*.log`)")
+
+
+def _stack_functions(path: Path) -> list[dict]:
+    """The deployments of a stack file: ``functions: {name: {image | reference, environment,
+    labels, annotations}}`` (faas-cli's stack.yml keys; ``handler``/``lang`` builds are not done)."""
+    import yaml
+
+    try:
+        stack = yaml.safe_load(path.read_text())
+    except (OSError, yaml.YAMLError) as exc:
+        _fail(f"{path}: {exc}")
+    functions = stack.get("functions") if isinstance(stack, dict) else None
+    if not isinstance(functions, dict) or not functions:
+        _fail(f"{path}: no `functions:` to deploy (a map of name: {{image: ... or reference: ...}})")
+    out = []
+    for name, spec in functions.items():
+        spec = spec or {}
+        unknown = sorted(set(spec) - {"image", "reference", "environment", "labels", "annotations"})
+        if unknown:
+            _fail(f"{path}: function {name}: {', '.join(unknown)} not supported (image, reference, environment, "
+                  "labels, annotations)")
+        if bool(spec.get("image")) == bool(spec.get("reference")):
+            _fail(f"{path}: function {name}: give image or reference (module:callable), one of them")
+        out.append({"service": str(name),
+                    "reference": spec.get("reference") or f"image:{spec['image']}",
+                    "env_vars": {str(k): str(v) for k, v in (spec.get("environment") or {}).items()},
+                    "labels": {str(k): str(v) for k, v in (spec.get("labels") or {}).items()},
+                    "annotations": {str(k): str(v) for k, v in (spec.get("annotations") or {}).items()}})
+    return out
+
+
+def deploy(
+    name: Optional[str] = typer.Argument(None, help="The function's name (or -f for a stack file's functions)."),
+    reference: Optional[str] = typer.Option(None, "--ref", help="A Python function: package.module:callable."),
+    image: Optional[str] = typer.Option(None, "--image", help="A container image (the OpenFaaS watchdog convention)."),
+    env: list[str] = typer.Option([], "--env", "-e", help="NAME=VALUE in the function's environment (repeatable)."),
+    label: list[str] = typer.Option([], "--label", "-l", help="NAME=VALUE label (repeatable)."),
+    annotation: list[str] = typer.Option([], "--annotation", help="NAME=VALUE annotation (repeatable)."),
+    stack_file: Optional[Path] = typer.Option(None, "-f", "--yaml", help="Deploy every function of this stack file."),
+    node: str = Node, nats_url: Optional[str] = NatsUrl, data_dir: Path = DataDir, prefix: str = Prefix,
+) -> None:
+    """Deploy a function on every node (or update it); returns once every node that is up runs it."""
+    if stack_file is not None:
+        if name or reference or image or env or label or annotation:
+            _fail("-f deploys what the stack file says: give no name, --ref, --image, --env or --label with it")
+        wanted = _stack_functions(stack_file)
+    else:
+        if not name or bool(reference) == bool(image):
+            _fail("give the function's name and --ref module:callable or --image IMAGE (one of them), or -f FILE")
+        wanted = [{"service": name, "reference": reference or f"image:{image}", "env_vars": _pairs(env, "--env"),
+                   "labels": _pairs(label, "--label"), "annotations": _pairs(annotation, "--annotation")}]
+
+    async def work(nc, subjects):
+        done = []
+        for body in wanted:
+            await _ask(nc, subjects, node, "deploy", body)
+            done.append((body["service"], *await _converged(nc, subjects, body["service"], True)))
+        return done
+
+    with _reported(FunctionsError):
+        done = _run(data_dir, nats_url, prefix, work)
+    for service, agreed, late in done:
+        _say_converged("deployed", service, agreed, late)
+    if any(late for _, _, late in done):
+        raise typer.Exit(1)
+
+
+def remove(
+    name: str = typer.Argument(..., help="The function to remove."),
+    node: str = Node, nats_url: Optional[str] = NatsUrl, data_dir: Path = DataDir, prefix: str = Prefix,
+) -> None:
+    """Remove a deployed function from every node; returns once every node that is up has."""
+    async def work(nc, subjects):
+        await _ask(nc, subjects, node, "delete", {"service": name})
+        return await _converged(nc, subjects, name, False)
+
+    with _reported(FunctionsError):
+        agreed, late = _run(data_dir, nats_url, prefix, work)
+    _say_converged("removed", name, agreed, late)
+    if late:
+        raise typer.Exit(1)
+
+
+def list_functions(
+    json_out: bool = typer.Option(False, "--json", help="OpenFaaS's JSON instead of the table."),
+    node: str = Node, nats_url: Optional[str] = NatsUrl, data_dir: Path = DataDir, prefix: str = Prefix,
+) -> None:
+    """The functions, as a node has them: replicas, invocations, where each comes from."""
+    from rich.console import Console
+    from rich.table import Table
+
+    with _reported(FunctionsError):
+        functions = _run(data_dir, nats_url, prefix, lambda nc, subjects: _ask(nc, subjects, node, "list", {}))
+    if json_out:
+        print(orjson.dumps(functions, option=orjson.OPT_INDENT_2).decode())
+        return
+    table = Table(box=None, padding=(0, 2, 0, 0), show_edge=False)
+    for header in ("function", "invocations", "replicas", "deployed", "image or reference"):
+        table.add_column(header, no_wrap=header != "image or reference", overflow="fold",
+                         justify="right" if header in ("invocations", "replicas") else "left")
+    for f in functions:
+        table.add_row(f["name"], str(f["invocationCount"]), f"{f['availableReplicas']}/{f['replicas']}",
+                      f["labels"].get("p2pfaas.deployed", "-"),
+                      f["envProcess"] or f["image"])
+    Console().print(table)
+
+
+def describe(
+    name: str = typer.Argument(..., help="The function."),
+    node: str = Node, nats_url: Optional[str] = NatsUrl, data_dir: Path = DataDir, prefix: str = Prefix,
+) -> None:
+    """One function: its image or reference, environment, labels, annotations and replicas."""
+    with _reported(FunctionsError):
+        functions = _run(data_dir, nats_url, prefix, lambda nc, subjects: _ask(nc, subjects, node, "list", {}))
+    found = next((f for f in functions if f["name"] == name), None)
+    if found is None:
+        _fail(f"no function {name!r} on {node} (`p2pfaas list` shows them)")
+    lines = [f"name         {found['name']}",
+             f"image        {found['image']}" if found["image"] != "p2pfaas" else f"reference    {found['envProcess']}",
+             f"replicas     {found['availableReplicas']} ready of {found['replicas']}",
+             f"invocations  {found['invocationCount']} (on {node})"]
+    for title, key in (("environment", "envVars"), ("labels", "labels"), ("annotations", "annotations")):
+        lines.append(title if found.get(key) else f"{title:<12} -")
+        lines += [f"  {k}={v}" for k, v in sorted(found.get(key, {}).items())]
+    print("\n".join(lines))
