@@ -43,9 +43,10 @@ def parse_image_reference(reference: str) -> str | None:
 ENGINE_CHECK_TIMEOUT_S = 3.0
 
 
-def check_engine(image: str) -> None:
-    """The engine that would run ``image`` answers and has it, or ValueError saying what to do:
-    checked when the function is added, not at its first call (which answered 500 for ever)."""
+def check_engine(image: str, build: str = "p2pfaas image build --target function") -> None:
+    """The engine that would run ``image`` answers and has it, or ValueError saying what to do
+    (``build``: the command that makes it): checked when the function (or the pool) is added,
+    not at its first call (which answered 500 for ever)."""
     import docker
     from docker.errors import DockerException, ImageNotFound
 
@@ -59,8 +60,8 @@ def check_engine(image: str) -> None:
         client.ping()
         client.images.get(image)
     except ImageNotFound:
-        raise ValueError(f"image {image} is not on the Docker engine at {engine}: build it (p2pfaas image "
-                         f"build function ...) or pull it (docker pull {image})") from None
+        raise ValueError(f"image {image} is not on the Docker engine at {engine}: build it ({build}) or pull "
+                         f"it (docker pull {image})") from None
     except (DockerException, OSError) as exc:
         raise ValueError(f"the Docker engine at {engine} does not answer ({_first_line(exc)}): start it, or "
                          "name another with DOCKER_HOST") from None

@@ -23,6 +23,9 @@ def host_of(address: str) -> str:
 TOKEN = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
 
 
+DEFAULT_WORKER_IMAGE = "p2pfaas-worker:latest"   # `p2pfaas image build` makes it
+
+
 class PoolSpec(BaseModel):
     """A dedicated, autoscaled worker pool for some functions (the farm of DESIGN.md §6).
 
@@ -55,7 +58,7 @@ class NodeSettings(BaseModel):
     address: str = ""                      # advertised (e.g. its HTTP bridge URL)
     max_payload_bytes: int = Field(default=ONE_MIB, ge=1)
     runtime: Literal["process", "inprocess", "docker"] = "process"
-    docker_image: str = "p2pfaas-worker:latest"    # runtime "docker": the workers' image (docs/containers.md)
+    docker_image: str = DEFAULT_WORKER_IMAGE      # runtime "docker": the workers' image (docs/containers.md)
     # processes of the main pool: K at most this (None: from the machine's cores and memory,
     # nodes.pool.machine_worker_limit); K beyond it bounds the calls running at once, not processes
     worker_processes_max: int | None = Field(default=None, ge=1, le=1024)

@@ -17,6 +17,7 @@ from rich.console import Console
 from broker.errors import BrokerUnavailable
 from broker.messages import NodeConfiguration
 from controller.names import MODEL_SUFFIXES, PolicyNameError, canonical, known
+from nodes.settings import DEFAULT_WORKER_IMAGE
 from p2pfaas import cli_deadletters, cli_functions
 from p2pfaas.cli_common import (MAX_PORT, MqttChoice, Runtime, _fail, command_group, _failed_with, _functions,
                                 _importable, _logging, _reported, _until_signal,
@@ -111,7 +112,8 @@ def up(
     data_dir: Path = typer.Option(Path("data"), help="Streams, configuration and models live here."),
     parallel: int = typer.Option(4, "--k", min=1, max=1024, help="K: parallel running functions per node (changeable at run time)."),
     queue: int = typer.Option(4, min=0, max=100_000, help="Queue length max per node."),
-    runtime: Runtime = typer.Option(Runtime.process, help="Workers as OS processes (real parallelism) or inside the node."),
+    runtime: Runtime = typer.Option(Runtime.process, help="Workers as OS processes (real parallelism), inside the node, or as containers on the Docker engine DOCKER_HOST names (docs/containers.md)."),
+    worker_image: str = typer.Option(DEFAULT_WORKER_IMAGE, help="--runtime docker: the workers' image (`p2pfaas image build` makes it)."),
     worker_user: str = typer.Option("auto", help="User the worker processes (user code) run as: a name or uid; auto: nobody when up runs as root and nobody can run them, else up's own (docs/security.md)."),
     worker_writable: list[Path] = typer.Option([], "--worker-writable", help="A directory functions may write to besides the temporary ones (repeatable)."),
     function: list[str] = typer.Option([], "--function", "-f", help="Add a function: name=package.module:callable (repeatable)."),
@@ -158,9 +160,14 @@ def up(
             sandbox = decide_sandbox(NodeSettings(data_dir=data_dir, functions=functions, worker_user=worker_user,
                                                   worker_writable=worker_writable))
     _importable(functions, sandbox)
+    if runtime is Runtime.docker:   # the engine and the workers' image, before anything starts
+        from functions.image import check_engine
+
+        with _reported(ValueError, todo="or use --runtime process"):
+            check_engine(worker_image, build="p2pfaas image build")
     settings = StackSettings(
         nodes=nodes, http_port=http_port, nats_url=nats_url, nats_port=nats_port, mqtt=mqtt.value,
-        mqtt_url=mqtt_url, mqtt_port=mqtt_port, data_dir=data_dir, runtime=runtime.value,
+        mqtt_url=mqtt_url, mqtt_port=mqtt_port, data_dir=data_dir, runtime=runtime.value, worker_image=worker_image,
         worker_user=worker_user, worker_writable=worker_writable,
         configuration=NodeConfiguration(parallel_running_functions_max=parallel, queue_length_max=queue),
         functions=functions, config=stack_config,

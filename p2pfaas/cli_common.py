@@ -36,6 +36,7 @@ class MqttChoice(str, Enum):
 class Runtime(str, Enum):
     process = "process"
     inprocess = "inprocess"
+    docker = "docker"
 
 
 def command_group(help: str) -> typer.Typer:

@@ -32,7 +32,7 @@ from broker.messages import NodeConfiguration, SchedulerConfiguration
 from controller.policies import resolve_policy
 from controller.scenario import load_scenario
 from nodes.sandbox import decide as decide_sandbox
-from nodes.settings import NodeSettings, PoolSpec
+from nodes.settings import DEFAULT_WORKER_IMAGE, NodeSettings, PoolSpec
 from p2pfaas.parts import BRIDGE_NATS_ENV
 from p2pfaas.supervisor import EXIT_NEEDS_FIX, ChildSpec, Supervisor
 
@@ -122,7 +122,8 @@ class StackSettings:
     mqtt_port: int = 1883
     data_dir: Path = Path("data")
     prefix: str = "faas"
-    runtime: Literal["process", "inprocess"] = "process"
+    runtime: Literal["process", "inprocess", "docker"] = "process"
+    worker_image: str = DEFAULT_WORKER_IMAGE   # runtime "docker": the workers' containers' image
     worker_user: str = "auto"           # docs/security.md: the user worker processes run as
     worker_writable: list[Path] = field(default_factory=list)   # where functions may write besides the temp dirs
     configuration: NodeConfiguration = field(default_factory=NodeConfiguration)
@@ -206,7 +207,8 @@ class StackSettings:
             if i == 0 and self.controller_policy is not None:
                 extra["pools"] = {FARM_POOL: self.farm_pool_spec()}
             out.append(NodeSettings(node_id=spec.id or f"n{i + 1}", nats_url=nats_url, prefix=self.prefix,
-                                    data_dir=self.data_dir, runtime=self.runtime, initial=initial,
+                                    data_dir=self.data_dir, runtime=self.runtime, docker_image=self.worker_image,
+                                    initial=initial,
                                     worker_user=self.worker_user, worker_writable=self.worker_writable,
                                     functions=self.functions, max_payload_bytes=self.max_payload_bytes,
                                     address=addresses[i], speed=spec.speed, node_rewards=self.node_rewards, **extra))

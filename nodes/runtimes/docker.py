@@ -12,14 +12,13 @@ import logging
 import os
 import signal
 import threading
-from typing import TYPE_CHECKING, Any, Callable, Mapping, TypeVar
+from typing import Any, Callable, Mapping, TypeVar
 
 import docker
 from docker.errors import APIError, NotFound
 from docker.models.containers import Container
 
-if TYPE_CHECKING:
-    from nodes.settings import NodeSettings
+from nodes.settings import DEFAULT_WORKER_IMAGE, NodeSettings
 
 log = logging.getLogger(__name__)
 
@@ -28,7 +27,6 @@ LABEL_NODE = "p2pfaas.node"
 LABEL_POOL = "p2pfaas.pool"
 LABEL_WORKER = "p2pfaas.worker"
 LABEL_ROLE = "p2pfaas.role"          # "worker", or "function" for an image function's container
-DEFAULT_WORKER_IMAGE = "p2pfaas-worker:latest"
 WORKER_COMMAND = ("python", "-m", "nodes.worker")
 READY_LINE = b"READY"                # what nodes.worker prints once it is connected and bound
 CONTAINER_SOCKET = "/var/run/docker.sock"

@@ -94,3 +94,42 @@ def test_an_image_function_is_checked_on_the_engine_before_anything_starts(docke
     assert stopped.value.exit_code == 2
     assert ("--function nope=image:p2pfaas-no-such-image:1: image p2pfaas-no-such-image:1 is not on the Docker "
             "engine at") in " ".join(capsys.readouterr().err.split())
+
+
+def test_up_runs_its_workers_as_containers(docker_client, worker_image, tmp_path):
+    """`up --runtime docker` did not exist: container pools were reachable from Python only."""
+    import signal
+    import subprocess
+    import time
+
+    import httpx
+
+    from broker.embedded import free_port
+    from stack_processes import P2PFAAS, UpRuns, wait_endpoints
+
+    runs = UpRuns()
+    try:
+        proc = runs(tmp_path, "--runtime", "docker", "--worker-image", worker_image, "--http-port", "0",
+                    "--nats-port", str(free_port()), "--mqtt", "off", "--controller", "off")
+        http = wait_endpoints(proc, tmp_path, timeout_s=120)["http"]["n1"]
+        answer = None
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:   # the containers boot after `up` has printed its endpoints
+            answer = httpx.post(f"{http}/function/fib", content=b"20", timeout=60)
+            if answer.status_code == 200:
+                break
+            time.sleep(0.5)
+        assert answer is not None and answer.status_code == 200 and answer.text == "6765", answer
+        running = containers(docker_client, "faas", status="running")
+        assert running and all(c.image.tags[0] == worker_image for c in running)
+        proc.send_signal(signal.SIGINT)
+        out, _ = proc.communicate(timeout=120)
+        assert proc.returncode == 0, out
+    finally:
+        runs.end()
+    assert containers(docker_client, "faas") == []   # its workers go with it
+    missing = subprocess.run([*P2PFAAS, "up", "--runtime", "docker", "--worker-image",
+                              "p2pfaas-no-such-worker:1", "--data-dir", str(tmp_path / "other")],
+                             capture_output=True, text=True, timeout=60)
+    assert missing.returncode == 2 and "image p2pfaas-no-such-worker:1 is not on the Docker engine" in missing.stderr
+    assert "p2pfaas image build" in missing.stderr and not (tmp_path / "other").exists()
