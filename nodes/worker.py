@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import atexit
+import contextvars
 import logging
 import os
 import signal
@@ -39,6 +40,7 @@ from broker.errors import ContractError
 from broker.lifecycle import OnItsLoop, hard_exit_after, on_parent_gone, parent_gone, parent_pipe_watched, run_loop
 from broker.messages import (DirectAnswer, NodeGone, WorkerCall, WorkerCalls, WorkerOutcome, WorkerStatus, WorkerStatusRequest)
 from broker.subjects import Subjects
+from functions.output import TaggedStream, current_function
 from functions.registry import (FunctionInputError, FunctionRegistry, FunctionSpec, default_registry,
                                 function_environment)
 from nodes.settings import NodeSettings
@@ -187,10 +189,12 @@ class Worker(OnItsLoop):
         """Run the function; a node with ``speed`` < 1 pads the time (the slot stays busy, as on
         a slower machine)."""
         started = time.perf_counter()
+        current_function.set(spec.name)   # its output is tagged with its name (functions/output.py)
         if spec.is_async:
             output = await spec.body(payload)  # type: ignore[misc]
-        else:
-            output = await asyncio.get_running_loop().run_in_executor(self._executor_for(spec), spec.body, payload)
+        else:   # the executor's thread runs it in this task's context, where its name is
+            output = await asyncio.get_running_loop().run_in_executor(
+                self._executor_for(spec), contextvars.copy_context().run, spec.body, payload)
         if self.settings.speed < 1.0:
             await asyncio.sleep((time.perf_counter() - started) * (1.0 / self.settings.speed - 1.0))
         return output
@@ -345,6 +349,7 @@ async def _main() -> int:
     name = os.environ.get("P2PFAAS_WORKER_NAME", f"w{os.getpid()}")
     pool = os.environ.get("P2PFAAS_WORKER_POOL", DEFAULT_POOL)
     os.environ.update(function_environment(settings.function_env))   # before the functions are imported
+    sys.stdout, sys.stderr = TaggedStream(sys.stdout), TaggedStream(sys.stderr)
     worker = Worker(settings, default_registry(settings.functions, env=settings.function_env), name, pool, process=True,
                     watch_node=os.environ.get("P2PFAAS_WORKER_WATCH_NODE") == "1")
     loop = asyncio.get_running_loop()

@@ -952,7 +952,8 @@ def _mount_edge_commands() -> None:
 _mount_edge_commands()
 app.add_typer(cli_deadletters.app, name="dead-letters")
 for _name, _command in (("deploy", cli_functions.deploy), ("list", cli_functions.list_functions),
-                        ("describe", cli_functions.describe), ("remove", cli_functions.remove)):
+                        ("describe", cli_functions.describe), ("remove", cli_functions.remove),
+                        ("logs", cli_functions.logs)):
     app.command(_name)(_command)
 
 # What `--help` lists for each command and group: whole in 80 columns (click cuts a longer first
@@ -990,6 +991,7 @@ SUMMARIES = {
     "list": "The deployment's functions.",
     "describe": "One function: reference, environment, labels.",
     "remove": "Remove a function from every node.",
+    "logs": "What a function printed, on every node.",
     "dead-letters": "List, show and redrive dead-lettered tasks.",
     "dead-letters list": "The dead letters, oldest first.",
     "dead-letters show": "One dead letter, its headers and payload.",

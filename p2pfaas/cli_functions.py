@@ -238,3 +238,43 @@ def describe(
         lines.append(title if found.get(key) else f"{title:<12} -")
         lines += [f"  {k}={v}" for k, v in sorted(found.get(key, {}).items())]
     print("\n".join(lines))
+
+
+def logs(
+    name: str = typer.Argument(..., help="The function."),
+    tail: int = typer.Option(100, "--tail", min=0, help="The last lines of each node's log to show first (0: none)."),
+    follow: bool = typer.Option(False, "--follow", "-f", help="Go on printing new lines until Ctrl-C."),
+    data_dir: Path = DataDir,
+) -> None:
+    """What a function printed, from every node's log of the `up` in --data-dir."""
+    from functions.output import tag
+
+    logs_dir = data_dir / "logs"
+    marker = tag(name)
+    if not logs_dir.is_dir():
+        _fail(f"no logs in {logs_dir}: is --data-dir the one `p2pfaas up` runs on?")
+    files = sorted(logs_dir.glob("node-*.log"))
+    if not files:
+        _fail(f"no node logs in {logs_dir}")
+    width = max(len(f.stem) for f in files)
+    offsets = {}
+    for path in files:
+        with path.open("rb") as log_file:
+            lines = [line for line in log_file.read().decode(errors="replace").splitlines() if marker in line]
+            offsets[path] = log_file.tell()
+        for line in lines[len(lines) - tail:] if tail else []:
+            print(f"{path.stem:<{width}}  {line}", flush=True)
+    try:
+        while follow:
+            time.sleep(0.5)
+            for path in sorted(logs_dir.glob("node-*.log")):
+                with path.open("rb") as log_file:
+                    log_file.seek(offsets.get(path, 0))
+                    chunk = log_file.read()
+                    end = chunk.rfind(b"\n") + 1   # whole lines only: the rest next time
+                    offsets[path] = offsets.get(path, 0) + end
+                for line in chunk[:end].decode(errors="replace").splitlines():
+                    if marker in line:
+                        print(f"{path.stem:<{width}}  {line}", flush=True)
+    except KeyboardInterrupt:
+        pass

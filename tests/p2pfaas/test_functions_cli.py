@@ -23,6 +23,7 @@ def greeter(tmp_path_factory, monkeypatch):
         import os
 
         def greet(payload: bytes) -> bytes:
+            print(f"greeting {payload.decode()}")   # what `p2pfaas logs greet` shows
             return f"{os.environ.get('GREETING', '(none)')}, {payload.decode()}".encode()
 
         def shout(payload: bytes) -> bytes:
@@ -52,6 +53,12 @@ def test_deploy_reaches_every_node_with_its_environment(tmp_path, start_up, gree
     assert described.returncode == 0, described.stderr
     assert "reference    greetfns:greet" in described.stdout and "  GREETING=hello" in described.stdout
     assert "  team=edge" in described.stdout and "  owner=ops" in described.stdout
+    for _ in range(100):   # the node logs its worker's output as it comes
+        logged = p2pfaas(tmp_path, "logs", "greet")
+        if "greeting world" in logged.stdout:
+            break
+    assert logged.returncode == 0 and "[fn greet] greeting world" in logged.stdout, (logged.stdout, logged.stderr)
+    assert logged.stdout.splitlines()[0].startswith("node-n2  "), logged.stdout   # from the node that ran it
     listed = p2pfaas(tmp_path, "list", "--node", "n2")
     assert listed.returncode == 0 and all(len(line) <= 80 for line in listed.stdout.splitlines())
     assert any(line.split()[:1] == ["greet"] and "catalogue" in line for line in listed.stdout.splitlines())
