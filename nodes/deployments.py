@@ -115,12 +115,15 @@ class Deployments:
         """The functions deployed at run time here (those of functions.json), not --function's."""
         return list(self._deployed.values())
 
-    def check(self, deployment: FunctionDeployment) -> "FunctionRegistry":
-        """A registry with ``deployment`` (its module imported, its image's reference parsed), or
-        ControlError: what could not run, or variables another function sets otherwise."""
+    async def check(self, deployment: FunctionDeployment) -> "FunctionRegistry":
+        """A registry with ``deployment`` (its module imported; an image: its engine answers and
+        has it), or ControlError: what could not run, or variables another function sets otherwise."""
         try:
             trial = default_registry([(deployment.service, deployment.reference)],
                                      env={deployment.service: dict(deployment.env_vars)})
+            image = parse_image_reference(deployment.reference)
+            if image is not None:
+                await asyncio.to_thread(check_engine, image)
         except ValueError as exc:
             raise ControlError(400, str(exc)) from None
         clash = env_conflicts(self.node.settings.function_env, deployment.service, dict(deployment.env_vars))
@@ -143,13 +146,7 @@ class Deployments:
             else:
                 if self._deployed.get(name) == deployment and self.node.registry.get(name):
                     return
-                trial = self.check(deployment)
-                image = parse_image_reference(deployment.reference)
-                if image is not None:
-                    try:
-                        await asyncio.to_thread(check_engine, image)
-                    except ValueError as exc:
-                        raise ControlError(400, str(exc)) from None
+                trial = await self.check(deployment)
                 self._deployed[name] = deployment
                 self._save(f"deploy of {name}")
                 self.node.registry.add(trial.get(name))   # admitted from now on
@@ -166,13 +163,7 @@ class Deployments:
         """Checked here (a bad one changes nothing anywhere), then into the catalogue: every node
         deploys it; the answer comes once this one has."""
         deployment = decode(FunctionDeployment, body)
-        self.check(deployment)
-        image = parse_image_reference(deployment.reference)
-        if image is not None:
-            try:
-                await asyncio.to_thread(check_engine, image)
-            except ValueError as exc:
-                raise ControlError(400, str(exc)) from None
+        await self.check(deployment)
         await self._changed(self._catalogue().put(deployment), f"deploy of {deployment.service}")
         return encode(self.info(deployment.service))
 

@@ -82,6 +82,27 @@ def _usable_data_dir(data_dir: Path) -> None:
         _fail(f"--data-dir {data_dir} cannot be used ({exc.strerror or exc}): give a directory you may write to")
 
 
+def on_stack(data_dir: Path, nats_url: str | None, prefix: str, client: str, work):
+    """``await work(nc, subjects)`` on the NATS of the `up` in ``data_dir`` (or ``nats_url``), as
+    its operator: what the tools run by hand (dead-letters, deploy, list, ...) share."""
+    from broker.connection import close_quietly, connect
+    from broker.subjects import Subjects
+    from p2pfaas.cli import START_THE_STACK, _stack_identity, _stack_nats_url
+
+    url = _stack_nats_url(data_dir, nats_url)
+    _stack_identity(data_dir)
+
+    async def main():
+        nc = await connect(url, client)
+        try:
+            return await work(nc, Subjects(prefix))
+        finally:
+            await close_quietly(nc)
+
+    with _reported(BrokerUnavailable, todo=START_THE_STACK):
+        return asyncio.run(main())
+
+
 def _logging(verbose: bool) -> None:
     logging.basicConfig(level=logging.INFO if verbose else logging.WARNING,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")

@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import base64
 import time
 from pathlib import Path
@@ -12,8 +11,7 @@ from typing import Optional
 import orjson
 import typer
 
-from broker.errors import BrokerUnavailable
-from p2pfaas.cli_common import _fail, _reported, command_group, console
+from p2pfaas.cli_common import _fail, _reported, command_group, console, on_stack
 
 app = command_group("Dead letters: the async tasks a node would not run again. List, show, redrive them.")
 SHOWN_BYTES = 2048   # of a payload, by `show` (--json has it whole)
@@ -25,22 +23,8 @@ Prefix = typer.Option("faas", help="Subject prefix.")
 
 def _run(data_dir: Path, nats_url: Optional[str], prefix: str, work):
     """``work(js, subjects)`` on the stack's NATS, as its operator."""
-    from broker.connection import close_quietly, connect
-    from broker.subjects import Subjects
-    from p2pfaas.cli import START_THE_STACK, _stack_identity, _stack_nats_url
-
-    url = _stack_nats_url(data_dir, nats_url)
-    _stack_identity(data_dir)
-
-    async def main():
-        nc = await connect(url, "p2pfaas-dead-letters")
-        try:
-            return await work(nc.jetstream(), Subjects(prefix))
-        finally:
-            await close_quietly(nc)
-
-    with _reported(BrokerUnavailable, todo=START_THE_STACK):
-        return asyncio.run(main())
+    return on_stack(data_dir, nats_url, prefix, "p2pfaas-dead-letters",
+                    lambda nc, subjects: work(nc.jetstream(), subjects))
 
 
 def _when(at: float) -> str:

@@ -13,8 +13,7 @@ from typing import Optional
 import orjson
 import typer
 
-from broker.errors import BrokerUnavailable
-from p2pfaas.cli_common import _fail, _reported, console
+from p2pfaas.cli_common import _fail, _reported, console, on_stack
 
 CONVERGE_TIMEOUT_S = 60.0   # every node that is up has applied it (a deploy replaces workers: seconds)
 HEARD_S = 2.5               # listening to heartbeats for who is up: more than two periods
@@ -36,22 +35,7 @@ def _pairs(values: list[str], flag: str) -> dict[str, str]:
 
 
 def _run(data_dir: Path, nats_url: Optional[str], prefix: str, work):
-    from broker.connection import close_quietly, connect
-    from broker.subjects import Subjects
-    from p2pfaas.cli import START_THE_STACK, _stack_identity, _stack_nats_url
-
-    url = _stack_nats_url(data_dir, nats_url)
-    _stack_identity(data_dir)
-
-    async def main():
-        nc = await connect(url, "p2pfaas-functions")
-        try:
-            return await work(nc, Subjects(prefix))
-        finally:
-            await close_quietly(nc)
-
-    with _reported(BrokerUnavailable, todo=START_THE_STACK):
-        return asyncio.run(main())
+    return on_stack(data_dir, nats_url, prefix, "p2pfaas-functions", work)
 
 
 async def _ask(nc, subjects, node: str, verb: str, body: dict, timeout_s: float = 90.0):
