@@ -222,7 +222,10 @@ async def test_what_functions_print_goes_to_the_log_and_never_blocks_their_worke
     assert [a.status for a in answers] == [200] * 8 and {a.output for a in answers} == {b"ok"}
     assert logged("userfns imported")                     # printed at import, before READY
     long_lines = logged("more bytes]")
-    assert len(long_lines) == 8 and all(m.startswith("n1-w") and "[77824 more bytes]" in m for m in long_lines)
+    # each line tagged with its function (functions/output.py): "[fn chatty] " is 12 bytes more
+    assert len(long_lines) == 8 and all(m.startswith("n1-w1: [fn chatty] xxx") and "[77836 more bytes]" in m
+                                        for m in long_lines), long_lines[:1]
+    assert not any("[fn " in m for m in logged("userfns imported"))   # printed outside any call: untagged
 
 
 async def test_a_worker_that_lost_its_subscription_is_replaced_not_left_ready(node_factory, faas, caplog):
