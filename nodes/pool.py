@@ -90,6 +90,7 @@ class WorkerHandle:
             self.worker.stopping.set()
 
 
+FLUSH_BEFORE_STOP_S = 2.0   # a retired worker's SIGTERM waits at most this for its calls to leave
 BOOTS_AT_ONCE = 2 * (os.cpu_count() or 1)   # worker processes starting at the same time, per process
 _boots: dict[asyncio.AbstractEventLoop, asyncio.Semaphore] = {}
 
@@ -211,9 +212,21 @@ class WorkerPool:
         if sum(1 for w in self.workers if w.state != "stopping") < self.target:
             self._spawn()
 
-    def _retire(self, handle: WorkerHandle) -> None:
+    def _retire(self, handle: WorkerHandle, at_once: bool = False) -> None:
+        """It gets no new call, finishes its own, and stops. The calls already sent to it leave
+        this node before its SIGTERM (one flush), so it takes them before it stops listening: a
+        call dispatched just before a scale-in was lost with it ("worker stopped")."""
         handle.state = "stopping"
         self.dispatcher.retire_worker(handle.name)
+        if at_once:
+            return handle.signal(signal.SIGTERM)
+        self._in_background(self._stop_when_sent(handle))
+
+    async def _stop_when_sent(self, handle: WorkerHandle) -> None:
+        try:
+            await asyncio.wait_for(self.dispatcher.nc.flush(), FLUSH_BEFORE_STOP_S)
+        except Exception as exc:   # the connection is going: nothing more leaves anyway
+            log.debug("%s: flush before stopping it: %s", handle.name, exc)
         handle.signal(signal.SIGTERM)
 
     def _spawn(self) -> None:
@@ -387,7 +400,7 @@ class WorkerPool:
             self._respawn.cancel()
         handles = list(self.workers)
         for handle in handles:
-            self._retire(handle)
+            self._retire(handle, at_once=True)
         tasks = [h.task for h in handles if h.task is not None]
         if not tasks:
             return

@@ -104,6 +104,10 @@ class Worker(OnItsLoop):
             await self.stopping.wait()
             if watch is not None:
                 watch.cancel()
+            try:   # the calls the broker routed to us before the stop come in before its PONG: taken
+                await asyncio.wait_for(self.nc.flush(), 2.0)
+            except Exception as exc:   # the broker is away: nothing more comes anyway
+                log.debug("%s: flush before unsubscribing: %s", self.name, exc)
             await sub.unsubscribe()
             if self._running:  # finish what was dispatched (bounded by the caller's stop deadline)
                 await asyncio.wait(list(self._running), timeout=STOP_GRACE_S)
