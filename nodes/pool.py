@@ -224,7 +224,8 @@ class WorkerPool:
 
     async def _stop_when_sent(self, handle: WorkerHandle) -> None:
         try:
-            await asyncio.wait_for(self.dispatcher.nc.flush(), FLUSH_BEFORE_STOP_S)
+            async with asyncio.timeout(FLUSH_BEFORE_STOP_S):
+                await self.dispatcher.nc.flush()
         except Exception as exc:   # the connection is going: nothing more leaves anyway
             log.debug("%s: flush before stopping it: %s", handle.name, exc)
         handle.signal(signal.SIGTERM)

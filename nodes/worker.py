@@ -105,7 +105,8 @@ class Worker(OnItsLoop):
             if watch is not None:
                 watch.cancel()
             try:   # the calls the broker routed to us before the stop come in before its PONG: taken
-                await asyncio.wait_for(self.nc.flush(), 2.0)
+                async with asyncio.timeout(2.0):
+                    await self.nc.flush()
             except Exception as exc:   # the broker is away: nothing more comes anyway
                 log.debug("%s: flush before unsubscribing: %s", self.name, exc)
             await sub.unsubscribe()
