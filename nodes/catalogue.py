@@ -22,6 +22,7 @@ from nats.js.errors import BucketNotFoundError, NotFoundError
 from broker.codec import decode, encode
 from broker.errors import ContractError
 from broker.messages import FunctionDeployment
+from broker.streams import stream_replicas
 from broker.subjects import Subjects
 
 log = logging.getLogger(__name__)
@@ -54,7 +55,7 @@ class Catalogue:
             self.kv = await self.js.key_value(self.bucket)
         except BucketNotFoundError:
             self.kv = await self.js.create_key_value(KeyValueConfig(
-                bucket=self.bucket, history=1, storage=StorageType.FILE,
+                bucket=self.bucket, history=1, storage=StorageType.FILE, replicas=stream_replicas(),
                 description="functions deployed at run time (nodes/catalogue.py)"))
             self.created = True
         self._watcher = await self.kv.watchall()
