@@ -35,7 +35,7 @@ def seconds_text(value: float) -> str:
 def answer_headers(*, status: int, scheduler: str, executed_by: str, hops: Sequence[HopTiming],
                    execution_s: float, queueing_s: float, transit_s: float = 0.0, forwards: int = 0,
                    peers: Sequence[str] = (), peer_ips: Sequence[str] = (), learning: LearningDecision | None = None,
-                   retry_after_s: float | None = None) -> dict[str, str]:
+                   retry_after_s: float | None = None, cold_start_s: float = 0.0) -> dict[str, str]:
     """The P2PFaaS response headers of one answer; ``hops`` holds one entry per node, origin first.
 
     As P2PFaaS: the probing list only when some node probed or the call was forwarded; the peers
@@ -45,14 +45,14 @@ def answer_headers(*, status: int, scheduler: str, executed_by: str, hops: Seque
     out.update(context_headers(scheduler=scheduler, executed_by=executed_by, scheduling=[h.scheduling_s for h in hops],
                                probing=[h.probing_s for h in hops], queueing_s=queueing_s, transit_s=transit_s,
                                forwards=forwards, peers=peers, peer_ips=peer_ips, learning=learning,
-                               retry_after_s=retry_after_s))
+                               retry_after_s=retry_after_s, cold_start_s=cold_start_s))
     return out
 
 
 def context_headers(*, scheduler: str, executed_by: str, scheduling: Sequence[float], probing: Sequence[float],
                     queueing_s: float, transit_s: float = 0.0, forwards: int = 0, peers: Sequence[str] = (),
                     peer_ips: Sequence[str] = (), learning: LearningDecision | None = None,
-                    retry_after_s: float | None = None) -> dict[str, str]:
+                    retry_after_s: float | None = None, cold_start_s: float = 0.0) -> dict[str, str]:
     """The headers of :func:`answer_headers` known before the function runs (all but the status,
     the total time and the execution time): what a node hands the worker that answers for it."""
     out = {H.VERSION: VERSION, H.SCHEDULER: scheduler,
@@ -62,6 +62,8 @@ def context_headers(*, scheduler: str, executed_by: str, scheduling: Sequence[fl
         out[H.TIMING_PROBING] = orjson.dumps([round(p, 6) for p in probing]).decode()
     if transit_s:
         out[H.TIMING_TRANSIT] = seconds_text(transit_s)
+    if cold_start_s:
+        out[H.COLD_START] = seconds_text(cold_start_s)
     if executed_by:
         out[H.EXECUTED_BY] = executed_by
     if forwards:
@@ -245,6 +247,7 @@ class Answer:
             execution_s=_float(self.headers.get(H.TIMING_EXECUTION)),
             queueing_s=_float(self.headers.get(H.TIMING_QUEUEING)),
             transit_s=_float(self.headers.get(H.TIMING_TRANSIT)),
+            cold_start_s=_float(self.headers.get(H.COLD_START)),
         )
 
     # -- async answers -------------------------------------------------------------
@@ -293,7 +296,8 @@ class _ResultHeaders(Mapping[str, str]):
                 hops=r.hop_timings or [HopTiming(node=r.executed_by, total_s=r.timings.total_s,
                                                  scheduling_s=r.timings.scheduling_s)],
                 execution_s=r.timings.execution_s, queueing_s=r.timings.queueing_s, transit_s=r.timings.transit_s,
-                forwards=r.hops, peers=r.peers, peer_ips=r.peer_ips, learning=r.learning)
+                forwards=r.hops, peers=r.peers, peer_ips=r.peer_ips, learning=r.learning,
+                cold_start_s=r.timings.cold_start_s)
         return self._headers
 
     def __getitem__(self, name: str) -> str:

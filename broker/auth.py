@@ -204,6 +204,10 @@ class AuthStore:
         """The bearer token of HTTP routes that change state."""
         return self._get("tokens.json", "operator")
 
+    def secrets_key(self) -> str:
+        """The token of the deployment's secrets key (broker/secrets.py): only nodes get it."""
+        return self._get("tokens.json", "secrets")
+
     def invoke_token(self) -> str:
         """The bearer token HTTP invocation requires when it is not open (``--invoke-token``)."""
         return self._get("tokens.json", "invoke")

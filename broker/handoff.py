@@ -32,7 +32,10 @@ SECRET_NAMES = frozenset({
     "P2PFAAS_BRIDGE_NATS_USER", "P2PFAAS_BRIDGE_NATS_PASSWORD",
     "P2PFAAS_MQTT_USER", "P2PFAAS_MQTT_PASSWORD",
     "P2PFAAS_OPERATOR_TOKEN", "P2PFAAS_INVOKE_TOKEN",
+    "P2PFAAS_SECRETS_KEY",          # the key of the deployment's secrets (broker/secrets.py)
+    "P2PFAAS_FUNCTION_SECRETS",     # a function pool's worker: its function's secrets (JSON)
 })
+FUNCTION_SECRETS = "P2PFAAS_FUNCTION_SECRETS"
 PR_SET_DUMPABLE = 4
 
 _held: dict[str, str] = {}

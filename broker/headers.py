@@ -25,6 +25,8 @@ TIMING_EXECUTION = "X-P2pfaas-Timing-Execution-Time-Seconds"
 # not part of P2PFaaS's scheduling time, which is only the time the scheduler spent deciding
 TIMING_QUEUEING = "X-P2pfaas-Timing-Queueing-Seconds"
 TIMING_TRANSIT = "X-P2pfaas-Timing-Transit-Seconds"
+# the call came to a pool scaled to zero and waited this long for its first worker (in queueing)
+COLD_START = "X-P2pfaas-Cold-Start-Seconds"
 EXECUTED_BY = "X-P2pfaas-Executed-By"
 REJECTED_BY = "X-P2pfaas-Rejected-By"
 EXTERNALLY_EXECUTED = "X-P2pfaas-Externally-Executed"

@@ -9,7 +9,7 @@ from __future__ import annotations
 import time
 from typing import Annotated, Any, Literal
 
-from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, RootModel
+from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, RootModel, model_validator
 
 from broker import headers as H
 
@@ -48,6 +48,7 @@ class Timings(Contract):
     execution_s: float = 0.0
     total_s: float = 0.0
     transit_s: float = 0.0
+    cold_start_s: float = 0.0   # waiting for its pool to wake from zero (part of queueing_s)
 
 
 class LearningDecision(Contract):
@@ -266,11 +267,54 @@ EnvName = Annotated[str, Field(pattern=r"^[A-Za-z_][A-Za-z0-9_]{0,127}$"), After
 LabelName = Annotated[str, Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_./-]{0,252}$")]
 
 
+SecretName = Annotated[str, Field(pattern=r"^[a-z0-9]([a-z0-9.-]{0,61}[a-z0-9])?$")]   # OpenFaaS's (DNS labels)
+DEFAULT_ZERO_AFTER_S = 60.0   # a pool that may scale to zero does after this long without a call
+
+
+class FunctionScaling(Contract):
+    """A function's own pool of workers: ``min``..``max`` of them. With ``min`` 0 the pool scales to
+    zero after ``zero_after_s`` without a call (default DEFAULT_ZERO_AFTER_S) and its next call
+    wakes it (the call waits for the cold start, it is not refused). ``policy``: the scaling
+    policy the stack's controller runs for it (a name of controller/names.py; ``off``: none, the
+    pool keeps the size it is given)."""
+
+    min: int = Field(default=1, ge=0, le=256)
+    max: int = Field(default=16, ge=1, le=256)
+    zero_after_s: float | None = Field(default=None, gt=0, le=86400)
+    policy: str = Field(default="kpa", pattern=r"^[a-z0-9][a-z0-9-]{0,31}$")
+
+    @model_validator(mode="after")
+    def _bounds(self) -> "FunctionScaling":
+        if self.min > self.max:
+            raise ValueError(f"min ({self.min}) must not exceed max ({self.max})")
+        if self.zero_after_s is not None and self.min > 0:
+            raise ValueError("zero_after_s needs min 0: a pool scales to zero only if it may have no worker")
+        return self
+
+    @property
+    def idle_s(self) -> float | None:
+        """Seconds without a call before the pool scales to zero (None: it never does)."""
+        return (self.zero_after_s or DEFAULT_ZERO_AFTER_S) if self.min == 0 else None
+
+
+class FunctionLimits(Contract):
+    """What one worker of a function's own pool may use: memory in bytes (a process's address
+    space, a container's memory) and CPUs (a container's share; a process's CPU time per second)."""
+
+    memory_bytes: int | None = Field(default=None, ge=16 * 1024 * 1024, le=1 << 40)
+    cpus: float | None = Field(default=None, gt=0, le=256)
+
+
 class FunctionDeployment(Contract):
     """Deploy on ``faas.<node>.functions.deploy``, and a function of the catalogue
     (nodes/catalogue.py): ``reference`` is ``package.module:callable`` or ``image:<ref>`` (an
     OpenFaaS-style image), as ``p2pfaas up --function name=reference``; ``env_vars`` reach the
-    function's environment (its workers', or its container's), OpenFaaS's ``envVars``."""
+    function's environment (its workers', or its container's), OpenFaaS's ``envVars``.
+
+    ``timeout_s`` and ``concurrency`` (calls one worker runs at once) replace the function's own.
+    ``scaling``, ``secrets`` (names of the deployment's secrets, read with
+    ``functions.secret(name)``) and ``limits`` give it a pool of its own: workers shared with other
+    functions could neither be scaled for it nor keep its secrets from the others' code."""
 
     service: str = Field(pattern=r"^[A-Za-z0-9_-]{1,64}$")
     reference: str = Field(min_length=1, max_length=512)
@@ -278,6 +322,15 @@ class FunctionDeployment(Contract):
     labels: dict[LabelName, Annotated[str, Field(max_length=256)]] = Field(default_factory=dict, max_length=64)
     annotations: dict[LabelName, Annotated[str, Field(max_length=4096)]] = Field(default_factory=dict,
                                                                                  max_length=64)
+    timeout_s: float | None = Field(default=None, gt=0, le=86400)
+    concurrency: int | None = Field(default=None, ge=1, le=1024)
+    scaling: FunctionScaling | None = None
+    secrets: list[SecretName] = Field(default_factory=list, max_length=32)
+    limits: FunctionLimits | None = None
+
+    @property
+    def own_pool(self) -> bool:
+        return self.scaling is not None or bool(self.secrets) or self.limits is not None
 
 
 class FunctionScale(Contract):
@@ -301,6 +354,17 @@ class FunctionInfo(Contract):
     availableReplicas: int
     labels: dict[str, str] = Field(default_factory=dict)
     annotations: dict[str, str] = Field(default_factory=dict)
+    secrets: list[str] = Field(default_factory=list)
+    limits: dict[str, str] | None = None   # OpenFaaS's {memory: "256Mi", cpu: "0.5"}
+
+
+class SecretChange(Contract):
+    """On ``faas.<node>.secrets.create|update|delete`` (OpenFaaS's ``/system/secrets`` body:
+    ``name`` and, but for a delete, ``value``)."""
+
+    name: str = Field(min_length=1, max_length=63)
+    value: str | None = Field(default=None, max_length=65536)
+    mode: Literal["create", "update", "set"] = "set"   # create: not if it exists; update: only if it does
 
 
 class FunctionList(RootModel[list[FunctionInfo]]):

@@ -91,8 +91,9 @@ def pool_of_model(model: str) -> str | None:
 
 # P2PFaaS's discovery API (docs/compat.md): machines announced over HTTP, reset, configuration
 DiscoveryVerb = Literal["register", "reset", "config.get", "config.set"]
-# OpenFaaS's management API (docs/compat.md): the node's functions and pools
-FunctionsVerb = Literal["list", "deploy", "delete", "scale", "scale_delay"]
+# OpenFaaS's management API (docs/compat.md): the node's functions and pools, the deployment's secrets
+FunctionsVerb = Literal["list", "deploy", "delete", "scale", "scale_delay", "secrets_list", "secrets_set",
+                        "secrets_delete"]
 
 Kind = Literal["request", "forward", "async"]
 

@@ -7,5 +7,7 @@ from functions.registry import (
     default_registry,
     load_reference,
 )
+from functions.secrets import SecretNotGiven, secret
 
-__all__ = ["FunctionInputError", "FunctionRegistry", "FunctionSpec", "default_registry", "load_reference"]
+__all__ = ["FunctionInputError", "FunctionRegistry", "FunctionSpec", "SecretNotGiven", "default_registry",
+           "load_reference", "secret"]

@@ -21,10 +21,12 @@ import urllib.request
 from typing import Any
 
 from functions.registry import FunctionInputError
+from functions.secrets import given as given_secrets
 
 log = logging.getLogger(__name__)
 
 IMAGE_SCHEME = "image:"
+SECRETS_DIR = "/var/openfaas/secrets"   # OpenFaaS's: one file per secret
 IMAGE_REF = re.compile(r"^[a-z0-9][a-z0-9._/:@-]{0,254}$")
 WATCHDOG_PORT = 8080
 HEALTH_PATH = "/_/health"
@@ -87,6 +89,21 @@ def _owner() -> dict[str, str]:
     }
 
 
+def _secrets_archive(secrets: dict[str, str]) -> bytes:
+    """A tar of one file per secret (readable by the container's user, whoever it is)."""
+    import io
+    import tarfile
+
+    out = io.BytesIO()
+    with tarfile.open(fileobj=out, mode="w") as tar:
+        for name, value in sorted(secrets.items()):
+            data = value.encode()
+            info = tarfile.TarInfo(name)
+            info.size, info.mode, info.mtime = len(data), 0o444, int(time.time())
+            tar.addfile(info, io.BytesIO(data))
+    return out.getvalue()
+
+
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -107,6 +124,8 @@ class ImageFunction:
         self.name = name
         self.image = image
         self.environment = dict(environment or {})   # its envVars, in its container
+        self.memory_bytes: int | None = None          # its container's limits (a deployment's)
+        self.cpus: float | None = None
         self.timeout_s = timeout_s
         self.start_timeout_s = start_timeout_s
         self.network = network or os.environ.get("P2PFAAS_FUNCTION_NETWORK", "host")
@@ -115,6 +134,7 @@ class ImageFunction:
         self._container: Any = None
         self._url = ""
         self._closing_registered = False
+        self._secrets_volume: Any = None
 
     def __call__(self, payload: bytes) -> bytes:
         with self._lock:  # one worker runs one task at a time; the lock guards the start only
@@ -175,8 +195,20 @@ class ImageFunction:
             kwargs["environment"]["port"] = str(port)
         else:
             kwargs["ports"] = {f"{WATCHDOG_PORT}/tcp": ("127.0.0.1", None)}
+        if self.memory_bytes:
+            kwargs["mem_limit"] = self.memory_bytes
+        if self.cpus:
+            kwargs["nano_cpus"] = int(self.cpus * 1e9)
+        secrets = given_secrets()
+        if secrets:   # in memory only (a tmpfs volume: an archive reaches a volume, not a tmpfs mount)
+            self._secrets_volume = self._client.volumes.create(
+                name=f"{name}-secrets", labels=labels, driver="local",
+                driver_opts={"type": "tmpfs", "device": "tmpfs", "o": "size=1m,mode=0755"})
+            kwargs["volumes"] = {self._secrets_volume.name: {"bind": SECRETS_DIR, "mode": "rw"}}
         started = time.monotonic()
         self._container = self._client.containers.run(self.image, **kwargs)
+        if secrets:   # before its first call: the watchdog reads them at call time, as OpenFaaS's do
+            self._container.put_archive(SECRETS_DIR, _secrets_archive(secrets))
         if not self._closing_registered:
             atexit.register(self.close)
             self._closing_registered = True
@@ -208,11 +240,13 @@ class ImageFunction:
             time.sleep(0.05)
 
     def close(self) -> None:
-        """Remove this worker's container (at exit, or when it died)."""
+        """Remove this worker's container (at exit, or when it died), and its secrets' volume."""
         container, self._container = self._container, None
-        if container is None:
-            return
-        try:
-            container.remove(force=True)
-        except Exception as exc:  # gone already: nothing to clean
-            log.debug("removing %s: %s", getattr(container, "name", "?"), exc)
+        volume, self._secrets_volume = self._secrets_volume, None
+        for thing in (container, volume):
+            if thing is None:
+                continue
+            try:
+                thing.remove(force=True)
+            except Exception as exc:  # gone already: nothing to clean
+                log.debug("removing %s: %s", getattr(thing, "name", "?"), exc)

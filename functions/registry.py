@@ -7,11 +7,12 @@ container image, ``--function wc=image:p2pfaas-fn-wordcount`` (docs/containers.m
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 import inspect
 import re
 from dataclasses import dataclass, field
-from typing import Awaitable, Callable
+from typing import Any, Awaitable, Callable, Mapping
 
 FunctionBody = Callable[[bytes], bytes] | Callable[[bytes], Awaitable[bytes]]
 CONCURRENT = 64   # calls one worker process runs at once for an I/O-bound or async function
@@ -130,9 +131,11 @@ def parse_function_specs(text: str) -> list[tuple[str, str]]:
 
 
 def default_registry(extra: str | list[tuple[str, str]] = "",
-                     env: dict[str, dict[str, str]] | None = None) -> FunctionRegistry:
+                     env: dict[str, dict[str, str]] | None = None,
+                     options: Mapping[str, Any] | None = None) -> FunctionRegistry:
     """Built-ins plus user functions (``name=module:function`` pairs); ``env``: the variables of
-    each (an image function's container gets its own)."""
+    each (an image function's container gets its own); ``options``: by function, what a deployment
+    sets instead of the code (``timeout_s``, ``concurrency`` attributes, None where not set)."""
     from functions import builtins
 
     registry = FunctionRegistry()
@@ -140,8 +143,24 @@ def default_registry(extra: str | list[tuple[str, str]] = "",
         registry.add(spec)
     pairs = parse_function_specs(extra) if isinstance(extra, str) else extra
     for name, ref in pairs:
-        registry.add_reference(name, ref, env=(env or {}).get(name))
+        spec = registry.add_reference(name, ref, env=(env or {}).get(name))
+        chosen = (options or {}).get(name)
+        if chosen is not None:
+            registry.add(with_options(spec, getattr(chosen, "timeout_s", None), getattr(chosen, "concurrency", None)))
+            if hasattr(spec.body, "memory_bytes"):   # an image function: its container's limits
+                spec.body.memory_bytes = getattr(chosen, "memory_bytes", None)
+                spec.body.cpus = getattr(chosen, "cpus", None)
     return registry
+
+
+def with_options(spec: FunctionSpec, timeout_s: float | None, concurrency: int | None) -> FunctionSpec:
+    """``spec`` with a deployment's timeout and concurrency where it sets them."""
+    changes: dict[str, Any] = {}
+    if timeout_s is not None:
+        changes["timeout_s"] = float(timeout_s)
+    if concurrency is not None:
+        changes["concurrency"] = int(concurrency)
+    return dataclasses.replace(spec, **changes) if changes else spec
 
 
 def function_environment(env: dict[str, dict[str, str]]) -> dict[str, str]:

@@ -110,7 +110,7 @@ class Answerer(OnItsLoop):
         :func:`~broker.answers.context_headers` says, written in one pass for the common call (not
         forwarded, not probed, no learning decision; 1.5 µs instead of 6, on every direct call)."""
         forwarded = call.request.external
-        if not forwarded and not call.probing_s and call.learning is None:
+        if not forwarded and not call.probing_s and call.learning is None and not call.cold_start_s:
             lines = self._plain_lines.get(call.scheduler)
             if lines is None:
                 lines = header_text({H.VERSION: VERSION, H.SCHEDULER: call.scheduler})
@@ -124,7 +124,7 @@ class Answerer(OnItsLoop):
             queueing_s=call.queueing_s, transit_s=call.transit_s, forwards=call.request.hops if forwarded else 0,
             peers=[*call.request.peers, self.node] if forwarded else (),
             peer_ips=[*call.peer_ips, *[""] * (len(call.request.peers) - len(call.peer_ips)), self.ip] if forwarded else (),
-            learning=call.learning))
+            learning=call.learning, cold_start_s=call.cold_start_s))
 
     def count_execution(self, call: Call, status: int, execution_s: float) -> None:
         """Metrics, pool telemetry and rewards of a call a worker ran (whoever answered it)."""
@@ -382,7 +382,8 @@ class Answerer(OnItsLoop):
     @staticmethod
     def _timings(call: Call, execution_s: float, total_s: float, queueing_s: float | None = None) -> Timings:
         return Timings(scheduling_s=call.scheduling_s, queueing_s=call.queueing_s if queueing_s is None else queueing_s,
-                       execution_s=execution_s, total_s=total_s, transit_s=call.transit_s)
+                       execution_s=execution_s, total_s=total_s, transit_s=call.transit_s,
+                       cold_start_s=call.cold_start_s)
 
 
 def result_document(call: Call, node: str, ip: str, status: int, error: str | None, execution_s: float,
@@ -399,7 +400,7 @@ def result_document(call: Call, node: str, ip: str, status: int, error: str | No
         "output": text, "output_b64": b64, "error": error, "executed_by": node, "origin": peers[0] if peers else node,
         "hops": call.request.hops if forwarded else 0, "peers": peers, "peer_ips": ips, "scheduler": call.scheduler,
         "timings": {"scheduling_s": call.scheduling_s, "queueing_s": call.queueing_s, "execution_s": float(execution_s),
-                    "total_s": total_s, "transit_s": call.transit_s},
+                    "total_s": total_s, "transit_s": call.transit_s, "cold_start_s": call.cold_start_s},
         "hop_timings": [{"node": node, "arrival": call.arrival, "scheduling_s": call.scheduling_s,
                          "probing_s": call.probing_s, "total_s": total_s}],
         "finished_at": time.time(),

@@ -46,6 +46,8 @@ class Call:
     learning: LearningDecision | None = None
     tracing_id: str = ""           # X-P2pfaas-Scheduler-Task-Tracing-Id, passed on to peers
     peer_ips: tuple[str, ...] = ()    # forward: the IP of each node in request.peers
+    cold_from: float = 0.0         # unix time it came to a pool with no worker to take it (0: one could)
+    cold_start_s: float = 0.0      # ... and waited this long for the pool's first worker
     id: int = field(default_factory=lambda: next(_ids))
 
     @property

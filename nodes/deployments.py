@@ -1,12 +1,13 @@
 """The node's functions as OpenFaaS's management API sees them (``/system/*``, docs/compat.md):
-list, deploy and delete functions at run time, scale a function's pool, measure a scale-up.
+list, deploy and delete functions at run time, scale a function, measure a scale-up.
 
 A deployed function is a ``module:callable`` or an ``image:<ref>`` reference, as ``--function``
 takes it. It is registered in the node (so calls to it are admitted at once), persisted in
-``<node_dir>/functions.json`` (a restart keeps it), and the workers are **replaced**: new worker
-processes load the new function list, then the old ones stop after finishing their calls.
-Scaling sets the pool's size: K for the main pool (as ``/configuration`` does), the worker count
-of a dedicated pool (within its bounds).
+``<node_dir>/functions.json`` (a restart keeps it), and the workers that load it are
+**replaced**: new processes load the new function list, the old ones stop after their calls.
+A function shares the main pool (K slots, P2PFaaS's scheduling) unless its deployment asks for
+what shared workers cannot give -- scaling bounds, scale to zero, secrets, limits -- or it is
+scaled by hand: then it has a pool of its own, named after it (docs/compat.md, "Scaling").
 """
 
 from __future__ import annotations
@@ -27,6 +28,8 @@ from functions.image import check_engine, parse_image_reference
 from functions.registry import FunctionRegistry, default_registry, env_conflicts
 from nodes.catalogue import APPLY_TIMEOUT_S, Catalogue
 from nodes.config_store import read_node_file, write_node_file
+from nodes.secrets import NodeSecrets
+from nodes.settings import FunctionOptions, PoolSpec
 from nodes.worker import DEFAULT_POOL
 
 if TYPE_CHECKING:
@@ -36,6 +39,8 @@ log = logging.getLogger(__name__)
 
 SCALE_DELAY_TIMEOUT_S = 120.0
 POLL_S = 0.1   # P2PFaaS polls the replicas every 100 ms while measuring the scale-up
+PROCESS_MEMORY_MIN = 128 * 1024 * 1024   # a worker process itself holds about 90 MB of data
+SCALED_BY_HAND_MAX = 32   # a shared function scaled by hand gets a pool of its own of up to this many
 
 
 class Deployments:
@@ -44,7 +49,9 @@ class Deployments:
         self.path = node.settings.node_dir / "functions.json"
         self._lock = asyncio.Lock()
         self._deployed: dict[str, FunctionDeployment] = {}   # deployed at run time (functions.json)
+        self._secrets: dict[str, dict[str, str]] = {}         # a function pool's secrets, opened
         self.catalogue: Catalogue | None = None
+        self.secrets: NodeSecrets | None = None
 
     # -- persistence -----------------------------------------------------------------
     def restore(self) -> None:
@@ -70,18 +77,26 @@ class Deployments:
         """This node's record of its deployed functions. The catalogue holds them (a restart reads
         it), so a record that cannot be written (a full disk) is said, counted, and not fatal."""
         try:
-            write_node_file(self.path, orjson.dumps([d.model_dump() for d in self._deployed.values()]))
+            write_node_file(self.path, orjson.dumps([d.model_dump(exclude_defaults=True)
+                                                     for d in self._deployed.values()]))
         except OSError as exc:
             log.error("node %s: %s applied, but its record %s cannot be written (%s): the catalogue has it",
                       self.node.settings.node_id, change, self.path, exc.strerror or exc)
             self.node.metrics.error("node_file_unwritten")
 
     def _take(self, deployment: FunctionDeployment) -> None:
-        """``deployment`` in the settings the workers start from: its reference and variables."""
+        """``deployment`` in the settings the workers start from: its reference, variables,
+        options, and its own pool if it has one."""
+        self._drop(deployment.service)
         name, settings = deployment.service, self.node.settings
-        settings.functions = [*((n, r) for n, r in settings.functions if n != name), (name, deployment.reference)]
-        settings.function_env = {**{n: e for n, e in settings.function_env.items() if n != name},
-                                 **({name: dict(deployment.env_vars)} if deployment.env_vars else {})}
+        settings.functions = [*settings.functions, (name, deployment.reference)]
+        if deployment.env_vars:
+            settings.function_env = {**settings.function_env, name: dict(deployment.env_vars)}
+        options = options_of(deployment)
+        if options != FunctionOptions():
+            settings.function_options = {**settings.function_options, name: options}
+        if deployment.own_pool:
+            settings.pools = {**settings.pools, name: function_pool(deployment)}
         if settings.runtime == "inprocess":   # its functions run in this process
             os.environ.update(deployment.env_vars)
 
@@ -89,12 +104,16 @@ class Deployments:
         settings = self.node.settings
         settings.functions = [(n, r) for n, r in settings.functions if n != name]
         settings.function_env = {n: e for n, e in settings.function_env.items() if n != name}
+        settings.function_options = {n: o for n, o in settings.function_options.items() if n != name}
+        if name in settings.pools and settings.pools[name].function_pool:
+            settings.pools = {p: spec for p, spec in settings.pools.items() if p != name}
 
     # -- the catalogue (nodes/catalogue.py) ---------------------------------------------
     async def join_catalogue(self, js) -> None:
         """Before the workers start: what the deployment's catalogue holds becomes this node's
         (a function deployed or removed while it was away included); then every later change. The
         first node to make the catalogue brings the functions it had deployed before there was one."""
+        self.secrets = NodeSecrets(js, self.node.subjects, self.node.settings.node_id, self.secret_users)
         self.catalogue = catalogue = Catalogue(js, self.node.subjects, self.node.settings.node_id)
         current = await catalogue.open()
         if catalogue.created:
@@ -102,10 +121,13 @@ class Deployments:
                 await catalogue.put(deployment)
                 current[deployment.service] = deployment
         for name in [n for n in self._deployed if n not in current]:
-            await self._apply(name, None, replace=False)
+            await self._apply(name, None, running=False)
+        for name in [n for n in self._deployed if n in current]:   # restored: their secrets still to open
+            self._deployed.pop(name)
+            self._drop(name)
         for name, deployment in current.items():
             try:
-                await self._apply(name, deployment, replace=False)
+                await self._apply(name, deployment, running=False)
             except ControlError as exc:   # e.g. its module is not on this machine: the others run it
                 log.error("node %s: catalogue function %s = %s cannot run here: %s",
                           self.node.settings.node_id, name, deployment.reference, exc.message)
@@ -115,45 +137,103 @@ class Deployments:
         """The functions deployed at run time here (those of functions.json), not --function's."""
         return list(self._deployed.values())
 
+    def secret_users(self, secret: str) -> list[str]:
+        return sorted(name for name, d in self._deployed.items() if secret in d.secrets)
+
+    def secrets_of(self, pool: str) -> dict[str, str]:
+        """The opened secrets a pool's workers are handed (a function pool's own)."""
+        return dict(self._secrets.get(pool, {}))
+
     async def check(self, deployment: FunctionDeployment) -> "FunctionRegistry":
         """A registry with ``deployment`` (its module imported; an image: its engine answers and
         has it), or ControlError: what could not run, or variables another function sets otherwise."""
+        name, settings = deployment.service, self.node.settings
+        taken = settings.pools.get(name)
+        if name == DEFAULT_POOL or (taken is not None and not taken.function_pool):
+            raise ControlError(409, f"{name}: a pool of this node has that name; a function with a pool of its own "
+                                    "cannot take it")
         try:
-            trial = default_registry([(deployment.service, deployment.reference)],
-                                     env={deployment.service: dict(deployment.env_vars)})
+            trial = default_registry([(name, deployment.reference)], env={name: dict(deployment.env_vars)},
+                                     options={name: options_of(deployment)})
             image = parse_image_reference(deployment.reference)
             if image is not None:
                 await asyncio.to_thread(check_engine, image)
         except ValueError as exc:
             raise ControlError(400, str(exc)) from None
-        clash = env_conflicts(self.node.settings.function_env, deployment.service, dict(deployment.env_vars))
-        if clash:
-            raise ControlError(409, f"{deployment.service}: {', '.join(clash)}: the functions of a pool share "
-                                    "its workers' environment")
+        limits = deployment.limits
+        if limits is not None and image is None:
+            if limits.cpus and settings.runtime != "docker":
+                raise ControlError(400, f"{name}: a CPU limit is a container's: give it to an image function, or run "
+                                        "the node's workers as containers (--runtime docker); a worker process takes a "
+                                        "memory limit only")
+            if limits.memory_bytes and limits.memory_bytes < PROCESS_MEMORY_MIN and settings.runtime != "docker":
+                raise ControlError(400, f"{name}: a memory limit under {PROCESS_MEMORY_MIN >> 20} MiB leaves a worker "
+                                        "process no room for itself (about 90 MB): give 128Mi or more")
+        if not deployment.own_pool:   # its workers are the main pool's, and so is their environment
+            shared = {n: e for n, e in settings.function_env.items() if n not in settings.pools}
+            clash = env_conflicts(shared, name, dict(deployment.env_vars))
+            if clash:
+                raise ControlError(409, f"{name}: {', '.join(clash)}: the functions of a pool share its workers' "
+                                        "environment (a function with a pool of its own does not)")
         return trial
 
-    async def _apply(self, name: str, deployment: FunctionDeployment | None, replace: bool = True) -> None:
-        """One catalogue change, here: deploy (import or check the image first: a bad one changes
-        nothing) or remove ``name``; ControlError says why not."""
+    async def _apply(self, name: str, deployment: FunctionDeployment | None, running: bool = True) -> None:
+        """One catalogue change, here: deploy (import or check the image, open its secrets first:
+        a bad one changes nothing) or remove ``name``; ControlError says why not. ``running``: the
+        node serves already, so its pools change now (at the start they are made from the settings)."""
         async with self._lock:
+            settings = self.node.settings
+            before = settings.pools.get(name)
+            shared_before = name in dict(settings.functions) and (before is None or not before.function_pool)
             if deployment is None:
                 if self._deployed.pop(name, None) is None:
                     return
                 self._save(f"removal of {name}")
                 self._drop(name)
+                self._secrets.pop(name, None)
                 self.node.registry.remove(name)
-                log.info("node %s: removed %s", self.node.settings.node_id, name)
+                log.info("node %s: removed %s", settings.node_id, name)
             else:
                 if self._deployed.get(name) == deployment and self.node.registry.get(name):
                     return
                 trial = await self.check(deployment)
+                secrets = await self._open(deployment)
                 self._deployed[name] = deployment
                 self._save(f"deploy of {name}")
+                self._secrets[name] = secrets
                 self.node.registry.add(trial.get(name))   # admitted from now on
                 self._take(deployment)
-                log.info("node %s: deployed %s = %s", self.node.settings.node_id, name, deployment.reference)
-            if replace:
-                await self._replace_workers()
+                log.info("node %s: deployed %s = %s%s", settings.node_id, name, deployment.reference,
+                         " (a pool of its own)" if deployment.own_pool else "")
+            if running:
+                await self._change_pools(name, before, shared_before)
+
+    async def _open(self, deployment: FunctionDeployment) -> dict[str, str]:
+        if not deployment.secrets:
+            return {}
+        assert self.secrets is not None
+        return await self.secrets.values(deployment.secrets)
+
+    async def _change_pools(self, name: str, before: PoolSpec | None, shared_before: bool) -> None:
+        """The pools as the settings now say: ``name``'s own pool made, changed or removed, the
+        main pool's workers replaced when a function they load came or went."""
+        node, settings = self.node, self.node.settings
+        after = settings.pools.get(name)
+        shared_now = name in dict(settings.functions) and after is None
+        if before is not None and before.function_pool and after is None:
+            await node.remove_pool(name, [name])
+        elif after is not None and name not in node.pools:
+            await node.add_pool(name)
+        elif after is not None:
+            pool = node.pools[name]
+            pool.secrets = self.secrets_of(name)
+            await pool.replace_workers()
+            asleep = pool.target == 0 and after.min == 0
+            await pool.set_size(0 if asleep else min(after.max, max(after.min, pool.target)))
+        if shared_before or shared_now:
+            replaced = await node.pools[DEFAULT_POOL].replace_workers()
+            log.info("node %s: %d worker(s) of the main pool replaced to load the new function list",
+                     settings.node_id, replaced)
 
     # -- control handlers (faas.<node>.functions.*) ----------------------------------
     async def on_list(self, body: bytes) -> bytes:
@@ -164,6 +244,7 @@ class Deployments:
         deploys it; the answer comes once this one has."""
         deployment = decode(FunctionDeployment, body)
         await self.check(deployment)
+        await self._open(deployment)
         await self._changed(self._catalogue().put(deployment), f"deploy of {deployment.service}")
         return encode(self.info(deployment.service))
 
@@ -196,12 +277,32 @@ class Deployments:
                                     f"{APPLY_TIMEOUT_S:g} s") from None
 
     async def on_scale(self, body: bytes) -> bytes:
+        """``replicas`` of the function: its own pool's size (0: scaled to zero, its next call wakes
+        it). A function of the main pool gets a pool of its own on this node: its replicas are
+        then its own, not every function's K (K is /configuration's)."""
         scale = decode(FunctionScale, body)
         if scale.replicas is None:
             raise ControlError(400, "replicas is missing")
-        pool = self._pool_of(scale.service)
-        await self._set_size(pool, scale.replicas)
-        return encode(self.info(scale.service))
+        name, replicas = scale.service, scale.replicas
+        pool_name = self._pool_of(name)
+        async with self._lock:
+            settings = self.node.settings
+            if pool_name == DEFAULT_POOL:
+                settings.pools = {**settings.pools, name: PoolSpec(
+                    functions=[name], min=0, max=max(replicas, SCALED_BY_HAND_MAX), initial=replicas,
+                    function_pool=True)}
+                await self.node.add_pool(name)
+                log.info("node %s: %s scaled by hand to %d: a pool of its own", settings.node_id, name, replicas)
+                return encode(self.info(name))
+            spec = settings.pools[pool_name]
+            if not spec.function_pool:   # a pool of several functions (the farm): within its bounds
+                await self.node.pools[pool_name].set_size(min(spec.max, max(spec.min, replicas)))
+                return encode(self.info(name))
+            if not (spec.min <= replicas <= spec.max or replicas == 0 == spec.min):
+                raise ControlError(400, f"{name} scales between {spec.min} and {spec.max} replicas, not {replicas} "
+                                        "(deploy it with other bounds to change them)")
+            await self.node.pools[pool_name].set_size(replicas)
+        return encode(self.info(name))
 
     async def on_scale_delay(self, body: bytes) -> bytes:
         """Scale the function's pool up by one, time until the new worker is ready, scale back."""
@@ -229,20 +330,37 @@ class Deployments:
         spec = self.node.registry.get(name)
         if spec is None:
             raise ControlError(404, f"no function {name!r} on {self.node.settings.node_id}")
-        reference = dict(self.node.settings.functions).get(name, "")
+        settings = self.node.settings
+        reference = dict(settings.functions).get(name, "")
         image = parse_image_reference(reference) if reference else None
-        pool = self.node.pools.get(self._pool_of(name))
+        pool_name = self._pool_of(name)
+        pool = self.node.pools.get(pool_name)
+        own = settings.pools.get(name) if pool_name == name else None
         deployed = self._deployed.get(name)
+        labels = {**(deployed.labels if deployed else {}), "p2pfaas.pool": pool_name,
+                  "p2pfaas.node": settings.node_id, "p2pfaas.deployed": "catalogue" if deployed else "node",
+                  "p2pfaas.timeout": f"{spec.timeout_s:g}s", "p2pfaas.concurrency": str(spec.concurrency)}
+        if own is not None:   # as faas-cli users write them
+            labels.update({"com.openfaas.scale.min": str(own.min), "com.openfaas.scale.max": str(own.max),
+                           "com.openfaas.scale.zero": "true" if own.zero_after_s else "false"})
+            if own.zero_after_s:
+                labels["com.openfaas.scale.zero-duration"] = f"{own.zero_after_s:g}s"
+            if deployed is not None and deployed.scaling is not None:
+                labels["p2pfaas.scale.policy"] = deployed.scaling.policy
+            if pool is not None and pool.cold_start_s is not None:
+                labels["p2pfaas.cold_start"] = f"{pool.cold_start_s:.3f}s"
+        limits = deployed.limits if deployed else None
         return FunctionInfo(
             name=name, image=image or "p2pfaas", envProcess="" if image else reference,
             envVars=dict(deployed.env_vars) if deployed else {},
             invocationCount=int(self.node.metrics.invocations(name)),
             replicas=pool.target if pool else 0, availableReplicas=pool.ready if pool else 0,
-            labels={**(deployed.labels if deployed else {}), "p2pfaas.pool": self._pool_of(name),
-                    "p2pfaas.node": self.node.settings.node_id,
-                    "p2pfaas.deployed": "catalogue" if deployed else "node"},
+            labels=labels,
             annotations={**({"description": spec.description} if spec.description else {}),
                          **(deployed.annotations if deployed else {})},
+            secrets=list(deployed.secrets) if deployed else [],
+            limits={k: v for k, v in (("memory", memory_text(limits.memory_bytes)),
+                                      ("cpu", f"{limits.cpus:g}" if limits.cpus else None)) if v} if limits else None,
         )
 
     def _pool_of(self, name: str) -> str:
@@ -259,10 +377,40 @@ class Deployments:
         spec = self.node.settings.pools[pool_name]
         await self.node.pools[pool_name].set_size(min(spec.max, max(spec.min, replicas)))
 
-    async def _replace_workers(self) -> None:
-        replaced = await asyncio.gather(*(pool.replace_workers() for pool in self.node.pools.values()))
-        log.info("node %s: %d worker(s) replaced to load the new function list", self.node.settings.node_id,
-                 sum(replaced))
+
+def options_of(deployment: FunctionDeployment) -> FunctionOptions:
+    """What the deployment sets instead of the function's code: timeout, concurrency, and an
+    image function's container limits."""
+    image = parse_image_reference(deployment.reference) is not None
+    limits = deployment.limits
+    return FunctionOptions(timeout_s=deployment.timeout_s, concurrency=deployment.concurrency,
+                           memory_bytes=limits.memory_bytes if limits and image else None,
+                           cpus=limits.cpus if limits and image else None)
+
+
+def function_pool(deployment: FunctionDeployment) -> PoolSpec:
+    """The pool of its own a deployment asks for: its scaling bounds (the defaults of
+    FunctionScaling when it asks only for secrets or limits), its idle time, its secrets and
+    a worker process's memory (an image function's limits are its container's)."""
+    from broker.messages import FunctionScaling
+
+    scaling = deployment.scaling or FunctionScaling()
+    image = parse_image_reference(deployment.reference) is not None
+    limits = deployment.limits
+    return PoolSpec(functions=[deployment.service], min=scaling.min, max=scaling.max, initial=scaling.min,
+                    zero_after_s=scaling.idle_s, function_pool=True, secrets=list(deployment.secrets),
+                    memory_bytes=limits.memory_bytes if limits and not image else None,
+                    cpus=limits.cpus if limits and not image else None)
+
+
+def memory_text(value: int | None) -> str | None:
+    """Bytes as OpenFaaS writes a memory limit (``256Mi``)."""
+    if not value:
+        return None
+    for unit, size in (("Gi", 1 << 30), ("Mi", 1 << 20), ("Ki", 1 << 10)):
+        if value % size == 0:
+            return f"{value // size}{unit}"
+    return str(value)
 
 
 def _deployed_functions(data: bytes) -> list[FunctionDeployment]:

@@ -72,18 +72,22 @@ class Dispatcher(OnItsLoop):
                  inbox: Inbox, done: Done, lost: Lost, *, slots: int | None = None,
                  kill_worker: Callable[[str], None] = lambda name: None,
                  direct: Direct = lambda call: None, unreachable: Callable[[str], None] | None = None,
-                 abandoned: Abandoned | None = None) -> None:
+                 abandoned: Abandoned | None = None, wake: Callable[[], None] | None = None) -> None:
         """``direct``: what a worker needs to answer a call's caller itself (None: the node answers).
         ``unreachable(worker)``: nobody listened on that worker's subject (its pool decides whether
         that was expected; by default the worker only gets no more calls). ``abandoned(calls)``:
         queued direct calls whose callers stopped waiting (``Call.wanted_until``), or would have
         before the call ended (the function's recent execution time), taken out of the queue
-        unrun (by default they are only dropped)."""
+        unrun (by default they are only dropped). ``wake()``: a call came and no worker can take it
+        (a pool scaled to zero): the pool starts one; the call waits for it (a cold start)."""
         self.pool, self.nc, self.subjects, self.node = pool, nc, subjects, node
         self.registry, self.inbox = registry, inbox
         self._done, self._lost, self._kill_worker, self._direct = done, lost, kill_worker, direct
         self._abandoned = abandoned
         self._unreachable = unreachable or self.retire_worker
+        self._wake = wake
+        self.ready_at = 0.0                       # unix time a worker last came to a pool that had none
+        self.idle_since = time.monotonic()        # nothing has run or waited since
         self.slots = slots                      # None: one per worker (dedicated pool)
         self.workers: dict[str, WorkerSlot] = {}
         self.queue: deque[Call] = deque()       # direct calls (and every call of a dedicated pool)
@@ -128,8 +132,16 @@ class Dispatcher(OnItsLoop):
     # -- workers ----------------------------------------------------------------------
     async def add_worker(self, name: str) -> None:
         """A worker is ready for calls."""
+        if not self.capacity:
+            self.ready_at = time.time()
         self.workers[name] = WorkerSlot(name, self.subjects.worker(self.node, name))
         self._pump()
+
+    def idle_for(self) -> float:
+        """Seconds since a call last ran or waited here (0 while one does)."""
+        if self.running or self.queue or self.lane:
+            return 0.0
+        return time.monotonic() - self.idle_since
 
     def retire_worker(self, name: str) -> None:
         """A worker is stopping: it finishes its calls and gets no new ones."""
@@ -156,6 +168,9 @@ class Dispatcher(OnItsLoop):
         call.pool = self.pool
         call.queued = bool(self.queue or self.lane) or len(self.running) >= self.capacity
         call.entered = next(_entries)
+        if self._wake is not None and not self.capacity:   # it waits for a cold start
+            call.cold_from = time.time()
+            self._wake()
         self._put(call)
         self._pump()
 
@@ -229,6 +244,8 @@ class Dispatcher(OnItsLoop):
         slot.limit = concurrency if slot.running == 0 else min(slot.limit, concurrency)
         slot.running += 1
         call.worker, call.dispatched_at = slot.name, time.time()
+        if call.cold_from:
+            call.cold_start_s = max(0.0, self.ready_at - call.cold_from)
         self.running[call.id] = call
         loop = self.loop
         if self._sweep is None:
@@ -459,6 +476,8 @@ class Dispatcher(OnItsLoop):
             slot.running = max(0, slot.running - 1)
             if slot.running == 0:
                 slot.limit = 1
+        if not self.running and not self.queue and not self.lane:
+            self.idle_since = time.monotonic()
 
     def _too_late(self, call: Call, now: float) -> bool:
         """Its caller has stopped waiting; or it waited for a slot and its caller will stop

@@ -9,6 +9,7 @@ from prometheus_client import CollectorRegistry, Gauge
 from prometheus_client.core import CounterMetricFamily, HistogramMetricFamily
 from prometheus_client.utils import floatToGoString
 
+COLD_START_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 30, 60, 120)
 LATENCY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
 
 
@@ -125,6 +126,12 @@ class NodeMetrics:
         self.running = Gauge("p2pfaas_running", "Tasks executing", ["node"], registry=self.registry).labels(**labels)
         self.queued = Gauge("p2pfaas_queued", "Tasks waiting for a worker", ["node"], registry=self.registry).labels(**labels)
         self.workers = Gauge("p2pfaas_workers", "Workers by state", ["node", "state"], registry=self.registry)
+        # Knative's activator metric: a pool woken from zero, until its first worker is ready
+        self.cold_starts = LoopHistogram("p2pfaas_cold_start_seconds", "A pool scaled to zero: from the call that "
+                                         "woke it to its first ready worker", ["node", "pool"], COLD_START_BUCKETS,
+                                         self.registry)
+        self.pool_workers = Gauge("p2pfaas_pool_workers", "Workers of each pool by state (target: what it is "
+                                  "scaled to)", ["node", "pool", "state"], registry=self.registry)
         self.node = node
         self._children: dict[tuple, object] = {}   # labelled children, looked up once (hot path)
 
@@ -134,6 +141,9 @@ class NodeMetrics:
         if child is None:
             child = self._children[key] = metric.labels(node=self.node, **labels)
         return child
+
+    def cold_start(self, pool: str, seconds: float) -> None:
+        self.cold_starts.labels(node=self.node, pool=pool).observe(seconds)
 
     def error(self, kind: str) -> None:
         self._child(self.errors, kind=kind).inc()

@@ -63,7 +63,7 @@ class Node:
         self.deployments = Deployments(self)
         if registry is None:   # functions deployed at run time before a restart come back
             self.deployments.restore()
-        self.registry = registry or default_registry(settings.functions)
+        self.registry = registry or default_registry(settings.functions, options=settings.function_options)
         self.nc: Client | None = None
         self.inbox: Inbox | None = None
         self.pool: WorkerPool | None = None          # the main pool: K slots, all other functions
@@ -71,7 +71,8 @@ class Node:
         self.stats: dict[str, PoolStats] = {}        # per-pool telemetry bookkeeping
         self._dispatchers: dict[str, Dispatcher] = {}
         self._dropped = DropSummary(settings.node_id)   # calls not run: a log line per window, not per call
-        self._telemetry: asyncio.Task | None = None
+        self._watching: dict[str, list] = {}         # per pool: its telemetry tasks and scale subscription
+        self._answerer: Answerer | None = None
         self.store_check: StoreCheck | None = None
         self.scheduler: SchedulerService | None = None
         self.discovery: DiscoveryService | None = None
@@ -142,6 +143,9 @@ class Node:
             (s.functions(node, "delete"), self.deployments.on_delete),
             (s.functions(node, "scale"), self.deployments.on_scale),
             (s.functions(node, "scale_delay"), self.deployments.on_scale_delay),
+            (s.functions(node, "secrets_list"), self.deployments.secrets.on_list),
+            (s.functions(node, "secrets_set"), self.deployments.secrets.on_set),
+            (s.functions(node, "secrets_delete"), self.deployments.secrets.on_delete),
         ):
             await self.control.serve(subject, handler)
         if self.discovery:   # P2PFaaS's discovery API
@@ -150,8 +154,7 @@ class Node:
                                   ("config.set", self.discovery.on_config_set)):
                 await self.control.serve(s.discovery(node, verb), handler)
         for name in self.pools:
-            self._subs.append(await self.nc.subscribe(s.scale(node, name), cb=self._on_scale))
-        self._telemetry = asyncio.create_task(self._publish_telemetry(), name=f"{node}-telemetry")
+            await self._watch_pool(name)
         self._unlisten = on_event(self.nc, "reconnected", self._on_reconnected)
         log.info("node %s up: K=%d queue=%d scheduler=%s", node,
                  self.store.node.parallel_running_functions_max, self.store.node.queue_length_max,
@@ -163,9 +166,8 @@ class Node:
         self._dropped.flush()
         for task in self._reconciling:
             task.cancel()
-        if self._telemetry:
-            self._telemetry.cancel()
-            await asyncio.gather(self._telemetry, return_exceptions=True)
+        for name in list(self._watching):
+            await self._unwatch_pool(name)
         if self.store_check is not None:
             await self.store_check.stop()
         if self.discovery:  # silence first: peers stop choosing us within suspect_after periods
@@ -209,8 +211,14 @@ class Node:
     # -- worker pools ---------------------------------------------------------
     def _start_dispatchers(self, answerer: Answerer) -> dict[str, Dispatcher]:
         """One dispatcher per pool: the main one with K slots, dedicated ones with a slot per worker."""
-        assert self.nc is not None and self.inbox is not None
-        node = self.settings.node_id
+        self._answerer = answerer
+        for name in (DEFAULT_POOL, *self.settings.pools):
+            self._dispatchers[name] = self._new_dispatcher(name)
+        return self._dispatchers
+
+    def _new_dispatcher(self, name: str) -> Dispatcher:
+        assert self.nc is not None and self.inbox is not None and self._answerer is not None
+        answerer = self._answerer
 
         def done(call, outcome, output):
             if outcome.answered:  # the worker answered the caller; the node only counts it
@@ -225,7 +233,8 @@ class Node:
                 if call.wanted_until <= now:
                     reason, kind = f"not run: its caller stopped waiting for the answer after {waited:.3g} s in the queue", "caller_gone"
                 else:
-                    takes = self._dispatchers[call.pool].expected_s.get(call.fn, 0.0)
+                    pool = self._dispatchers.get(call.pool)
+                    takes = pool.expected_s.get(call.fn, 0.0) if pool is not None else 0.0
                     reason, kind = (f"not run: after {waited:.3g} s in the queue it would end after its caller stops "
                                     f"waiting ({call.wanted_until - now:.3g} s left, {call.fn} takes about {takes:.3g} s); "
                                     "the node is overloaded, try again later"), "too_late"
@@ -233,32 +242,83 @@ class Node:
                 answerer.count_unrun(call)
                 await answerer.refused(call, codes.GENERIC, 504, reason, kind, retry_after_s=1.0, logged=False)
 
-        def kill(pool: str):
-            return lambda worker: self.pools[pool].kill(worker)
-
-        def unreachable(pool: str):
-            return lambda worker: self.pools[pool].unreachable(worker)
-
-        dispatchers = {}
-        for name in (DEFAULT_POOL, *self.settings.pools):
-            slots = self.store.node.parallel_running_functions_max if name == DEFAULT_POOL else None
-            dispatchers[name] = Dispatcher(name, self.nc, self.subjects, node, self.registry, self.inbox, done,
-                                           answerer.lost, slots=slots, kill_worker=kill(name),
-                                           direct=answerer.direct_context, unreachable=unreachable(name),
-                                           abandoned=abandoned)
-            self.stats[name] = PoolStats(node, name)
-        self._dispatchers = dispatchers
-        return dispatchers
+        main = name == DEFAULT_POOL
+        self.stats[name] = PoolStats(self.settings.node_id, name)
+        return Dispatcher(name, self.nc, self.subjects, self.settings.node_id, self.registry, self.inbox, done,
+                          answerer.lost, slots=self.store.node.parallel_running_functions_max if main else None,
+                          kill_worker=lambda worker: self.pools[name].kill(worker),
+                          direct=answerer.direct_context, unreachable=lambda worker: self.pools[name].unreachable(worker),
+                          abandoned=abandoned, wake=None if main else lambda: self.pools[name].wake())
 
     async def _start_pools(self) -> None:
-        for name, dispatcher in self._dispatchers.items():
-            pool = WorkerPool(self.settings, dispatcher, name)
-            self.pools[name] = pool
-            if name == DEFAULT_POOL:
-                self.pool = pool
-                await pool.start(self._main_processes(self.store.node.parallel_running_functions_max))
-            else:
-                await pool.start(self.settings.pools[name].initial)
+        for name in list(self._dispatchers):
+            await self._start_pool(name)
+
+    async def _start_pool(self, name: str) -> WorkerPool:
+        pool = WorkerPool(self.settings, self._dispatchers[name], name, self.metrics)
+        self.pools[name] = pool
+        if name == DEFAULT_POOL:
+            self.pool = pool
+            await pool.start(self._main_processes(self.store.node.parallel_running_functions_max))
+        else:
+            pool.secrets = self.deployments.secrets_of(name)
+            await pool.start(self.settings.pools[name].initial)
+        return pool
+
+    # -- pools made and removed at run time (a function's own: nodes/deployments.py) ------
+    async def add_pool(self, name: str) -> WorkerPool:
+        """A pool of ``settings.pools`` that does not run yet: its dispatcher, workers, telemetry
+        and scale commands; its functions' calls go to it from now on."""
+        assert self.scheduler is not None
+        self._dispatchers[name] = self._new_dispatcher(name)
+        pool = await self._start_pool(name)
+        for fn in self.settings.pools[name].functions:
+            self.scheduler.pool_of[fn] = name
+        if self.learner is not None and name not in self.learner.settings.pools:
+            self.learner.settings.pools.append(name)
+        await self._watch_pool(name)
+        log.info("node %s: pool %s added for %s", self.settings.node_id, name, ", ".join(self.settings.pools[name].functions))
+        return pool
+
+    async def remove_pool(self, name: str, functions: list[str], drain_s: float = 30.0) -> None:
+        """Its functions are gone (or back in the main pool): what waits in it runs, within
+        ``drain_s``; what is left is refused; then its workers stop."""
+        assert self.scheduler is not None and self._answerer is not None
+        for fn in functions:
+            if self.scheduler.pool_of.get(fn) == name:
+                del self.scheduler.pool_of[fn]
+        await self._unwatch_pool(name)
+        dispatcher = self._dispatchers[name]
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(drain_s):
+                while dispatcher.n_waiting:
+                    await asyncio.sleep(0.1)
+        for call in dispatcher.drop_queued(lambda call: True):
+            await self._answerer.refused(call, codes.GENERIC, 503, f"{call.fn} was removed from this node before "
+                                                                   "it ran", "function_removed")
+        await self.pools.pop(name).stop()
+        del self._dispatchers[name]
+        self.stats.pop(name, None)
+        log.info("node %s: pool %s removed", self.settings.node_id, name)
+
+    async def _watch_pool(self, name: str) -> None:
+        """Its telemetry (and pulses between long control periods) out, its scale commands in."""
+        assert self.nc is not None
+        pool = self.pools[name]
+        tasks = [asyncio.create_task(self._pool_telemetry(name, pool), name=f"{name}-telemetry")]
+        if self._pool_period(name) > PULSE_PERIOD_S:
+            tasks.append(asyncio.create_task(self._pool_pulses(name, pool), name=f"{name}-pulses"))
+        sub = await self.nc.subscribe(self.subjects.scale(self.settings.node_id, name), cb=self._on_scale)
+        self._watching[name] = [*tasks, sub]
+
+    async def _unwatch_pool(self, name: str) -> None:
+        *tasks, sub = self._watching.pop(name, [None])
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        if sub is not None:
+            with contextlib.suppress(Exception):
+                await sub.unsubscribe()
 
     def _on_reconnected(self) -> None:
         """Back on the broker after an outage: calls (or their outcomes) that were on the wire
@@ -284,13 +344,6 @@ class Node:
         forwards, self.scheduler.forwards = self.scheduler.forwards, {}
         return self.scheduler.algorithm.describe(), forwards
 
-    async def _publish_telemetry(self) -> None:
-        """One ``PoolTelemetry`` per pool per period on ``faas.<node>.telemetry.<pool>``; a dedicated
-        pool's period is its control period (``PoolSpec.period_s``)."""
-        await asyncio.gather(*(self._pool_telemetry(name, pool) for name, pool in self.pools.items()),
-                             *(self._pool_pulses(name, pool) for name, pool in self.pools.items()
-                               if self._pool_period(name) > PULSE_PERIOD_S))
-
     def _pool_period(self, name: str) -> float:
         spec = self.settings.pools.get(name)
         return (spec.period_s if spec else None) or self.settings.telemetry_period_s
@@ -313,6 +366,8 @@ class Node:
                 await self.nc.publish(subject, encode(pulse))
 
     async def _pool_telemetry(self, name: str, pool: WorkerPool) -> None:
+        """One ``PoolTelemetry`` per period on ``faas.<node>.telemetry.<pool>``; a dedicated pool's
+        period is its control period (``PoolSpec.period_s``)."""
         period = self._pool_period(name)
         assert self.nc is not None
         stats, dispatcher = self.stats[name], pool.dispatcher
@@ -349,6 +404,8 @@ class Node:
             await self.apply_configuration(self.store.node.model_copy(update={"parallel_running_functions_max": target}))
             return
         spec = self.settings.pools[command.pool]
+        if pool.target == 0 and spec.min == 0:
+            return   # asleep: its next call wakes it, not a policy that saw no call
         target = min(spec.max, max(spec.min, command.target_workers))
         if target != pool.target:
             log.info("pool %s: %d -> %d workers (%r, %r)", command.pool, pool.target, target,   # repr: no log injection
@@ -410,6 +467,10 @@ class Node:
         if self.pool:
             for state in ("ready", "starting", "stopping"):
                 self.metrics.workers.labels(node=self.settings.node_id, state=state).set(getattr(self.pool, state))
+        for name, pool in self.pools.items():
+            for state in ("ready", "starting", "stopping", "target"):
+                self.metrics.pool_workers.labels(node=self.settings.node_id, pool=name, state=state).set(
+                    getattr(pool, state))
         return generate_latest(self.metrics.registry)
 
     async def _on_info(self, body: bytes) -> bytes:

@@ -17,14 +17,18 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import orjson
+
 from broker.connection import TLS_CA_PEM, credentials_from_env
-from broker.handoff import HANDOFF_FD_ENV, handoff_fd
-from broker.lifecycle import child_env, remove_pid_file, write_pid_file
+from broker.handoff import FUNCTION_SECRETS, HANDOFF_FD_ENV, handoff_fd
+from broker.lifecycle import child_env, remove_pid_file, still_wanted, write_pid_file
 from functions.registry import default_registry
+from functions.secrets import give as give_secrets
 from nodes.dispatch import Dispatcher
+from nodes.metrics import NodeMetrics
 from nodes.sandbox import WorkerSandbox
 from nodes.sandbox import decide as decide_sandbox
-from nodes.settings import NodeSettings, machine_memory
+from nodes.settings import NodeSettings, machine_memory, pool_functions
 from nodes.worker import DEFAULT_POOL, EXIT_RECYCLE, STOP_GRACE_S, WORKER_CREDENTIALS, Worker
 
 log = logging.getLogger(__name__)
@@ -106,12 +110,21 @@ def _boot_slots() -> asyncio.Semaphore:
     return _boots[loop]
 
 
+IDLE_CHECK_S = 1.0   # how often a pool that scales to zero looks at how long it has been idle
+
+
 class WorkerPool:
-    def __init__(self, settings: NodeSettings, dispatcher: Dispatcher, name: str = DEFAULT_POOL) -> None:
+    def __init__(self, settings: NodeSettings, dispatcher: Dispatcher, name: str = DEFAULT_POOL,
+                 metrics: NodeMetrics | None = None) -> None:
         self.settings = settings
         self.dispatcher = dispatcher
         self.name = name
+        self.metrics = metrics
+        self.secrets: dict[str, str] = {}   # a function pool's: what its workers are handed at their start
         self.target = 0
+        self.cold_start_s: float | None = None     # the last wake from zero, to the first worker ready
+        self._woken_at: float | None = None        # loop time a call woke the pool from zero
+        self._idle: asyncio.Task | None = None
         self.workers: list[WorkerHandle] = []
         self._names = itertools.count(1)
         self._closing = False
@@ -141,6 +154,38 @@ class WorkerPool:
 
     async def start(self, size: int) -> None:
         await self.set_size(size)
+        if self.name in self.settings.pools:
+            self._idle = asyncio.create_task(self._sleep_when_idle(), name=f"{self.name}-idle")
+
+    @property
+    def spec(self):
+        return self.settings.pools.get(self.name)
+
+    def wake(self) -> None:
+        """A call came and no worker can take it: the pool grows to its wake size at once (from
+        zero: a cold start, measured until its first worker is ready). Knative's activator."""
+        spec = self.spec
+        size = spec.wake_size if spec is not None else 1
+        if self._closing or self.target >= size:
+            return
+        if self.target == 0 and self._woken_at is None:
+            self._woken_at = asyncio.get_running_loop().time()
+            log.info("%s: a call woke it from zero: %d worker(s) start", self.name, size)
+        self.target = size
+        self._resize()
+
+    async def _sleep_when_idle(self) -> None:
+        """A pool that may scale to zero does after ``zero_after_s`` without a call."""
+        while not self._closing:
+            still_wanted()
+            await asyncio.sleep(IDLE_CHECK_S)
+            spec = self.spec
+            if spec is None or spec.zero_after_s is None or self.target == 0:
+                continue
+            idle = self.dispatcher.idle_for()
+            if idle >= spec.zero_after_s:
+                log.info("%s: no call for %.0f s: scaled to zero (its next call wakes it)", self.name, idle)
+                await self.set_size(0)
 
     async def set_size(self, size: int) -> None:
         """Make ``size`` workers active (starting or ready)."""
@@ -245,6 +290,12 @@ class WorkerPool:
         handle.booted()
         handle.ready.set()
         self._early_deaths = 0
+        if self._woken_at is not None:
+            self.cold_start_s = asyncio.get_running_loop().time() - self._woken_at
+            self._woken_at = None
+            log.info("%s: awake after a cold start of %.3f s", self.name, self.cold_start_s)
+            if self.metrics is not None:
+                self.metrics.cold_start(self.name, self.cold_start_s)
         await self.dispatcher.add_worker(handle.name)
 
     def _sandbox(self) -> WorkerSandbox:
@@ -270,7 +321,8 @@ class WorkerPool:
         try:
             if handle.state == "stopping":   # retired while it waited for its turn: never started
                 return
-            handed = handoff_fd(worker_identity())
+            handed = handoff_fd({**worker_identity(),
+                                 **({FUNCTION_SECRETS: orjson.dumps(self.secrets).decode()} if self.secrets else {})})
             try:
                 handle.proc = await asyncio.create_subprocess_exec(
                     sys.executable, "-m", "nodes.worker", env={**env, HANDOFF_FD_ENV: str(handed)},
@@ -329,7 +381,8 @@ class WorkerPool:
             # they stop or we say we are gone (nodes/worker.py)
             env = {"P2PFAAS_NODE_SETTINGS": self.settings.model_dump_json(),
                    "P2PFAAS_WORKER_NAME": handle.name, "P2PFAAS_WORKER_POOL": self.name,
-                   "P2PFAAS_WORKER_WATCH_NODE": "1", **worker_identity()}
+                   "P2PFAAS_WORKER_WATCH_NODE": "1", **worker_identity(),
+                   **({FUNCTION_SECRETS: orjson.dumps(self.secrets).decode()} if self.secrets else {})}
             handle.proc = await (await self._docker).start(handle.name, env)  # type: ignore[assignment]
             if handle.state == "stopping":
                 handle.proc.send_signal(signal.SIGTERM)
@@ -344,7 +397,11 @@ class WorkerPool:
             await self._exited(handle, code)
 
     async def _run_inprocess(self, handle: WorkerHandle) -> None:
-        handle.worker = Worker(self.settings, default_registry(self.settings.functions), handle.name, self.name)
+        functions, env = pool_functions(self.settings, self.name)
+        if self.secrets:   # in-process workers share the node's process: not kept from other functions
+            give_secrets(self.secrets, replace=False)
+        handle.worker = Worker(self.settings, default_registry(functions, env=env, options=self.settings.function_options),
+                               handle.name, self.name)
         if handle.state == "stopping":   # retired before it started: it stops at once
             handle.worker.stopping.set()
         ready: asyncio.Future[None] = asyncio.get_running_loop().create_future()
@@ -399,6 +456,9 @@ class WorkerPool:
         self._closing = True
         if self._respawn is not None:
             self._respawn.cancel()
+        if self._idle is not None:
+            self._idle.cancel()
+            await asyncio.gather(self._idle, return_exceptions=True)
         handles = list(self.workers)
         for handle in handles:
             self._retire(handle, at_once=True)

@@ -40,12 +40,37 @@ class PoolSpec(BaseModel):
     min: int = Field(default=1, ge=0)
     max: int = Field(default=32, ge=1, le=256)
     period_s: float | None = Field(default=None, gt=0)  # telemetry/control period (None: the node's)
+    # with min 0: scaled to zero after this long without a call; the next call wakes it (None: never)
+    zero_after_s: float | None = Field(default=None, gt=0)
+    # a function's own pool (a deployment's scaling, secrets or limits: nodes/deployments.py)
+    function_pool: bool = False
+    secrets: list[str] = Field(default_factory=list)   # names of the deployment's secrets its workers get
+    memory_bytes: int | None = Field(default=None, ge=1)   # one worker's memory (address space)
+    cpus: float | None = Field(default=None, gt=0)          # one worker's CPU share
 
     @model_validator(mode="after")
     def _ordered(self) -> "PoolSpec":
         if not self.min <= self.initial <= self.max:
             raise ValueError(f"pool sizes must satisfy min <= initial <= max, got {self.min}, {self.initial}, {self.max}")
+        if self.zero_after_s is not None and self.min > 0:
+            raise ValueError("zero_after_s needs min 0")
         return self
+
+    @property
+    def wake_size(self) -> int:
+        """Workers a call starts in a pool scaled to zero (Knative's activator: one, then the policy)."""
+        return max(1, self.min)
+
+
+class FunctionOptions(BaseModel):
+    """What a deployment sets of a function that its code would otherwise say."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    timeout_s: float | None = Field(default=None, gt=0)
+    concurrency: int | None = Field(default=None, ge=1)
+    memory_bytes: int | None = Field(default=None, ge=1)   # an image function's container
+    cpus: float | None = Field(default=None, gt=0)
 
 
 class NodeSettings(BaseModel):
@@ -79,6 +104,7 @@ class NodeSettings(BaseModel):
     # the environment variables of deployed functions (envVars), by function: a worker process
     # sets those of every function it loads, an image function's container gets its own
     function_env: dict[str, dict[str, str]] = Field(default_factory=dict)
+    function_options: dict[str, FunctionOptions] = Field(default_factory=dict)   # by function
     initial: NodeConfiguration = NodeConfiguration()
     # P2PFaaS's default algorithm
     initial_scheduler: SchedulerConfiguration = SchedulerConfiguration(name="PowerOfNScheduler",
@@ -175,3 +201,17 @@ def machine_memory() -> int:
         return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
     except (ValueError, OSError):
         return 4 * 1024 ** 3
+
+
+def pool_functions(settings: NodeSettings, pool: str) -> tuple[list[tuple[str, str]], dict[str, dict[str, str]]]:
+    """The user functions (name, reference) a worker of ``pool`` loads, and their variables: a
+    dedicated pool's own; the main pool every other one. A worker never imports the code of a
+    function that has a pool of its own elsewhere, so that function's secrets stay out of reach."""
+    spec = settings.pools.get(pool)
+    if spec is not None:
+        wanted = set(spec.functions)
+    else:
+        elsewhere = {fn for other in settings.pools.values() for fn in other.functions}
+        wanted = {name for name, _ in settings.functions} - elsewhere
+    functions = [(name, ref) for name, ref in settings.functions if name in wanted]
+    return functions, {name: env for name, env in settings.function_env.items() if name in wanted}

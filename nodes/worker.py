@@ -22,6 +22,7 @@ import atexit
 import contextvars
 import logging
 import os
+import resource
 import signal
 import sys
 import time
@@ -29,6 +30,7 @@ from collections import OrderedDict
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
+import orjson
 from nats.aio.client import Client
 from nats.aio.msg import Msg
 
@@ -43,7 +45,8 @@ from broker.subjects import Subjects
 from functions.output import TaggedStream, current_function
 from functions.registry import (FunctionInputError, FunctionRegistry, FunctionSpec, default_registry,
                                 function_environment)
-from nodes.settings import NodeSettings
+from functions.secrets import give as give_secrets
+from nodes.settings import NodeSettings, pool_functions
 
 log = logging.getLogger(__name__)
 
@@ -337,6 +340,13 @@ class _Ended:
     answers: list[tuple[DirectAnswer, int, float, bytes, str | None]] = field(default_factory=list)
 
 
+def limit_memory(limit: int) -> None:
+    """A function pool's memory limit on this worker: its data (heap, thread stacks, anonymous
+    maps), not its address space, which a Python process reserves far beyond what it uses. A
+    function that allocates past it gets MemoryError (its caller 500), the worker goes on."""
+    resource.setrlimit(resource.RLIMIT_DATA, (limit, limit))
+
+
 def _failure(fn: str, exc: Exception, execution_s: float) -> WorkerOutcome:
     if isinstance(exc, FunctionInputError):
         return WorkerOutcome(status=400, error=f"{fn}: {exc}", execution_s=execution_s)
@@ -353,10 +363,16 @@ async def _main() -> int:
     settings = NodeSettings.model_validate_json(os.environ["P2PFAAS_NODE_SETTINGS"])
     name = os.environ.get("P2PFAAS_WORKER_NAME", f"w{os.getpid()}")
     pool = os.environ.get("P2PFAAS_WORKER_POOL", DEFAULT_POOL)
-    os.environ.update(function_environment(settings.function_env))   # before the functions are imported
+    functions, env = pool_functions(settings, pool)
+    # before the functions are imported: their variables, their secrets, their memory
+    os.environ.update(function_environment(env))
+    give_secrets(orjson.loads(handoff.get(handoff.FUNCTION_SECRETS) or "{}"))
+    spec = settings.pools.get(pool)
+    if spec is not None and spec.memory_bytes:
+        limit_memory(spec.memory_bytes)
     sys.stdout, sys.stderr = TaggedStream(sys.stdout), TaggedStream(sys.stderr)
-    worker = Worker(settings, default_registry(settings.functions, env=settings.function_env), name, pool, process=True,
-                    watch_node=os.environ.get("P2PFAAS_WORKER_WATCH_NODE") == "1")
+    worker = Worker(settings, default_registry(functions, env=env, options=settings.function_options), name, pool,
+                    process=True, watch_node=os.environ.get("P2PFAAS_WORKER_WATCH_NODE") == "1")
     loop = asyncio.get_running_loop()
     orphaned = stop_requested = False
 

@@ -18,7 +18,7 @@ from broker.errors import BrokerUnavailable
 from broker.messages import NodeConfiguration
 from controller.names import MODEL_SUFFIXES, PolicyNameError, canonical, known
 from nodes.settings import DEFAULT_WORKER_IMAGE
-from p2pfaas import cli_deadletters, cli_functions
+from p2pfaas import cli_deadletters, cli_functions, cli_secrets
 from p2pfaas.cli_common import (MAX_PORT, MqttChoice, Runtime, _fail, command_group, _failed_with, _functions,
                                 _importable, _logging, _reported, _until_signal,
                                 _usable_data_dir, console, serve_stack)
@@ -244,6 +244,8 @@ def node(
         _importable(settings.functions, sandbox)
         url, store = _attach(settings.data_dir, nats_url or os.environ.get("P2PFAAS_NATS_URL"))
         settings = settings.model_copy(update={"nats_url": url})
+        if store is not None and not handoff.get("P2PFAAS_SECRETS_KEY"):   # run by hand: as the stack's nodes
+            handoff.hold(P2PFAAS_SECRETS_KEY=store.secrets_key())
     http = None
     if http_port is not None:
         if store is not None and not handoff.get("P2PFAAS_OPERATOR_TOKEN"):   # run by hand: as the stack's bridges
@@ -712,6 +714,7 @@ def controller_cmd(
     learn_online: bool = typer.Option(True, help="RL policies: seed the node's learner, use its online-trained weights, roll back to the shipped ones if live QoS drops."),
     scenario: str = typer.Option("bursty", help="Scenario giving worker bounds and observation normalisation."),
     panic: Optional[bool] = typer.Option(None, "--panic/--no-panic", help="Raise the target between decisions when the load outgrows the pool (Knative's panic mode; default: for RL policies, which are trained with it)."),
+    functions: bool = typer.Option(False, "--functions/--no-functions", help="Also scale every function that has a pool of its own, on every node, with its deployment's policy (`up` does)."),
     models_dir: Path = typer.Option(Path("data/models"), help="Where trained scaling models are looked up."),
     nats_url: Optional[str] = typer.Option(None, help="NATS URL (default: from a running `p2pfaas up`)."),
     data_dir: Path = typer.Option(Path("data"), help="Where `p2pfaas up` wrote endpoints.json."),
@@ -746,16 +749,27 @@ def controller_cmd(
                       f"queue {pulse.queue_length}, workers {pulse.workers_ready}+{pulse.workers_starting} "
                       f"-> target {previous} -> {target}")
 
+    def scaling_function(controller) -> None:
+        console.print(f"{time.strftime('%H:%M:%S')} function {controller.pool} on {controller.node}: "
+                      f"scaled by {controller.policy_name}")
+
     async def start():
         nc = await connect(url, f"controller-{node_id}-{pool}")
         controller = LiveController(nc, node_id, pool, chosen, sc, prefix=prefix, policy_name=name, on_step=show,
                                     on_panic=panicked, learn_online=learn_online, models_dir=models_dir,
                                     react_between_periods=panic)
         await controller.start()
-        return nc, controller
+        scaler = None
+        if functions:
+            from controller.functions import FunctionScaler
+            scaler = await FunctionScaler(nc, sc, prefix=prefix, models_dir=models_dir, learn_online=learn_online,
+                                          on_start=scaling_function).start()
+        return nc, controller, scaler
 
     async def stop(part) -> None:
-        nc, controller = part
+        nc, controller, scaler = part
+        if scaler is not None:
+            await scaler.stop()
         await controller.stop()
         await close_quietly(nc)
 
@@ -765,7 +779,8 @@ def controller_cmd(
         if part[1].learner_note:
             console.print(f"[yellow]note:[/] {part[1].learner_note}")
         console.print(f"controlling {node_id}/{pool} with {name}"
-                      f"{', raising between decisions when the load outgrows the pool' if part[1].reacts else ''}; Ctrl-C to stop")
+                      f"{', raising between decisions when the load outgrows the pool' if part[1].reacts else ''}"
+                      f"{', and every function with a pool of its own' if part[2] is not None else ''}; Ctrl-C to stop")
 
     with _reported(BrokerUnavailable, todo=START_THE_STACK):
         run_part(start, stop, announce)
@@ -951,6 +966,7 @@ def _mount_edge_commands() -> None:
 
 _mount_edge_commands()
 app.add_typer(cli_deadletters.app, name="dead-letters")
+app.add_typer(cli_secrets.app, name="secret")
 for _name, _command in (("deploy", cli_functions.deploy), ("list", cli_functions.list_functions),
                         ("describe", cli_functions.describe), ("remove", cli_functions.remove),
                         ("logs", cli_functions.logs)):
@@ -996,6 +1012,11 @@ SUMMARIES = {
     "dead-letters list": "The dead letters, oldest first.",
     "dead-letters show": "One dead letter, its headers and payload.",
     "dead-letters redrive": "Store dead letters again in a node's intake.",
+    "secret": "The deployment's secrets (sealed; names only shown).",
+    "secret create": "Create a secret.",
+    "secret update": "Change a secret's value.",
+    "secret list": "The secrets' names.",
+    "secret remove": "Remove a secret no function uses.",
 }
 
 

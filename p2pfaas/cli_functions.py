@@ -99,10 +99,18 @@ def _say_converged(what: str, name: str, agreed: list[str], late: list[str]) -> 
                       f"(their logs say why: `grep {name} data/logs/node-*.log`)")
 
 
+STACK_KEYS = {"image": "image", "reference": "reference", "environment": "envVars", "labels": "labels",
+              "annotations": "annotations", "secrets": "secrets", "limits": "limits", "timeout": "timeout",
+              "concurrency": "concurrency", "scaling": "scaling"}
+
+
 def _stack_functions(path: Path) -> list[dict]:
-    """The deployments of a stack file: ``functions: {name: {image | reference, environment,
-    labels, annotations}}`` (faas-cli's stack.yml keys; ``handler``/``lang`` builds are not done)."""
+    """The deployments of a stack file: ``functions: {name: {image | reference, environment, labels,
+    annotations, secrets, limits, timeout, concurrency, scaling}}`` (faas-cli's stack.yml keys, and
+    p2pfaas's; ``handler``/``lang`` builds are not done), read as the OpenFaaS routes read a body."""
     import yaml
+
+    from broker.deploy_body import DeployBodyError, read_deployment
 
     try:
         stack = yaml.safe_load(path.read_text())
@@ -114,18 +122,51 @@ def _stack_functions(path: Path) -> list[dict]:
     out = []
     for name, spec in functions.items():
         spec = spec or {}
-        unknown = sorted(set(spec) - {"image", "reference", "environment", "labels", "annotations"})
+        unknown = sorted(set(spec) - set(STACK_KEYS))
         if unknown:
-            _fail(f"{path}: function {name}: {', '.join(unknown)} not supported (image, reference, environment, "
-                  "labels, annotations)")
+            _fail(f"{path}: function {name}: {', '.join(unknown)} not supported ({', '.join(STACK_KEYS)})")
         if bool(spec.get("image")) == bool(spec.get("reference")):
             _fail(f"{path}: function {name}: give image or reference (module:callable), one of them")
-        out.append({"service": str(name),
-                    "reference": spec.get("reference") or f"image:{spec['image']}",
-                    "env_vars": {str(k): str(v) for k, v in (spec.get("environment") or {}).items()},
-                    "labels": {str(k): str(v) for k, v in (spec.get("labels") or {}).items()},
-                    "annotations": {str(k): str(v) for k, v in (spec.get("annotations") or {}).items()}})
+        body = {STACK_KEYS[k]: v for k, v in spec.items()}
+        for key in ("envVars", "labels", "annotations"):
+            body[key] = {str(k): str(v) for k, v in (body.get(key) or {}).items()}
+        try:
+            out.append(read_deployment({"service": str(name), **body}).model_dump(exclude_defaults=True))
+        except DeployBodyError as exc:
+            _fail(f"{path}: function {name}: {exc}")
     return out
+
+
+def _flags_deployment(name: str, reference: Optional[str], image: Optional[str], env: list[str], label: list[str],
+                      annotation: list[str], secret: list[str], memory: Optional[str], cpu: Optional[str],
+                      timeout: Optional[str], concurrency: Optional[int], scale_min: Optional[int],
+                      scale_max: Optional[int], idle: Optional[str], policy: Optional[str]) -> dict:
+    """One deployment from deploy's flags, read as the OpenFaaS routes read a body."""
+    from broker.deploy_body import DeployBodyError, duration_s, read_deployment
+    from controller.names import MODEL_SUFFIXES, PolicyNameError, canonical
+
+    body: dict = {"service": name, "reference": reference or f"image:{image}", "envVars": _pairs(env, "--env"),
+                  "labels": _pairs(label, "--label"), "annotations": _pairs(annotation, "--annotation"),
+                  "secrets": secret, "limits": {"memory": memory, "cpu": cpu}}
+    if timeout is not None:
+        body["timeout"] = timeout
+    if concurrency is not None:
+        body["concurrency"] = concurrency
+    scaling: dict = {k: v for k, v in (("min", scale_min), ("max", scale_max)) if v is not None}
+    try:
+        if idle is not None:
+            scaling.update(zero_after_s=duration_s(idle), min=scaling.get("min", 0))
+        if policy is not None:
+            if policy.endswith(MODEL_SUFFIXES):
+                _fail("--policy: a function's policy is a name the controller knows (ppo, kpa, ...), not a model file")
+            scaling["policy"] = canonical(policy, auto=True, off=True)
+        if scaling:
+            body["scaling"] = scaling
+        return read_deployment(body).model_dump(exclude_defaults=True)
+    except PolicyNameError as exc:
+        _fail(f"--policy: {exc}")
+    except DeployBodyError as exc:
+        _fail(str(exc))
 
 
 def deploy(
@@ -135,19 +176,29 @@ def deploy(
     env: list[str] = typer.Option([], "--env", "-e", help="NAME=VALUE in the function's environment (repeatable)."),
     label: list[str] = typer.Option([], "--label", "-l", help="NAME=VALUE label (repeatable)."),
     annotation: list[str] = typer.Option([], "--annotation", help="NAME=VALUE annotation (repeatable)."),
+    secret: list[str] = typer.Option([], "--secret", help="A secret it reads with functions.secret(NAME) (repeatable; `p2pfaas secret create` makes it)."),
+    memory: Optional[str] = typer.Option(None, "--memory-limit", help="Memory of one worker (a container's, or a worker process's data), e.g. 256Mi."),
+    cpu: Optional[str] = typer.Option(None, "--cpu-limit", help="CPUs of its container, e.g. 500m or 0.5 (image functions, or --runtime docker)."),
+    timeout: Optional[str] = typer.Option(None, "--timeout", help="Its time limit, e.g. 30s or 2m (default: its code's, 30 s)."),
+    concurrency: Optional[int] = typer.Option(None, "--concurrency", min=1, max=1024, help="Calls one worker runs at once (default: its code's)."),
+    scale_min: Optional[int] = typer.Option(None, "--min", min=0, max=256, help="Fewest workers of its own pool (0: scales to zero)."),
+    scale_max: Optional[int] = typer.Option(None, "--max", min=1, max=256, help="Most workers of its own pool (default 16)."),
+    idle: Optional[str] = typer.Option(None, "--scale-to-zero-after", help="Scale to zero after this long without a call, e.g. 60s (implies --min 0)."),
+    policy: Optional[str] = typer.Option(None, "--policy", help="The policy the controller scales its pool with (default kpa; off: none)."),
     stack_file: Optional[Path] = typer.Option(None, "-f", "--yaml", help="Deploy every function of this stack file."),
     node: str = Node, nats_url: Optional[str] = NatsUrl, data_dir: Path = DataDir, prefix: str = Prefix,
 ) -> None:
-    """Deploy a function on every node (or update it); returns once every node that is up runs it."""
+    """Deploy a function on every node (or update it); returns once every node that is up runs it.
+    --min/--max/--scale-to-zero-after/--policy, --secret or a limit give it a pool of its own."""
     if stack_file is not None:
-        if name or reference or image or env or label or annotation:
+        if name or reference or image or env or label or annotation or secret:
             _fail("-f deploys what the stack file says: give no name, --ref, --image, --env or --label with it")
         wanted = _stack_functions(stack_file)
     else:
         if not name or bool(reference) == bool(image):
             _fail("give the function's name and --ref module:callable or --image IMAGE (one of them), or -f FILE")
-        wanted = [{"service": name, "reference": reference or f"image:{image}", "env_vars": _pairs(env, "--env"),
-                   "labels": _pairs(label, "--label"), "annotations": _pairs(annotation, "--annotation")}]
+        wanted = [_flags_deployment(name, reference, image, env, label, annotation, secret, memory, cpu, timeout,
+                                    concurrency, scale_min, scale_max, idle, policy)]
 
     async def work(nc, subjects):
         done = []
@@ -218,6 +269,9 @@ def describe(
              f"image        {found['image']}" if found["image"] != "p2pfaas" else f"reference    {found['envProcess']}",
              f"replicas     {found['availableReplicas']} ready of {found['replicas']}",
              f"invocations  {found['invocationCount']} (on {node})"]
+    lines.append(f"secrets      {', '.join(found.get('secrets') or []) or '-'}")
+    limits = found.get("limits") or {}
+    lines.append(f"limits       {', '.join(f'{k} {v}' for k, v in sorted(limits.items())) or '-'}")
     for title, key in (("environment", "envVars"), ("labels", "labels"), ("annotations", "annotations")):
         lines.append(title if found.get(key) else f"{title:<12} -")
         lines += [f"  {k}={v}" for k, v in sorted(found.get(key, {}).items())]

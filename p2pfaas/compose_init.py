@@ -29,7 +29,8 @@ def init(root: Path, devices: tuple[str, ...] = ("device",), nodes: tuple[str, .
     for node in nodes:
         creds, workers = store.node(node), store.worker(node)
         _env(secrets / f"node-{node}.env", P2PFAAS_NATS_USER=creds.user, P2PFAAS_NATS_PASSWORD=creds.password,
-             P2PFAAS_WORKER_NATS_USER=workers.user, P2PFAAS_WORKER_NATS_PASSWORD=workers.password)
+             P2PFAAS_WORKER_NATS_USER=workers.user, P2PFAAS_WORKER_NATS_PASSWORD=workers.password,
+             P2PFAAS_SECRETS_KEY=store.secrets_key())
     _env(secrets / "http.env", P2PFAAS_NATS_USER=bridge.user, P2PFAAS_NATS_PASSWORD=bridge.password,
          P2PFAAS_OPERATOR_TOKEN=store.operator_token())
     _env(secrets / "mqtt-bridge.env", P2PFAAS_NATS_USER=bridge.user, P2PFAAS_NATS_PASSWORD=bridge.password,

@@ -25,6 +25,7 @@ from broker.auth import (BRIDGE, CONTROLLER, OPERATOR, AuthStore, AuthStoreError
 from broker.edge import PING_INTERVAL, Invitation, inbox_prefix, leaf_remote
 from broker.embedded import Mosquitto, NatsServer, choose_port, port_is_free
 from broker.handoff import SECRET_NAMES
+from broker.secrets import KEY_NAME as SECRETS_KEY
 from broker.mqtt_bridge import mqtt_accepts
 from broker.lifecycle import hold_data_dir, still_wanted
 from broker.tls import TlsFiles, ensure_certificates
@@ -411,11 +412,12 @@ class Stack:
         await self.supervisor.start(ChildSpec("controller", self._cli(
             "controller", "--node", node, "--pool", FARM_POOL, "--policy", s.controller_policy or "auto",
             "--scenario", s.farm_scenario, "--models-dir", str(s.models_dir), "--nats-url", nats_url,
-            "--prefix", s.prefix), **self._identity(CONTROLLER)))
+            "--prefix", s.prefix, "--functions"), **self._identity(CONTROLLER)))
         if note:
             self.endpoints.notes.append(f"controller: {note}")
         self.endpoints.controller = (f"{node}/{FARM_POOL} (function {FARM_FUNCTION}) scaled by {name}, "
-                                     f"scenario {scenario.name}, {scenario.workers.min}-{scenario.workers.max} workers")
+                                     f"scenario {scenario.name}, {scenario.workers.min}-{scenario.workers.max} workers; "
+                                     "functions with a pool of their own by their deployment's policy")
 
     def _identity(self, user: str | None = None, *, node: str | None = None, http: bool = False,
                   mqtt: bool = False) -> dict[str, dict[str, str]]:
@@ -442,6 +444,7 @@ class Stack:
         if node is not None:
             creds, workers = store.node(node), store.worker(node)
             nats_secrets = dict(P2PFAAS_WORKER_NATS_USER=workers.user, P2PFAAS_WORKER_NATS_PASSWORD=workers.password)
+            secrets[SECRETS_KEY] = store.secrets_key()   # it opens the deployment's secrets, whatever broker
             if http:   # the bridge in the node's process keeps its own identity (p2pfaas.parts.BRIDGE_NATS_ENV)
                 bridge = store.service(BRIDGE)
                 nats_secrets.update({f"{BRIDGE_NATS_ENV}_USER": bridge.user, f"{BRIDGE_NATS_ENV}_PASSWORD": bridge.password})

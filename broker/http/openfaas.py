@@ -1,18 +1,18 @@
 """OpenFaaS's management routes, served from the node's own function registry and pools
 (docs/compat.md): ``/system/functions`` (list, deploy, update, delete), ``/system/function/{fn}``,
-``/system/scale-function/{fn}`` and P2PFaaS's ``/monitoring/scale-delay/{fn}``. Each is one
-request/reply on ``faas.<node>.functions.*``; every one that changes something passes the
-bridge's ``changes_state`` check.
+``/system/scale-function/{fn}``, ``/system/secrets`` and P2PFaaS's ``/monitoring/scale-delay/{fn}``.
+Each is one request/reply on ``faas.<node>.functions.*``; every one that changes something, and the
+list of secrets, passes the bridge's ``changes_state`` check.
 
-A deploy body is OpenFaaS's (``service`` + ``image``, ``envVars``, ``labels``, ``annotations``,
-``envProcess``), or P2PFaaS's wrapping of it (``{"openfaas_service": {...}}``); ``reference``
-(``module:callable`` or ``image:<ref>``) is p2pfaas's way to deploy a Python function. A deploy
-reaches every node (nodes/catalogue.py). What is not supported (``secrets``, ``limits``, ...) is
+A deploy body is OpenFaaS's or P2PFaaS's wrapping of it (``{"openfaas_service": {...}}``), read by
+broker/deploy_body.py; it reaches every node (nodes/catalogue.py). What is not supported is
 refused with 400 when it asks for something, never dropped in silence.
 """
 
 from __future__ import annotations
 
+import base64
+import binascii
 from typing import TYPE_CHECKING, Any
 
 import orjson
@@ -20,57 +20,47 @@ from fastapi import APIRouter, Request
 from fastapi.responses import Response
 
 from broker.control import control_request
+from broker.deploy_body import DeployBodyError, read_deployment
 from broker.http.invoke import error
 from broker.subjects import FunctionsVerb, check_token
 
 if TYPE_CHECKING:
     from broker.http_bridge import HttpBridge
 
-IMAGE = "image:"
-
-
-# OpenFaaS deploy keys this platform does not do: refused when they ask for something (faas-cli
-# sends some of them empty), never dropped in silence (envVars were: the function ran without them)
-NOT_SUPPORTED = {"secrets": "secrets are not supported yet: pass the value another way (envVars are not secret)",
-                 "limits": "per-function limits are not supported yet", "requests": "resource requests are not supported",
-                 "constraints": "placement constraints are not supported: every node runs every function",
-                 "readOnlyRootFilesystem": "readOnlyRootFilesystem is not supported for image functions yet"}
-IGNORED = {"namespace", "registryAuth", "network"}   # nothing to do here: no namespaces, no registry
-
 
 def deployment(body: bytes) -> dict[str, Any] | Response:
-    """The deployment (``service``, ``reference``, ``env_vars``, ``labels``, ``annotations``) of an
-    OpenFaaS (or P2PFaaS) deploy body, or the 400 saying why not."""
+    """The deployment of an OpenFaaS (or P2PFaaS) deploy body (broker/deploy_body.py), or the 400
+    saying why not."""
     try:
-        sent: Any = orjson.loads(body)
+        return read_deployment(orjson.loads(body)).model_dump(exclude_defaults=True)
     except orjson.JSONDecodeError as exc:
         return error(400, f"the function is not valid JSON: {exc}")
-    if isinstance(sent, dict) and isinstance(sent.get("openfaas_service"), dict):
-        sent = sent["openfaas_service"]
-    if not isinstance(sent, dict):
-        return error(400, "the function must be a JSON object {service, image} or {service, reference}")
-    service = sent.get("service") or sent.get("name")
-    image = sent.get("image")
-    reference = sent.get("reference") or (IMAGE + image if isinstance(image, str) else None)
-    if not isinstance(service, str) or not isinstance(reference, str):
-        return error(400, "a function needs service and image (an image) or reference (module:callable)")
-    asked = [f"{key}: {why}" for key, why in NOT_SUPPORTED.items() if sent.get(key)]
-    unknown = sorted(set(sent) - {"service", "name", "image", "reference", "envProcess", "envVars", "labels",
-                                  "annotations", *NOT_SUPPORTED, *IGNORED})
-    if asked or unknown:
-        return error(400, "; ".join([*asked, *(f"{key}: unknown" for key in unknown)]))
-    fields = {}
-    for key, ours in (("envVars", "env_vars"), ("labels", "labels"), ("annotations", "annotations")):
-        value = sent.get(key) or {}
-        if not isinstance(value, dict) or not all(isinstance(v, str) for v in value.values()):
-            return error(400, f"{key} must be an object of strings")
-        fields[ours] = value
-    process = sent.get("envProcess")
-    if process:   # OpenFaaS: the process the image's watchdog runs (its fprocess)
-        if not isinstance(process, str) or not reference.startswith(IMAGE):
-            return error(400, "envProcess is the process an image's watchdog runs: give it with image")
-        fields["env_vars"] = {**fields["env_vars"], "fprocess": process}
-    return {"service": service, "reference": reference, **fields}
+    except DeployBodyError as exc:
+        return error(400, str(exc))
+
+
+def secret_change(body: bytes, mode: str) -> dict[str, Any] | Response:
+    """OpenFaaS's secret body ``{name, value}`` (or ``rawValue``, base64) as a SecretChange."""
+    try:
+        sent = orjson.loads(body)
+    except orjson.JSONDecodeError as exc:
+        return error(400, f"the secret is not valid JSON: {exc}")
+    if not isinstance(sent, dict) or not isinstance(sent.get("name"), str):
+        return error(400, "the body must be {\"name\": NAME, \"value\": VALUE}")
+    change: dict[str, Any] = {"name": sent["name"], "mode": mode}
+    if mode != "delete":
+        value = sent.get("value")
+        if value is None and isinstance(sent.get("rawValue"), str):
+            try:
+                value = base64.b64decode(sent["rawValue"], validate=True).decode()
+            except (binascii.Error, UnicodeDecodeError):
+                return error(400, "rawValue must be base64 of UTF-8 text")
+        if not isinstance(value, str) or not value:
+            return error(400, f"secret {sent['name']!r}: value (or rawValue) is missing")
+        change["value"] = value
+    else:
+        change["mode"] = "set"
+    return change
 
 
 def openfaas_router(bridge: "HttpBridge") -> APIRouter:
@@ -134,6 +124,28 @@ def openfaas_router(bridge: "HttpBridge") -> APIRouter:
             return error(400, "the body must be {\"replicas\": N}")
         return await ask("scale", {"service": check_token(fn, "function"), "replicas": replicas},
                          timeout_s=max(bridge.control_timeout_s, 30.0))
+
+    @router.get("/system/secrets", summary="The deployment's secrets (names only)", dependencies=[bridge.changes_state])
+    async def list_secrets() -> Response:
+        return await ask("secrets_list")
+
+    async def change_secret(request: Request, verb: FunctionsVerb, mode: str) -> Response:
+        change = secret_change(await bridge.read_body(request), mode)
+        if isinstance(change, Response):
+            return change
+        return await ask(verb, change)
+
+    @router.post("/system/secrets", summary="Create a secret: {name, value}", dependencies=[bridge.changes_state])
+    async def create_secret(request: Request) -> Response:
+        return await change_secret(request, "secrets_set", "create")
+
+    @router.put("/system/secrets", summary="Update a secret: {name, value}", dependencies=[bridge.changes_state])
+    async def update_secret(request: Request) -> Response:
+        return await change_secret(request, "secrets_set", "update")
+
+    @router.delete("/system/secrets", summary="Remove a secret: {name}", dependencies=[bridge.changes_state])
+    async def delete_secret(request: Request) -> Response:
+        return await change_secret(request, "secrets_delete", "delete")
 
     @router.get("/monitoring/scale-delay/{fn}", summary="Seconds to add one worker to the function's pool (P2PFaaS)",
                 dependencies=[bridge.changes_state])

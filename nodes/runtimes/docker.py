@@ -237,8 +237,10 @@ class DockerWorkerRuntime:
 
     def __init__(self, client: docker.DockerClient, image: str = DEFAULT_WORKER_IMAGE, node: str = "n1",
                  pool: str = "default", *, prefix: str = "faas", network: str = "host",
-                 docker_socket: bool = False, command: tuple[str, ...] = WORKER_COMMAND) -> None:
+                 docker_socket: bool = False, command: tuple[str, ...] = WORKER_COMMAND,
+                 memory_bytes: int | None = None, cpus: float | None = None) -> None:
         self.client = client
+        self.memory_bytes, self.cpus = memory_bytes, cpus   # each worker container's (a function pool's limits)
         self.image = image
         self.node = node
         self.pool = pool
@@ -275,11 +277,16 @@ class DockerWorkerRuntime:
             if socket is not None:
                 volumes[socket] = {"bind": CONTAINER_SOCKET, "mode": "rw"}
                 groups.append(os.stat(socket).st_gid)  # the image's user is not root: the socket's group
+        limits: dict[str, int] = {}
+        if self.memory_bytes:
+            limits["mem_limit"] = self.memory_bytes
+        if self.cpus:
+            limits["nano_cpus"] = int(self.cpus * 1e9)
         return self.client.containers.run(
             self.image, entrypoint=list(self.command), name=cname,
             labels={**self.labels, LABEL_WORKER: name, LABEL_ROLE: "worker"},
             environment=environment, network_mode=self.network, volumes=volumes, group_add=groups,
-            detach=True, stop_signal="SIGTERM",
+            detach=True, stop_signal="SIGTERM", **limits,
         )
 
     def _remove_stale(self, cname: str) -> None:
@@ -345,9 +352,11 @@ async def pool_runtime(settings: "NodeSettings", pool: str) -> DockerWorkerRunti
                                f"({os.environ.get('DOCKER_HOST', 'default socket')}): run `p2pfaas image build`") from None
         return client
 
+    spec = settings.pools.get(pool)
     runtime = DockerWorkerRuntime(
         await blocking(connect), settings.docker_image, settings.node_id, pool, prefix=settings.prefix,
-        docker_socket=any(ref.startswith(IMAGE_SCHEME) for _, ref in settings.functions))
+        docker_socket=any(ref.startswith(IMAGE_SCHEME) for _, ref in settings.functions),
+        memory_bytes=spec.memory_bytes if spec else None, cpus=spec.cpus if spec else None)
     await runtime.adopt_or_remove(keep=0)
     return runtime
 

@@ -133,3 +133,39 @@ def test_up_runs_its_workers_as_containers(docker_client, worker_image, tmp_path
                              capture_output=True, text=True, timeout=60)
     assert missing.returncode == 2 and "image p2pfaas-no-such-worker:1 is not on the Docker engine" in missing.stderr
     assert "p2pfaas image build" in missing.stderr and not (tmp_path / "other").exists()
+
+
+async def test_an_image_function_deployed_once_runs_on_every_node_with_its_secrets_and_limits(
+        node_factory, docker_client, function_image, nc, faas, prefix, monkeypatch):
+    """Deployed once (the catalogue), run on a node it was not deployed on, in a container with
+    the deployment's limits and its secret as OpenFaaS's file, which is nowhere in its environment."""
+    import os
+
+    from broker.codec import encode
+    from broker.control import control_request
+    from broker.messages import FunctionDeployment, SecretChange
+    from broker.secrets import KEY_NAME
+
+    monkeypatch.setenv(KEY_NAME, "a-docker-test-key")
+    value = "k-" + os.urandom(6).hex()
+    s = Subjects(prefix)
+    async with node_factory(node_id="n1", k=1, runtime="process"), \
+            node_factory(node_id="n2", k=1, runtime="process") as n2:
+        status, data = await control_request(nc, s.functions("n1", "secrets_set"),
+                                             encode(SecretChange(name="api-key", value=value)), 30)
+        assert status == 200, data
+        status, data = await control_request(nc, s.functions("n1", "deploy"), encode(FunctionDeployment(
+            service="wc", reference=f"image:{function_image}", env_vars={"MODE": "count"}, secrets=["api-key"],
+            limits={"memory_bytes": 256 << 20, "cpus": 0.5})), 120)
+        assert status == 200, data
+        await wait_until(lambda: n2.registry.get("wc") is not None, timeout_s=60)
+        answer = await faas.invoke("n2", "wc", b"one two", timeout_s=120)
+        assert answer.status == 200 and orjson.loads(answer.output)["words"] == 2, answer.message
+        [container] = [c for c in list_containers(docker_client, {LABEL_PREFIX: prefix, LABEL_NODE: "n2",
+                                                                  LABEL_ROLE: "function"}) if c.status == "running"]
+        host = container.attrs["HostConfig"]
+        assert (host["Memory"], host["NanoCpus"]) == (256 << 20, 500_000_000)
+        code, out = container.exec_run(["cat", "/var/openfaas/secrets/api-key"])
+        assert code == 0 and out.decode() == value
+        assert not any(value in item for item in container.attrs["Config"]["Env"])
+        assert "MODE=count" in container.attrs["Config"]["Env"]

@@ -5,6 +5,7 @@ the OpenFaaS routes; what is not supported is refused, not ignored."""
 
 from __future__ import annotations
 
+import hashlib
 import os
 import subprocess
 import textwrap
@@ -28,6 +29,11 @@ def greeter(tmp_path_factory, monkeypatch):
 
         def shout(payload: bytes) -> bytes:
             return payload.upper()
+
+        def keeper(payload: bytes) -> bytes:
+            import hashlib
+            import functions
+            return hashlib.sha256(functions.secret("api-key").encode()).hexdigest().encode()
     """))
     code.chmod(0o755)
     monkeypatch.setenv("PYTHONPATH", f"{code}{os.pathsep}{os.environ.get('PYTHONPATH', '')}")
@@ -82,7 +88,7 @@ def test_deploy_reaches_every_node_with_its_environment(tmp_path, start_up, gree
     body = {"service": "greet2", "reference": "greetfns:greet", "envVars": {"GREETING": "hi"}}
     refused = httpx.post(f"{http['n1']}/system/functions", json={**body, "secrets": ["api-key"]}, headers=auth,
                          timeout=60)
-    assert refused.status_code == 400 and "secrets are not supported yet" in refused.text
+    assert refused.status_code == 404 and "no secret 'api-key'" in refused.text   # none made yet
     refused = httpx.post(f"{http['n1']}/system/functions", json={**body, "colour": "red"}, headers=auth, timeout=60)
     assert refused.status_code == 400 and "colour: unknown" in refused.text
     made = httpx.post(f"{http['n1']}/system/functions", json={**body, "secrets": [], "namespace": "openfaas-fn"},
@@ -97,3 +103,23 @@ def test_deploy_reaches_every_node_with_its_environment(tmp_path, start_up, gree
 
     clash = p2pfaas(tmp_path, "deploy", "greet3", "--ref", "greetfns:greet", "-e", "GREETING=other")
     assert clash.returncode == 2 and "GREETING (set by greet2 to another value)" in clash.stderr, clash.stderr
+
+    # a secret, and a function with a pool of its own that scales to zero (faas-cli's verbs)
+    value = "s3cr3t-" + os.urandom(6).hex()
+    made = p2pfaas(tmp_path, "secret", "create", "api-key", "--from-literal", value)
+    assert made.returncode == 0, made.stderr
+    assert p2pfaas(tmp_path, "secret", "list").stdout.split() == ["api-key"]
+    typo = p2pfaas(tmp_path, "deploy", "keeper", "--ref", "greetfns:keeper", "--policy", "kpaa")
+    assert typo.returncode == 2 and "did you mean kpa" in typo.stderr, typo.stderr
+    done = p2pfaas(tmp_path, "deploy", "keeper", "--ref", "greetfns:keeper", "--secret", "api-key",
+                   "--scale-to-zero-after", "3s", "--max", "2", "--policy", "off")
+    assert done.returncode == 0 and done.stdout.strip() == "deployed keeper on n1, n2", (done.stdout, done.stderr)
+    answer = httpx.post(f"{http['n2']}/function/keeper", content=b"x", timeout=60)
+    assert answer.status_code == 200 and answer.text == hashlib.sha256(value.encode()).hexdigest(), answer.text
+    assert float(answer.headers["X-P2pfaas-Cold-Start-Seconds"]) > 0   # it was asleep: deployed with min 0
+    described = p2pfaas(tmp_path, "describe", "keeper", "--node", "n2")
+    assert "secrets      api-key" in described.stdout and "  com.openfaas.scale.zero=true" in described.stdout
+    in_use = p2pfaas(tmp_path, "secret", "remove", "api-key")
+    assert in_use.returncode == 2 and "used by keeper" in in_use.stderr, in_use.stderr
+    stored = b"".join(p.read_bytes() for p in tmp_path.rglob("*") if p.is_file())
+    assert value.encode() not in stored   # not in the logs, the stream store, any file

@@ -218,7 +218,9 @@ async def test_openfaas_routes(stack, http):
     await eventually(lambda: http.get(f"{base}/system/function/shout"), lambda r: r.json()["availableReplicas"] == 4, 30)
     delay = (await http.get(f"{base}/monitoring/scale-delay/shout", headers=stack.operator)).json()   # it scales
     assert delay["approximate_delay"] > 0 and delay["attempts"] >= 1
-    assert (await http.get(f"{base}/configuration")).json()["parallel_running_functions_max"] == 4
+    # its replicas are its own (a pool of its own on that node): K, every other function's, stays 3
+    assert (await http.get(f"{base}/configuration")).json()["parallel_running_functions_max"] == 3
+    assert (await http.get(f"{base}/system/function/shout")).json()["labels"]["p2pfaas.pool"] == "shout"
     await http.post(f"{base}/system/scale-function/shout", headers=stack.operator, json={"replicas": 3})
     r = await http.request("DELETE", f"{base}/system/functions", headers=stack.operator, json={"functionName": "shout"})
     assert r.status_code == 200
