@@ -84,6 +84,9 @@ class NodeSettings(BaseModel):
     max_payload_bytes: int = Field(default=ONE_MIB, ge=1)
     runtime: Literal["process", "inprocess", "docker"] = "process"
     docker_image: str = DEFAULT_WORKER_IMAGE      # runtime "docker": the workers' image (docs/containers.md)
+    # runtime "docker": the network worker containers join: the host's, or the Docker network the
+    # node itself is on (compose's), where its NATS URL resolves
+    docker_network: str = Field(default="host", pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")
     # processes of the main pool: K at most this (None: from the machine's cores and memory,
     # nodes.pool.machine_worker_limit); K beyond it bounds the calls running at once, not processes
     worker_processes_max: int | None = Field(default=None, ge=1, le=1024)

@@ -198,6 +198,8 @@ def node(
     init_server: list[str] = typer.Option([], "--init-server", help="IP of a P2PFaaS machine to poll from the start (repeatable)."),
     node_rewards: Optional[bool] = typer.Option(None, "--node-rewards/--no-node-rewards", help="LearningScheduler: publish the node's own deadline rewards (off: clients post them to the learner API)."),
     runtime: Runtime = typer.Option(Runtime.process),
+    worker_image: Optional[str] = typer.Option(None, help="--runtime docker: the workers' image (default p2pfaas-worker:latest)."),
+    worker_network: Optional[str] = typer.Option(None, help="--runtime docker: the Docker network the workers join (default host; in compose, the node's own)."),
     worker_user: Optional[str] = typer.Option(None, help="User the worker processes run as (default auto: nobody when run as root, docs/security.md)."),
     function: list[str] = typer.Option([], "--function", "-f", help="name=package.module:callable (repeatable)."),
     settings_file: Optional[Path] = typer.Option(None, "--settings", help="All node settings as one JSON document (what `up` passes); the other options are then ignored."),
@@ -231,7 +233,7 @@ def node(
                 heartbeat_period_s=heartbeat_period, address=address, runtime=runtime.value,
                 functions=_functions(function) or None, peer_scheduler_port=peer_scheduler_port,
                 peer_discovery_port=peer_discovery_port, init_servers=init_server or None, node_rewards=node_rewards,
-                worker_user=worker_user)
+                worker_user=worker_user, docker_image=worker_image, docker_network=worker_network)
     except (ValueError, OSError) as exc:
         raise typer.BadParameter(str(exc)) from None
     store = None
@@ -241,6 +243,10 @@ def node(
             from nodes.sandbox import decide as decide_sandbox
             with _reported(ValueError):   # a worker user that cannot run the workers
                 sandbox = decide_sandbox(settings)
+        elif settings.runtime == "docker":   # the engine and the workers' image, before anything starts
+            from functions.image import check_engine
+            with _reported(ValueError, todo="or use --runtime process"):
+                check_engine(settings.docker_image, build="p2pfaas image build --target worker")
         _importable(settings.functions, sandbox)
         url, store = _attach(settings.data_dir, nats_url or os.environ.get("P2PFAAS_NATS_URL"))
         settings = settings.model_copy(update={"nats_url": url})

@@ -355,7 +355,7 @@ async def pool_runtime(settings: "NodeSettings", pool: str) -> DockerWorkerRunti
     spec = settings.pools.get(pool)
     runtime = DockerWorkerRuntime(
         await blocking(connect), settings.docker_image, settings.node_id, pool, prefix=settings.prefix,
-        docker_socket=any(ref.startswith(IMAGE_SCHEME) for _, ref in settings.functions),
+        network=settings.docker_network, docker_socket=any(ref.startswith(IMAGE_SCHEME) for _, ref in settings.functions),
         memory_bytes=spec.memory_bytes if spec else None, cpus=spec.cpus if spec else None)
     await runtime.adopt_or_remove(keep=0)
     return runtime

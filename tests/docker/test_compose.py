@@ -10,6 +10,7 @@ Debian's mosquitto). The first run builds them (~2 min); later runs reuse the ca
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import io
 import os
 import secrets
@@ -94,11 +95,12 @@ def compose_images(docker_client, base_image, build_options) -> dict[str, str]:
 
 
 class Compose:
-    def __init__(self, project: str, env: dict[str, str]) -> None:
-        self.project, self.env = project, env
+    def __init__(self, project: str, env: dict[str, str], files: tuple[str, ...] = ("compose.yaml",)) -> None:
+        self.project, self.env, self.files = project, env, files
 
     def run(self, *args: str, timeout_s: float = 300, check: bool = True) -> subprocess.CompletedProcess:
-        done = subprocess.run([*compose_command(), "-p", self.project, "-f", str(ROOT / "compose.yaml"), *args],
+        files = [arg for name in self.files for arg in ("-f", str(ROOT / name))]
+        done = subprocess.run([*compose_command(), "-p", self.project, *files, *args],
                               cwd=ROOT, env=self.env, capture_output=True, text=True, timeout=timeout_s)
         if check and done.returncode != 0:
             raise AssertionError(f"compose {' '.join(args)} failed ({done.returncode}):\n{done.stderr[-3000:]}")
@@ -110,8 +112,9 @@ class Compose:
         return found
 
 
-@pytest.fixture(scope="module")
-def stack(docker_client, compose_images):
+@contextlib.contextmanager
+def compose_stack(compose_images, *files: str, stop_s: int = 5, **extra: str):
+    """The deployment up (one at a time: each test's own), its ports; down, whatever happens."""
     ports = {"P2PFAAS_HTTP_PORT_N1": free_port(), "P2PFAAS_HTTP_PORT_N2": free_port(),
              "P2PFAAS_HTTP_PORT_N3": free_port(), "P2PFAAS_MQTT_PORT": free_port()}
     init = subprocess.run([sys.executable, "-m", "p2pfaas.cli", "compose", "init", "--dir", str(ROOT)],
@@ -120,16 +123,22 @@ def stack(docker_client, compose_images):
     device = dict(line.split("=", 1) for line in (ROOT / "compose/secrets/mosquitto.env").read_text().split())
     user, password = device["P2PFAAS_MQTT_DEVICE_0"].split(":", 1)
     env = {**os.environ, **compose_images, **{k: str(v) for k, v in ports.items()},
-           "P2PFAAS_MQTT_USER": user, "P2PFAAS_MQTT_PASSWORD": password}
-    compose = Compose(f"p2pfaas{secrets.token_hex(4)}", env)
+           "P2PFAAS_MQTT_USER": user, "P2PFAAS_MQTT_PASSWORD": password, **extra}
+    compose = Compose(f"p2pfaas{secrets.token_hex(4)}", env, files or ("compose.yaml",))
     try:
         compose.run("up", "-d", "--no-build", timeout_s=600)
         yield compose, ports
     finally:
         logs = compose.run("logs", "--tail", "30", check=False).stdout
-        compose.run("down", "-v", "--remove-orphans", "-t", "5", check=False)
+        compose.run("down", "-v", "--remove-orphans", "-t", str(stop_s), check=False)
         if os.environ.get("P2PFAAS_COMPOSE_LOGS"):
             print(logs)
+
+
+@pytest.fixture
+def stack(docker_client, compose_images):
+    with compose_stack(compose_images) as up:
+        yield up
 
 
 class Device:
@@ -380,3 +389,33 @@ async def stored_answer(http, urls: list[str], call_id: str) -> int | None:
             ERRORS[answer.status_code, str(answer.json().get("message", ""))[:60]] += 1
             return answer.status_code
     return None
+
+
+async def test_compose_with_container_workers_serves_from_worker_containers(docker_client, compose_images,
+                                                                           worker_image):
+    """compose.yaml + compose/containers.yaml: every node starts its workers as containers of the
+    worker image on the engine it is given, on the deployment's network (docs/containers.md)."""
+    host = docker_client.api.base_url
+    socket = os.environ.get("DOCKER_HOST", "unix:///var/run/docker.sock").removeprefix("unix://")
+    assert os.path.exists(socket), f"the engine's socket {socket} ({host}) is not a local file"
+    network = f"p2pfaas-{secrets.token_hex(3)}"
+    # a node given 30 s to stop stops its worker containers itself
+    with compose_stack(compose_images, "compose.yaml", "compose/containers.yaml", stop_s=30,
+                       P2PFAAS_WORKER_IMAGE=worker_image, P2PFAAS_DOCKER_SOCKET=socket,
+                       DOCKER_GID=str(os.stat(socket).st_gid), P2PFAAS_NETWORK=network) as (compose, ports):
+        urls = [f"http://127.0.0.1:{ports[f'P2PFAAS_HTTP_PORT_N{i}']}" for i in (1, 2, 3)]
+        async with httpx.AsyncClient(timeout=60) as http:
+            await wait_healthy(http, urls)
+            for url in urls:
+                answer = await eventually(lambda url=url: http.post(f"{url}/function/fib", content=b"20"),
+                                          lambda r: r.status_code == 200, 120, interval_s=1.0)
+                assert answer.text == "6765", answer.text
+        workers = docker_client.containers.list(filters={"label": ["p2pfaas.role=worker"]})
+        mine = [c for c in workers if network in c.attrs["NetworkSettings"]["Networks"]]
+        assert {c.labels["p2pfaas.node"] for c in mine} == {"n1", "n2", "n3"}
+        assert all(c.image.tags[0] == worker_image for c in mine)
+    leftover = [c for c in docker_client.containers.list(all=True, filters={"label": ["p2pfaas.role=worker"]})
+                if network in c.attrs["NetworkSettings"]["Networks"]]
+    for container in leftover:
+        container.remove(force=True)
+    assert leftover == [], [c.name for c in leftover]   # the nodes removed their workers as they stopped

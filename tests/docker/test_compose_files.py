@@ -50,6 +50,28 @@ def test_compose_yaml_needs_and_takes_its_identities(tmp_path):
     assert oct((tmp_path / "compose/secrets").stat().st_mode)[-3:] == "700"
 
 
+def test_the_container_workers_override_runs_each_node_with_docker_workers(tmp_path):
+    """compose/containers.yaml on top of compose.yaml: each node with --runtime docker, the engine's
+    socket, the network its workers join by name."""
+    shutil.copy(ROOT / "compose.yaml", tmp_path / "compose.yaml")
+    shutil.copytree(ROOT / "compose", tmp_path / "compose", ignore=shutil.ignore_patterns("secrets", "accounts.conf"))
+    init = subprocess.run([sys.executable, "-m", "p2pfaas.cli", "compose", "init", "--dir", str(tmp_path)],
+                          capture_output=True, text=True, timeout=60, cwd=ROOT)
+    assert init.returncode == 0, init.stderr
+    done = subprocess.run([*compose(), "-f", str(tmp_path / "compose.yaml"), "-f",
+                           str(tmp_path / "compose/containers.yaml"), "config"], capture_output=True, text=True,
+                          timeout=60, cwd=tmp_path, env={"PATH": "/usr/bin:/bin:/usr/local/bin",
+                                                         "P2PFAAS_NETWORK": "p2pfaas-test", "DOCKER_GID": "123"})
+    assert done.returncode == 0, done.stderr
+    services = _services(done.stdout)
+    for node in ("n1", "n2", "n3"):
+        block = services[node]
+        assert "- --runtime\n    - docker" in block and "- p2pfaas-test" in block, block
+        assert "/var/run/docker.sock:/var/run/docker.sock" in block and "n" + node[1] + "-data:/data" in block
+        assert "'123'" in block   # group_add: the socket's group
+    assert "name: p2pfaas-test" in ("\n" + done.stdout).split("\nnetworks:\n", 1)[1].split("\nservices:")[0]
+
+
 def _services(rendered: str) -> dict[str, str]:
     """``docker-compose config``'s output, cut into each service's block."""
     body = ("\n" + rendered).split("\nservices:\n", 1)[1].split("\nvolumes:\n", 1)[0]

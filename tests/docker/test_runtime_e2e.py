@@ -136,29 +136,33 @@ def test_up_runs_its_workers_as_containers(docker_client, worker_image, tmp_path
 
 
 async def test_an_image_function_deployed_once_runs_on_every_node_with_its_secrets_and_limits(
-        node_factory, docker_client, function_image, nc, faas, prefix, monkeypatch):
-    """Deployed once (the catalogue), run on a node it was not deployed on, in a container with
-    the deployment's limits and its secret as OpenFaaS's file, which is nowhere in its environment."""
+        node_factory, docker_client, function_image, nats_server, nc, faas, prefix, monkeypatch):
+    """Deployed once from the CLI (the catalogue), run on a node it was not deployed on, in a container
+    with the deployment's limits, variables and secret (OpenFaaS's file, in no environment);
+    described, and removed everywhere."""
     import os
+    import subprocess
 
     from broker.codec import encode
     from broker.control import control_request
-    from broker.messages import FunctionDeployment, SecretChange
+    from broker.messages import SecretChange
     from broker.secrets import KEY_NAME
+    from stack_processes import P2PFAAS
+
+    def cli(*args: str) -> subprocess.CompletedProcess:
+        return subprocess.run([*P2PFAAS, *args, "--nats-url", nats_server.url, "--prefix", prefix], capture_output=True,
+                              text=True, timeout=180, env={**os.environ, "COLUMNS": "80"})
 
     monkeypatch.setenv(KEY_NAME, "a-docker-test-key")
     value = "k-" + os.urandom(6).hex()
-    s = Subjects(prefix)
-    async with node_factory(node_id="n1", k=1, runtime="process"), \
+    async with node_factory(node_id="n1", k=1, runtime="process") as n1, \
             node_factory(node_id="n2", k=1, runtime="process") as n2:
-        status, data = await control_request(nc, s.functions("n1", "secrets_set"),
+        status, data = await control_request(nc, Subjects(prefix).functions("n1", "secrets_set"),
                                              encode(SecretChange(name="api-key", value=value)), 30)
         assert status == 200, data
-        status, data = await control_request(nc, s.functions("n1", "deploy"), encode(FunctionDeployment(
-            service="wc", reference=f"image:{function_image}", env_vars={"MODE": "count"}, secrets=["api-key"],
-            limits={"memory_bytes": 256 << 20, "cpus": 0.5})), 120)
-        assert status == 200, data
-        await wait_until(lambda: n2.registry.get("wc") is not None, timeout_s=60)
+        done = await asyncio.to_thread(cli, "deploy", "wc", "--image", function_image, "-e", "MODE=count", "--secret",
+                                       "api-key", "--memory-limit", "256Mi", "--cpu-limit", "0.5", "--policy", "off")
+        assert done.returncode == 0 and done.stdout.strip() == "deployed wc on n1, n2", (done.stdout, done.stderr)
         answer = await faas.invoke("n2", "wc", b"one two", timeout_s=120)
         assert answer.status == 200 and orjson.loads(answer.output)["words"] == 2, answer.message
         [container] = [c for c in list_containers(docker_client, {LABEL_PREFIX: prefix, LABEL_NODE: "n2",
@@ -169,3 +173,9 @@ async def test_an_image_function_deployed_once_runs_on_every_node_with_its_secre
         assert code == 0 and out.decode() == value
         assert not any(value in item for item in container.attrs["Config"]["Env"])
         assert "MODE=count" in container.attrs["Config"]["Env"]
+        described = await asyncio.to_thread(cli, "describe", "wc", "--node", "n2")
+        assert f"image        {function_image}" in described.stdout and "secrets      api-key" in described.stdout
+        assert "limits       cpu 0.5, memory 256Mi" in described.stdout and "  MODE=count" in described.stdout
+        removed = await asyncio.to_thread(cli, "remove", "wc")
+        assert removed.returncode == 0 and removed.stdout.strip() == "removed wc on n1, n2", removed.stderr
+        assert n1.registry.get("wc") is None and n2.registry.get("wc") is None
