@@ -39,7 +39,10 @@ ECHO_SERVERS = {ECHO_DEFAULT: ("h11", "asyncio"), ECHO_FAST: ("httptools", "uvlo
 # under `hey` on the machine the issue was written on (2,430 req/s with 32 connections, "1.00 ms"
 # sequential p50). Its table row says so; it is a reference, never a ratio's baseline.
 GO_P2PFAAS_QUOTED = {"c32_rps": 2430.0, "seq_p50_us": 1000.0}
-TARGETS = {"http": 0.75, "http_p50": 3.0, "nats": 0.25, "nats_p50": 3.0, "async": 0.25, "mqtt": 0.30}
+GO_ORIGINAL = "P2PFaaS Go original (built here, echo behind it)"   # bench/go_original.py, when it can be built
+# issue 8's (vs the FastAPI echo), and issue 30's: vs the Go original measured in the same run, durable 40 %
+TARGETS = {"http": 0.75, "http_p50": 3.0, "nats": 0.25, "nats_p50": 3.0, "async": 0.40, "mqtt": 0.30,
+           "go_http": 1.5, "go_http_p50": 1.0}
 
 
 def bridges_variant(spec: str) -> str:
@@ -84,6 +87,8 @@ class Bench:
         self.server = None
         self.meter: CpuMeter | None = None
         self.http: HttpLoad | None = None
+        self.go_procs: list = []
+        self.go_missing: list[str] = []
 
     def log(self, text: str) -> None:
         self.console.print(f"[dim]{time.strftime('%H:%M:%S')}[/dim] {text}")
@@ -124,6 +129,8 @@ class Bench:
                 sys.executable, "-m", "uvicorn", "echo_app:app", "--app-dir", str(Path(__file__).parent),
                 "--host", "127.0.0.1", "--port", str(port), "--http", http, "--loop", loop, "--no-access-log",
                 "--log-level", "warning", stdin=asyncio.subprocess.DEVNULL, preexec_fn=die_with_parent)
+        if {1, 2} & a.rows:
+            await self._start_go_original(free_port)
         await asyncio.gather(*(p.ready() for p in self.parties))
         # devices last: nats-server's MQTT needs the streams the node created
         self.devices = self.spawn("mqtt-devices", devices_main, self.server.mqtt_port, PREFIX, a.mqtt_devices,
@@ -136,12 +143,33 @@ class Bench:
                   "workers": self.node.info["worker_pids"], "nats-server": [self.server.proc.pid]}
         groups.update({name: [p.pid for p in parties] for name, parties in self.bridges.items()})
         groups.update({name: [proc.pid] for name, proc in self.echo_apps.items()})
+        if self.go_procs:
+            groups[GO_ORIGINAL] = [proc.pid for proc in self.go_procs]
         self.meter = CpuMeter(groups)
         self.log(f"node n1: K={a.k}, queue {a.queue}, NoScheduler({str(a.loss).lower()}), {len(groups['workers'])} "
                  f"workers ({a.runtime}), {a.node_loop} loop; HTTP bridge layouts {', '.join(a.bridges)}; "
                  f"{a.mqtt_devices} MQTT devices x {a.mqtt_window} in flight; HTTP load: {a.http_loadgen}")
 
+    async def _start_go_original(self, free_port) -> None:
+        """The Go original beside us (bench/go_original.py), when this machine can build and run it."""
+        import go_original
+
+        self.go_missing = ["--no-go-original"] if not self.args.go_original else go_original.missing()
+        if self.go_missing:
+            self.log(f"the P2PFaaS Go original is not measured: missing {', '.join(self.go_missing)}")
+            return
+        self.log("building the P2PFaaS Go original (stack-scheduler) and its echo")
+        work = self.tmp / "go-original"
+        work.mkdir()
+        scheduler, echo = await asyncio.to_thread(go_original.build, work)
+        self.go_procs = await asyncio.to_thread(go_original.start, work, scheduler, echo, free_port(), 64)
+        self.http_ports[GO_ORIGINAL] = go_original.PORT
+
     async def stop(self) -> None:
+        if self.go_procs:
+            import go_original
+
+            await asyncio.to_thread(go_original.stop, self.go_procs)
         for party in reversed(self.parties):
             await party.stop()
         for proc in self.echo_apps.values():
@@ -225,13 +253,15 @@ class Bench:
         p2p = [bridges_variant(n) for n in a.bridges]
         if 1 in a.rows:
             h = out["http"] = {}
-            for variant in abba([ECHO_DEFAULT, *p2p, ECHO_FAST]):
+            go = [GO_ORIGINAL] if self.go_procs else []
+            for variant in abba([ECHO_DEFAULT, *go, *p2p, ECHO_FAST]):
                 h[variant] = await self.http_phase(variant, a.http_conns, a.thr_s)
             said.append(f"HTTP c{a.http_conns} echo {h[ECHO_DEFAULT]['rps']:,.0f} | "
                         + " | ".join(f"{v.split(', ')[1]} {h[v]['rps']:,.0f}" for v in p2p) + " req/s")
         if 2 in a.rows:
             h = out["http_seq"] = {}
-            for variant in abba([ECHO_DEFAULT, bridges_variant(a.default_bridges), ECHO_FAST]):
+            go = [GO_ORIGINAL] if self.go_procs else []
+            for variant in abba([ECHO_DEFAULT, *go, bridges_variant(a.default_bridges), ECHO_FAST]):
                 h[variant] = await self.http_phase(variant, 1, a.seq_s)
             said.append(f"HTTP p50 echo {h[ECHO_DEFAULT]['p50_us']:,.0f} / p2pfaas "
                         f"{h[bridges_variant(a.default_bridges)]['p50_us']:,.0f} µs")
@@ -361,6 +391,10 @@ def build_rows(reps: list[dict], args) -> list[dict]:
     dv = bridges_variant(args.default_bridges)
     row(f"   HTTP p99 µs, {c} conns (info)", ("http", ECHO_DEFAULT, "p99_us"), ("http", dv, "p99_us"), None, False, "x")
     row("2. HTTP p50 µs, 1 conn", ("http_seq", ECHO_DEFAULT, "p50_us"), ("http_seq", dv, "p50_us"), "http_p50", False, "x")
+    row(f"1g. HTTP req/s, {c} conns, vs the P2PFaaS Go original", ("http", GO_ORIGINAL, "rps"), ("http", dv, "rps"),
+        "go_http", True, "x")
+    row("2g. HTTP p50 µs, 1 conn, vs the P2PFaaS Go original", ("http_seq", GO_ORIGINAL, "p50_us"),
+        ("http_seq", dv, "p50_us"), "go_http_p50", False, "x")
     row(f"3. NATS req/s, {args.inflight} in flight (direct)", ("nats", "raw", "rps"), ("nats", "direct", "rps"), "nats", True, "%")
     row("   NATS p50 µs, sequential (direct)", ("nats_seq", "raw", "p50_us"), ("nats_seq", "direct", "p50_us"), "nats_p50", False, "x")
     row(f"   NATS p50 µs, {args.inflight} in flight (info)", ("nats", "raw", "p50_us"), ("nats", "direct", "p50_us"), None, False, "x")
@@ -381,12 +415,14 @@ def fmt_ratio(r: dict) -> str:
 def fmt_target(r: dict) -> str:
     if r["target"] is None:
         return ""
-    return f"≥ {r['target']:.0%}" if r["higher_is_better"] else f"≤ {r['target']:g}x"
+    if r["higher_is_better"]:
+        return f"≥ {r['target']:g}x" if r["unit"] == "x" else f"≥ {r['target']:.0%}"
+    return f"≤ {r['target']:g}x"
 
 
 CPU_COLUMNS = {
     "load gen": ("loadgen", "devices", "http tool"),
-    "baseline server": ("responder", "js consumer", ECHO_DEFAULT, ECHO_FAST),
+    "baseline server": ("responder", "js consumer", ECHO_DEFAULT, ECHO_FAST, GO_ORIGINAL),
     "bridges": None,   # every bridge variant
     "node": ("node",),
     "workers": ("workers",),
@@ -408,7 +444,7 @@ def cpu_columns(cpu: dict) -> dict[str, float]:
 
 def cpu_table_rows(reps: list[dict], args) -> list[tuple[str, dict[str, float]]]:
     plan = [(f"HTTP c{args.http_conns}: {v}", "http", v) for v in
-            [ECHO_DEFAULT, ECHO_FAST, *(bridges_variant(n) for n in args.bridges)]]
+            [ECHO_DEFAULT, ECHO_FAST, GO_ORIGINAL, *(bridges_variant(n) for n in args.bridges)]]
     plan += [(f"NATS {args.inflight} in flight: raw request/reply", "nats", "raw"),
              (f"NATS {args.inflight} in flight: p2pfaas direct", "nats", "direct"),
              ("JetStream: raw publish_async + pull/ack", "async", "raw"),
@@ -435,12 +471,15 @@ def stage_rows(reps: list[dict], args) -> list[tuple[str, dict[str, float]]]:
 
 def http_reference_rows(reps: list[dict], args) -> list[tuple[str, list[str]]]:
     rows = []
-    for v in [ECHO_DEFAULT, ECHO_FAST, *(bridges_variant(n) for n in args.bridges)]:
+    for v in [ECHO_DEFAULT, ECHO_FAST, GO_ORIGINAL, *(bridges_variant(n) for n in args.bridges)]:
+        if not per_rep(reps, "http", v, "rps"):
+            continue
         seq = per_rep(reps, "http_seq", v, "p50_us")
         rows.append((v, [f"{med(per_rep(reps, 'http', v, 'rps')):,.0f}", f"{med(per_rep(reps, 'http', v, 'p50_us')):,.0f}",
                          f"{med(per_rep(reps, 'http', v, 'p99_us')):,.0f}", f"{med(seq):,.0f}" if seq else "-"]))
-    rows.append(("P2PFaaS Go original: quoted from issue 8 (hey, its machine), not measured in this run",
-                 [f"{GO_P2PFAAS_QUOTED['c32_rps']:,.0f}", "-", "-", f"{GO_P2PFAAS_QUOTED['seq_p50_us']:,.0f}"]))
+    if not per_rep(reps, "http", GO_ORIGINAL, "rps"):
+        rows.append(("P2PFaaS Go original: quoted from issue 8 (hey, its machine), not measured in this run",
+                     [f"{GO_P2PFAAS_QUOTED['c32_rps']:,.0f}", "-", "-", f"{GO_P2PFAAS_QUOTED['seq_p50_us']:,.0f}"]))
     return rows
 
 
@@ -456,9 +495,17 @@ def render(results: dict, args, console) -> None:
         verdict = {"PASS": "[green]PASS[/green]", "MISS": "[red]MISS[/red]"}.get(r["verdict"], "")
         t.add_row(r["metric"], f"{r['baseline']:,.0f}", f"{r['p2pfaas']:,.0f}", fmt_ratio(r), fmt_target(r), verdict)
     console.print(t)
-    console.print("[dim]baselines: 1-2 FastAPI echo on uvicorn defaults (h11, asyncio); 3 raw nats-py request/reply to "
-                  "an echo responder; 4 raw JetStream (publish_async pipelined, pull 256 + ack, end to end); "
-                  f"5 the p2pfaas NATS direct path of row 3. HTTP load: {args.http_loadgen}.[/dim]")
+    console.print("[dim]baselines: 1-2 FastAPI echo on uvicorn defaults (h11, asyncio); 1g-2g the P2PFaaS Go original "
+                  "(stack-scheduler built from its source, NoScheduler, K=64, the Go echo behind it); 3 raw nats-py "
+                  "request/reply to an echo responder; 4 raw JetStream (publish_async pipelined, pull 256 + ack, end to "
+                  f"end); 5 the p2pfaas NATS direct path of row 3. HTTP load: {args.http_loadgen}.[/dim]")
+    knative = results.get("knative")
+    if knative:
+        import knative_rule
+
+        console.print("[bold]6. Knative's rule[/bold] (a 100 ms function at 1,000 req/s, open loop, K=128; "
+                      "p95 <= 110 ms, p99 <= 130 ms, all 200, memory flat; bench/knative_rule.py)")
+        console.print("\n".join(knative_rule.describe(knative)) if "skipped" not in knative else f"  {knative['skipped']}")
 
     h = Table(title=f"HTTP endpoints ({args.http_loadgen}; µs)", show_lines=False) if 1 in args.rows else None
     if h is not None:
@@ -530,6 +577,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--warmup-s", type=float, default=0.5, help="untimed seconds before each NATS/MQTT window (default 0.5)")
     p.add_argument("--http-loadgen", choices=("wrk", "hey"), default="wrk", help="HTTP load generator (default wrk)")
     p.add_argument("--http-conns", type=int, default=32, help="HTTP connections (default 32)")
+    p.add_argument("--no-go-original", dest="go_original", action="store_false",
+                   help="do not build and measure the P2PFaaS Go original (bench/go_original.py)")
     p.add_argument("--bridges", default="node,node+1,1",
                    help="HTTP bridge layouts to measure: node (in the node's process, what `up` runs), node+N (and N "
                         "processes of its own on the port), N (N processes of its own, as `p2pfaas bridge http`); "
@@ -543,7 +592,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="NoScheduler's loss parameter: reject when K and the queue are full (default false)")
     p.add_argument("--node-loop", choices=("uvloop", "asyncio"), default="uvloop", help="the node process's event loop")
     p.add_argument("--runtime", choices=("process", "inprocess"), default="process", help="the node's worker runtime")
-    p.add_argument("--rows", default="1,2,3,4,5", help="which rows to measure (default all: 1,2,3,4,5)")
+    p.add_argument("--rows", default="1,2,3,4,5,6",
+                   help="which rows to measure (default all: 1,2,3,4,5,6; 6 is Knative's rule, on a stack of its own)")
+    p.add_argument("--knative-s", type=float, default=40.0,
+                   help="row 6: seconds of the 100 ms function at 1,000 req/s (default 40; the rule: 300)")
     p.add_argument("--js-window", type=int, default=2048,
                    help="raw JetStream: most messages published but not yet consumed (default 2048)")
     p.add_argument("--mqtt-devices", type=int, default=8, help="MQTT device connections (default 8)")
@@ -553,8 +605,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         args.reps, args.thr_s, args.seq_s, args.warmup_s = 1, 2.0, 1.0, 0.3
     args.bridges = list(dict.fromkeys(b.strip() for b in args.bridges.split(",") if b.strip()))
     args.rows = {int(r) for r in args.rows.split(",") if r.strip()}
-    if not args.rows or not args.rows <= {1, 2, 3, 4, 5}:
-        p.error("--rows: some of 1,2,3,4,5")
+    if not args.rows or not args.rows <= {1, 2, 3, 4, 5, 6}:
+        p.error("--rows: some of 1,2,3,4,5,6")
     try:
         layouts = [bridge_layout(b) for b in args.bridges]
     except ValueError:
@@ -581,16 +633,24 @@ async def run(args, console) -> dict:
         "load_average_before": load_average(), "started": time.strftime("%Y-%m-%d %H:%M:%S"), "reps": [],
     }
     try:
-        await bench.start()
-        await bench.warm_up()
-        for rep in range(args.reps):
-            results["reps"].append(await bench.repetition(rep))
-        if args.profile:
-            results["profile"] = await bench.profile()
+        if args.rows - {6}:
+            await bench.start()
+            await bench.warm_up()
+            for rep in range(args.reps):
+                results["reps"].append(await bench.repetition(rep))
+            if args.profile:
+                results["profile"] = await bench.profile()
     finally:
         results["load_average_after"] = load_average()
         await bench.stop()
         loop.remove_signal_handler(signal.SIGTERM)
+    if 6 in args.rows:   # after the others: its own stack, K=128 (bench/knative_rule.py)
+        import knative_rule
+
+        if shutil.which("go") is None:
+            results["knative"] = {"skipped": "Go is not installed: its load generator cannot be built"}
+        else:
+            results["knative"] = await asyncio.to_thread(knative_rule.run, args.knative_s, 1000.0, 128, False, bench.log)
     return results
 
 

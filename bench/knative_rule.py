@@ -1,0 +1,218 @@
+"""Knative's data-plane rule on a real function: a 100 ms function at 1,000 req/s, at a constant
+rate (open loop, as vegeta), p95 within 10 ms of the function's own time (p95 <= 110 ms; and
+p99 <= 130 ms), every call answered 200, memory flat.
+
+    .venv/bin/python bench/knative_rule.py [--duration 40] [--rate 1000] [--k 128] [--hey] [--json OUT]
+
+`p2pfaas up --nodes 1 --k K` as a user runs it (worker processes, the HTTP bridge in the node's
+process); the built-in `sleep` with 0.1 is the function. The load generator is
+bench/loadgen/openloop (built here with the machine's Go; without Go the bench says so and
+stops). It prints the latency percentiles at the client, the status codes, the RSS of the node
+and its workers every 10 s, and the CPU every process spent per call (the load generator's
+share of the 2 cores included). ``--hey`` runs `hey -c 150 -q 7` after it, as issue 30 first
+measured: 150 workers whose rate limits tick together, bursts of 150 calls every 143 ms.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+CLI = [sys.executable, "-m", "p2pfaas.cli"]
+TICK = os.sysconf("SC_CLK_TCK")
+PAGE = os.sysconf("SC_PAGE_SIZE")
+
+
+def build_openloop(work: Path) -> Path:
+    binary = work / "openloop"
+    env = {**os.environ, "GOCACHE": str(work / "gocache"), "GOPROXY": "off", "GOFLAGS": "-mod=mod",
+           "GOPATH": str(work / "gopath")}
+    subprocess.run(["go", "build", "-o", str(binary), str(ROOT / "bench" / "loadgen" / "openloop" / "main.go")], env=env,
+                   check=True, cwd=work)
+    return binary
+
+
+def tree(root: int) -> list[int]:
+    """``root`` and every process under it."""
+    children: dict[int, list[int]] = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                ppid = int(open(f"/proc/{entry}/stat").read().rsplit(")", 1)[1].split()[1])
+            except (OSError, IndexError, ValueError):
+                continue
+            children.setdefault(ppid, []).append(int(entry))
+    out, todo = [], [root]
+    while todo:
+        pid = todo.pop()
+        out.append(pid)
+        todo += children.get(pid, [])
+    return out
+
+
+def role(pid: int) -> str:
+    try:
+        cmd = open(f"/proc/{pid}/cmdline", "rb").read().replace(b"\0", b" ").decode(errors="replace")
+    except OSError:
+        return "?"
+    for needle, name in (("nodes.worker", "workers"), ("nats-server", "nats-server"), (" node ", "node"),
+                         (" up ", "up (supervisor)"), ("openloop", "load generator"), ("hey", "load generator")):
+        if needle in f" {cmd} ":
+            return name
+    return "other"
+
+
+def cpu_s(pid: int) -> float:
+    try:
+        fields = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / TICK
+
+
+def rss_mb(pids: list[int]) -> float:
+    total = 0
+    for pid in pids:
+        try:
+            total += int(open(f"/proc/{pid}/statm").read().split()[1]) * PAGE
+        except OSError:
+            pass
+    return total / 2**20
+
+
+def measure(command: list[str], up_pid: int, duration_s: float) -> dict:
+    """Run the load ``command``; CPU per role over its run, the stack's RSS every 10 s."""
+    before = {pid: cpu_s(pid) for pid in tree(up_pid)}
+    rss: list[float] = []
+    done = threading.Event()
+
+    def sample() -> None:
+        while not done.wait(10.0):
+            rss.append(round(rss_mb([p for p in tree(up_pid) if role(p) in ("node", "workers")]), 1))
+
+    sampler = threading.Thread(target=sample, daemon=True)
+    rss.append(round(rss_mb([p for p in tree(up_pid) if role(p) in ("node", "workers")]), 1))
+    sampler.start()
+    load = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    load_pid, load_cpu = load.pid, 0.0
+    while load.poll() is None:
+        load_cpu = max(load_cpu, cpu_s(load_pid))
+        time.sleep(0.5)
+    out, err = load.communicate()
+    done.set()
+    usage = {}
+    for pid in tree(up_pid):
+        key = role(pid)
+        usage[key] = usage.get(key, 0.0) + cpu_s(pid) - before.get(pid, 0.0)
+    usage["load generator"] = load_cpu   # read while it ran: a process that ended has no /proc
+    return {"stdout": out, "stderr": err[-2000:], "cpu_s": {k: round(v, 2) for k, v in usage.items() if v > 0.05},
+            "rss_mb": rss}
+
+
+def parse_hey(text: str) -> dict:
+    out: dict = {"codes": {}}
+    for line in text.splitlines():
+        line = line.strip()
+        if line.startswith("Requests/sec:"):
+            out["rate"] = float(line.split()[1])
+        for q in ("50", "95", "99"):
+            if line.startswith(f"{q}% in"):
+                out[f"p{q}_s"] = float(line.split()[2])
+        if line.startswith("[") and "responses" in line:
+            out["codes"][line.split("]")[0][1:]] = int(line.split()[1])
+    return out
+
+
+def run(duration_s: float = 40.0, rate: float = 1000.0, k: int = 128, hey: bool = False, log=print) -> dict:
+    """The rule's measurement on its own `up` (started and stopped here): the open-loop run's
+    figures (and hey's, with ``hey``), the CPU per process, the RSS samples, and ``passed``."""
+    work = Path(tempfile.mkdtemp(prefix="p2pfaas-knative-"))
+    openloop = build_openloop(work)
+    up_log = (work / "up.log").open("w")
+    up = subprocess.Popen([*CLI, "up", "--nodes", "1", "--k", str(k), "--queue", "1024", "--controller", "off",
+                           "--mqtt", "off", "--http-port", "0", "--nats-port", "0", "--data-dir", str(work / "data")],
+                          stdout=up_log, stderr=subprocess.STDOUT, cwd=ROOT, start_new_session=True)
+    report: dict = {"rate": rate, "duration_s": duration_s, "k": k}
+    try:
+        endpoints = work / "data" / "endpoints.json"
+        deadline = time.monotonic() + 120
+        while not endpoints.exists():
+            if up.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"up did not start: see {up_log.name}")
+            time.sleep(0.5)
+        url = json.loads(endpoints.read_text())["http"]["n1"] + "/function/sleep"
+        log(f"Knative's rule: sleep 0.1 at {rate:g} req/s for {duration_s:g} s (open loop), K={k}")
+        # warm up: every worker process started and the connections made
+        subprocess.run([str(openloop), "-url", url, "-body", "0.1", "-rate", str(rate), "-duration", "5s"],
+                       capture_output=True, check=True)
+        measured = measure([str(openloop), "-url", url, "-body", "0.1", "-rate", str(rate),
+                            "-duration", f"{duration_s:g}s"], up.pid, duration_s)
+        report["openloop"] = {**json.loads(measured["stdout"]), "cpu_s": measured["cpu_s"], "rss_mb": measured["rss_mb"]}
+        if hey:
+            if shutil.which("hey") is None:
+                report["hey"] = {"skipped": "hey is not installed (apt-get install -y hey)"}
+            else:
+                log("the same with hey -c 150 -q 7 (its workers' rate limits tick together)")
+                measured = measure(["hey", "-z", f"{duration_s:g}s", "-c", "150", "-q", "7", "-m", "POST", "-d", "0.1",
+                                    url], up.pid, duration_s)
+                report["hey"] = {**parse_hey(measured["stdout"]), "cpu_s": measured["cpu_s"], "rss_mb": measured["rss_mb"]}
+    finally:
+        os.killpg(up.pid, signal.SIGINT)
+        try:
+            up.wait(60)
+        except subprocess.TimeoutExpired:
+            os.killpg(up.pid, signal.SIGKILL)
+        up_log.close()
+        shutil.rmtree(work, ignore_errors=True)
+    for name in ("openloop", "hey"):
+        r = report.get(name)
+        if r and "skipped" not in r:
+            r["passed"] = (r["p95_s"] <= 0.110 and r["p99_s"] <= 0.130 and set(r["codes"]) == {"200"}
+                           and not r.get("errors"))
+    return report
+
+
+def describe(report: dict) -> list[str]:
+    lines = []
+    for name in ("openloop", "hey"):
+        r = report.get(name)
+        if not r or "skipped" in r:
+            continue
+        calls = sum(r["codes"].values())
+        lines.append(f"{name}: {r.get('rate', 0):.0f} req/s, p50 {r['p50_s'] * 1000:.1f} ms, p95 {r['p95_s'] * 1000:.1f} ms, "
+                     f"p99 {r['p99_s'] * 1000:.1f} ms, codes {r['codes']}" + (f", errors {r['errors']}" if r.get("errors") else ""))
+        lines.append(f"  the rule (p95 <= 110 ms, p99 <= 130 ms, all 200): {'PASS' if r['passed'] else 'MISS'}")
+        lines.append(f"  RSS of the node and its workers every 10 s (MB): {r['rss_mb']}")
+        lines.append("  CPU ms per call: " + ", ".join(f"{k} {v * 1000 / max(1, calls):.3f}" for k, v in
+                                                      sorted(r["cpu_s"].items(), key=lambda kv: -kv[1])))
+    return lines
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--duration", type=float, default=40.0, help="seconds of load (the rule: 300)")
+    parser.add_argument("--rate", type=float, default=1000.0)
+    parser.add_argument("--k", type=int, default=128)
+    parser.add_argument("--hey", action="store_true", help="also hey -c 150 -q 7 (issue 30's first measurement)")
+    parser.add_argument("--json", type=Path)
+    args = parser.parse_args()
+    if shutil.which("go") is None:
+        sys.exit("bench/knative_rule.py needs Go to build its load generator (apt-get install -y golang-go)")
+    report = run(args.duration, args.rate, args.k, args.hey)
+    print("\n".join(describe(report)))
+    if args.json:
+        args.json.write_text(json.dumps(report, indent=2))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,38 @@
+// echo: what the P2PFaaS Go original needs around it in the benches. POST|GET /function/<name>
+// answers the body it got (an OpenFaaS gateway with an echo function behind it: also "a bare Go
+// echo", the floor of an HTTP round trip on this machine); GET /configuration and /list answer as
+// a discovery service with no peers (the scheduler waits for its discovery's configuration before
+// it serves). Standard library only.
+//
+//	go build -o echo bench/loadgen/echo/main.go && echo -listen 127.0.0.1:8080
+package main
+
+import (
+	"flag"
+	"io"
+	"log"
+	"net/http"
+)
+
+func main() {
+	listen := flag.String("listen", "127.0.0.1:8080", "address to listen on")
+	flag.Parse()
+	http.HandleFunc("/function/", func(w http.ResponseWriter, r *http.Request) {
+		body, err := io.ReadAll(r.Body)
+		if err != nil {
+			http.Error(w, err.Error(), http.StatusBadRequest)
+			return
+		}
+		w.Header().Set("Content-Type", "application/octet-stream")
+		_, _ = w.Write(body)
+	})
+	http.HandleFunc("/configuration", func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "application/json")
+		_, _ = io.WriteString(w, `{"machine_ip": "127.0.0.1", "machine_id": "n1", "machine_fog_net_id": "default", "init_servers": []}`)
+	})
+	http.HandleFunc("/list", func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "application/json")
+		_, _ = io.WriteString(w, "[]")
+	})
+	log.Fatal(http.ListenAndServe(*listen, nil))
+}
