@@ -165,6 +165,11 @@ class SchedulerService:
             except Exception as exc:  # the connection may already be gone at shutdown
                 log.debug("unsubscribe: %s", exc)
         self._subs.clear()
+        try:   # the broker has the unsubscriptions: a caller from now on hears "no responders" at once
+            async with asyncio.timeout(1.0):
+                await self.nc.flush()
+        except Exception as exc:  # the connection is going: nothing reaches us anyway
+            log.debug("flush after unsubscribing: %r", exc)
         await self.sweeper.stop()
         await self.intake.stop()
         self._deciding.cancel()
