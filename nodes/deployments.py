@@ -201,12 +201,13 @@ class Deployments:
                 self._deployed[name] = deployment
                 self._save(f"deploy of {name}")
                 self._secrets[name] = secrets
-                self.node.registry.add(trial.get(name))   # admitted from now on
                 self._take(deployment)
                 log.info("node %s: deployed %s = %s%s", settings.node_id, name, deployment.reference,
                          " (a pool of its own)" if deployment.own_pool else "")
             if running:
                 await self._change_pools(name, before, shared_before)
+            if deployment is not None:   # admitted once the workers that run it are there
+                self.node.registry.add(trial.get(name))
 
     async def _open(self, deployment: FunctionDeployment) -> dict[str, str]:
         if not deployment.secrets:

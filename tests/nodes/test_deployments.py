@@ -4,6 +4,7 @@ overwritten), and what is checked before anything changes."""
 
 from __future__ import annotations
 
+import asyncio
 import errno
 import os
 
@@ -111,3 +112,18 @@ async def test_a_function_deployed_on_one_node_runs_on_every_node(node_factory, 
             status, body = await control_request(nc, s.functions("n3", "delete"),
                                                  encode(FunctionScale(service="nope")), timeout_s=30)
             assert status == 404 and b"no function 'nope' is deployed" in body
+
+
+async def test_a_deployed_function_is_admitted_once_the_workers_that_run_it_are_there(node_factory, nc, prefix, faas):
+    """A node took calls to a function it had just deployed before its new workers were ready: the
+    old ones answered 404 "unknown function ... on worker" (seen once in CI on a node the deploy
+    reached through the catalogue). Now a call the node admits runs, from the first one."""
+    s = Subjects(prefix)
+    async with node_factory("n1", k=2, runtime="process") as n1:
+        deploying = asyncio.create_task(control_request(nc, s.functions("n1", "deploy"), encode(FunctionDeployment(
+            service="echo4", reference="functions.builtins:echo")), timeout_s=60))
+        await wait_until(lambda: n1.registry.get("echo4") is not None, timeout_s=60, interval_s=0.001)
+        answer = await faas.invoke("n1", "echo4", b"first", timeout_s=30)   # at once: the first moment it is admitted
+        assert answer.status == 200 and answer.output == b"first", answer.body
+        status, body = await deploying
+        assert status == 200, body
