@@ -15,7 +15,7 @@ import time
 from nats.aio.client import Client
 
 from broker.answers import answer_headers
-from broker.connection import NatsClient
+from broker.fastpath import NatsClient
 from broker.messages import HopTiming
 
 

@@ -23,18 +23,18 @@ import os
 import time
 from typing import Callable, Mapping
 
-import orjson
 from nats.aio.client import Client
 from nats.aio.msg import Msg
 from nats.errors import Error as NatsError
 from nats.errors import NoRespondersError
 from nats.errors import TimeoutError as NatsTimeout
-from nats.js.errors import APIError, NoStreamResponseError, NotFoundError
+from nats.js.errors import NoStreamResponseError, NotFoundError
 
 from broker import headers as H
 from broker.answers import Answer, input_limit, status_of
 from broker.codec import decode
-from broker.connection import NatsClient, listen, on_event, on_publish_refused
+from broker.connection import listen, on_event, on_publish_refused
+from broker.fastpath import NatsClient, store_error
 from broker.header_blocks import encode_headers, header_block
 from broker.errors import BrokerUnavailable, ContractError, InvalidSubject, NodeUnavailable, NotPermitted, PayloadTooLarge
 from broker.lifecycle import OnItsLoop
@@ -251,13 +251,9 @@ class FaasClient(OnItsLoop):
         finally:
             timer.cancel()
             self._stores.pop(token, None)
-        if not data:
-            if ack_headers.get(H.NATS_STATUS) == "503":
-                raise NoStreamResponseError   # no stream takes this subject (or JetStream is away)
-            raise APIError(description=f"empty JetStream acknowledgement ({dict(ack_headers)})")
-        reply = orjson.loads(data)
-        if "error" in reply:
-            raise APIError.from_error(reply["error"])
+        error = store_error(data, ack_headers)
+        if error is not None:
+            raise error
 
     def expect(self, req: str) -> "asyncio.Future[Answer]":
         """A future for the answer of async call ``req`` (call it before :meth:`submit`)."""

@@ -1,4 +1,5 @@
-"""Connecting to NATS with the options every p2pfaas component wants."""
+"""Connecting to NATS with the options every p2pfaas component wants; the connection is a
+:class:`~broker.fastpath.NatsClient` (nats-py's, with the request path's overrides)."""
 
 from __future__ import annotations
 
@@ -13,16 +14,13 @@ from typing import Callable, Literal, Mapping
 
 from nats import errors as nats_errors
 from nats.aio.client import Client
-from nats.aio.client import _SUBJECT_INVALID_RE as _SUBJECT_BAD   # what publish refuses (CRLF would inject commands)
 from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
-from nats.protocol import command as nats_command
 
 from broker import handoff
 from broker.errors import BrokerUnavailable, NotPermitted
-from broker.parser import MessageParser
-from broker.header_blocks import encode_headers as _encode_headers
-from broker.header_blocks import HeaderBlock, parse_header_lines
+from broker.fastpath import NatsClient
+from broker.header_blocks import HeaderBlock
 from broker.header_blocks import header_block, header_text   # noqa: F401 (re-exported)
 
 log = logging.getLogger(__name__)
@@ -31,7 +29,6 @@ TLS_CA_PEM = "P2PFAAS_TLS_CA_PEM"   # the CA certificate itself, for a process t
 
 _REFUSED = re.compile(r'permissions violation for publish to "([^"]+)"', re.IGNORECASE)
 Event = Literal["publish_refused", "disconnected", "reconnected"]
-LeanHandler = Callable[[str, str, bytes, bytes], None]   # (subject, reply, data, header block)
 # connection -> event -> who wants to hear about it
 _listeners: "weakref.WeakKeyDictionary[Client, dict[str, list[Callable[..., None]]]]" = weakref.WeakKeyDictionary()
 
@@ -42,123 +39,6 @@ _listeners: "weakref.WeakKeyDictionary[Client, dict[str, list[Callable[..., None
 # broker (re)starts. The command line sets it for commands run by hand: a user waited 10 s to
 # be told that nothing listens.
 GIVE_UP_TURNED_AWAY_S: float | None = None
-
-
-
-
-class NatsClient(Client):
-    """nats-py's client made for the request path (every connection :func:`connect` makes is one):
-
-    * :meth:`subscribe_lean`: messages handed to a plain handler from the read loop;
-    * :meth:`send`: a publish without a coroutine, its header block rendered ahead;
-    * a faster reader and writer of header blocks (:mod:`broker.header_blocks`: nats-py tests every
-      character of every name on every message) and of message lines (:mod:`broker.parser`).
-
-    Each gives exactly nats-py's result for any input (tests/broker/test_connection.py compares
-    them on random inputs); what they save is in bench/README.md."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self._lean: dict[int, LeanHandler] = {}   # sid -> handler (subscribe_lean)
-        self._ps = MessageParser(self)
-
-    async def subscribe_lean(self, subject: str, handler: LeanHandler, queue: str = "") -> Subscription:
-        """A subscription whose messages go straight to ``handler(subject, reply, data, headers)``
-        (``headers``: the raw block, b"" when none; :class:`~broker.header_blocks.HeaderBlock` reads
-        it), called from the read loop as they are parsed: no ``Msg``, no queue, no task switch and
-        no header parsing per message (nats-py's path: ~5 µs a message, 8 with two headers). The
-        handler must not block or await; what it raises is logged and the next message comes.
-        Reconnects, unsubscribe and drain work as for any subscription."""
-        sub = await self.subscribe(subject, queue=queue, cb=_never_called)
-        self._lean[sub._id] = handler
-        return sub
-
-    async def _process_msg(self, sid: int, subject: bytes, reply: bytes, data: bytes, headers: bytes) -> None:
-        handler = self._lean.get(sid)
-        if handler is None:
-            return await super()._process_msg(sid, subject, reply, data, headers)
-        self.stats["in_msgs"] += 1
-        self.stats["in_bytes"] += len(data)
-        try:
-            handler(subject.decode(), reply.decode(), data, headers or b"")
-        except Exception:  # one bad message must not stop the connection's reader
-            log.exception("handling a message on %s", subject.decode(errors="replace"))
-
-    def _remove_sub(self, sid: int, max_msgs: int = 0) -> None:
-        self._lean.pop(sid, None)
-        super()._remove_sub(sid, max_msgs)
-
-    async def _send_publish(self, subject: str, reply: str, payload: bytes, payload_size: int,
-                            headers: dict | None) -> None:
-        if not headers:
-            return await super()._send_publish(subject, reply, payload, payload_size, headers)
-        if subject == "":
-            raise nats_errors.BadSubjectError
-        command = nats_command.hpub_cmd(subject, reply, _encode_headers(headers), payload)
-        self.stats["out_msgs"] += 1
-        self.stats["out_bytes"] += payload_size
-        await self._send_command(command)
-        if self._flush_queue is not None and self._flush_queue.empty():
-            await self._flush_pending()
-
-    async def _flush_pending(self, force_flush: bool = False):
-        """Wake the flusher for what a publish queued. nats-py makes a Future (a ``getpid`` system
-        call in CPython 3.11 to find its loop) and a ``Queue.put`` coroutine on every publish to hand
-        the flusher something to resolve, though nobody waits for it unless ``force_flush``; here the
-        flusher gets a token that is already done. Everything else (a forced flush, no connection,
-        a dead flusher, a full queue) is nats-py's own."""
-        queue, flusher = self._flush_queue, self._flusher_task
-        if (force_flush or queue is None or queue.full() or flusher is None or flusher.done()
-                or not self.is_connected):
-            return await super()._flush_pending(force_flush)
-        queue.put_nowait(_NOBODY_WAITS)   # type: ignore[arg-type]
-
-    def send(self, subject: str, payload: bytes = b"", *, reply: str = "", headers: bytes = b"") -> None:
-        """``publish`` without a coroutine, for the request path's own messages (a worker's answers
-        and outcomes, the node's dispatches): nats-py's checks and errors, and ``headers`` a block
-        already rendered (:func:`header_block`) instead of a dict. What a turn of the loop sends
-        leaves in one write, as with ``publish``. Unlike ``publish`` it never waits for a full
-        outbound buffer to drain: what it sends is bounded by the calls in flight (K)."""
-        if not subject or _SUBJECT_BAD.search(subject) or (reply and _SUBJECT_BAD.search(reply)):
-            raise nats_errors.BadSubjectError
-        if self.is_closed:
-            raise nats_errors.ConnectionClosedError
-        if self.is_draining_pubs:
-            raise nats_errors.ConnectionDrainingError
-        size = len(payload) + len(headers)
-        if not self.is_connected and (self._max_pending_size <= 0
-                                      or size + self._pending_data_size > self._max_pending_size):
-            raise nats_errors.OutboundBufferLimitError
-        if size > self._max_payload:   # nats-server counts the headers too, and closes a connection that sends more
-            raise nats_errors.MaxPayloadError
-        if headers:
-            command = b"HPUB %s %s %d %d\r\n%s%s\r\n" % (subject.encode(), reply.encode(), len(headers), size, headers, payload)
-        else:
-            command = b"PUB %s %s %d\r\n%s\r\n" % (subject.encode(), reply.encode(), size, payload)
-        self.stats["out_msgs"] += 1
-        self.stats["out_bytes"] += len(payload)
-        self._pending.append(command)
-        self._pending_data_size += len(command)
-        queue = self._flush_queue
-        if queue is not None and queue.empty() and self.is_connected:   # else the reconnect sends it
-            queue.put_nowait(_NOBODY_WAITS)   # type: ignore[arg-type]
-
-    _parse_header_lines = staticmethod(parse_header_lines)
-
-
-async def _never_called(msg: Msg) -> None:   # a lean subscription's messages never reach its queue
-    raise AssertionError("a lean subscription's message took nats-py's path")
-
-
-class _NobodyWaits:
-    """What the flusher is handed for a flush no one waits for: it only asks whether it is done."""
-
-    @staticmethod
-    def done() -> bool:
-        return True
-
-
-_NOBODY_WAITS = _NobodyWaits()
 
 
 Handler = Callable[[str, str, bytes, Mapping[str, str]], None]   # (subject, reply, data, headers)

@@ -21,12 +21,12 @@ from typing import Callable, Sequence
 import orjson
 from nats.aio.client import Client
 from nats.aio.msg import Msg
-from nats.js.errors import NotFoundError
+from nats.js.errors import NoStreamResponseError, NotFoundError
 
 from broker import headers as H
 from broker.answers import VERSION, Answer, seconds_text, answer_headers, context_headers, error_body, output_limit, render_direct
 from broker.codec import encode
-from broker.deliveries import ack_now
+from broker.fastpath import ack_now, store_error
 from broker.header_blocks import header_block, header_text
 from broker.lifecycle import OnItsLoop
 from broker.messages import DirectAnswer, HopTiming, Rejection, Result, Timings
@@ -411,17 +411,12 @@ def result_document(call: Call, node: str, ip: str, status: int, error: str | No
 def _store_problem(ack: Msg) -> str | None:
     """Why a JetStream publish acknowledgement says the message was not stored; None if it was
     (a duplicate was stored before: the same answer, kept once)."""
-    if not ack.data:
-        status = (ack.headers or {}).get(H.NATS_STATUS, "")
-        return f"no stream answered ({status})" if status else "an empty acknowledgement"
-    try:
-        reply = orjson.loads(ack.data)
-    except orjson.JSONDecodeError:
-        return f"an unreadable acknowledgement: {ack.data[:80]!r}"
-    if not isinstance(reply, dict) or "error" in reply or "seq" not in reply:
-        error = reply.get("error") if isinstance(reply, dict) else reply
-        return f"JetStream refused it: {error}"
-    return None
+    error = store_error(ack.data, ack.headers or {})
+    if error is None:
+        return None
+    if isinstance(error, NoStreamResponseError):
+        return f"no stream answered ({(ack.headers or {}).get(H.NATS_STATUS, '')})"
+    return f"JetStream refused it: {error}"
 
 
 def _output_fields(output: bytes) -> dict[str, str | None]:

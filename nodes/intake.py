@@ -43,7 +43,7 @@ from nats.js.errors import BadRequestError, NotFoundError
 
 from broker import headers as H
 from broker.connection import listen, on_event
-from broker.deliveries import delivery
+from broker.fastpath import delivery, pull_subject
 from broker.streams import async_stream, ensure_shared_streams
 from broker.errors import InvalidToken
 from broker.subjects import TOKEN_RE, Subjects, check_node
@@ -148,7 +148,7 @@ class AsyncIntake:
                 raise
             await self.js.delete_consumer(stream, config.durable_name)
             await self.js.add_consumer(stream, config)
-        self._next_subject = f"{self.js._prefix}.CONSUMER.MSG.NEXT.{stream}.{config.durable_name}"
+        self._next_subject = pull_subject(self.js, stream, config.durable_name)
         self._inbox = self.nc.new_inbox()
         self._sub = await listen(self.nc, f"{self._inbox}.*", self._on_message)
 

@@ -27,7 +27,7 @@ from broker import headers as H
 from broker.answers import error_body, input_limit
 from broker.codec import encode
 from broker.connection import listen
-from broker.deliveries import ack_now, delivery_info
+from broker.fastpath import ack_now, delivery_info
 from broker.header_blocks import HeaderBlock
 from broker.lifecycle import Tasks
 from broker.messages import Rejection

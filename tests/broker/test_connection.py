@@ -9,7 +9,7 @@ import pytest
 from nats import errors as nats_errors
 from nats.aio.client import Client
 
-from broker.connection import NatsClient
+from broker.fastpath import NatsClient
 from support import wait_until
 
 
@@ -147,7 +147,7 @@ async def test_send_writes_what_publish_writes_and_refuses_what_it_refuses():
     """``send`` (no coroutine, a block already rendered) writes the command ``publish`` would, and
     refuses a subject with whitespace, a closed connection and a message over the broker's limit
     (headers counted, as nats-server counts them)."""
-    from broker.connection import _encode_headers
+    from broker.fastpath import _encode_headers
 
     headers = {"X-P2pfaas-Status": "200", "X-Note": "a\r\nb"}
     ours = NatsClient()
@@ -246,7 +246,7 @@ async def test_the_message_parser_makes_the_calls_nats_pys_makes_however_the_str
     from nats.errors import ProtocolError
     from nats.protocol.parser import Parser
 
-    from broker.parser import MessageParser
+    from broker.fastpath import MessageParser
 
     class Recorder:
         def __init__(self) -> None:

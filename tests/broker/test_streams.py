@@ -97,7 +97,7 @@ def test_a_deliverys_reply_says_what_nats_py_reads_in_it():
     from nats.aio.msg import Msg
     from nats.errors import NotJSMessageError
 
-    from broker.deliveries import delivery_info
+    from broker.fastpath import delivery_info
 
     for reply in ("$JS.ACK.FAAS_ASYNC.node-n1.3.1042.17.1764650000123456789.12",
                   "$JS.ACK._.ACC123.FAAS_ASYNC.node-n1.1.7.7.1764650000999999999.0.xyz",

@@ -72,7 +72,8 @@ def test_a_direct_answers_node_side_is_the_headers_of_the_contract(plain):
     import random
 
     from broker.answers import answer_headers, context_headers, render_direct
-    from broker.connection import NatsClient, header_text
+    from broker.connection import header_text
+    from broker.fastpath import NatsClient
     from broker.messages import DirectAnswer, HopTiming
     from nodes.answering import Answerer
 
