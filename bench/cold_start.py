@@ -13,19 +13,14 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import signal
 import statistics
 import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
 
 import httpx
-
-ROOT = Path(__file__).resolve().parents[1]
-CLI = [sys.executable, "-m", "p2pfaas.cli"]
+from stacks import CLI, ROOT, start_up, stop_up
 
 
 def wait_for(check, timeout_s: float, what: str):
@@ -52,14 +47,10 @@ def main() -> None:
     args = parser.parse_args()
     work = Path(tempfile.mkdtemp(prefix="p2pfaas-cold-"))
     log = (work / "up.log").open("w")
-    up = subprocess.Popen([*CLI, "up", "--nodes", "1", "--controller", "off", "--mqtt", "off", "--http-port", "0",
-                           "--nats-port", "0", "--data-dir", str(work)], stdout=log, stderr=subprocess.STDOUT,
-                          cwd=ROOT, start_new_session=True)
+    up, endpoints = start_up(["--nodes", "1", "--controller", "off", "--mqtt", "off", "--http-port", "0",
+                              "--nats-port", "0"], work, log)
     try:
-        wait_for(lambda: (work / "endpoints.json").exists() or up.poll() is not None, 120, "up")
-        if up.poll() is not None:
-            raise RuntimeError(f"up ended: see {log.name}")
-        url = json.loads((work / "endpoints.json").read_text())["http"]["n1"]
+        url = endpoints["http"]["n1"]
         deployed = subprocess.run([*CLI, "deploy", args.fn, "--ref", "functions.builtins:echo", "--scale-to-zero-after",
                                    "1s", "--policy", "off", "--data-dir", str(work)], capture_output=True, text=True,
                                   cwd=ROOT, timeout=120)
@@ -86,11 +77,7 @@ def main() -> None:
             metric = [line for line in http.get(f"{url}/metrics").text.splitlines()
                       if line.startswith("p2pfaas_cold_start_seconds_") and args.fn in line and "_bucket" not in line]
     finally:
-        os.killpg(up.pid, signal.SIGINT)
-        try:
-            up.wait(60)
-        except subprocess.TimeoutExpired:
-            os.killpg(up.pid, signal.SIGKILL)
+        stop_up(up)
         log.close()
     report = {"cold_start_s": quantiles(cold), "cold_call_s": quantiles(cold_total), "warm_call_s": quantiles(warm_total),
               "metric": metric, "rounds": args.rounds}

@@ -19,7 +19,6 @@ import argparse
 import json
 import os
 import shutil
-import signal
 import subprocess
 import sys
 import tempfile
@@ -27,9 +26,9 @@ import threading
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-CLI = [sys.executable, "-m", "p2pfaas.cli"]
-TICK = os.sysconf("SC_CLK_TCK")
+from probes import cpu_seconds
+from stacks import ROOT, start_up, stop_up
+
 PAGE = os.sysconf("SC_PAGE_SIZE")
 
 
@@ -72,14 +71,6 @@ def role(pid: int) -> str:
     return "other"
 
 
-def cpu_s(pid: int) -> float:
-    try:
-        fields = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()
-    except OSError:
-        return 0.0
-    return (int(fields[11]) + int(fields[12])) / TICK
-
-
 def rss_mb(pids: list[int]) -> float:
     total = 0
     for pid in pids:
@@ -92,7 +83,7 @@ def rss_mb(pids: list[int]) -> float:
 
 def measure(command: list[str], up_pid: int, duration_s: float) -> dict:
     """Run the load ``command``; CPU per role over its run, the stack's RSS every 10 s."""
-    before = {pid: cpu_s(pid) for pid in tree(up_pid)}
+    before = {pid: cpu_seconds(pid) for pid in tree(up_pid)}
     rss: list[float] = []
     done = threading.Event()
 
@@ -106,14 +97,14 @@ def measure(command: list[str], up_pid: int, duration_s: float) -> dict:
     load = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     load_pid, load_cpu = load.pid, 0.0
     while load.poll() is None:
-        load_cpu = max(load_cpu, cpu_s(load_pid))
+        load_cpu = max(load_cpu, cpu_seconds(load_pid))
         time.sleep(0.5)
     out, err = load.communicate()
     done.set()
     usage = {}
     for pid in tree(up_pid):
         key = role(pid)
-        usage[key] = usage.get(key, 0.0) + cpu_s(pid) - before.get(pid, 0.0)
+        usage[key] = usage.get(key, 0.0) + cpu_seconds(pid) - before.get(pid, 0.0)
     usage["load generator"] = load_cpu   # read while it ran: a process that ended has no /proc
     return {"stdout": out, "stderr": err[-2000:], "cpu_s": {k: round(v, 2) for k, v in usage.items() if v > 0.05},
             "rss_mb": rss}
@@ -139,18 +130,11 @@ def run(duration_s: float = 40.0, rate: float = 1000.0, k: int = 128, hey: bool 
     work = Path(tempfile.mkdtemp(prefix="p2pfaas-knative-"))
     openloop = build_openloop(work)
     up_log = (work / "up.log").open("w")
-    up = subprocess.Popen([*CLI, "up", "--nodes", "1", "--k", str(k), "--queue", "1024", "--controller", "off",
-                           "--mqtt", "off", "--http-port", "0", "--nats-port", "0", "--data-dir", str(work / "data")],
-                          stdout=up_log, stderr=subprocess.STDOUT, cwd=ROOT, start_new_session=True)
+    up, endpoints = start_up(["--nodes", "1", "--k", str(k), "--queue", "1024", "--controller", "off", "--mqtt", "off",
+                              "--http-port", "0", "--nats-port", "0"], work / "data", up_log)
     report: dict = {"rate": rate, "duration_s": duration_s, "k": k}
     try:
-        endpoints = work / "data" / "endpoints.json"
-        deadline = time.monotonic() + 120
-        while not endpoints.exists():
-            if up.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError(f"up did not start: see {up_log.name}")
-            time.sleep(0.5)
-        url = json.loads(endpoints.read_text())["http"]["n1"] + "/function/sleep"
+        url = endpoints["http"]["n1"] + "/function/sleep"
         log(f"Knative's rule: sleep 0.1 at {rate:g} req/s for {duration_s:g} s (open loop), K={k}")
         # warm up: every worker process started and the connections made
         subprocess.run([str(openloop), "-url", url, "-body", "0.1", "-rate", str(rate), "-duration", "5s"],
@@ -167,11 +151,7 @@ def run(duration_s: float = 40.0, rate: float = 1000.0, k: int = 128, hey: bool 
                                     url], up.pid, duration_s)
                 report["hey"] = {**parse_hey(measured["stdout"]), "cpu_s": measured["cpu_s"], "rss_mb": measured["rss_mb"]}
     finally:
-        os.killpg(up.pid, signal.SIGINT)
-        try:
-            up.wait(60)
-        except subprocess.TimeoutExpired:
-            os.killpg(up.pid, signal.SIGKILL)
+        stop_up(up)
         up_log.close()
         shutil.rmtree(work, ignore_errors=True)
     for name in ("openloop", "hey"):

@@ -14,31 +14,21 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import signal
 import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-CLI = [sys.executable, "-m", "p2pfaas.cli"]
+from stacks import CLI, ROOT, start_up, stop_up
 
 
 def run(controller: str, idle_s: float, speed: float, seed: int, work: Path) -> dict:
     data = work / controller
     data.mkdir(parents=True)
     log = (work / f"{controller}.up.log").open("w")
-    up = subprocess.Popen([*CLI, "up", "--nodes", "1", "--controller", controller, "--mqtt", "off", "--http-port", "0",
-                           "--nats-port", "0", "--data-dir", str(data)], stdout=log, stderr=subprocess.STDOUT,
-                          cwd=ROOT, start_new_session=True)
+    up, _ = start_up(["--nodes", "1", "--controller", controller, "--mqtt", "off", "--http-port", "0",
+                      "--nats-port", "0"], data, log)
     try:
-        deadline = time.monotonic() + 120
-        while not (data / "endpoints.json").exists():
-            if up.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError(f"up --controller {controller} did not start: see {log.name}")
-            time.sleep(0.5)
         print(f"{controller}: up; idle {idle_s:.0f} s", flush=True)
         time.sleep(idle_s)
         out = work / f"{controller}.json"
@@ -49,12 +39,7 @@ def run(controller: str, idle_s: float, speed: float, seed: int, work: Path) -> 
             raise RuntimeError(f"farm run failed ({farm.returncode}): {farm.stderr[-2000:]}")
         result = json.loads(out.read_text())
     finally:
-        os.killpg(up.pid, signal.SIGINT)
-        try:
-            up.wait(60)
-        except subprocess.TimeoutExpired:
-            os.killpg(up.pid, signal.SIGKILL)
-            up.wait(10)
+        stop_up(up)
         log.close()
     controller_log = data / "logs" / "controller.log"
     text = controller_log.read_text() if controller_log.exists() else ""

@@ -22,7 +22,7 @@ from nats.protocol import parser as nats_parser
 
 from broker import fastpath
 from broker.fastpath import MessageParser, NatsClient, ack_now, delivery, pull_subject, store_error
-from support import wait_until
+from support import eventually, wait_until
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -157,14 +157,6 @@ async def test_a_delivery_taken_by_hand_is_acknowledged_as_nats_py_acknowledges(
         ack_now(msg)
         with pytest.raises(Exception):
             ack_now(msg)   # nats-py's: already acknowledged
-        await wait_until_acked(js, stream, durable)
+        await eventually(lambda: js.consumer_info(stream, durable), lambda info: info.ack_floor.stream_seq == 1, 5)
     finally:
         await js.delete_stream(stream)
-
-
-async def wait_until_acked(js, stream: str, durable: str) -> None:
-    for _ in range(100):
-        if (await js.consumer_info(stream, durable)).ack_floor.stream_seq == 1:
-            return
-        await asyncio.sleep(0.05)
-    raise AssertionError("the delivery was not acknowledged")
