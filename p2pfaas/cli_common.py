@@ -1,5 +1,6 @@
 """What every command of the CLI shares: the console, one-line errors, the data dir check,
-logging, function references, signals, and running a stack until Ctrl-C."""
+logging, function references, signals, running a stack until Ctrl-C, and attaching to a running
+stack (its endpoints, its NATS, its identities)."""
 
 from __future__ import annotations
 
@@ -13,13 +14,14 @@ import tempfile
 from contextlib import contextmanager
 from enum import Enum
 from pathlib import Path
-from typing import NoReturn
+from typing import NoReturn, Optional
 
 import typer
 from rich.console import Console
 from rich.markup import escape
 
 from broker.errors import BrokerUnavailable, FaasError
+from controller.names import MODEL_SUFFIXES, PolicyNameError, canonical
 
 console = Console(stderr=True, soft_wrap=True)   # a line of figures stays one line in a file or a pipe
 STOP_TIMEOUT_S = float(os.environ.get("P2PFAAS_STOP_TIMEOUT_S", 60.0))  # up's whole shutdown
@@ -87,7 +89,6 @@ def on_stack(data_dir: Path, nats_url: str | None, prefix: str, client: str, wor
     its operator: what the tools run by hand (dead-letters, deploy, list, ...) share."""
     from broker.connection import close_quietly, connect
     from broker.subjects import Subjects
-    from p2pfaas.cli import START_THE_STACK, _stack_identity, _stack_nats_url
 
     url = _stack_nats_url(data_dir, nats_url)
     _stack_identity(data_dir)
@@ -206,3 +207,79 @@ def serve_stack(settings) -> None:
         console.print("stopped")
 
     asyncio.run(main())
+
+
+START_THE_STACK = "is the stack running? Start it with `p2pfaas up`, or name a running NATS with --nats-url"
+
+def _policy_name(name: str, flag: str, *, off: bool = False) -> str:
+    """The policy as the parts take it (a model file by its absolute path: they run elsewhere);
+    a name no command knows is said before anything starts, with the nearest names."""
+    try:
+        name = canonical(name, off=off)
+    except PolicyNameError as exc:
+        _fail(f"{flag}: {exc}")
+    return str(Path(name).resolve()) if name.endswith(MODEL_SUFFIXES) else name
+
+def _positive_seconds(value: Optional[float]) -> Optional[float]:
+    """A duration that must be more than 0, refused as typer refuses a value out of range (typer
+    has no open range: min=0 would let 0 through)."""
+    if value is not None and value <= 0:
+        raise typer.BadParameter(f"{value:g} is not more than 0 seconds")
+    return value
+
+def _running_stack(data_dir: Path, flag: str) -> dict:
+    """The endpoints the ``up`` running on ``data_dir`` wrote; without them, ``flag`` is needed.
+    Never a default URL: it reached whatever listened there (the machine's own NATS on 4222,
+    another stack) and showed its state, or none, as if it were this stack's."""
+    from p2pfaas.stack import read_endpoints
+
+    known = read_endpoints(data_dir)
+    if not known:
+        _fail(f"no running `p2pfaas up` found in {data_dir} (no {data_dir / 'endpoints.json'}): "
+              f"start one, or give {flag}")
+    return known
+
+def _stack_nats_url(data_dir: Path, nats_url: Optional[str]) -> str:
+    return nats_url or _running_stack(data_dir, "--nats-url")["nats_url"]
+
+def _attach(data_dir: Path, nats_url: Optional[str]):
+    """The NATS a part (node, bridge, learner, controller) attaches to and the stack's identity
+    store: ``nats_url``, else the one of the `up` running on ``data_dir`` (the default was
+    nats://127.0.0.1:4222, the machine's shared broker, not the user's stack). Run by hand, a
+    part acts as that stack's operator (:func:`_stack_identity`); one `up` started was given its
+    URL and its own identity, and another data dir's files must not replace them."""
+    from broker.lifecycle import parent_pipe_watched
+
+    url = _stack_nats_url(data_dir, nats_url)
+    return url, None if parent_pipe_watched() else _stack_identity(data_dir)
+
+def _stack_store(data_dir: Path, required: bool = False):
+    """The identity store `up` made in ``data_dir``; None when there is none (no stack was set
+    up there, or an --insecure one), unless ``required``: then that is said, exit code 2."""
+    from broker.auth import AuthStore
+
+    directory = data_dir / "auth"
+    if (directory / "services.json").exists():
+        return AuthStore(directory)
+    if required:   # a store made here would hold identities no running stack accepts
+        _fail(f"no stack has been set up in {data_dir} (no identities in {directory}): run `p2pfaas up "
+              f"--data-dir {data_dir}` first (an --insecure stack has none)")
+    return None
+
+def _stack_identity(data_dir: Path):
+    """The identity store of the `up` stack in ``data_dir`` (None when it has none); tools run by
+    hand act as its operator on NATS (parts started by `up` already have their own identity)."""
+    from broker import handoff
+    from broker.auth import OPERATOR, AuthStoreError
+
+    store = _stack_store(data_dir)
+    if store is None:
+        return None
+    ca = data_dir / "tls" / "ca.pem"
+    if ca.exists() and not os.environ.get("P2PFAAS_TLS_CA"):
+        os.environ["P2PFAAS_TLS_CA"] = str(ca)
+    if not handoff.get("P2PFAAS_NATS_USER"):
+        with _reported(AuthStoreError, OSError):
+            operator = store.service(OPERATOR)
+        handoff.hold(P2PFAAS_NATS_USER=operator.user, P2PFAAS_NATS_PASSWORD=operator.password)
+    return store

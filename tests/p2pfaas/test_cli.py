@@ -475,7 +475,7 @@ def test_out_of_range_numbers_of_up_are_usage_errors(tmp_path):
 def test_a_function_module_is_imported_as_a_node_would(tmp_path, monkeypatch):
     """The --function check imports in a child process from the current directory, as the node
     (`python -m`) does; a module that fails when imported is one line naming its error."""
-    from p2pfaas.cli import _importable
+    from p2pfaas.cli_common import _importable
 
     (tmp_path / "mine.py").write_text("def f(data):\n    return data\n")
     (tmp_path / "broken.py").write_text("import sys\nprint('hi')\nsys.stderr.write('partial')\nraise RuntimeError('boom')\n")
