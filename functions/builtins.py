@@ -5,7 +5,7 @@ from __future__ import annotations
 import random
 import time
 
-from functions.registry import CONCURRENT, FunctionInputError, FunctionSpec
+from functions.spec import CONCURRENT, FunctionInputError, FunctionSpec
 
 
 def _number(payload: bytes, kind: type, low: float, high: float) -> int | float:

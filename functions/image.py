@@ -20,7 +20,7 @@ import urllib.error
 import urllib.request
 from typing import Any
 
-from functions.registry import FunctionInputError
+from functions.spec import FunctionInputError
 from functions.secrets import given as given_secrets
 
 log = logging.getLogger(__name__)

@@ -11,47 +11,14 @@ import dataclasses
 import importlib
 import inspect
 import re
-from dataclasses import dataclass, field
-from typing import Any, Awaitable, Callable, Mapping
+from typing import Any, Mapping
 
-FunctionBody = Callable[[bytes], bytes] | Callable[[bytes], Awaitable[bytes]]
-CONCURRENT = 64   # calls one worker process runs at once for an I/O-bound or async function
+from functions import builtins
+from functions.image import ImageFunction, parse_image_reference
+from functions.spec import CONCURRENT, FunctionBody, FunctionSpec
+
 NAME_RE = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
 IMAGE_TIMEOUT_S = 60.0
-MAX_RETRY_DELAY_S = 3600.0
-
-
-class FunctionInputError(ValueError):
-    """Raised by a function whose input is malformed: the caller gets 400, not 500."""
-
-
-@dataclass(frozen=True, slots=True)
-class FunctionSpec:
-    """A function and how a worker process may run it.
-
-    ``concurrency``: calls one worker process runs at once — 1 for CPU-bound functions (each
-    call gets a whole worker), more for I/O-bound ones (threads) and ``async def`` ones (tasks).
-    ``inline``: trivial functions run on the worker's event loop itself, with no thread hop.
-    Whatever these say, a node never runs more than K calls at once.
-    """
-
-    name: str
-    body: FunctionBody
-    timeout_s: float = 30.0
-    requires_input: bool = True   # an empty payload is refused with 400
-    description: str = ""
-    concurrency: int = 1
-    inline: bool = False
-    retry_backoff_s: tuple[float, ...] = ()   # seconds before each retry of a lost task (empty: the node's)
-    is_async: bool = field(init=False, default=False)
-
-    def __post_init__(self) -> None:
-        if self.concurrency < 1:
-            raise ValueError(f"{self.name}: concurrency must be >= 1, got {self.concurrency}")
-        if not all(isinstance(d, (int, float)) and 0 < d <= MAX_RETRY_DELAY_S for d in self.retry_backoff_s):
-            raise ValueError(f"{self.name}: retry_backoff_s must be seconds in (0, {MAX_RETRY_DELAY_S:g}], "
-                             f"got {self.retry_backoff_s!r}")
-        object.__setattr__(self, "is_async", inspect.iscoroutinefunction(self.body))
 
 
 class FunctionRegistry:
@@ -72,7 +39,6 @@ class FunctionRegistry:
         image function (its container does the work); any other is taken as CPU-bound (one call
         per worker) unless it sets ``p2pfaas_concurrency``. ``p2pfaas_retry_backoff_s`` (seconds)
         sets the waits before the retries of a task whose worker died."""
-        from functions.image import ImageFunction, parse_image_reference
 
         image = parse_image_reference(reference)
         if image is not None:  # the first call starts the container: allow for its cold start
@@ -136,7 +102,6 @@ def default_registry(extra: str | list[tuple[str, str]] = "",
     """Built-ins plus user functions (``name=module:function`` pairs); ``env``: the variables of
     each (an image function's container gets its own); ``options``: by function, what a deployment
     sets instead of the code (``timeout_s``, ``concurrency`` attributes, None where not set)."""
-    from functions import builtins
 
     registry = FunctionRegistry()
     for spec in builtins.SPECS:

@@ -16,24 +16,25 @@ import asyncio
 import logging
 import os
 import time
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 import orjson
 from pydantic import ValidationError
 
 from broker.codec import decode, encode
 from broker.control import ControlError
-from broker.messages import FunctionDeployment, FunctionInfo, FunctionList, FunctionScale, ScaleDelay
+from broker.messages import (FunctionDeployment, FunctionInfo, FunctionList, FunctionScale, NodeConfiguration,
+                             ScaleDelay)
+from broker.subjects import Subjects
 from functions.image import check_engine, parse_image_reference
 from functions.registry import FunctionRegistry, default_registry, env_conflicts
 from nodes.catalogue import APPLY_TIMEOUT_S, Catalogue
-from nodes.config_store import read_node_file, write_node_file
+from nodes.config_store import ConfigStore, read_node_file, write_node_file
+from nodes.metrics import NodeMetrics
+from nodes.pool import WorkerPool
 from nodes.secrets import NodeSecrets
-from nodes.settings import FunctionOptions, PoolSpec
+from nodes.settings import FunctionOptions, NodeSettings, PoolSpec
 from nodes.worker import DEFAULT_POOL
-
-if TYPE_CHECKING:
-    from nodes.node import Node
 
 log = logging.getLogger(__name__)
 
@@ -43,8 +44,26 @@ PROCESS_MEMORY_MIN = 128 * 1024 * 1024   # a worker process itself holds about 9
 SCALED_BY_HAND_MAX = 32   # a shared function scaled by hand gets a pool of its own of up to this many
 
 
+class PoolHost(Protocol):
+    """What deployments need of the node that holds them (nodes/node.py's ``Node``): its settings,
+    functions and pools, and the three changes they make to it."""
+
+    settings: NodeSettings
+    subjects: Subjects
+    metrics: NodeMetrics
+    store: ConfigStore
+    registry: FunctionRegistry
+    pools: dict[str, WorkerPool]
+
+    async def add_pool(self, name: str) -> WorkerPool: ...
+
+    async def remove_pool(self, name: str, functions: list[str], drain_s: float = 30.0) -> None: ...
+
+    async def apply_configuration(self, config: NodeConfiguration) -> None: ...
+
+
 class Deployments:
-    def __init__(self, node: "Node") -> None:
+    def __init__(self, node: PoolHost) -> None:
         self.node = node
         self.path = node.settings.node_dir / "functions.json"
         self._lock = asyncio.Lock()

@@ -17,7 +17,7 @@ import itertools
 import logging
 import time
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Awaitable, Callable
+from typing import Awaitable, Callable
 
 import httpx
 import orjson
@@ -36,9 +36,7 @@ from nodes.answering import Answerer
 from nodes.calls import Call
 from nodes import peer_http
 from nodes.inbox import Inbox
-
-if TYPE_CHECKING:
-    from nodes.scheduler.service import PeerSource
+from nodes.peer_source import PeerSource
 
 log = logging.getLogger(__name__)
 
@@ -84,7 +82,7 @@ class Pending:
 class Forwarder:
     def __init__(self, node: str, nc: Client, subjects: Subjects, inbox: Inbox, answerer: Answerer,
                  run_here: Callable[[Call], Awaitable[None]], on_forward: Callable[[str], None],
-                 peers: "PeerSource | None" = None) -> None:
+                 peers: PeerSource | None = None) -> None:
         self.node, self.nc, self.subjects, self.inbox, self.answerer = node, nc, subjects, inbox, answerer
         self._run_here, self._on_forward = run_here, on_forward
         self.peers = peers

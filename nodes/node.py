@@ -37,7 +37,8 @@ from nodes.learner.settings import LearnerSettings
 from nodes.metrics import NodeMetrics
 from nodes.pool import WorkerPool, worker_processes
 from nodes.scheduler.learning import LearningContext
-from nodes.scheduler.service import PeerSource, SchedulerService
+from nodes.peer_source import PeerSource
+from nodes.scheduler.service import SchedulerService
 from nodes.settings import NodeSettings
 from nodes.store_check import StoreCheck
 from nodes.telemetry import PULSE_PERIOD_S, PoolStats

@@ -43,9 +43,9 @@ from broker.lifecycle import OnItsLoop, hard_exit_after, on_parent_gone, parent_
 from broker.messages import (DirectAnswer, NodeGone, WorkerCall, WorkerCalls, WorkerOutcome, WorkerStatus, WorkerStatusRequest)
 from broker.subjects import Subjects
 from functions.output import TaggedStream, current_function
-from functions.registry import (FunctionInputError, FunctionRegistry, FunctionSpec, default_registry,
-                                function_environment)
+from functions.registry import FunctionRegistry, default_registry, function_environment
 from functions.secrets import give as give_secrets
+from functions.spec import FunctionInputError, FunctionSpec
 from nodes.settings import NodeSettings, pool_functions
 
 log = logging.getLogger(__name__)

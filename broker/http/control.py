@@ -19,7 +19,7 @@ from broker.http.invoke import error
 from broker.messages import NodeConfiguration, SchedulerConfiguration
 
 if TYPE_CHECKING:
-    from broker.http_bridge import HttpBridge
+    from broker.http.bridge import Bridge
 
 
 def known_keys(body: bytes, contract: type[BaseModel]) -> bytes:
@@ -35,7 +35,7 @@ def known_keys(body: bytes, contract: type[BaseModel]) -> bytes:
     return orjson.dumps({k: v for k, v in data.items() if k in contract.model_fields})
 
 
-def control_router(bridge: "HttpBridge") -> APIRouter:
+def control_router(bridge: "Bridge") -> APIRouter:
     router = APIRouter(tags=["control"])
     subjects, node = bridge.subjects, bridge.node
 

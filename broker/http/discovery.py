@@ -21,9 +21,9 @@ from broker.http.invoke import port_app
 from broker.messages import DiscoveryConfiguration
 
 if TYPE_CHECKING:
-    from broker.http_bridge import HttpBridge
+    from broker.http.bridge import Bridge
 
-def discovery_app(bridge: "HttpBridge") -> FastAPI:
+def discovery_app(bridge: "Bridge") -> FastAPI:
     app = port_app("p2pfaas discovery API (P2PFaaS-compatible)", f"Welcome to the p2pfaas discovery service v{VERSION}!")
     node, subjects = bridge.node, bridge.subjects
 

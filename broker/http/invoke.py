@@ -9,10 +9,12 @@ the OpenAPI docs and for servers without the fast path; both call :func:`direct_
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
-from typing import TYPE_CHECKING, Iterable
+from typing import Iterable
 
+import httpx
 from fastapi import APIRouter, Depends, FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 
@@ -20,10 +22,9 @@ from broker import codes
 from broker import headers as H
 from broker.answers import VERSION, Answer, error_body
 from broker.errors import BrokerUnavailable, FaasError, NodeUnavailable, NotPermitted, Unauthorized
+from broker.http.bridge import Bridge
+from broker.streams import RESULT_MAX_AGE_S
 from broker.subjects import TOKEN_RE, check_token
-
-if TYPE_CHECKING:
-    from broker.http_bridge import HttpBridge
 
 log = logging.getLogger(__name__)
 
@@ -34,6 +35,12 @@ SUBMIT_PATIENCE_S = 6.0
 _CALLER = {name.lower().encode(): name for name in H.CALLER_HEADERS}
 _OCTETS = (b"content-type", b"application/octet-stream")
 _JSON = (b"content-type", b"application/json")
+# an async call's answer is POSTed to its X-Callback-Url if it comes while the results stream
+# keeps it (as /result/{id} finds it), however long the call queued or ran: a direct call's
+# limit (invoke_timeout_s) is no async call's
+CALLBACK_WAIT_S = RESULT_MAX_AGE_S
+CALLBACK_LOOK_S = 60.0    # the stored answer is looked up this often (one missed during a reconnection)
+CALLBACK_POST_S = 10.0    # a callback POST, its response included, ends within this
 
 
 def answer_header_list(answer: Answer, call_id: str) -> list[tuple[bytes, bytes]]:
@@ -78,7 +85,7 @@ def port_app(title: str, hello: str) -> FastAPI:
     return app
 
 
-async def direct_call(bridge: "HttpBridge", fn: str, body: bytes, headers: dict[str, str]) -> tuple[Answer, str]:
+async def direct_call(bridge: Bridge, fn: str, body: bytes, headers: dict[str, str]) -> tuple[Answer, str]:
     """One direct call through the node; errors of the path itself become answers too."""
     call_id = bridge.new_call_id()
     asked = headers.get(H.TIMEOUT)
@@ -106,7 +113,7 @@ async def direct_call(bridge: "HttpBridge", fn: str, body: bytes, headers: dict[
 class FastInvoke:
     """ASGI: ``GET|POST /function/{fn}`` without the framework; everything else to ``app``."""
 
-    def __init__(self, app, bridge: "HttpBridge") -> None:
+    def __init__(self, app, bridge: Bridge) -> None:
         self.app, self.bridge = app, bridge
 
     async def __call__(self, scope, receive, send) -> None:
@@ -162,7 +169,7 @@ async def _send(send, status: int, body: bytes, headers: list[tuple[bytes, bytes
     return status
 
 
-async def call_state(bridge: "HttpBridge", call_id: str) -> tuple[Answer | None, bool]:
+async def call_state(bridge: Bridge, call_id: str) -> tuple[Answer | None, bool]:
     """Async call ``call_id``'s stored answer, and whether its task is still stored (waiting or
     running), read from JetStream: every bridge process (``--http-processes``, a restarted
     bridge) answers the same. Both are asked at once. The node stores the answer before it
@@ -180,7 +187,39 @@ async def call_state(bridge: "HttpBridge", call_id: str) -> tuple[Answer | None,
     return answer, waiting
 
 
-def invoke_router(bridge: "HttpBridge") -> APIRouter:
+async def deliver_callback(bridge: Bridge, fut: "asyncio.Future[Answer]", call_id: str, url: str) -> None:
+    """POST the answer of async call ``call_id`` to ``url`` when it comes (a call without a
+    callback gets no task: its answer waits in the results stream for ``/result/{id}``)."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + CALLBACK_WAIT_S
+    try:
+        answer = None
+        while answer is None:
+            try:
+                async with asyncio.timeout(min(CALLBACK_LOOK_S, deadline - loop.time())):
+                    answer = await asyncio.shield(fut)
+            except FaasError as exc:   # an answer that is no Answer: said, not a task dying silently
+                log.warning("async call %s: its answer cannot be read (%s): no callback", call_id, exc)
+                return
+            except asyncio.TimeoutError:
+                with contextlib.suppress(FaasError):   # JetStream away for now: the next look
+                    answer = await bridge.faas.stored_answer(bridge.client_id, call_id)
+                if answer is None and loop.time() >= deadline:
+                    log.warning("async call %s got no answer within %.0f s: no callback", call_id, CALLBACK_WAIT_S)
+                    return
+    finally:
+        bridge.faas.forget(call_id)
+    response = answer_response(answer, call_id)
+    try:
+        async with httpx.AsyncClient(timeout=CALLBACK_POST_S) as client:
+            # httpx's timeout is per read: a target trickling its response would hold this for ever
+            async with asyncio.timeout(CALLBACK_POST_S):
+                await client.post(url, content=response.body, headers=dict(response.headers.items()))
+    except Exception as exc:   # whatever goes wrong, said (the background task must not die silently)
+        log.warning("callback %s for %s failed: %r", url, call_id, exc)
+
+
+def invoke_router(bridge: Bridge) -> APIRouter:
     router = APIRouter(tags=["invoke"])
 
     async def may_invoke(request: Request) -> None:
@@ -212,7 +251,7 @@ def invoke_router(bridge: "HttpBridge") -> APIRouter:
             bridge.faas.forget(call_id)
             return error(503, f"call not accepted (not stored): {exc}", **{H.RETRY_AFTER: "1"})
         if fut is not None and callback:
-            bridge.background(bridge.deliver_callback(fut, call_id, callback))
+            bridge.background(deliver_callback(bridge, fut, call_id, callback))
         return JSONResponse({"call_id": call_id, "status": "accepted", "result_url": f"/result/{call_id}",
                              "result_topic": bridge.subjects.result(bridge.client_id, call_id)},
                             status_code=202, headers={H.CALL_ID: call_id})

@@ -41,7 +41,7 @@ from broker.messages import (
 from broker.subjects import SCHEDULING_MODEL, LearnerVerb
 
 if TYPE_CHECKING:
-    from broker.http_bridge import HttpBridge
+    from broker.http.bridge import Bridge
 
 LEARNING_HEADER = H.LEARNER_PREFIX
 LEARNING_EPS = H.LEARNER_EPS
@@ -53,7 +53,7 @@ P2PFAAS_MODEL_NAMES = {"dsarsa": "SarsaQTable"}   # our differential SARSA is it
 class LearnerGateway:
     """One node's learner, as the HTTP routes reach it."""
 
-    def __init__(self, bridge: "HttpBridge") -> None:
+    def __init__(self, bridge: "Bridge") -> None:
         self.bridge = bridge
 
     async def control(self, model: str, verb: LearnerVerb, body: bytes = b"") -> tuple[int, bytes]:
@@ -128,7 +128,7 @@ def p2pfaas_sample(entry: Any) -> LearnerTrainSample:
     return decode(LearnerTrainSample, orjson.dumps(fields))
 
 
-def learner_router(bridge: "HttpBridge") -> APIRouter:
+def learner_router(bridge: "Bridge") -> APIRouter:
     """``/learner/*`` on the node's main port: p2pfaas's own shapes; ``?model=`` picks the model."""
     router = APIRouter(prefix="/learner", tags=["learner"])
     gateway = LearnerGateway(bridge)
@@ -176,7 +176,7 @@ def learner_router(bridge: "HttpBridge") -> APIRouter:
 
 
 # -- P2PFaaS's learner service (port 19020) ------------------------------------------------------
-def learner_app(bridge: "HttpBridge") -> FastAPI:
+def learner_app(bridge: "Bridge") -> FastAPI:
     """The original learner's routes and bodies for the node's scheduling model (docs/compat.md)."""
     app = port_app("p2pfaas learner API (P2PFaaS-compatible)", f"This is {LEARNER_NAME} v{VERSION}.")
     gateway = LearnerGateway(bridge)

@@ -25,7 +25,7 @@ from broker.http.invoke import error
 from broker.subjects import FunctionsVerb, check_token
 
 if TYPE_CHECKING:
-    from broker.http_bridge import HttpBridge
+    from broker.http.bridge import Bridge
 
 
 def deployment(body: bytes) -> dict[str, Any] | Response:
@@ -63,7 +63,7 @@ def secret_change(body: bytes, mode: str) -> dict[str, Any] | Response:
     return change
 
 
-def openfaas_router(bridge: "HttpBridge") -> APIRouter:
+def openfaas_router(bridge: "Bridge") -> APIRouter:
     router = APIRouter(tags=["OpenFaaS"])
 
     async def ask(verb: FunctionsVerb, body: dict[str, Any] | None = None, timeout_s: float | None = None) -> Response:

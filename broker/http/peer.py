@@ -26,7 +26,7 @@ from broker.errors import NotPermitted, Unauthorized
 from broker.subjects import check_token, machine_token
 
 if TYPE_CHECKING:
-    from broker.http_bridge import HttpBridge
+    from broker.http.bridge import Bridge
 
 MAX_HOPS = 64
 
@@ -56,7 +56,7 @@ def _floats(text: str | None) -> list[float]:
     return [float(v) for v in values] if isinstance(values, list) else []
 
 
-def peer_router(bridge: "HttpBridge") -> APIRouter:
+def peer_router(bridge: "Bridge") -> APIRouter:
     router = APIRouter(tags=["P2PFaaS peers"])
 
     async def reply(status: int, body: dict[str, Any]) -> Response:

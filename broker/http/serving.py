@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING
 import uvicorn
 
 if TYPE_CHECKING:
-    from broker.http_bridge import HttpBridge
+    from broker.http.bridge import Bridge
 
 log = logging.getLogger(__name__)
 
@@ -395,7 +395,7 @@ def listening_socket(host: str, port: int, reuse_port: bool) -> socket.socket:
     return sock
 
 
-async def serve_in_loop(bridge: "HttpBridge", apps: list[tuple[object, str, int, bool]],
+async def serve_in_loop(bridge: "Bridge", apps: list[tuple[object, str, int, bool]],
                         started: asyncio.Event | None = None, *, reuse_port: bool = False,
                         tls: tuple[str, str] | None = None) -> None:
     """Serve each ``(app, host, port, lifespan)`` until ``bridge.shutdown()``; the app with the

@@ -1,6 +1,6 @@
 """The discovery service: heartbeats out, heartbeats in, the alive-peer list and load probes.
 
-It is the scheduler's :class:`~nodes.scheduler.service.PeerSource`: ``peers()``
+It is the scheduler's :class:`~nodes.peer_source.PeerSource`: ``peers()``
 comes from the :class:`MembershipView` (and the P2PFaaS machines that speak HTTP,
 :mod:`nodes.discovery.machines`), ``probe(peer)`` asks ``faas.<peer>.load`` (or the
 machine's ``/monitoring/load``).

@@ -16,7 +16,7 @@ import logging
 import random
 import time
 from collections import OrderedDict
-from typing import TYPE_CHECKING, Mapping, Sequence
+from typing import Mapping, Sequence
 
 from nats.aio.client import Client
 from nats.aio.msg import Msg
@@ -42,6 +42,7 @@ from nodes.forwarding import Forwarder
 from nodes.inbox import Inbox
 from nodes.intake import HOLD_LIMIT, AsyncIntake, UnknownNodeSweeper
 from nodes.metrics import NodeMetrics
+from nodes.peer_source import PeerSource
 from nodes.scheduler.algorithms import build_algorithm, decide, forced_algorithm
 from nodes.scheduler.base import (
     Decision,
@@ -58,9 +59,6 @@ from nodes.scheduler.inbound import Inbound, Refusal
 from nodes.settings import NodeSettings, machine_memory
 from nodes.worker import DEFAULT_POOL, STOP_GRACE_S
 
-if TYPE_CHECKING:
-    import httpx
-
 log = logging.getLogger(__name__)
 
 RECENT = 65_536          # answered async calls remembered, to drop duplicates without a message id
@@ -72,7 +70,7 @@ QUEUE_MEMORY_SHARE = 16  # direct calls waiting in memory hold at most 1/16 of t
 class SchedulerService:
     def __init__(self, settings: NodeSettings, nc: Client, registry: FunctionRegistry, store: ConfigStore,
                  metrics: NodeMetrics, answerer: Answerer, inbox: Inbox, pools: dict[str, Dispatcher],
-                 peers: "PeerSource | None" = None) -> None:
+                 peers: PeerSource | None = None) -> None:
         self.settings = settings
         self.node_id = settings.node_id
         self.nc = nc
@@ -485,27 +483,3 @@ class SchedulerService:
 
 def queue_memory_limit() -> int:
     return max(64 * 1024 * 1024, machine_memory() // QUEUE_MEMORY_SHARE)
-
-
-class PeerSource:
-    """What the scheduler needs from discovery (filled in by the peer-to-peer layer)."""
-
-    http: "httpx.AsyncClient | None" = None   # reaches the peers that speak P2PFaaS's HTTP API
-
-    def peers(self) -> Sequence[str]:
-        return ()
-
-    async def probe(self, peer: str) -> int | None:
-        return None
-
-    def http_base(self, peer: str) -> str | None:
-        """The scheduler API URL of a peer that speaks P2PFaaS's HTTP API (None: a p2pfaas node)."""
-        return None
-
-    def unreachable(self, peer: str, reason: str) -> None:
-        """A forward to ``peer`` over HTTP failed in transit (refused, reset, silent): it should not
-        be chosen until it shows it is alive again. (A p2pfaas peer's death is its ``gone``.)"""
-
-    def resolve(self, name: str) -> str:
-        """The peer id of a node named by its address (P2PFaaS names its master by IP)."""
-        return name

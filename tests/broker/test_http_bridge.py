@@ -297,7 +297,7 @@ async def test_a_callback_comes_for_an_async_call_longer_than_a_direct_call_may_
     or a long function, as the 400 of a too-long direct call advises) is still POSTed, and so is
     one whose answer the bridge missed (a reconnection): it is looked up in the results stream.
     A call without a callback holds nothing in the bridge while it runs."""
-    monkeypatch.setattr("broker.http_bridge.CALLBACK_LOOK_S", 0.5)
+    monkeypatch.setattr("broker.http.invoke.CALLBACK_LOOK_S", 0.5)
     received = callbacks.received
     async with node_factory(), serving(bridge := HttpBridge(nc, "n1", prefix=prefix, invoke_timeout_s=1,
                                                             callback_hosts=["127.0.0.1"])) as http:
@@ -316,7 +316,7 @@ async def test_a_callback_comes_for_an_async_call_longer_than_a_direct_call_may_
 async def test_a_callback_target_that_trickles_its_response_is_cut_off(node_factory, nc, prefix, monkeypatch):
     """httpx's timeout is per read: a target sending a byte now and then would hold the callback's
     task (and its connection) for ever; the whole POST has a deadline."""
-    monkeypatch.setattr("broker.http_bridge.CALLBACK_POST_S", 1.0)
+    monkeypatch.setattr("broker.http.invoke.CALLBACK_POST_S", 1.0)
     posted = asyncio.Event()
 
     async def trickle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:

@@ -16,7 +16,7 @@ from broker.codec import decode
 from broker.deadletters import dead_letters
 from broker.messages import Result
 from broker.subjects import Subjects
-from functions.registry import FunctionSpec
+from functions.spec import FunctionSpec
 from nodes.answering import retry_delay_s
 from support import Collector, wait_until
 
