@@ -10,27 +10,25 @@ import os
 import time
 from pathlib import Path
 
-import orjson
 from nats.aio.client import Client
 from nats.aio.msg import Msg
-from nats.js.errors import APIError, ServiceUnavailableError
-from prometheus_client import generate_latest
 
 from broker import codes
-from broker.codec import decode, decode_update, encode
+from broker.codec import decode, encode
 from broker.connection import close_quietly, connect, on_event
-from broker.control import ControlError, ControlServer
-from broker.lifecycle import end_strays, hold_data_dir, still_wanted
+from broker.lifecycle import end_strays, hold_data_dir
 from broker.errors import ContractError
-from broker.messages import NodeConfiguration, NodeGone, NodeLoad, ScaleCommand, SchedulerChange, SchedulerConfiguration
-from broker.streams import ensure_node_streams
+from broker.messages import NodeConfiguration, NodeGone, NodeLoad, ScaleCommand
+from broker.streams import ensure_node_streams, when_jetstream_ready
 from broker.subjects import Subjects
 from functions.registry import FunctionRegistry, default_registry
 from nodes.config_store import ConfigStore
+from nodes.control_plane import NodeControl
 from nodes.discovery.service import DiscoveryService
 from nodes.answering import Answerer
 from nodes.deployments import Deployments
 from nodes.dispatch import Dispatcher
+from nodes.drops import DropSummary
 from nodes.inbox import Inbox
 from nodes.learner.service import LearnerService
 from nodes.learner.settings import LearnerSettings
@@ -41,16 +39,14 @@ from nodes.peer_source import PeerSource
 from nodes.scheduler.service import SchedulerService
 from nodes.settings import NodeSettings
 from nodes.store_check import StoreCheck
+from nodes.pool_reports import send_pulses, send_telemetry
 from nodes.telemetry import PULSE_PERIOD_S, PoolStats
 from nodes.worker import DEFAULT_POOL
 
 log = logging.getLogger(__name__)
 
-VERSION = "0.1.0"
 MAX_K = 1024
 NODE_LOCK = Path("run") / "node.lock"   # under the node's directory: one node process per node
-LOG_DROPPED_EVERY_S = 5.0   # calls not run because their callers stopped waiting: one summary line at most this often
-JETSTREAM_READY_TIMEOUT_S = 30.0  # a fresh NATS cluster elects its JetStream leader first
 
 
 class Node:
@@ -82,7 +78,7 @@ class Node:
         self._subs: list = []
         self._unlisten = lambda: None
         self._reconciling: set[asyncio.Task] = set()
-        self.control: ControlServer | None = None
+        self.control: NodeControl | None = None
         self.started_at = time.time()
         self._lock: int | None = None
 
@@ -96,9 +92,9 @@ class Node:
             log.warning("node %s: ended %d worker process(es) left by a previous run", self.settings.node_id, len(strays))
         self.nc = await connect(self.settings.nats_servers, f"node-{self.settings.node_id}")
         js = self.nc.jetstream()
-        await _when_jetstream_ready(lambda: ensure_node_streams(js, self.subjects, self.settings.node_id))
+        await when_jetstream_ready(lambda: ensure_node_streams(js, self.subjects, self.settings.node_id))
         # the deployment's functions before the workers start: they load them at once
-        await _when_jetstream_ready(lambda: self.deployments.join_catalogue(js))
+        await when_jetstream_ready(lambda: self.deployments.join_catalogue(js))
         if self.settings.learner:  # before the scheduler, so a LearningScheduler can use it
             self.learner = await LearnerService(self.nc, LearnerSettings.for_node(self.settings)).start()
         self.inbox = await Inbox(self.nc).start()
@@ -128,36 +124,11 @@ class Node:
         self.store_check = StoreCheck(self.settings.node_id, self.nc, self.subjects).start()
         if self.discovery:
             await self.discovery.start()
-        node = self.settings.node_id
-        s = self.subjects
-        self.control = ControlServer(self.nc, self._refused)
-        for subject, handler in (
-            (s.load(node), self._on_load),
-            (s.config(node, "get"), self._on_config_get),
-            (s.config(node, "set"), self._on_config_set),
-            (s.scheduler_config(node, "get"), self._on_scheduler_get),
-            (s.scheduler_config(node, "set"), self._on_scheduler_set),
-            (s.metrics(node), self._on_metrics),
-            (s.info(node), self._on_info),
-            (s.functions(node, "list"), self.deployments.on_list),
-            (s.functions(node, "deploy"), self.deployments.on_deploy),
-            (s.functions(node, "delete"), self.deployments.on_delete),
-            (s.functions(node, "scale"), self.deployments.on_scale),
-            (s.functions(node, "scale_delay"), self.deployments.on_scale_delay),
-            (s.functions(node, "secrets_list"), self.deployments.secrets.on_list),
-            (s.functions(node, "secrets_set"), self.deployments.secrets.on_set),
-            (s.functions(node, "secrets_delete"), self.deployments.secrets.on_delete),
-        ):
-            await self.control.serve(subject, handler)
-        if self.discovery:   # P2PFaaS's discovery API
-            for verb, handler in (("register", self.discovery.on_register), ("reset", self.discovery.on_reset),
-                                  ("config.get", self.discovery.on_config_get),
-                                  ("config.set", self.discovery.on_config_set)):
-                await self.control.serve(s.discovery(node, verb), handler)
+        self.control = await NodeControl(self.nc, self).start()
         for name in self.pools:
             await self._watch_pool(name)
         self._unlisten = on_event(self.nc, "reconnected", self._on_reconnected)
-        log.info("node %s up: K=%d queue=%d scheduler=%s", node,
+        log.info("node %s up: K=%d queue=%d scheduler=%s", self.settings.node_id,
                  self.store.node.parallel_running_functions_max, self.store.node.queue_length_max,
                  scheduler.algorithm.describe())
         return self
@@ -306,9 +277,12 @@ class Node:
         """Its telemetry (and pulses between long control periods) out, its scale commands in."""
         assert self.nc is not None
         pool = self.pools[name]
-        tasks = [asyncio.create_task(self._pool_telemetry(name, pool), name=f"{name}-telemetry")]
-        if self._pool_period(name) > PULSE_PERIOD_S:
-            tasks.append(asyncio.create_task(self._pool_pulses(name, pool), name=f"{name}-pulses"))
+        stats, me, period = self.stats[name], self.settings.node_id, self._pool_period(name)
+        tasks = [asyncio.create_task(send_telemetry(self.nc, self.subjects.telemetry(me, name), stats, pool, period),
+                                     name=f"{name}-telemetry")]
+        if period > PULSE_PERIOD_S:
+            tasks.append(asyncio.create_task(send_pulses(self.nc, self.subjects.pulse(me, name), stats, pool),
+                                             name=f"{name}-pulses"))
         sub = await self.nc.subscribe(self.subjects.scale(self.settings.node_id, name), cb=self._on_scale)
         self._watching[name] = [*tasks, sub]
 
@@ -348,44 +322,6 @@ class Node:
     def _pool_period(self, name: str) -> float:
         spec = self.settings.pools.get(name)
         return (spec.period_s if spec else None) or self.settings.telemetry_period_s
-
-    async def _pool_pulses(self, name: str, pool: WorkerPool) -> None:
-        """A ``PoolPulse`` every PULSE_PERIOD_S between the pool's control periods: what its
-        controller reacts to before its next decision (controller/panic.py)."""
-        assert self.nc is not None
-        stats, dispatcher = self.stats[name], pool.dispatcher
-        subject = self.subjects.pulse(self.settings.node_id, name)
-        last = time.monotonic()
-        while True:
-            still_wanted()
-            await asyncio.sleep(PULSE_PERIOD_S)
-            now = time.monotonic()
-            elapsed, last = now - last, now
-            pulse = stats.pulse(time.time(), elapsed, queue_length=dispatcher.n_waiting, ready=pool.ready,
-                                starting=pool.starting)
-            with contextlib.suppress(Exception):  # broker blip: the next pulse goes out
-                await self.nc.publish(subject, encode(pulse))
-
-    async def _pool_telemetry(self, name: str, pool: WorkerPool) -> None:
-        """One ``PoolTelemetry`` per period on ``faas.<node>.telemetry.<pool>``; a dedicated pool's
-        period is its control period (``PoolSpec.period_s``)."""
-        period = self._pool_period(name)
-        assert self.nc is not None
-        stats, dispatcher = self.stats[name], pool.dispatcher
-        subject = self.subjects.telemetry(self.settings.node_id, name)
-        last = time.monotonic()
-        next_at = last + period
-        while True:
-            still_wanted()
-            await asyncio.sleep(max(0.0, next_at - time.monotonic()))
-            next_at += period
-            now = time.monotonic()
-            elapsed, last = now - last, now
-            sample = stats.sample(time.time(), elapsed, queue_length=dispatcher.n_waiting,
-                                  in_service=dispatcher.n_running, ready=pool.ready, starting=pool.starting,
-                                  stopping=pool.stopping)
-            with contextlib.suppress(Exception):  # broker blip: the next period's sample goes out
-                await self.nc.publish(subject, encode(sample))
 
     async def _on_scale(self, msg: Msg) -> None:
         """A scale command: the main pool's K (persisted, like /configuration), or a dedicated pool's size."""
@@ -436,118 +372,6 @@ class Node:
             self.scheduler.intake.wake()
         if self.pool:
             self.metrics.workers.labels(node=self.settings.node_id, state="target").set(self.pool.target)
-
-    async def _on_load(self, body: bytes) -> bytes:
-        return encode(self.current_load())
-
-    async def _on_config_get(self, body: bytes) -> bytes:
-        return encode(self.store.node)
-
-    async def _on_config_set(self, body: bytes) -> bytes:
-        """As P2PFaaS: the keys sent replace the current values, the others keep theirs."""
-        config = decode_update(self.store.node, body)
-        await self.apply_configuration(config)
-        return encode(config)
-
-    async def _on_scheduler_get(self, body: bytes) -> bytes:
-        return encode(self.store.scheduler)
-
-    async def _on_scheduler_set(self, body: bytes) -> bytes:
-        assert self.scheduler is not None
-        config = decode(SchedulerChange, body)
-        try:
-            algorithm = self.scheduler.set_algorithm(config.name, config.parameters)
-        except ValueError as exc:
-            raise ControlError(400, str(exc)) from None
-        config = SchedulerConfiguration(name=algorithm.name, parameters=algorithm.parameters())
-        self.store.set_scheduler(config)
-        log.info("node %s scheduler is now %s", self.settings.node_id, algorithm.describe())
-        return encode(config)
-
-    async def _on_metrics(self, body: bytes) -> bytes:
-        if self.pool:
-            for state in ("ready", "starting", "stopping"):
-                self.metrics.workers.labels(node=self.settings.node_id, state=state).set(getattr(self.pool, state))
-        for name, pool in self.pools.items():
-            for state in ("ready", "starting", "stopping", "target"):
-                self.metrics.pool_workers.labels(node=self.settings.node_id, pool=name, state=state).set(
-                    getattr(pool, state))
-        return generate_latest(self.metrics.registry)
-
-    async def _on_info(self, body: bytes) -> bytes:
-        assert self.scheduler is not None
-        return orjson.dumps({
-            "name": "p2pfaas", "version": VERSION, "node": self.settings.node_id,
-            "scheduler": self.scheduler.algorithm.describe(), "functions": self.registry.names(),
-            "workers": {"ready": self.pool.ready, "starting": self.pool.starting, "stopping": self.pool.stopping} if self.pool else {},
-            "intake": "ok" if self.scheduler.intake.healthy else "down",
-            "store": (self.store_check.problem if self.store_check else None) or "ok",
-            "answers_unstored": self.scheduler.answerer.unstored,
-            "uptime_s": time.time() - self.started_at,
-        })
-
-    def _refused(self, subject: str, message: str) -> None:
-        log.warning("control request on %s refused: %s", subject, message)
-        self.metrics.error("bad_configuration")
-
-
-class DropSummary:
-    """Calls not run because their callers stopped waiting, said in one log line every
-    LOG_DROPPED_EVERY_S at most (under overload there are many a second); what comes inside a
-    window is said when it ends. The metrics count every call."""
-
-    def __init__(self, node: str) -> None:
-        self.node = node
-        self.kinds: dict[str, int] = {}
-        self.since = self.logged = 0.0
-        self.reason = ""                                   # the last one's
-        self.timer: asyncio.TimerHandle | None = None      # the line of a window still open
-
-    def add(self, kind: str, reason: str) -> None:
-        now = time.time()
-        if not self.kinds:
-            self.since = now
-        self.kinds[kind] = self.kinds.get(kind, 0) + 1
-        self.reason = reason
-        due_in = self.logged + LOG_DROPPED_EVERY_S - now
-        if due_in <= 0:
-            self.flush()
-        elif self.timer is None:
-            self.timer = asyncio.get_running_loop().call_later(due_in, self.flush)
-
-    def flush(self) -> None:
-        if self.timer is not None:
-            self.timer.cancel()
-            self.timer = None
-        if not self.kinds:
-            return
-        now = time.time()
-        self.logged = now
-        log.warning("%s: %s queued call(s) not run in the last %.0f s: %s (the last: %s)", self.node,
-                    sum(self.kinds.values()), now - self.since,
-                    ", ".join(f"{n} {k}" for k, n in sorted(self.kinds.items())), self.reason)
-        self.kinds.clear()
-
-
-async def _when_jetstream_ready(action, timeout_s: float = JETSTREAM_READY_TIMEOUT_S) -> None:
-    """Run ``action`` (stream provisioning), retrying while JetStream is not available yet.
-
-    A clustered nats-server answers "JetStream system temporarily unavailable"
-    (HTTP-like 503) until its meta leader is elected; a single server never does.
-    """
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + timeout_s
-    while True:
-        try:
-            return await action()
-        except (APIError, asyncio.TimeoutError) as exc:
-            retryable = (isinstance(exc, (asyncio.TimeoutError, ServiceUnavailableError))
-                         or getattr(exc, "code", None) == 503)
-            if not retryable or loop.time() > deadline:
-                raise
-            log.info("JetStream not ready yet (%s); retrying", exc)
-            await asyncio.sleep(0.25)
-
 
 async def run_node(settings: NodeSettings, stop: asyncio.Event) -> None:
     async with Node(settings):

@@ -14,8 +14,18 @@ app = command_group("p2pfaas: peer-to-peer Function-as-a-Service over NATS/JetSt
 TURNED_AWAY_GIVE_UP_S = 1.0   # run by hand: a broker that refuses the first connect is asked for this long
 
 
+def _print_version(wanted: bool) -> None:
+    if wanted:
+        from broker.answers import VERSION
+
+        typer.echo(f"p2pfaas {VERSION}")
+        raise typer.Exit()
+
+
 @app.callback()
-def _run_by_hand(ctx: typer.Context) -> None:
+def _run_by_hand(ctx: typer.Context,
+                 version: bool = typer.Option(False, "--version", callback=_print_version, is_eager=True,
+                                              help="Print the version and exit.")) -> None:
     # A command run by hand says at once that nothing listens at its NATS URL (nats-py retried for
     # 10 s); a part `up` started keeps retrying to its deadline, as its broker may be restarting.
     from broker import connection

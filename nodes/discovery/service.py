@@ -18,6 +18,7 @@ from nats.aio.client import Client
 from nats.aio.msg import Msg
 
 from broker import headers as H
+from broker.answers import VERSION
 from broker.codec import decode, decode_update, encode
 from broker.control import ControlError
 from broker.errors import ContractError
@@ -31,8 +32,6 @@ from nodes.discovery.membership import MembershipView
 from nodes.settings import NodeSettings, host_of
 
 log = logging.getLogger(__name__)
-
-VERSION = "0.1.0"
 MAX_CLOCK_AHEAD_S = 60.0   # a peer's clock may be this far ahead of ours (NTP keeps them far closer)
 
 

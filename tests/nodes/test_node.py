@@ -290,7 +290,7 @@ async def test_calls_whose_callers_stopped_waiting_are_not_run(node_factory, faa
 async def test_calls_not_run_are_logged_in_a_summary_line_that_always_comes(node_factory, faas, monkeypatch, caplog):
     """A summary line per window, not a line per call; calls dropped inside a window are said at
     its end (not only when another one is dropped later)."""
-    monkeypatch.setattr("nodes.node.LOG_DROPPED_EVERY_S", 0.6)
+    monkeypatch.setattr("nodes.drops.LOG_DROPPED_EVERY_S", 0.6)
     caplog.set_level(logging.WARNING, logger="nodes.node")
 
     def said() -> int:

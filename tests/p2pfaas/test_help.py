@@ -53,3 +53,17 @@ def test_every_command_has_a_summary():
     root = typer.main.get_command(app)
     names = {" ".join(path) for path, _ in commands(root) if path}
     assert names == set(SUMMARIES), names ^ set(SUMMARIES)
+
+
+def test_version_is_the_one_the_package_declares():
+    """One version string in the code (broker.answers.VERSION: the CLI, /info, heartbeats and the
+    scheduler API say it), the same as the package's metadata from pyproject.toml."""
+    import tomllib
+    from importlib.metadata import version
+    from pathlib import Path
+
+    declared = tomllib.loads((Path(__file__).parents[2] / "pyproject.toml").read_text())["project"]["version"]
+    done = CliRunner().invoke(app, ["--version"])
+    assert done.exit_code == 0, done.output
+    assert done.output == f"p2pfaas {declared}\n"
+    assert version("p2pfaas") == declared

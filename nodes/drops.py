@@ -1,0 +1,49 @@
+"""Calls a node did not run because their callers stopped waiting, said as one log line per window."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+
+log = logging.getLogger(__name__)
+
+LOG_DROPPED_EVERY_S = 5.0   # calls not run because their callers stopped waiting: one summary line at most this often
+
+
+class DropSummary:
+    """Calls not run because their callers stopped waiting, said in one log line every
+    LOG_DROPPED_EVERY_S at most (under overload there are many a second); what comes inside a
+    window is said when it ends. The metrics count every call."""
+
+    def __init__(self, node: str) -> None:
+        self.node = node
+        self.kinds: dict[str, int] = {}
+        self.since = self.logged = 0.0
+        self.reason = ""                                   # the last one's
+        self.timer: asyncio.TimerHandle | None = None      # the line of a window still open
+
+    def add(self, kind: str, reason: str) -> None:
+        now = time.time()
+        if not self.kinds:
+            self.since = now
+        self.kinds[kind] = self.kinds.get(kind, 0) + 1
+        self.reason = reason
+        due_in = self.logged + LOG_DROPPED_EVERY_S - now
+        if due_in <= 0:
+            self.flush()
+        elif self.timer is None:
+            self.timer = asyncio.get_running_loop().call_later(due_in, self.flush)
+
+    def flush(self) -> None:
+        if self.timer is not None:
+            self.timer.cancel()
+            self.timer = None
+        if not self.kinds:
+            return
+        now = time.time()
+        self.logged = now
+        log.warning("%s: %s queued call(s) not run in the last %.0f s: %s (the last: %s)", self.node,
+                    sum(self.kinds.values()), now - self.since,
+                    ", ".join(f"{n} {k}" for k, n in sorted(self.kinds.items())), self.reason)
+        self.kinds.clear()
