@@ -23,6 +23,7 @@ DUPLICATE_WINDOW_S = 120.0
 RESULT_MAX_AGE_S = 3600.0
 DEADLETTER_MAX_AGE_S = 7 * 24 * 3600.0
 EXPERIENCE_MAX_AGE_S = 7 * 24 * 3600.0
+JETSTREAM_READY_TIMEOUT_S = 30.0  # a fresh NATS cluster elects its JetStream leader first
 # Bounds: a full intake refuses new work (the publisher gets an error and keeps its message);
 # full answer/dead-letter/experience streams drop their oldest entries.
 MIB = 1024 * 1024
@@ -168,50 +169,58 @@ def _same(current, wanted) -> bool:
     return current == wanted
 
 
+def shared_streams(subjects: Subjects) -> list[tuple[StreamConfig, float]]:
+    """The async intake, the answers, the dead letters and the store check (shared by every
+    node), each with its share of a store too small for its ``max_bytes``."""
+    return [
+        (StreamConfig(name=async_stream(subjects), subjects=[subjects.all_async()], storage=StorageType.FILE,
+                      retention=RetentionPolicy.WORK_QUEUE, duplicate_window=DUPLICATE_WINDOW_S,
+                      discard=DiscardPolicy.NEW, max_bytes=ASYNC_MAX_BYTES, max_msgs=ASYNC_MAX_MSGS), ASYNC_SHARE),
+        (StreamConfig(name=results_stream(subjects), subjects=[subjects.all_results(), subjects.all_rejects()],
+                      storage=StorageType.FILE, max_age=RESULT_MAX_AGE_S, max_bytes=RESULT_MAX_BYTES,
+                      duplicate_window=DUPLICATE_WINDOW_S, allow_direct=True), RESULT_SHARE),
+        (StreamConfig(name=deadletter_stream(subjects), subjects=[subjects.all_deadletters()],
+                      storage=StorageType.FILE, max_age=DEADLETTER_MAX_AGE_S, max_bytes=DEADLETTER_MAX_BYTES),
+         DEADLETTER_SHARE),
+        (StreamConfig(name=store_check_stream(subjects), subjects=[subjects.all_store_checks()],
+                      storage=StorageType.FILE, max_msgs_per_subject=1, max_bytes=MIN_STREAM_BYTES),
+         STORE_CHECK_SHARE),
+    ]
+
+
+def node_streams(subjects: Subjects, node: str) -> list[tuple[StreamConfig, float]]:
+    """A node's own stream: the rewards and experiences its learner learns from."""
+    return [(StreamConfig(name=experiences_stream(subjects, node),
+                          subjects=[subjects.reward(node), subjects.experiences_of(node)], storage=StorageType.FILE,
+                          max_age=EXPERIENCE_MAX_AGE_S, max_bytes=EXPERIENCE_MAX_BYTES), EXPERIENCE_SHARE)]
+
+
 async def ensure_shared_streams(js: JetStreamContext, subjects: Subjects) -> None:
-    """The async intake, the answers and the dead letters (shared by every node)."""
-    await _ensure(js, StreamConfig(
-        name=async_stream(subjects),
-        subjects=[subjects.all_async()],
-        storage=StorageType.FILE,
-        retention=RetentionPolicy.WORK_QUEUE,
-        duplicate_window=DUPLICATE_WINDOW_S,
-        discard=DiscardPolicy.NEW,
-        max_bytes=ASYNC_MAX_BYTES,
-        max_msgs=ASYNC_MAX_MSGS,
-    ), ASYNC_SHARE)
-    await _ensure(js, StreamConfig(
-        name=results_stream(subjects),
-        subjects=[subjects.all_results(), subjects.all_rejects()],
-        storage=StorageType.FILE,
-        max_age=RESULT_MAX_AGE_S,
-        max_bytes=RESULT_MAX_BYTES,
-        duplicate_window=DUPLICATE_WINDOW_S,
-        allow_direct=True,
-    ), RESULT_SHARE)
-    await _ensure(js, StreamConfig(
-        name=deadletter_stream(subjects),
-        subjects=[subjects.all_deadletters()],
-        storage=StorageType.FILE,
-        max_age=DEADLETTER_MAX_AGE_S,
-        max_bytes=DEADLETTER_MAX_BYTES,
-    ), DEADLETTER_SHARE)
-    await _ensure(js, StreamConfig(
-        name=store_check_stream(subjects),
-        subjects=[subjects.all_store_checks()],
-        storage=StorageType.FILE,
-        max_msgs_per_subject=1,
-        max_bytes=MIN_STREAM_BYTES,
-    ), STORE_CHECK_SHARE)
+    for config, share in shared_streams(subjects):
+        await _ensure(js, config, share)
 
 
 async def ensure_node_streams(js: JetStreamContext, subjects: Subjects, node: str) -> None:
-    """The shared streams and the node's experience stream."""
-    await ensure_shared_streams(js, subjects)
-    await _ensure(js, StreamConfig(
-        name=experiences_stream(subjects, node),
-        subjects=[subjects.reward(node), subjects.experiences_of(node)],
-        storage=StorageType.FILE,
-        max_age=EXPERIENCE_MAX_AGE_S,
-        max_bytes=EXPERIENCE_MAX_BYTES,
-    ), EXPERIENCE_SHARE)
+    """The shared streams and the node's own."""
+    for config, share in (*shared_streams(subjects), *node_streams(subjects, node)):
+        await _ensure(js, config, share)
+
+
+async def when_jetstream_ready(action, timeout_s: float = JETSTREAM_READY_TIMEOUT_S) -> None:
+    """Run ``action`` (stream provisioning), retrying while JetStream is not available yet.
+
+    A clustered nats-server answers "JetStream system temporarily unavailable"
+    (HTTP-like 503) until its meta leader is elected; a single server never does.
+    """
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout_s
+    while True:
+        try:
+            return await action()
+        except (APIError, asyncio.TimeoutError) as exc:
+            retryable = (isinstance(exc, (asyncio.TimeoutError, ServiceUnavailableError))
+                         or getattr(exc, "code", None) == 503)
+            if not retryable or loop.time() > deadline:
+                raise
+            log.info("JetStream not ready yet (%s); retrying", exc)
+            await asyncio.sleep(0.25)
