@@ -15,7 +15,8 @@ from typing import Literal, Sequence
 import numpy as np
 
 from broker.messages import PoolTelemetry
-from controller.scenario import Scenario, UniformDist
+from controller.distributions import UniformDist
+from controller.scenario import Scenario
 
 N_REF = 32.0          # worker counts are divided by this
 HISTORY = 6           # periods of arrival history the trend features look back on

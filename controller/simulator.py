@@ -29,7 +29,8 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict
 
 from broker.messages import PoolPulse, PoolTelemetry
-from controller.scenario import Scenario, sample_delay
+from controller.distributions import sample_delay
+from controller.scenario import Scenario
 
 Reaction = Callable[[PoolPulse, int], "int | None"]   # (pulse, current target) -> a raised target, or None
 
