@@ -231,7 +231,7 @@ def _running_stack(data_dir: Path, flag: str) -> dict:
     """The endpoints the ``up`` running on ``data_dir`` wrote; without them, ``flag`` is needed.
     Never a default URL: it reached whatever listened there (the machine's own NATS on 4222,
     another stack) and showed its state, or none, as if it were this stack's."""
-    from p2pfaas.stack import read_endpoints
+    from p2pfaas.stack_settings import read_endpoints
 
     known = read_endpoints(data_dir)
     if not known:

@@ -146,7 +146,7 @@ def join(
     from nodes.sandbox import decide as decide_sandbox
     from nodes.settings import NodeSettings
     from p2pfaas.edge import address_towards
-    from p2pfaas.stack import StackSettings
+    from p2pfaas.stack_settings import StackSettings
 
     handoff.take()   # a device's stack holds every identity of the device: not dumpable, none in its children's environment
     _logging(verbose)

@@ -53,7 +53,7 @@ def up(
 ) -> None:
     """Start the whole stack: nats-server (JetStream), nodes with worker pools and learners, the autoscaling controller, HTTP and MQTT access. Every part is a supervised process (restarted when it dies; logs in DATA_DIR/logs). Ctrl-C stops it."""
     from broker import handoff
-    from p2pfaas.stack import StackConfig, StackSettings
+    from p2pfaas.stack_settings import StackConfig, StackSettings
 
     handoff.take()   # up holds every identity: not dumpable, and none in its children's environment
     _logging(verbose)

@@ -26,7 +26,7 @@ sys.path.insert(0, str(ROOT / "tests" / "_support"))   # the small DevTools clie
 
 from browser import Chromium  # noqa: E402
 
-from p2pfaas.stack import read_endpoints  # noqa: E402
+from p2pfaas.stack_settings import read_endpoints  # noqa: E402
 
 
 @contextlib.asynccontextmanager

@@ -429,7 +429,8 @@ def test_a_broken_identity_file_leaves_the_identities_read_before_in_force(tmp_p
 async def test_up_keeps_watching_identities_when_a_file_is_broken(tmp_path, caplog):
     """``up``'s identity reload survives a broken file (logged, the last good identities stay)
     and serves the identities added once it is fixed."""
-    from p2pfaas.stack import Stack, StackSettings
+    from p2pfaas.stack import Stack
+    from p2pfaas.stack_settings import StackSettings
 
     stack = Stack(StackSettings(nodes=1, data_dir=tmp_path))
     rendered: list[str] = []

@@ -6,7 +6,8 @@ import httpx
 import orjson
 import pytest
 
-from p2pfaas.stack import Stack, StackConfig, StackSettings
+from p2pfaas.stack import Stack
+from p2pfaas.stack_settings import StackConfig, StackSettings
 from support import eventually
 
 

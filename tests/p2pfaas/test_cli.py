@@ -511,7 +511,7 @@ def test_a_busy_port_given_on_purpose_is_refused_and_a_busy_default_replaced(tmp
         for done in run_all([["up", "--data-dir", str(tmp_path / "d"), *args] for args in cases]):
             assert_one_clear_line(done, cases[tuple(done.args[3:])])
         assert not (tmp_path / "d").exists()
-        from p2pfaas.stack import StackSettings   # the defaults are never refused, only replaced
+        from p2pfaas.stack_settings import StackSettings   # the defaults are never refused, only replaced
         assert StackSettings(http_port=port, nats_port=port, mqtt_port=port).busy_ports(set()) == []
         assert StackSettings(http_port=port, mqtt="off", mqtt_port=port).busy_ports({"mqtt"}) == []
 

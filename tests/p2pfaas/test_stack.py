@@ -8,7 +8,8 @@ import asyncio
 import signal
 
 from broker.embedded import NatsServer
-from p2pfaas.stack import Stack, StackSettings, log_to_stderr
+from p2pfaas.stack import Stack, log_to_stderr
+from p2pfaas.stack_settings import StackSettings
 
 from support import wait_until
 
