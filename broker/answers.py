@@ -85,7 +85,7 @@ def direct_block(ctx: DirectAnswer, status: int, execution_s: float) -> bytes:
     """The header block of a direct call's answer: the node's side, rendered when it dispatched
     the call (``ctx.headers``), with the status, the total time and the execution time the worker
     measured. The same headers as :func:`answer_headers` (tests/broker/test_answers.py), written
-    in one pass: on every direct call's path, where building and encoding the dict took 13 µs."""
+    in one pass: it is on every direct call's path (bench/README.md)."""
     total = orjson.dumps([round(max(0.0, time.time() - ctx.arrival), 6)])
     return header_block(b"%s: %d\r\n%s%s%s%s%s\r\n" % (_STATUS_NAME, status, ctx.headers.encode(), _TOTAL_LINE, total,
                                                        _EXECUTION_LINE, seconds_text(execution_s).encode()))

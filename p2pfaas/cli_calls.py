@@ -78,8 +78,8 @@ def invoke(
         raise typer.Exit(1)
 
 def _http_endpoint(data_dir: Path, node_id: str) -> str:
-    """The HTTP bridge of ``node_id`` in the running stack: a node it does not have is said (it
-    used to be n1's bridge, which answered as if asked)."""
+    """The HTTP bridge of ``node_id`` in the running stack; a node the stack does not have is an
+    error, never another node's bridge answering as if asked."""
     http = _running_stack(data_dir, "--url").get("http", {})
     if node_id not in http:
         _fail(f"no HTTP endpoint for node {node_id} in {data_dir / 'endpoints.json'} "
