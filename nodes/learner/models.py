@@ -1,6 +1,6 @@
 """The learner's models and their persistence, without any broker: one `ModelSlot` per
-purpose, run-time hyper-parameters, P2PFaaS windows of contiguous EIDs and the atomic
-checkpoint of a node's models together with its experience-stream position."""
+purpose, run-time hyper-parameters, and the atomic checkpoint of a node's models together with
+its experience-stream position (the window of EIDs it holds: nodes/learner/eid_window.py)."""
 
 from __future__ import annotations
 
@@ -252,82 +252,6 @@ def agent_from_weights(weights: LearnerWeights) -> Any:
     agent = cls(weights.obs_dim, weights.n_actions, config_from_json(cls, config))
     agent.set_weights(base64.b64decode(weights.weights_b64))
     return agent
-
-
-class EidWindow:
-    """P2PFaaS windows of contiguous EIDs from samples that arrive in any order (rewards come
-    back as requests finish). A window is ready when ``size - 1`` untrained links (EID n and
-    n + 1 both here) wait; ``take()`` hands them out as runs of consecutive EIDs.
-
-    After training, a sample stays while its successor has not come (it heads the next window),
-    and a trained sample whose predecessor has not come stays too: a predecessor arriving after
-    its successor still finds it and is trained (once; a trained link is never trained again).
-    """
-
-    def __init__(self, size: int, max_pending: int) -> None:
-        self.size, self.max_pending = size, max_pending
-        self.samples: dict[int, LearnerTrainSample] = {}
-        self.trained: set[int] = set()   # EIDs whose link to EID + 1 was trained
-        self.fed: set[int] = set()       # EIDs whose link from EID - 1 was trained
-        self.linked = 0                  # untrained links
-
-    def __len__(self) -> int:
-        return len(self.samples)
-
-    def _untrained_link(self, eid: int) -> bool:
-        return eid in self.samples and eid + 1 in self.samples and eid not in self.trained
-
-    def add(self, sample: LearnerTrainSample) -> bool:
-        """Keep the sample (a repeated EID is ignored); True when a window is ready."""
-        eid = sample.eid
-        if eid not in self.samples:
-            self.samples[eid] = sample
-            self.linked += self._untrained_link(eid) + self._untrained_link(eid - 1)
-            while len(self.samples) > self.max_pending:
-                self._evict(min(self.samples))
-        return self.linked >= self.size - 1
-
-    def _evict(self, eid: int) -> None:
-        self.linked -= self._untrained_link(eid)
-        lost = eid not in self.trained and eid + 1 not in self.samples
-        del self.samples[eid]
-        self.trained.discard(eid)
-        self.fed.discard(eid)
-        if lost:
-            log.warning("EID %d dropped: its successor did not arrive among %d samples", eid, self.max_pending)
-
-    def take(self) -> list[list[LearnerTrainSample]]:
-        """The untrained links as runs of consecutive EIDs (sorted), each to be trained on its
-        own; keeps the samples that still wait for a successor or a predecessor."""
-        runs: list[list[LearnerTrainSample]] = []
-        for eid in sorted(self.samples):
-            if not self._untrained_link(eid):
-                continue
-            if runs and runs[-1][-1].eid == eid:
-                runs[-1].append(self.samples[eid + 1])
-            else:
-                runs.append([self.samples[eid], self.samples[eid + 1]])
-            self.trained.add(eid)
-            self.fed.add(eid + 1)
-        present = set(self.samples)
-        self.samples = {e: s for e, s in self.samples.items()
-                        if (e not in self.trained and e + 1 not in present)      # waits for its successor
-                        or (e not in self.fed and e - 1 not in present)}        # ... or a late predecessor
-        self.trained &= set(self.samples)
-        self.fed &= set(self.samples)
-        self.linked = 0
-        return runs
-
-    def clear(self) -> None:
-        self.samples, self.trained, self.fed, self.linked = {}, set(), set(), 0
-
-    def restore(self, samples: Iterable[LearnerTrainSample], trained: Iterable[int] = (), fed: Iterable[int] = ()) -> None:
-        self.clear()
-        self.trained, self.fed = set(trained), set(fed)
-        for sample in samples:
-            self.add(sample)
-        self.trained &= set(self.samples)
-        self.fed &= set(self.samples)
 
 
 @dataclasses.dataclass

@@ -33,7 +33,8 @@ from broker.messages import (
 )
 from broker.streams import ensure_node_streams, experiences_stream
 from broker.subjects import SCHEDULING_MODEL, LearnerVerb, Subjects, pool_of_model, scaling_model
-from nodes.learner.models import CheckpointStore, EidWindow, ModelSlot, is_true
+from nodes.learner.eid_window import EidWindow
+from nodes.learner.models import CheckpointStore, ModelSlot, is_true
 from nodes.learner.settings import LearnerSettings
 
 __all__ = ["LearnerService", "LearnerSettings", "NodeLearner", "run_learner"]

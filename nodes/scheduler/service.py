@@ -40,7 +40,8 @@ from nodes.config_store import ConfigStore
 from nodes.dispatch import Dispatcher
 from nodes.forwarding import Forwarder
 from nodes.inbox import Inbox
-from nodes.intake import HOLD_LIMIT, AsyncIntake, UnknownNodeSweeper
+from nodes.intake import HOLD_LIMIT, AsyncIntake
+from nodes.unknown_nodes import UnknownNodeSweeper
 from nodes.metrics import NodeMetrics
 from nodes.peer_source import PeerSource
 from nodes.scheduler.algorithms import build_algorithm, decide, forced_algorithm

@@ -19,7 +19,8 @@ from broker.embedded import NatsServer
 from broker.messages import Rejection
 from broker.streams import async_stream, ensure_shared_streams, results_stream
 from broker.subjects import Subjects
-from nodes.intake import AsyncIntake, UnknownNodeSweeper, consumer_name
+from nodes.intake import AsyncIntake, consumer_name
+from nodes.unknown_nodes import UnknownNodeSweeper
 from nodes.node import Node
 from nodes.settings import NodeSettings
 from support import Collector, wait_until

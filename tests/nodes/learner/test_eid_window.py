@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 
 from broker.messages import LearnerTrainSample
-from nodes.learner.models import EidWindow
+from nodes.learner.eid_window import EidWindow
 
 
 def s(eid: int) -> LearnerTrainSample:

@@ -21,7 +21,8 @@ from broker.messages import LearnerTrainSample, LearnerWeights, ScalingExperienc
 from broker.streams import experiences_stream
 from broker.subjects import Subjects
 from nodes.learner.client import LearnerError, LocalPolicy, RemotePolicy
-from nodes.learner.models import EidWindow, ModelSlot
+from nodes.learner.eid_window import EidWindow
+from nodes.learner.models import ModelSlot
 from nodes.learner.service import DURABLE, STATUS_HEADER, LearnerService
 from nodes.learner.settings import LearnerSettings
 from support import eventually
