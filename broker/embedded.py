@@ -19,7 +19,7 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from broker.auth import nats_accounts
+from broker.permissions import nats_accounts
 from broker.errors import BrokerUnavailable
 from broker.lifecycle import write_whole
 
@@ -124,7 +124,7 @@ class NatsServer(ManagedProcess):
     cluster_port: int | None = None
     routes: list[str] = field(default_factory=list)   # nats-route://host:port of the others (self is ignored)
     cluster_name: str = "p2pfaas"
-    # the accounts block (broker.auth.nats_accounts): None is the open deployment of the tests,
+    # the accounts block (broker.permissions.nats_accounts): None is the open deployment of the tests,
     # two accounts with MQTT devices mapped onto the durable subjects (docs/architecture.md)
     accounts: str | None = None
     tls: tuple[str, str] | None = None   # (certificate, key) files: clients and MQTT over TLS

@@ -11,7 +11,8 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from broker.auth import BRIDGE, CONTROLLER, OPERATOR, AuthStore, nats_accounts
+from broker.auth import BRIDGE, CONTROLLER, OPERATOR, AuthStore
+from broker.permissions import nats_accounts
 from broker.lifecycle import write_whole
 
 NODES = ("n1", "n2", "n3")

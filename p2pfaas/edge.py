@@ -21,7 +21,8 @@ from urllib.parse import urlsplit
 
 import orjson
 
-from broker.auth import OPERATOR, SYSTEM, AuthStore, AuthStoreError, hub_accounts
+from broker.auth import OPERATOR, SYSTEM, AuthStore, AuthStoreError
+from broker.permissions import hub_accounts
 from broker.edge import LEAF_PORT, PING_INTERVAL, Invitation
 from broker.embedded import NatsServer
 from broker.lifecycle import data_dir_held, hold_data_dir, still_wanted, write_whole

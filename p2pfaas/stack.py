@@ -16,8 +16,8 @@ import time
 import orjson
 
 from broker import handoff
-from broker.auth import (BRIDGE, CONTROLLER, OPERATOR, AuthStore, AuthStoreError, mosquitto_files,
-                          mqtt_bridge_client_id, nats_accounts)
+from broker.auth import BRIDGE, CONTROLLER, OPERATOR, AuthStore, AuthStoreError, mqtt_bridge_client_id
+from broker.permissions import mosquitto_files, nats_accounts
 from broker.edge import PING_INTERVAL, inbox_prefix, leaf_remote
 from broker.embedded import Mosquitto, NatsServer, choose_port
 from broker.handoff import SECRET_NAMES

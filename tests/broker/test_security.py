@@ -21,8 +21,8 @@ import paho.mqtt.client as mqtt
 import pytest
 
 from broker import headers as H
-from broker.auth import (BRIDGE, CONTROLLER, OPERATOR, AuthStore, AuthStoreError, Credentials, mosquitto_files,
-                         mqtt_bridge_client_id, nats_accounts)
+from broker.auth import BRIDGE, CONTROLLER, OPERATOR, AuthStore, AuthStoreError, Credentials, mqtt_bridge_client_id
+from broker.permissions import mosquitto_files, nats_accounts
 from broker.client import FaasClient
 from broker.connection import close_quietly, connect
 from broker.control import control_request

@@ -17,7 +17,8 @@ import httpx
 import pytest
 import typer
 
-from broker.auth import OPERATOR, AuthStore, nats_accounts
+from broker.auth import OPERATOR, AuthStore
+from broker.permissions import nats_accounts
 from broker.connection import close_quietly, connect
 from broker.embedded import NatsServer, free_port
 from broker.handoff import HANDOFF_FD_ENV, SECRET_NAMES
