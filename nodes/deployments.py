@@ -19,7 +19,6 @@ import time
 from typing import Protocol
 
 import orjson
-from pydantic import ValidationError
 
 from broker.codec import decode, encode
 from broker.control import ControlError
@@ -32,6 +31,7 @@ from nodes.catalogue import APPLY_TIMEOUT_S, Catalogue
 from nodes.config_store import ConfigStore, read_node_file, write_node_file
 from nodes.metrics import NodeMetrics
 from nodes.pool import WorkerPool
+from nodes.deployment_specs import deployed_functions, function_pool, memory_text, options_of
 from nodes.secrets import NodeSecrets
 from nodes.settings import FunctionOptions, NodeSettings, PoolSpec
 from nodes.worker import DEFAULT_POOL
@@ -77,7 +77,7 @@ class Deployments:
         """Functions deployed before a restart join the settings' (the workers load them). A
         ``functions.json`` that cannot be read is refused (NodeFileError): the node does not guess
         what its functions were (the catalogue then says what they are now)."""
-        saved = read_node_file(self.path, _deployed_functions, "fix it, or delete it to start without the "
+        saved = read_node_file(self.path, deployed_functions, "fix it, or delete it to start without the "
                                                                "functions deployed at run time")
         known = {name for name, _ in self.node.settings.functions}
         for deployment in saved or []:
@@ -396,58 +396,3 @@ class Deployments:
             return
         spec = self.node.settings.pools[pool_name]
         await self.node.pools[pool_name].set_size(min(spec.max, max(spec.min, replicas)))
-
-
-def options_of(deployment: FunctionDeployment) -> FunctionOptions:
-    """What the deployment sets instead of the function's code: timeout, concurrency, and an
-    image function's container limits."""
-    image = parse_image_reference(deployment.reference) is not None
-    limits = deployment.limits
-    return FunctionOptions(timeout_s=deployment.timeout_s, concurrency=deployment.concurrency,
-                           memory_bytes=limits.memory_bytes if limits and image else None,
-                           cpus=limits.cpus if limits and image else None)
-
-
-def function_pool(deployment: FunctionDeployment) -> PoolSpec:
-    """The pool of its own a deployment asks for: its scaling bounds (the defaults of
-    FunctionScaling when it asks only for secrets or limits), its idle time, its secrets and
-    a worker process's memory (an image function's limits are its container's)."""
-    from broker.messages import FunctionScaling
-
-    scaling = deployment.scaling or FunctionScaling()
-    image = parse_image_reference(deployment.reference) is not None
-    limits = deployment.limits
-    return PoolSpec(functions=[deployment.service], min=scaling.min, max=scaling.max, initial=scaling.min,
-                    zero_after_s=scaling.idle_s, function_pool=True, secrets=list(deployment.secrets),
-                    memory_bytes=limits.memory_bytes if limits and not image else None,
-                    cpus=limits.cpus if limits and not image else None)
-
-
-def memory_text(value: int | None) -> str | None:
-    """Bytes as OpenFaaS writes a memory limit (``256Mi``)."""
-    if not value:
-        return None
-    for unit, size in (("Gi", 1 << 30), ("Mi", 1 << 20), ("Ki", 1 << 10)):
-        if value % size == 0:
-            return f"{value // size}{unit}"
-    return str(value)
-
-
-def _deployed_functions(data: bytes) -> list[FunctionDeployment]:
-    """``functions.json``: a JSON list of deployments (or, as written before the catalogue, of
-    ``[name, reference]`` pairs); ValueError otherwise."""
-    saved = orjson.loads(data)
-    wrong = 'it must be a JSON list of ["name", "reference"] pairs or of deployments'
-    if not isinstance(saved, list):
-        raise ValueError(wrong)
-    out = []
-    for item in saved:
-        if isinstance(item, list) and len(item) == 2 and all(isinstance(x, str) for x in item):
-            item = {"service": item[0], "reference": item[1]}
-        if not isinstance(item, dict):
-            raise ValueError(wrong)
-        try:
-            out.append(FunctionDeployment.model_validate(item))
-        except ValidationError as exc:
-            raise ValueError(f"{wrong} ({exc.errors()[0]['msg']})") from None
-    return out
