@@ -111,8 +111,8 @@ class FunctionInfo(Contract):
 
 
 class SecretChange(Contract):
-    """On ``faas.<node>.secrets.create|update|delete`` (OpenFaaS's ``/system/secrets`` body:
-    ``name`` and, but for a delete, ``value``)."""
+    """On ``faas.<node>.functions.secrets_set`` and ``.secrets_delete`` (OpenFaaS's ``/system/secrets``
+    body: ``name`` and, but for a delete, ``value``; a delete's ``mode`` is not read)."""
 
     name: str = Field(min_length=1, max_length=63)
     value: str | None = Field(default=None, max_length=65536)
