@@ -25,7 +25,7 @@ from broker import headers as H
 from broker.codec import decode, encode
 from broker.connection import request
 from broker.errors import ContractError, InvalidToken, NotPermitted
-from broker.messages import NodeConfiguration, PolicySwitch, ScaleCommand, SchedulerConfiguration
+from broker.messages import NodeConfiguration, PolicySwitch, ScaleCommand, SchedulerChange, SchedulerConfiguration
 from broker.subjects import Subjects, check_node, check_token
 from broker.ui_feed import FORWARD_WINDOW_S, GONE_AFTER, SUSPECT_AFTER, DashboardFeed, FeedClient
 
@@ -149,7 +149,7 @@ class Dashboard:
         @router.post("/ui/api/nodes/{node}/scheduler", summary="Change a node's scheduler (as POST /configuration/scheduler)", dependencies=ui.guard)
         async def set_scheduler(node: str, request: Request) -> Response:
             response = await ui._control(lambda: ui.subjects.scheduler_config(check_node(node), "set"),
-                                         SchedulerConfiguration, await request.body())
+                                         SchedulerChange, await request.body())
             if response.status_code == 200:
                 ui.feed.note_scheduler(node, decode(SchedulerConfiguration, response.body).describe())
             return response
@@ -177,11 +177,13 @@ class Dashboard:
 
     async def _control(self, subject: Callable[[], str], contract: type[BaseModel] | None = None,
                        body: bytes = b"") -> Response:
-        """Validate the node token and (for a change) the body here, so a bad request never reaches a node."""
+        """Validate the node token and (for a change) the body here, so a bad request never reaches a node.
+        The body goes on as sent: the node merges its keys into what it has, and defaults filled in
+        here would overwrite the settings the caller left out."""
         try:
             target = subject()
             if contract is not None:
-                body = encode(decode(contract, body))
+                decode(contract, body)
         except (ContractError, InvalidToken) as exc:
             return error(400, str(exc))
         return await self._relay(target, body)

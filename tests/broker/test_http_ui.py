@@ -95,6 +95,14 @@ async def test_node_configuration_and_scheduler_through_the_dashboard(dashboard)
         assert r.status_code == status and reason in r.json()["message"], (path, r.text)
     assert (await http.post("/ui/api/nodes/n1/configuration", content=b"{not json")).status_code == 400
     assert (await http.get("/configuration")).json()["parallel_running_functions_max"] == 3   # nothing changed
+    # an empty scheduler change is refused (it was read as NoScheduler) and nothing changes
+    r = await http.post("/ui/api/nodes/n1/scheduler", json={})
+    assert r.status_code == 400 and "name" in r.json()["message"], r.text
+    assert (await http.get("/ui/api/nodes/n1/scheduler")).json()["name"] == "PowerOfNScheduler"
+    # a change of one key keeps the others, as POST /configuration (defaults filled in here reset K to 4)
+    r = await http.post("/ui/api/nodes/n1/configuration", json={"queue_length_max": 2})
+    assert r.status_code == 200, r.text
+    assert r.json()["parallel_running_functions_max"] == 3 and r.json()["queue_length_max"] == 2
 
 
 async def test_scaling_by_hand_publishes_a_manual_scale_command(dashboard, nc, prefix):
