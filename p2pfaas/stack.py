@@ -160,7 +160,7 @@ class Stack:
             path = run_dir / f"node-{node.node_id}.json"
             path.write_text(node.model_dump_json())
             # each node serves its HTTP bridge from its own process: a direct call skips one hop
-            # through nats-server (docs/architecture.md, "Processes")
+            # through nats-server (docs/data-plane.md, "Processes")
             argv = ["node", "--settings", str(path), "--http-host", s.node_host(i), "--http-port", str(port),
                     "--http-processes", str(s.http_processes)]
             if s.p2pfaas_ports:
