@@ -47,7 +47,7 @@ class Bridge:
         self.http_requests = Counter("p2pfaas_http_requests", "HTTP requests", ["route", "status"], registry=self.registry)
         self.http_latency = Histogram("p2pfaas_http_seconds", "HTTP request latency", ["route"], registry=self.registry)
         self._metric_children: dict[tuple[str, int], tuple] = {}
-        # the HTTP edge (broker/http/serving.py): what it refused or cut, and what it holds open
+        # the HTTP edge (broker/http/edge.py): what it refused or cut, and what it holds open
         self.http_refused = Counter("p2pfaas_http_refused", "HTTP connections refused or cut by the edge, by reason",
                                     ["reason"], registry=self.registry)
         self.http_edge = None   # its connection slots, once serving

@@ -1,4 +1,4 @@
-"""The HTTP edge (broker/http/serving.py) on a real bridge, node and nats-server, from raw sockets:
+"""The HTTP edge (broker/http/edge.py) on a real bridge, node and nats-server, from raw sockets:
 head limits answered 431/414 as the bytes arrive, connection slots per client address and in all,
 silent connections cut sooner under pressure, refusals counted and logged once per interval; and
 issue 25's attack (bench/slow_clients.py) against a bridge process of its own.
@@ -23,7 +23,7 @@ import httpx
 import pytest
 from websockets.asyncio.client import connect as ws_connect
 
-from broker.http import serving as edge_module
+from broker.http import edge as edge_module
 from broker.http_bridge import HttpBridge
 from support import eventually, serving, wait_until
 
@@ -253,7 +253,7 @@ def test_a_bridge_process_raises_its_open_file_limit_when_low():
     soft limit to what 2 x CONNECTION_LIMIT need (at most the hard limit) and uses 3/4 of it."""
     code = ("import resource; soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE); "
             "resource.setrlimit(resource.RLIMIT_NOFILE, (min(1024, hard), hard)); "
-            "from broker.http.serving import Edge; edge = Edge(); "
+            "from broker.http.edge import Edge; edge = Edge(); "
             "print(hard, resource.getrlimit(resource.RLIMIT_NOFILE)[0], edge.limit)")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     hard, soft, limit = (int(x) for x in done.stdout.split())

@@ -317,7 +317,7 @@ async def test_http_state_changes_need_the_operator_token_and_callbacks_an_allow
 
 
 async def test_slow_clients_are_cut_off(node_factory, nc, prefix, monkeypatch):
-    from broker.http import serving as http_serving
+    from broker.http import edge as http_serving
 
     monkeypatch.setattr(http_serving, "HEADER_TIMEOUT_S", 0.5)
     async with node_factory(k=1), serving(HttpBridge(nc, "n1", prefix=prefix)) as http:
