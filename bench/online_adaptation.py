@@ -9,7 +9,7 @@ frozen on the same episodes (controller/adaptation.py, issue 27).
 Prints one line per block of episodes: the mean cost (-return) with online learning and of the
 shipped model, their ratio, QoS and mean workers of both, the version deciding at the block's
 end, the rollbacks and promotions so far and the share of periods online weights decided. Without the what-if
-flags it runs the live defaults (controller/live.py ONLINE_OVERRIDES, ModelGuard's defaults).
+flags it runs the live defaults (controller/online.py ONLINE_OVERRIDES, ModelGuard's defaults).
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ import json
 import logging
 import time
 
-from controller import live
+from controller import online
 from controller.adaptation import OnlineEpisode, run_online
 from controller.training import shipped_model
 
@@ -36,7 +36,7 @@ def main() -> None:
     parser.add_argument("--rollout", type=int, help="what-if: PPO's online rollout (periods)")
     parser.add_argument("--guard", default="{}", help="what-if: ModelGuard keyword arguments (JSON)")
     args = parser.parse_args()
-    overrides = live.ONLINE_OVERRIDES.setdefault(args.kind, {})
+    overrides = online.ONLINE_OVERRIDES.setdefault(args.kind, {})
     if args.learning_rate is not None:
         overrides["learning_rate"] = args.learning_rate
     if args.rollout is not None:

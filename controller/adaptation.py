@@ -23,7 +23,7 @@ from broker.subjects import scaling_model
 from controller.baselines import RLPolicy
 from controller.evaluation import episode_workloads, run_episode
 from controller.features import RewardConfig
-from controller.live import online_weights
+from controller.online import online_weights
 from controller.online import ModelGuard
 from controller.scenario import Scenario
 from controller.training import load_model

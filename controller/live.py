@@ -12,9 +12,7 @@ back (``LocalPolicy``) and lets a ``ModelGuard`` decide which weights act.
 from __future__ import annotations
 
 import asyncio
-import base64
 import contextlib
-import dataclasses
 import logging
 from collections import deque
 from dataclasses import dataclass, field
@@ -34,31 +32,13 @@ from broker.messages import (ErrorBody, LearnerWeights, PolicySwitch, PolicySwit
 from broker.subjects import Subjects, scaling_model
 from controller.baselines import RLPolicy, ScalingPolicy
 from controller.features import ObservationBuilder, RewardConfig, ScalingActions
-from controller.online import ModelGuard
+from controller.online import ONLINE_OVERRIDES, ModelGuard, online_weights
 from controller.panic import PanicRule
 from controller.scenario import Scenario
 
 log = logging.getLogger(__name__)
 
 HISTORY_KEPT = 1000   # control steps kept in memory (2 h 13 min at 8 s periods)
-
-# Online training of a seeded model: no exploration of its own (the controller acts greedily),
-# training from the first few dozen live experiences, small steps.
-ONLINE_OVERRIDES: dict[str, dict[str, Any]] = {
-    "dqn": {"learning_starts": 32, "batch_size": 32, "learning_rate": 1e-4, "start_e": 0.0, "end_e": 0.0,
-            "exploration_steps": 1, "target_network_frequency": 100, "buffer_size": 10_000},
-    "pg": {"num_steps": 32, "num_minibatches": 2, "learning_rate": 1e-4},
-    "sarsa": {"alpha": 0.05, "start_e": 0.0, "end_e": 0.0, "exploration_steps": 1},
-}
-
-
-def online_weights(node: str, pool: str, agent: Any) -> LearnerWeights:
-    """``agent``'s weights with the online-training hyper-parameters, for the learner's ``weights.set``."""
-    config = {**dataclasses.asdict(agent.config), **ONLINE_OVERRIDES.get(agent.algorithm, {})}
-    return LearnerWeights(node=node, model=scaling_model(pool), algorithm=agent.algorithm, obs_dim=agent.obs_dim,
-                          n_actions=agent.n_actions, config=config,
-                          version=0, weights_b64=base64.b64encode(agent.get_weights()).decode())
-
 
 @dataclass
 class ControlStep:

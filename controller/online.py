@@ -9,13 +9,16 @@ deadlines to known-good (docs/autoscaling.md, "Online learning").
 
 from __future__ import annotations
 
+import base64
+import dataclasses
 import logging
 import math
 from collections import deque
 from dataclasses import dataclass
 from typing import Any
 
-from broker.messages import PoolTelemetry
+from broker.messages import LearnerWeights, PoolTelemetry
+from broker.subjects import scaling_model
 from controller.baselines import RLPolicy
 
 log = logging.getLogger(__name__)
@@ -270,3 +273,21 @@ class ModelGuard:
             log.info("controller: online weights version %d decide from now on", version)
         self.policy.agent, self.online_version = agent, version
         self.policy.version = self.version
+
+
+# Online training of a seeded model: no exploration of its own (the controller acts greedily),
+# training from the first few dozen live experiences, small steps.
+ONLINE_OVERRIDES: dict[str, dict[str, Any]] = {
+    "dqn": {"learning_starts": 32, "batch_size": 32, "learning_rate": 1e-4, "start_e": 0.0, "end_e": 0.0,
+            "exploration_steps": 1, "target_network_frequency": 100, "buffer_size": 10_000},
+    "pg": {"num_steps": 32, "num_minibatches": 2, "learning_rate": 1e-4},
+    "sarsa": {"alpha": 0.05, "start_e": 0.0, "end_e": 0.0, "exploration_steps": 1},
+}
+
+
+def online_weights(node: str, pool: str, agent: Any) -> LearnerWeights:
+    """``agent``'s weights with the online-training hyper-parameters, for the learner's ``weights.set``."""
+    config = {**dataclasses.asdict(agent.config), **ONLINE_OVERRIDES.get(agent.algorithm, {})}
+    return LearnerWeights(node=node, model=scaling_model(pool), algorithm=agent.algorithm, obs_dim=agent.obs_dim,
+                          n_actions=agent.n_actions, config=config,
+                          version=0, weights_b64=base64.b64encode(agent.get_weights()).decode())

@@ -13,7 +13,6 @@ rewards, so the node sees every outcome of every decision it took.
 from __future__ import annotations
 
 import asyncio
-import base64
 import logging
 import time
 from typing import Callable, Sequence
@@ -29,11 +28,11 @@ from broker.codec import encode
 from broker.fastpath import ack_now, store_error
 from broker.header_blocks import header_block, header_text
 from broker.lifecycle import OnItsLoop
-from broker.messages import DirectAnswer, HopTiming, Rejection, Result, Timings
+from broker.messages import DirectAnswer, HopTiming, Rejection, Result
 from broker.streams import deadletter_stream, ensure_shared_streams, results_stream
 from broker.subjects import Subjects
 from functions.registry import FunctionRegistry
-from nodes.calls import Call
+from nodes.calls import Call, output_fields, result_document, timings_of
 from nodes.inbox import Inbox, Reply
 from nodes.metrics import NodeMetrics
 from nodes.telemetry import PoolStats
@@ -159,8 +158,8 @@ class Answerer(OnItsLoop):
                             error=error.message if error else None, executed_by=answer.executed_by or "?",
                             origin=self.node, hops=answer.hops, peers=answer.peers, peer_ips=answer.peer_ips,
                             scheduler=call.scheduler,
-                            timings=self._timings(call, timings.execution_s, total_s, timings.queueing_s),
-                            hop_timings=hops, learning=call.learning, **_output_fields(answer.output))
+                            timings=timings_of(call, timings.execution_s, total_s, timings.queueing_s),
+                            hop_timings=hops, learning=call.learning, **output_fields(answer.output))
             return self._store(call, self.subjects.result(call.inv.client, call.inv.request_id), encode(result))
         headers = {k: v for k, v in answer.headers.items() if k not in H.LEARNING}
         headers[H.SCHEDULER] = call.scheduler   # P2PFaaS reports the origin's algorithm
@@ -379,34 +378,6 @@ class Answerer(OnItsLoop):
         if self.on_answer is not None:
             self.on_answer(call.key, status, total_s)
 
-    @staticmethod
-    def _timings(call: Call, execution_s: float, total_s: float, queueing_s: float | None = None) -> Timings:
-        return Timings(scheduling_s=call.scheduling_s, queueing_s=call.queueing_s if queueing_s is None else queueing_s,
-                       execution_s=execution_s, total_s=total_s, transit_s=call.transit_s,
-                       cold_start_s=call.cold_start_s)
-
-
-def result_document(call: Call, node: str, ip: str, status: int, error: str | None, execution_s: float,
-                    total_s: float, output: bytes) -> dict:
-    """The JSON document of the ``Result`` of a call this node ran, written out from the node's own
-    validated call: 1.5 µs, where building the model and dumping it took 14 on every async answer.
-    tests/nodes/test_answering.py checks it against the contract, field by field."""
-    forwarded = call.request.external
-    peers = [*call.request.peers, node] if forwarded else []
-    ips = [*call.peer_ips, *[""] * (len(call.request.peers) - len(call.peer_ips)), ip] if forwarded else []
-    text, b64 = _output_fields(output).values()
-    return {
-        "request_id": call.inv.request_id, "client": call.inv.client, "fn": call.fn, "status": status,
-        "output": text, "output_b64": b64, "error": error, "executed_by": node, "origin": peers[0] if peers else node,
-        "hops": call.request.hops if forwarded else 0, "peers": peers, "peer_ips": ips, "scheduler": call.scheduler,
-        "timings": {"scheduling_s": call.scheduling_s, "queueing_s": call.queueing_s, "execution_s": float(execution_s),
-                    "total_s": total_s, "transit_s": call.transit_s, "cold_start_s": call.cold_start_s},
-        "hop_timings": [{"node": node, "arrival": call.arrival, "scheduling_s": call.scheduling_s,
-                         "probing_s": call.probing_s, "total_s": total_s}],
-        "finished_at": time.time(),
-        "learning": call.learning.model_dump(mode="json") if call.learning is not None else None,
-    }
-
 
 def _store_problem(ack: Msg) -> str | None:
     """Why a JetStream publish acknowledgement says the message was not stored; None if it was
@@ -417,13 +388,6 @@ def _store_problem(ack: Msg) -> str | None:
     if isinstance(error, NoStreamResponseError):
         return f"no stream answered ({(ack.headers or {}).get(H.NATS_STATUS, '')})"
     return f"JetStream refused it: {error}"
-
-
-def _output_fields(output: bytes) -> dict[str, str | None]:
-    try:
-        return {"output": output.decode(), "output_b64": None}
-    except UnicodeDecodeError:
-        return {"output": None, "output_b64": base64.b64encode(output).decode()}
 
 
 def retry_delay_s(own: Sequence[float], node: Sequence[float], deliveries: int) -> float:

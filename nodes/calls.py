@@ -7,12 +7,14 @@ only once the answer is stored (:mod:`nodes.answering`).
 
 from __future__ import annotations
 
+import base64
 import itertools
+import time
 from dataclasses import dataclass, field
 
 from nats.aio.msg import Msg
 
-from broker.messages import LearningDecision
+from broker.messages import LearningDecision, Timings
 from broker.subjects import Invocation
 from nodes.scheduler.base import SchedulingRequest
 
@@ -69,3 +71,39 @@ class Call:
     @property
     def queueing_s(self) -> float:
         return self.waited_s + max(0.0, self.dispatched_at - self.scheduled_at) if self.dispatched_at else self.waited_s
+
+
+def result_document(call: Call, node: str, ip: str, status: int, error: str | None, execution_s: float,
+                    total_s: float, output: bytes) -> dict:
+    """The JSON document of the ``Result`` of a call this node ran, written out from the node's own
+    validated call, on every async answer's path (bench/README.md).
+    tests/nodes/test_answering.py checks it against the contract, field by field."""
+    forwarded = call.request.external
+    peers = [*call.request.peers, node] if forwarded else []
+    ips = [*call.peer_ips, *[""] * (len(call.request.peers) - len(call.peer_ips)), ip] if forwarded else []
+    text, b64 = output_fields(output).values()
+    return {
+        "request_id": call.inv.request_id, "client": call.inv.client, "fn": call.fn, "status": status,
+        "output": text, "output_b64": b64, "error": error, "executed_by": node, "origin": peers[0] if peers else node,
+        "hops": call.request.hops if forwarded else 0, "peers": peers, "peer_ips": ips, "scheduler": call.scheduler,
+        "timings": {"scheduling_s": call.scheduling_s, "queueing_s": call.queueing_s, "execution_s": float(execution_s),
+                    "total_s": total_s, "transit_s": call.transit_s, "cold_start_s": call.cold_start_s},
+        "hop_timings": [{"node": node, "arrival": call.arrival, "scheduling_s": call.scheduling_s,
+                         "probing_s": call.probing_s, "total_s": total_s}],
+        "finished_at": time.time(),
+        "learning": call.learning.model_dump(mode="json") if call.learning is not None else None,
+    }
+
+
+def output_fields(output: bytes) -> dict[str, str | None]:
+    """A function's output as a stored answer carries it: text when it is UTF-8, else base64."""
+    try:
+        return {"output": output.decode(), "output_b64": None}
+    except UnicodeDecodeError:
+        return {"output": None, "output_b64": base64.b64encode(output).decode()}
+
+
+def timings_of(call: Call, execution_s: float, total_s: float, queueing_s: float | None = None) -> Timings:
+    """The ``Timings`` of a call's answer (``queueing_s``: the peer's, for a call it ran)."""
+    return Timings(scheduling_s=call.scheduling_s, queueing_s=call.queueing_s if queueing_s is None else queueing_s,
+                   execution_s=execution_s, total_s=total_s, transit_s=call.transit_s, cold_start_s=call.cold_start_s)

@@ -14,7 +14,7 @@ import paho.mqtt.client as mqtt
 
 from broker.client import Answer, FaasClient
 from broker.connection import connect
-from broker.mqtt_bridge import mqtt_tls, parse_mqtt_url
+from broker.mqtt_client import mqtt_tls, parse_mqtt_url
 from broker.subjects import Subjects, from_mqtt
 
 

@@ -22,7 +22,7 @@ from broker.edge import PING_INTERVAL, inbox_prefix, leaf_remote
 from broker.embedded import Mosquitto, NatsServer, choose_port
 from broker.handoff import SECRET_NAMES
 from broker.secrets import KEY_NAME as SECRETS_KEY
-from broker.mqtt_bridge import mqtt_accepts
+from broker.mqtt_client import mqtt_accepts
 from broker.lifecycle import hold_data_dir, still_wanted
 from broker.tls import TlsFiles, ensure_certificates
 from controller.policies import resolve_policy

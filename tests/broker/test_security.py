@@ -616,7 +616,7 @@ async def test_on_mosquitto_a_device_cannot_throw_the_mqtt_bridge_off(tmp_path):
     bridge's password: stable across restarts, unknown to devices."""
     if shutil.which("mosquitto_passwd") is None:
         pytest.fail("mosquitto not installed (.ci/run installs it)")
-    from broker.mqtt_bridge import default_client_id
+    from broker.mqtt_client import default_client_id
 
     store = AuthStore(tmp_path / "auth")
     bridge, dev1 = store.service(BRIDGE), store.device("dev1")

@@ -9,7 +9,7 @@ from broker import codes
 from broker.codec import decode
 from broker.messages import LearningDecision, Result
 from broker.subjects import Subjects
-from nodes.answering import result_document
+from nodes.calls import result_document
 from nodes.calls import Call
 from nodes.scheduler.base import SchedulingRequest
 
