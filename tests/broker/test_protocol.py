@@ -1,4 +1,5 @@
-"""broker/protocol.py: the wire protocol's one table, and the documents generated from it."""
+"""broker/protocol.py: the wire protocol's one table, and the documents broker/protocol_docs.py
+generates from it."""
 
 from __future__ import annotations
 
@@ -6,14 +7,15 @@ import re
 
 import yaml
 
-from broker import protocol
-from broker.protocol import CHANNELS, PARAMETERS, asyncapi, subject_of
+from broker import protocol_docs as protocol
+from broker.protocol import CHANNELS, PARAMETERS, subject_of
+from broker.protocol_docs import asyncapi
 from broker.subjects import Subjects
 
 
 def test_the_committed_documents_are_what_the_code_generates():
     stale = [str(path) for path, text in protocol.render().items() if path.read_text() != text]
-    assert not stale, f"stale: {stale}; run python -m broker.protocol"
+    assert not stale, f"stale: {stale}; run python -m broker.protocol_docs"
 
 
 def test_every_channel_is_a_subject_that_subjects_builds_and_parses():
@@ -69,7 +71,7 @@ def test_every_reference_of_the_asyncapi_document_resolves():
 def test_a_stale_document_is_said(tmp_path, monkeypatch, capsys):
     monkeypatch.setattr(protocol, "DOCS", tmp_path)
     assert protocol.main(["--check"]) == 1
-    assert "run python -m broker.protocol" in capsys.readouterr().out
+    assert "run python -m broker.protocol_docs" in capsys.readouterr().out
     assert protocol.main([]) == 0
     assert protocol.main(["--check"]) == 0
     (tmp_path / "protocol.md").write_text((tmp_path / "protocol.md").read_text() + "\nedited by hand\n")
