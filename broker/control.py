@@ -1,6 +1,8 @@
 """Control-plane request/reply in one place: nodes serve it, bridges and tools ask.
 
-A reply carries ``X-P2pfaas-Status`` (HTTP-like); an error reply also carries the NATS services'
+A node's control subjects are the endpoints of a NATS service (``nats.micro``): the ``nats`` CLI
+finds them (``nats micro ls``, ``nats micro info p2pfaas-node``) and counts their requests. A
+reply carries ``X-P2pfaas-Status`` (HTTP-like); an error reply also carries the NATS services'
 standard ``Nats-Service-Error`` and ``Nats-Service-Error-Code`` headers and the JSON body
 ``{code, message}``. A handler is ``async (body) -> body`` and raises :class:`ControlError`
 (or ``ContractError``, a 400) to refuse.
@@ -9,19 +11,20 @@ standard ``Nats-Service-Error`` and ``Nats-Service-Error-Code`` headers and the 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from typing import Awaitable, Callable
 
 import orjson
 
+from nats import micro
 from nats.aio.client import Client
-from nats.aio.msg import Msg
 from nats.errors import NoRespondersError
 from nats.errors import TimeoutError as NatsTimeout
 
 from broker import codes
 from broker import headers as H
-from broker.answers import error_body, status_of
+from broker.answers import VERSION, error_body, status_of
 from broker.connection import request
 from broker.errors import ContractError, NodeUnavailable
 
@@ -40,45 +43,53 @@ class ControlError(Exception):
 
 
 class ControlServer:
-    """Serves control subjects; ``refused(subject, message)`` is told about every refusal."""
+    """Serves control subjects as the endpoints of one NATS service named ``name``;
+    ``refused(subject, message)`` is told about every refusal."""
 
-    def __init__(self, nc: Client, refused: Callable[[str, str], None] = lambda subject, message: None) -> None:
+    def __init__(self, nc: Client, refused: Callable[[str, str], None] = lambda subject, message: None, *,
+                 name: str = "p2pfaas-control", description: str = "", metadata: dict[str, str] | None = None) -> None:
         self.nc, self._refused = nc, refused
-        self._subs: list = []
+        self.config = micro.ServiceConfig(name=name, version=VERSION, description=description or None,
+                                          metadata=metadata or {})
+        self.service: micro.Service | None = None
 
     async def serve(self, subject: str, handler: Handler) -> None:
-        async def on_request(msg: Msg) -> None:
+        async def on_request(request: micro.Request) -> None:
+            subject = request.subject
             try:
-                body, status, headers = await handler(msg.data), 200, {H.STATUS: "200"}
+                body, status, headers = await handler(request.data), 200, {H.STATUS: "200"}
             except (ControlError, ContractError) as exc:
                 status = exc.status if isinstance(exc, ControlError) else 400
                 message = exc.message if isinstance(exc, ControlError) else str(exc)
-                self._refused(msg.subject, message)
+                self._refused(subject, message)
                 body = error_body(codes.for_status(status), message)
                 headers = {H.STATUS: str(status), SERVICE_ERROR: message[:200].replace("\n", " "),
                            SERVICE_ERROR_CODE: str(status)}
             except OSError as exc:   # a full disk, a read-only data dir: the asker hears which, not "internal error"
                 message = f"the node could not write its state: {exc.strerror or exc}" + (
                     f" ({exc.filename})" if exc.filename else "")
-                log.error("control request on %s failed: %s", msg.subject, message)
+                log.error("control request on %s failed: %s", subject, message)
                 status, body = 500, error_body(codes.GENERIC, message)
                 headers = {H.STATUS: "500", SERVICE_ERROR: message[:200], SERVICE_ERROR_CODE: "500"}
             except Exception as exc:  # a bug must answer too, never leave the caller waiting
-                log.exception("control request on %s failed", msg.subject)
+                log.exception("control request on %s failed", subject)
                 status, body = 500, error_body(codes.GENERIC, f"internal error: {type(exc).__name__}")
                 headers = {H.STATUS: "500", SERVICE_ERROR: "internal error", SERVICE_ERROR_CODE: "500"}
-            if msg.reply:
-                await self.nc.publish(msg.reply, body, headers=headers)
+            with contextlib.suppress(ValueError):   # a publish without a reply subject: served, not answered
+                await request.respond(body, headers=headers)
 
-        self._subs.append(await self.nc.subscribe(subject, cb=on_request))
+        if self.service is None:
+            self.service = await micro.add_service(self.nc, self.config)
+        # an endpoint's name is its subject, dots as dashes (names take no dots)
+        await self.service.add_endpoint(name=subject.replace(".", "-"), subject=subject, handler=on_request)
 
     async def stop(self) -> None:
-        for sub in self._subs:
+        if self.service is not None:
             try:
-                await sub.unsubscribe()
+                await self.service.stop()
             except Exception as exc:  # the connection may already be gone
-                log.debug("unsubscribe: %s", exc)
-        self._subs.clear()
+                log.debug("control service stop: %s", exc)
+            self.service = None
 
 
 async def control_request(nc: Client, subject: str, body: bytes = b"", timeout_s: float = 3.0) -> tuple[int, bytes]:

@@ -54,7 +54,9 @@ class ControlledNode(Protocol):
 class NodeControl:
     def __init__(self, nc: Client, node: ControlledNode) -> None:
         self.node = node
-        self.server = ControlServer(nc, self._refused)
+        self.server = ControlServer(nc, self._refused, name="p2pfaas-node",
+                                    metadata={"node": node.settings.node_id, "prefix": node.settings.prefix},
+                                    description=f"p2pfaas node {node.settings.node_id}: its control plane")
 
     async def start(self) -> "NodeControl":
         node = self.node

@@ -725,3 +725,31 @@ def test_settings_from_the_environment_take_user_functions(monkeypatch):
     monkeypatch.setenv("P2PFAAS_FUNCTIONS", "nonsense")
     with pytest.raises(ValueError, match="must look like name=package.module:function"):
         NodeSettings.from_env()
+
+
+async def test_the_control_plane_is_a_nats_service_that_tools_find(node_factory, nc, prefix):
+    """A node's control subjects are the endpoints of the NATS service ``p2pfaas-node``: what `nats
+    micro ls` and `nats micro info` read ($SRV.PING, $SRV.INFO), counting the requests served."""
+    s = Subjects(prefix)
+    async with node_factory():
+        inbox = nc.new_inbox()
+        pings: list[dict] = []
+
+        async def on_ping(msg) -> None:
+            pings.append(orjson.loads(msg.data))
+
+        sub = await nc.subscribe(inbox, cb=on_ping)
+        try:
+            await nc.publish("$SRV.PING.p2pfaas-node", b"", reply=inbox)
+            await wait_until(lambda: any(p["metadata"].get("prefix") == prefix for p in pings), 5)
+        finally:
+            await sub.unsubscribe()
+        ours = next(p for p in pings if p["metadata"].get("prefix") == prefix)
+        assert (ours["name"], ours["metadata"]["node"], ours["type"]) == ("p2pfaas-node", "n1", "io.nats.micro.v1.ping_response")
+        assert (await nc.request(s.load("n1"), b"", timeout=5)).headers[H.STATUS] == "200"
+        info = orjson.loads((await nc.request(f"$SRV.INFO.p2pfaas-node.{ours['id']}", b"", timeout=5)).data)
+        subjects = {e["subject"] for e in info["endpoints"]}
+        assert {s.load("n1"), s.info("n1"), s.config("n1", "set"), s.functions("n1", "deploy")} <= subjects
+        stats = orjson.loads((await nc.request(f"$SRV.STATS.p2pfaas-node.{ours['id']}", b"", timeout=5)).data)
+        load = next(e for e in stats["endpoints"] if e["subject"] == s.load("n1"))
+        assert load["num_requests"] >= 1
