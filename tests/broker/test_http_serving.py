@@ -266,8 +266,9 @@ async def test_one_client_with_5000_slow_and_8_oversized_connections_leaves_the_
                                                                                           tmp_path):
     """Issue 25's attack, by bench/slow_clients.py (its own server process: a node and its bridge, as
     ``up`` runs them; an attacker process on 127.0.0.2; sequential calls from 127.0.0.1, idle and
-    under attack, interleaved twice). The bench's verdict holds p99 to 2x its idle value; on a
-    shared machine a test allows 3x + 5 ms (the code before the edge answered nothing for 5 s)."""
+    under attack, interleaved twice). The bench's verdict holds p99 to 2x its idle value; a test on
+    a shared 2-core machine (another process's load lands on the same cores) holds it to 3x + 50 ms:
+    still far from what it guards against, calls that waited for 5 s."""
     bench = Path(__file__).resolve().parents[2] / "bench" / "slow_clients.py"
     out = tmp_path / "slow.json"
     proc = await asyncio.create_subprocess_exec(
@@ -279,7 +280,7 @@ async def test_one_client_with_5000_slow_and_8_oversized_connections_leaves_the_
     for mode in ("keep_alive", "new_connection"):
         idle, attack = run["idle"][mode], run["attack"][mode]
         assert set(idle["statuses"]) == set(attack["statuses"]) == {"200"}, (mode, attack["statuses"])
-        assert attack["p99_ms"] <= 3 * idle["p99_ms"] + 5, (mode, idle["p99_ms"], attack["p99_ms"])
+        assert attack["p99_ms"] <= 3 * idle["p99_ms"] + 50, (mode, idle["p99_ms"], attack["p99_ms"])
     assert run["healthz_under_attack"] == [200, 200]
     assert run["rss_peak_mb"] - run["rss_idle_mb"] < 16, (run["rss_idle_mb"], run["rss_peak_mb"])
     edge = run["edge_under_attack"]
