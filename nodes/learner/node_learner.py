@@ -184,7 +184,7 @@ class NodeLearner:
                     msgs = []
                 for msg in msgs:
                     await self._handle(msg)
-                    await asyncio.sleep(0)  # a DQN step takes ~1 ms: let act requests in between
+                    await asyncio.sleep(0)  # each training step holds the loop: let act requests in between
                 await self._publish_weights()
                 if loop.time() - last_checkpoint >= self.settings.checkpoint_period_s:
                     last_checkpoint = loop.time()
