@@ -329,10 +329,10 @@ async def test_a_part_up_started_waits_for_its_broker(tmp_path):
 
 
 async def test_parts_run_by_hand_attach_to_the_running_stack(tmp_path):
-    """`p2pfaas node`, `bridge` and `learner` without --nats-url went to nats://127.0.0.1:4222, the
-    machine's shared broker, and not to the stack `up` runs on --data-dir, which `top`, `invoke`,
-    `farm run` and `controller` use. Now they attach to that stack, as its operator (a secure stack:
-    its identities), and the hand-run HTTP bridge wants the stack's operator token as the stack's do."""
+    """`p2pfaas node`, `bridge` and `learner` without --nats-url attach to the stack `up` runs on
+    --data-dir (as `top`, `invoke`, `farm run` and `controller` do), never to a shared broker of the
+    machine: as its operator (a secure stack: its identities), and the hand-run HTTP bridge wants
+    the stack's operator token as the stack's do. The test runs its own nats-server."""
     store = AuthStore(tmp_path / "auth")
     store.service(OPERATOR)   # as `up` leaves it
     prefix = "t" + uuid.uuid4().hex[:10]
