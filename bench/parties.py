@@ -381,7 +381,7 @@ async def _node(url: str, prefix: str, data_dir: Path, k: int, queue: int, loss:
         assert node.pool is not None and node.scheduler is not None
         await node.pool.wait_ready(90)
         bridges = [await start_http_bridge(HttpBridgeOptions(node=NODE_ID, nats_url=url, port=port, prefix=prefix),
-                                           door=node.scheduler.door) for port in http_ports]
+                                           door=node.ingress.door) for port in http_ports]
         conn.send(("ready", {"pid": os.getpid(), "worker_pids": node.pool.pids()}))
         await serve_commands(conn, {})
         for bridge in bridges:

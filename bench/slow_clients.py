@@ -96,7 +96,7 @@ async def serve(args) -> None:
         assert node.pool is not None and node.scheduler is not None
         await node.pool.wait_ready(90)
         bridge = await start_http_bridge(HttpBridgeOptions(node="n1", nats_url=args.nats_url, port=args.port,
-                                                           prefix=args.prefix), door=node.scheduler.door)
+                                                           prefix=args.prefix), door=node.ingress.door)
         print(f"READY {os.getpid()}", flush=True)
         await stop.wait()
         await stop_http_bridge(bridge)

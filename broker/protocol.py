@@ -82,19 +82,19 @@ def _ch(id, build, pattern, sender, receiver, payload, reply, summary, headers=(
 CHANNELS: list[Channel] = [
     # -- calls and their answers
     _ch("request", lambda s: s.request("NODE", "FN", "CLIENT", "REQ"), "request/reply",
-        "broker/client.py (HTTP bridge, CLI, emitter)", "nodes/scheduler/service.py", INPUT, OUTPUT,
+        "broker/client.py (HTTP bridge, CLI, emitter)", "nodes/ingress.py", INPUT, OUTPUT,
         "A direct call: never stored. The answer (the output, or an ErrorBody with its status) comes "
         "from the worker that ran it, or from the node when it refused or relayed it. Published "
         "without a reply subject it is stored as an async call.",
         (H.SENT_AT, H.WAIT, H.TIMEOUT, H.DEADLINE, H.TASK_TYPE, H.TRACING_ID, H.BYPASS, H.FORWARD, H.REJECT)),
     _ch("forward", lambda s: s.forward("NODE", "FN", "CLIENT", "REQ"), "request/reply",
-        "nodes/forwarding.py, broker/http/peer.py", "nodes/scheduler/service.py", INPUT, OUTPUT,
+        "nodes/forwarding.py, broker/http/peer.py", "nodes/ingress.py", INPUT, OUTPUT,
         "A call a node hands to a peer. Before the answer, the peer sends empty replies with "
         "`X-P2pfaas-Status: 102` while it holds the call; a peer silent too long fails it (nodes/forwarding.py).",
         (H.HOPS, H.PEERS_LIST_ID, H.PEERS_LIST_IP, H.SCHEDULER_NAME, H.TIMEOUT, H.SENT_AT, H.NOTICES,
          H.DEADLINE, H.WAIT)),
     _ch("async", lambda s: s.async_request("NODE", "FN", "CLIENT", "REQ"), "stored",
-        "broker/client.py, broker/mqtt_bridge.py, broker/deadletters.py", "nodes/intake.py", INPUT, None,
+        "broker/client.py, broker/mqtt_bridge.py, broker/deadletters.py", "nodes/intake.py, nodes/ingress.py", INPUT, None,
         "A durable call, stored once in FAAS_ASYNC (deduplicated by its message id) and taken by "
         "its node's consumer; acknowledged only once its answer is stored. Devices' MQTT requests "
         "are mapped onto it by nats-server (broker/permissions.py).",
@@ -104,7 +104,7 @@ CHANNELS: list[Channel] = [
         "An async call's answer, kept an hour in FAAS_RESULTS (`GET /result/{id}`, callbacks, MQTT "
         "devices through the bridge).", (H.MSG_ID, H.EXPECTED_STREAM)),
     _ch("reject", lambda s: s.reject("CLIENT", "REQ"), "stored",
-        "nodes/answering.py, nodes/scheduler/service.py, broker/mqtt_bridge.py",
+        "nodes/answering.py, nodes/ingress.py, broker/mqtt_bridge.py",
         "broker/client.py, broker/mqtt_bridge.py", Rejection, None,
         "An async call not run: refused by the algorithm, malformed, or for a node that does not "
         "exist. `faas.reject.invalid` takes those whose caller cannot be named.", (H.MSG_ID, H.EXPECTED_STREAM)),

@@ -21,6 +21,7 @@ from functions.registry import FunctionRegistry
 from nodes.config_store import ConfigStore
 from nodes.deployments import Deployments
 from nodes.discovery.service import DiscoveryService
+from nodes.ingress import Ingress
 from nodes.metrics import NodeMetrics
 from nodes.pool import WorkerPool
 from nodes.scheduler.service import SchedulerService
@@ -42,6 +43,7 @@ class ControlledNode(Protocol):
     pool: WorkerPool | None
     pools: dict[str, WorkerPool]
     scheduler: SchedulerService | None
+    ingress: Ingress | None
     discovery: DiscoveryService | None
     store_check: StoreCheck | None
     started_at: float
@@ -130,13 +132,13 @@ class NodeControl:
 
     async def _on_info(self, body: bytes) -> bytes:
         node = self.node
-        assert node.scheduler is not None
+        assert node.scheduler is not None and node.ingress is not None
         pool = node.pool
         return orjson.dumps({
             "name": "p2pfaas", "version": VERSION, "node": node.settings.node_id,
             "scheduler": node.scheduler.algorithm.describe(), "functions": node.registry.names(),
             "workers": {"ready": pool.ready, "starting": pool.starting, "stopping": pool.stopping} if pool else {},
-            "intake": "ok" if node.scheduler.intake.healthy else "down",
+            "intake": "ok" if node.ingress.intake.healthy else "down",
             "store": (node.store_check.problem if node.store_check else None) or "ok",
             "answers_unstored": node.scheduler.answerer.unstored,
             "uptime_s": time.time() - node.started_at,

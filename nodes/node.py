@@ -30,6 +30,7 @@ from nodes.deployments import Deployments
 from nodes.dispatch import Dispatcher
 from nodes.drops import DropSummary
 from nodes.inbox import Inbox
+from nodes.ingress import Ingress
 from nodes.learner.service import LearnerService
 from nodes.learner.settings import LearnerSettings
 from nodes.metrics import NodeMetrics
@@ -72,6 +73,7 @@ class Node:
         self._answerer: Answerer | None = None
         self.store_check: StoreCheck | None = None
         self.scheduler: SchedulerService | None = None
+        self.ingress: Ingress | None = None
         self.discovery: DiscoveryService | None = None
         self.learner: LearnerService | None = None
         self._peers = peers
@@ -98,11 +100,11 @@ class Node:
         if self.settings.learner:  # before the scheduler, so a LearningScheduler can use it
             self.learner = await LearnerService(self.nc, LearnerSettings.for_node(self.settings)).start()
         self.inbox = await Inbox(self.nc).start()
-        scheduler: SchedulerService | None = None
+        ingress: Ingress | None = None
 
-        def released(call, answered: bool) -> None:
-            assert scheduler is not None
-            scheduler.released(call, answered)
+        def released(call, answered: bool) -> None:   # the answerer is built before the ingress it tells
+            assert ingress is not None
+            ingress.released(call, answered)
 
         answerer = Answerer(self.settings.node_id, self.nc, self.subjects, self.metrics, self.stats.get, released,
                             self.inbox, registry=self.registry, retry_backoff_s=self.settings.retry_backoff_s)
@@ -112,8 +114,10 @@ class Node:
         if peers is None:
             self.discovery = peers = DiscoveryService(self.settings, self.nc, self.current_load,
                                                       activity=self._activity)
-        self.scheduler = scheduler = SchedulerService(self.settings, self.nc, self.registry, self.store,
-                                                      self.metrics, answerer, self.inbox, dispatchers, peers)
+        self.scheduler = scheduler = SchedulerService(self.settings, self.nc, self.store, self.metrics, answerer,
+                                                      self.inbox, dispatchers, peers)
+        self.ingress = ingress = Ingress(self.settings, self.nc, self.registry, self.metrics, answerer, dispatchers,
+                                         scheduler.schedule, alive=scheduler.peers)
         if self.discovery:   # a peer that falls silent: what was forwarded to it fails then, not at its timeout
             self.discovery.on_removed.append(scheduler.forwarder.peer_removed)
         main = dispatchers[DEFAULT_POOL]
@@ -121,6 +125,7 @@ class Node:
         answerer.on_answer = scheduler.learning.rewards.observe
         await self._start_pools()
         await scheduler.start()
+        await ingress.start()
         self.store_check = StoreCheck(self.settings.node_id, self.nc, self.subjects).start()
         if self.discovery:
             await self.discovery.start()
@@ -152,8 +157,10 @@ class Node:
             await self.control.stop()
         if self.deployments.catalogue is not None:
             await self.deployments.catalogue.stop()
+        if self.ingress:
+            await self.ingress.stop()
         if self.scheduler:
-            await self.scheduler.stop_intake()
+            await self.scheduler.stop_deciding()
         await asyncio.gather(*(pool.stop() for pool in self.pools.values()))
         if self.scheduler:
             await self.scheduler.stop()
@@ -300,8 +307,8 @@ class Node:
         when it went are found and run again or answered (Dispatcher.reconcile); the scheduler
         checks the async calls it receives again for answers already stored."""
         at = time.time()
-        if self.scheduler is not None:
-            self.scheduler.reconnected()
+        if self.ingress is not None:
+            self.ingress.reconnected()
         for dispatcher in self._dispatchers.values():
             task = asyncio.get_running_loop().create_task(dispatcher.reconcile(at))
             self._reconciling.add(task)
@@ -368,8 +375,8 @@ class Node:
         assert self.pool is not None
         await self.pool.dispatcher.set_slots(config.parallel_running_functions_max)
         await self.pool.set_size(self._main_processes(config.parallel_running_functions_max))
-        if self.scheduler is not None:
-            self.scheduler.intake.wake()
+        if self.ingress is not None:
+            self.ingress.intake.wake()
         if self.pool:
             self.metrics.workers.labels(node=self.settings.node_id, state="target").set(self.pool.target)
 

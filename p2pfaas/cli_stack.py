@@ -194,7 +194,7 @@ def node(
             return started, None
         try:
             assert started.scheduler is not None
-            return started, await start_http_bridge(http, door=started.scheduler.door)
+            return started, await start_http_bridge(http, door=started.ingress.door)
         except BaseException:
             await started.stop()
             raise

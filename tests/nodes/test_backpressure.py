@@ -14,7 +14,7 @@ from broker.messages import Result
 from broker.streams import async_stream
 from broker.subjects import Subjects
 from nodes.intake import consumer_name
-from nodes.scheduler.service import ASYNC_AHEAD
+from nodes.ingress import ASYNC_AHEAD
 from support import Collector, wait_until
 
 
@@ -31,7 +31,7 @@ async def test_a_burst_of_async_calls_waits_in_the_stream_and_each_is_answered_o
     held_peak, backlog_seen = 0, 0
     async with Collector(nc, s.results_of("dev1")) as results, Collector(nc, s.rejects_of("dev1")) as rejects, \
             node_factory(k=4, queue=4, runtime="inprocess") as node:
-        intake = node.scheduler.intake
+        intake = node.ingress.intake
         budget = ASYNC_AHEAD * 4
 
         async def watch() -> None:
@@ -92,7 +92,7 @@ async def test_what_async_calls_hold_in_memory_is_bounded_in_bytes(node_factory,
     monkeypatch.setattr(intake_module, "machine_memory", lambda: 0)
     async with Collector(nc, s.results_of("dev1")) as results, \
             node_factory(k=2, queue=0, runtime="inprocess", max_payload_bytes=nc.max_payload) as node:
-        intake = node.scheduler.intake
+        intake = node.ingress.intake
         assert intake.bytes_limit == limit
         body = b"0.05" + b" " * (3 * 1024 * 1024)   # sleep's input, 3 MiB
 

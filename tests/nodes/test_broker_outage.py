@@ -105,7 +105,7 @@ async def test_a_direct_call_fails_at_once_when_the_broker_connection_drops(own_
             assert answer.status == 200 and answer.body == b"after"
             # the async intake pulled again as soon as the node was back, not at its lost pull
             # request's expiry: an async call made now is answered
-            assert node.scheduler.intake.pulls_after_reconnect >= 1
+            assert node.ingress.intake.pulls_after_reconnect >= 1
             stored = await faas.call_async("n1", "echo", b"async after", timeout_s=30)
             assert stored.status == 200 and stored.body == b"async after"
     finally:

@@ -17,7 +17,7 @@ pytestmark = pytest.mark.nats
 
 async def bridge_with_door(nc, node, prefix: str) -> HttpBridge:
     bridge = await HttpBridge(nc, node.settings.node_id, prefix=prefix, invoke_timeout_s=20).start()
-    bridge.faas.open_door(node.settings.node_id, node.scheduler.door)
+    bridge.faas.open_door(node.settings.node_id, node.ingress.door)
     return bridge
 
 
@@ -55,7 +55,7 @@ async def test_a_stopping_node_closes_its_door_and_callers_are_told(node_factory
         try:
             async with client(bridge) as http:
                 assert (await http.post("/function/echo", content=b"hi")).text == "hi"
-                await node.scheduler.stop_intake()   # what a node's stop does first
+                await node.ingress.stop()   # what a node's stop does first
                 r = await http.post("/function/echo", content=b"hi")
                 # the door is closed; over NATS nobody listens any more: 503 at once, not a hang
                 assert r.status_code == 503 and "not running" in r.json()["message"], r.text
@@ -70,7 +70,7 @@ async def test_a_call_the_door_fails_on_is_answered_500_at_once(node_factory, nc
         def broken(*args) -> None:
             raise RuntimeError("a bug in the node")
 
-        monkeypatch.setattr(node.scheduler, "_on_request", broken)
+        monkeypatch.setattr(node.ingress, "_on_request", broken)
         try:
             async with client(bridge) as http:
                 r = await asyncio.wait_for(http.post("/function/echo", content=b"hi"), 10)

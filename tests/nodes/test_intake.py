@@ -52,7 +52,7 @@ async def test_a_deleted_intake_consumer_is_made_again_and_every_stored_call_run
         assert (await asyncio.wait_for(held, 30)).status == 200
         # made again as at start: it delivers every call still stored, not only the new ones
         assert (await js.consumer_info(stream, durable)).config.deliver_policy in (None, DeliverPolicy.ALL)
-        await wait_until(lambda: node.scheduler.intake.healthy, timeout_s=10)
+        await wait_until(lambda: node.ingress.intake.healthy, timeout_s=10)
         status, body = await control_request(nc, s.info("n1"), b"", 5.0)
         assert node_health("n1", status, body)[1] is None, orjson.loads(body)
         await asyncio.sleep(1.5)   # past unknown_node_after_s and more than one sweep period
@@ -104,7 +104,7 @@ async def test_a_store_restored_without_the_intake_consumer_is_found_out_after_t
             await server.start()
             answers = await asyncio.gather(*(faas.call_async("n1", "echo", b"after", timeout_s=30) for _ in range(5)))
             assert [a.status for a in answers] == [200] * 5
-            await wait_until(lambda: node.scheduler.intake.healthy, timeout_s=10)
+            await wait_until(lambda: node.ingress.intake.healthy, timeout_s=10)
     finally:
         if nc is not None:
             await close_quietly(nc)
@@ -159,7 +159,7 @@ async def test_a_deleted_async_stream_is_made_again_and_async_calls_run(node_fac
         stored_after_s = loop.time() - deleted_at
         done = await asyncio.wait_for(answer, 20)
         again = (await js.stream_info(stream)).config
-        await wait_until(lambda: node.scheduler.intake.healthy, timeout_s=10)
+        await wait_until(lambda: node.ingress.intake.healthy, timeout_s=10)
         assert (await faas.call_async("n1", "echo", b"later", req="later", timeout_s=20)).status == 200
     assert (done.status, done.output) == (200, b"after")
     assert stored_after_s < 10, stored_after_s
@@ -179,6 +179,6 @@ async def test_a_deleted_results_stream_is_made_again_by_the_node_that_stores_an
         await js.delete_stream(results_stream(s))
         answer = await faas.call_async("n1", "echo", b"after", req="after", timeout_s=20)   # published live
         assert answer.status == 200 and answer.output == b"after"
-        await wait_until(lambda: node.scheduler.answerer.unstored == 0 and not node.scheduler.intake.held, timeout_s=15)
+        await wait_until(lambda: node.scheduler.answerer.unstored == 0 and not node.ingress.intake.held, timeout_s=15)
         stored = await faas.stored_answer("dev1", "after")
         assert stored is not None and stored.status == 200 and stored.body == b"after"

@@ -392,7 +392,7 @@ async def test_an_algorithm_that_raises_refuses_the_call_at_once(node_factory, f
         direct = await faas.invoke("n1", "echo", b"x", timeout_s=10)
         stored = await faas.call_async("n1", "echo", b"y", timeout_s=10)
         waited = time.monotonic() - started
-        await wait_until(lambda: not node.scheduler.intake.held, 5)
+        await wait_until(lambda: not node.ingress.intake.held, 5)
         errors = errors_of(node)
     for answer in (direct, stored):
         assert answer.status == 500 and answer.code == codes.CANNOT_SCHEDULE, answer
