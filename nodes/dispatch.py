@@ -3,10 +3,7 @@
 The node dispatches every call itself (core NATS request to the worker's own subject) and
 sees every answer, so running and queued counts are exact — P2PFaaS's own semantics. The
 main pool has K slots (``slots``); a dedicated (autoscaled) pool has one slot per worker.
-In the main pool, direct calls wait in the bounded queue (admission counts it) and async calls
-in a lane of their own (the intake pulls only what fits it, :mod:`nodes.intake`); a free slot
-goes to whichever of the two heads came first.
-A CPU-bound call takes a whole idle worker; a concurrent one (I/O-bound, async, inline)
+Calls wait for a slot in :mod:`nodes.waiting`'s lines. A CPU-bound call takes a whole idle worker; a concurrent one (I/O-bound, async, inline)
 shares a worker with others of its kind, up to the function's concurrency.
 
 Calls go out in batches: what one turn of the node's loop dispatched to a worker leaves as one
@@ -18,43 +15,35 @@ calls, and nats-server carries one message for them, not one each.
 from __future__ import annotations
 
 import asyncio
-import itertools
 import logging
 import time
-from collections import deque
 from dataclasses import dataclass, field
 from typing import Awaitable, Callable
 
 from nats.aio.client import Client
-from nats.aio.msg import Msg
 
 from broker import headers as H
 from broker.answers import HEADER_ROOM
-from broker.codec import decode, encode, frame, split_by_size, unframe
+from broker.codec import frame, split_by_size, unframe
 from broker.errors import ContractError
 from broker.lifecycle import OnItsLoop, Tasks
-from broker.messages import (WorkerOutcome, WorkerOutcomes, WorkerStatus,
-                             WorkerStatusRequest)
+from broker.messages import WorkerOutcome, WorkerOutcomes
 from broker.subjects import Subjects
 from functions.registry import FunctionRegistry
-from nodes.calls import Call
-from nodes.forwarding import NOTICE_EVERY_S, processing_notice
+from nodes.calls import Call, Direct, calls_document
+from nodes.forwarding import due_notices, send_notices
 from nodes.inbox import Inbox, Reply
+from nodes.waiting import RecentTimes, WaitingLines
+from nodes.worker_checks import STATUS_TRIES, WorkerChecks, by_worker
 
 log = logging.getLogger(__name__)
-_entries = itertools.count(1)   # the order calls entered their pool's lines in (first come first served)
 
 OVERRUN_GRACE_S = 2.0   # past its timeout plus this, a silent worker is taken for stuck
 OVERRUN_SWEEP_S = 0.5   # how often running calls are checked for that (one timer per pool, not per call)
-STATUS_TRIES = 8        # after a broker outage, a worker is asked this many times (it may reconnect later)
-STATUS_TIMEOUT_S = 2.0
-EXECUTIONS_KEPT = 7     # a function's recent execution time is the median of its last this many runs
-CHECK_AFTER_S = 10.0    # a call running this long is checked with its worker (then every as long again)
 
 Done = Callable[[Call, WorkerOutcome, bytes], "Awaitable[None] | None"]   # None: nothing left to await
 Lost = Callable[[Call, str], Awaitable[None]]
 Abandoned = Callable[[list[Call]], Awaitable[None]]
-Direct = Callable[[Call], "dict | None"]   # a DirectAnswer document, or None (the node answers)
 
 
 @dataclass(eq=False, slots=True)
@@ -90,18 +79,14 @@ class Dispatcher(OnItsLoop):
         self.idle_since = time.monotonic()        # nothing has run or waited since
         self.slots = slots                      # None: one per worker (dedicated pool)
         self.workers: dict[str, WorkerSlot] = {}
-        self.queue: deque[Call] = deque()       # direct calls (and every call of a dedicated pool)
-        self.lane: deque[Call] = deque()        # main pool: async calls waiting for a slot
-        self.queued_bytes = 0                   # inputs held in ``queue``
+        self.waiting = WaitingLines(async_lane=slots is not None)
+        self.times = RecentTimes()
+        self.checks = WorkerChecks(pool, node, subjects, inbox)
         self.running: dict[int, Call] = {}
         self._tokens: dict[int, str] = {}                   # call id -> its batch's reply token
         self._batches: dict[str, dict[int, Call]] = {}      # reply token -> its calls still running
         self._sweep: asyncio.TimerHandle | None = None     # armed while calls run or wait
         self._sending = Tasks(pool, log)
-        self._checking: set[str] = set()          # workers asked about their long calls right now
-        self._checked_at = 0.0
-        self.expected_s: dict[str, float] = {}   # fn -> its recent execution time: the median of the last few
-        self._recent_s: dict[str, deque[float]] = {}
 
     # -- counts -----------------------------------------------------------------------
     @property
@@ -111,12 +96,16 @@ class Dispatcher(OnItsLoop):
     @property
     def n_queued(self) -> int:
         """Calls in the queue that admission bounds (queue_length_max)."""
-        return len(self.queue)
+        return len(self.waiting.queue)
 
     @property
     def n_waiting(self) -> int:
         """Every call waiting for a slot: the queue and the async lane."""
-        return len(self.queue) + len(self.lane)
+        return len(self.waiting)
+
+    @property
+    def queued_bytes(self) -> int:
+        return self.waiting.queued_bytes
 
     @property
     def capacity(self) -> int:
@@ -127,7 +116,7 @@ class Dispatcher(OnItsLoop):
     def keys(self) -> tuple[set[str], set[str]]:
         """(running, running or queued) call keys (the LearningScheduler's per-type counts)."""
         running = {c.key for c in self.running.values()}
-        return running, running | {c.key for c in self.queue} | {c.key for c in self.lane}
+        return running, running | self.waiting.keys()
 
     # -- workers ----------------------------------------------------------------------
     async def add_worker(self, name: str) -> None:
@@ -139,7 +128,7 @@ class Dispatcher(OnItsLoop):
 
     def idle_for(self) -> float:
         """Seconds since a call last ran or waited here (0 while one does)."""
-        if self.running or self.queue or self.lane:
+        if self.running or self.waiting:
             return 0.0
         return time.monotonic() - self.idle_since
 
@@ -166,55 +155,30 @@ class Dispatcher(OnItsLoop):
     # -- calls ------------------------------------------------------------------------
     def submit(self, call: Call) -> None:
         call.pool = self.pool
-        call.queued = bool(self.queue or self.lane) or len(self.running) >= self.capacity
-        call.entered = next(_entries)
+        call.queued = bool(self.waiting) or len(self.running) >= self.capacity
         if self._wake is not None and not self.capacity:   # it waits for a cold start
             call.cold_from = time.time()
             self._wake()
-        self._put(call)
+        self.waiting.enter(call)
         self._pump()
-
-    def _put(self, call: Call, *, first: bool = False) -> None:
-        line = self._line_of(call)
-        if line is self.queue:
-            self.queued_bytes += len(call.payload)
-        (line.appendleft if first else line.append)(call)
-
-    def _take(self, line: deque[Call]) -> Call:
-        call = line.popleft()
-        if line is self.queue:
-            self.queued_bytes -= len(call.payload)
-        return call
-
-    def _line_of(self, call: Call) -> deque[Call]:
-        return self.lane if call.is_async and self.slots is not None else self.queue
-
-    def _next_line(self) -> deque[Call] | None:
-        """The line whose head came first (None: nothing waits)."""
-        queue, lane = self.queue, self.lane
-        if not lane:
-            return queue or None
-        if not queue:
-            return lane
-        return queue if queue[0].entered < lane[0].entered else lane
 
     def _pump(self) -> None:
         """Dispatch waiting calls, first come first served, while slots and workers allow. A direct
         call whose caller will have stopped waiting before it ends is not run (see :meth:`_answer_abandoned`)."""
-        now, gone = 0.0, []
-        while len(self.running) < self.capacity and (line := self._next_line()) is not None:
+        now, gone, waiting = 0.0, [], self.waiting
+        while len(self.running) < self.capacity and (line := waiting.next_line()) is not None:
             head = line[0]
-            if head.wanted_until and self._too_late(head, now := now or time.time()):
-                gone.append(self._take(line))
+            if head.wanted_until and self.times.too_late(head, now := now or time.time()):
+                gone.append(waiting.take(line))
                 continue
             concurrency = self._concurrency(head.fn)
             slot = self._pick(concurrency)
             if slot is None:
                 break
-            self._dispatch(self._take(line), slot, concurrency)
+            self._dispatch(waiting.take(line), slot, concurrency)
         if gone:
             self._spawn(self._answer_abandoned(gone))
-        if self.queue and self._sweep is None:   # calls wait: the peers that forwarded them hear from us
+        if waiting.queue and self._sweep is None:   # calls wait: the peers that forwarded them hear from us
             self._sweep = self.loop.call_later(OVERRUN_SWEEP_S, self._sweep_overruns)
 
     def _concurrency(self, fn: str) -> int:
@@ -277,33 +241,15 @@ class Dispatcher(OnItsLoop):
                 self.nc.send(slot.subject, data, reply=reply)
             except Exception as exc:  # the connection is gone (or the message too large): they cannot reach it
                 self._spawn(self._unsent(slot, run, exc))
-        notices = self._due_notices(calls)
+        notices = due_notices(calls, time.time())
         if notices:
-            self._spawn(self._notify(notices))
+            self._spawn(send_notices(self.nc, notices))
 
     async def _unsent(self, slot: WorkerSlot, calls: list[Call], exc: Exception) -> None:
         for call in calls:
             if self.running.get(call.id) is call:
                 self._end(call)
                 await self._lost(call, f"could not reach worker {slot.name}: {exc}")
-
-    def _due_notices(self, calls) -> list[str]:
-        """Reply subjects of the forwarded calls (a peer waits for each) that were silent for
-        NOTICE_EVERY_S: the peer counts its limit from the notice, not from sending it (nodes/forwarding.py)."""
-        now = time.time()
-        due = []
-        for call in calls:
-            if call.notices and call.reply and now - (call.noticed_at or call.arrival) >= NOTICE_EVERY_S:
-                call.noticed_at = now
-                due.append(call.reply)
-        return due
-
-    async def _notify(self, replies: list[str]) -> None:
-        for reply in replies:
-            try:
-                await self.nc.publish(reply, b"", headers=processing_notice())
-            except Exception as exc:  # the connection is gone: the peer's own limit applies then
-                log.debug("%s: processing notice to %s not sent: %s", self.pool, reply, exc)
 
     def _on_outcomes(self, token: str, batch: dict[int, Call], msg: Reply) -> None:
         if not msg.data and (msg.headers or {}).get(H.NATS_STATUS) == "503":
@@ -315,7 +261,7 @@ class Dispatcher(OnItsLoop):
             for worker in {c.worker for c in waiting}:
                 self._unreachable(worker)
             for call in reversed(waiting):   # back at the head of their lines, in their order
-                self._put(call, first=True)
+                self.waiting.put(call, first=True)
             return self._pump()
         try:
             answer, outputs = unframe(WorkerOutcomes, msg.data)
@@ -336,7 +282,7 @@ class Dispatcher(OnItsLoop):
             if outcome.retiring:
                 self.retire_worker(call.worker)
             if outcome.status == 200:
-                self._executed(call.fn, outcome.execution_s)
+                self.times.executed(call.fn, outcome.execution_s)
         self._pump()
         for call, outcome, output in ended:
             pending = self._done(call, outcome, output)
@@ -350,38 +296,18 @@ class Dispatcher(OnItsLoop):
         asked which of them it still runs; it first sends again the outcomes it already sent, and
         the calls it neither runs nor finished are lost (an async one is delivered again, a direct
         one answered 500) instead of holding their slot until their timeout."""
-        by_worker: dict[str, list[Call]] = {}
-        for call in self.running.values():
-            if call.dispatched_at <= before:
-                by_worker.setdefault(call.worker, []).append(call)
-        await asyncio.gather(*(self._reconcile_worker(worker, calls) for worker, calls in by_worker.items()))
+        calls = by_worker(c for c in self.running.values() if c.dispatched_at <= before)
+        await asyncio.gather(*(self._reconcile_worker(worker, calls) for worker, calls in calls.items()))
 
     def _check_long_calls(self, now: float) -> None:
-        """Calls running longer than CHECK_AFTER_S are checked with their workers, every CHECK_AFTER_S.
-        A call (or its outcome) lost in transit while this node stayed connected -- its worker's
-        NATS server died with the message in its buffers, and the worker reconnected elsewhere -- is
-        found here, not at the function's timeout (an hour for ``sleep``): an async call meanwhile
-        held its intake message alive and no other node could run it. A worker that does not
-        answer is left alone (a function may hold its loop); only what it says counts."""
-        if now - self._checked_at < CHECK_AFTER_S:
-            return
-        self._checked_at = now
-        by_worker: dict[str, list[Call]] = {}
-        for call in self.running.values():
-            if now - call.dispatched_at >= CHECK_AFTER_S and call.worker not in self._checking:
-                by_worker.setdefault(call.worker, []).append(call)
-        for worker, calls in by_worker.items():
-            self._checking.add(worker)
-            self._spawn(self._check_worker(worker, calls))
-
-    async def _check_worker(self, worker: str, calls: list[Call]) -> None:
-        try:
-            await self._reconcile_worker(worker, calls, replace_silent=False)
-        finally:
-            self._checking.discard(worker)
+        """Calls running long are checked with their workers (:mod:`nodes.worker_checks`). A
+        worker that does not answer is left alone (a function may hold its loop); only what it says counts."""
+        for worker, calls in self.checks.long_calls(self.running.values(), now).items():
+            self._spawn(self.checks.while_checking(worker, self._reconcile_worker(worker, calls, replace_silent=False)))
 
     async def _reconcile_worker(self, worker: str, calls: list[Call], *, replace_silent: bool = True) -> None:
-        status = await self._ask_status(worker, [c.id for c in calls], tries=STATUS_TRIES if replace_silent else 1)
+        status = await self.checks.status(worker, [c.id for c in calls], STATUS_TRIES if replace_silent else 1,
+                                          alive=lambda: worker in self.workers)
         if status is None:
             if replace_silent and worker in self.workers:
                 log.warning("%s: worker %s does not answer after the broker outage; replacing it", self.pool, worker)
@@ -389,46 +315,13 @@ class Dispatcher(OnItsLoop):
             return
         still = set(status.running)
         lost = [c for c in calls if self.running.get(c.id) is c and c.id not in still]
-        if lost:
-            log.warning("%s: %d call(s) of worker %s were lost with the broker connection", self.pool, len(lost), worker)
+        if not lost:
+            return
+        log.warning("%s: %d call(s) of worker %s were lost with the broker connection", self.pool, len(lost), worker)
         for call in lost:
             self._end(call)
             await self._lost(call, "the call or its outcome was lost with the broker connection")
-        if lost:
-            self._pump()
-
-    async def _ask_status(self, worker: str, ids: list[int], tries: int = STATUS_TRIES) -> WorkerStatus | None:
-        """The worker's answer through the node's inbox (the outcomes it sends again come on the same
-        subscription first, so they are counted before its answer is read); None if it never answers."""
-        loop = asyncio.get_running_loop()
-        delay = 0.5
-        for _ in range(tries):
-            if worker not in self.workers:
-                return None
-            answer: asyncio.Future[Msg] = loop.create_future()
-
-            def on_reply(msg: Reply, answer=answer) -> None:
-                if not answer.done():
-                    answer.set_result(msg)
-
-            token, reply = self.inbox.expect(on_reply)
-            try:
-                await self.nc.publish(self.subjects.worker_status(self.node, worker),
-                                      encode(WorkerStatusRequest(ids=ids)), reply=reply)
-                async with asyncio.timeout(STATUS_TIMEOUT_S):
-                    msg = await answer
-                if msg.data:
-                    return decode(WorkerStatus, msg.data)
-            except ContractError as exc:
-                log.warning("%s: unreadable status of worker %s: %s", self.pool, worker, exc)
-                return None
-            except Exception as exc:  # no answer yet: the worker (or our connection) may still be reconnecting
-                log.debug("%s: status of %s: %r", self.pool, worker, exc)
-            finally:
-                self.inbox.forget(token)
-            await asyncio.sleep(delay)   # nobody answered (it has not reconnected yet): again
-            delay = min(2 * delay, 4.0)
-        return None
+        self._pump()
 
     def _sweep_overruns(self) -> None:
         """Every OVERRUN_SWEEP_S while calls run or wait: those past their timeout and its grace are
@@ -439,13 +332,14 @@ class Dispatcher(OnItsLoop):
             self._overrun(call)
         self._check_long_calls(now)
         def abandoned(call: Call) -> bool:
-            return call.wanted_until > 0 and self._too_late(call, now)
-        if any(map(abandoned, self.queue)):   # they hold queue places live callers need
+            return call.wanted_until > 0 and self.times.too_late(call, now)
+        queue = self.waiting.queue
+        if any(map(abandoned, queue)):   # they hold queue places live callers need
             self._spawn(self._answer_abandoned(self.drop_queued(abandoned)))
-        notices = self._due_notices([*self.queue, *self.running.values()])
+        notices = due_notices([*queue, *self.running.values()], now)
         if notices:
-            self._spawn(self._notify(notices))
-        if self.running or self.queue:
+            self._spawn(send_notices(self.nc, notices))
+        if self.running or queue:
             self._sweep = self.loop.call_later(OVERRUN_SWEEP_S, self._sweep_overruns)
 
     def _overrun(self, call: Call) -> None:
@@ -476,31 +370,13 @@ class Dispatcher(OnItsLoop):
             slot.running = max(0, slot.running - 1)
             if slot.running == 0:
                 slot.limit = 1
-        if not self.running and not self.queue and not self.lane:
+        if not self.running and not self.waiting:
             self.idle_since = time.monotonic()
 
-    def _too_late(self, call: Call, now: float) -> bool:
-        """Its caller has stopped waiting; or it waited for a slot and its caller will stop
-        before the function's recent execution time is over. (A call that finds a free slot
-        always runs: an estimate, however wrong, never keeps a function from running at all.)"""
-        return call.wanted_until < now or (call.queued and call.wanted_until < now + self.expected_s.get(call.fn, 0.0))
-
-    def _executed(self, fn: str, seconds: float) -> None:
-        """The function's recent execution time: the median of its last EXECUTIONS_KEPT runs (one
-        long run, a large input, does not make every short call look too late)."""
-        recent = self._recent_s.get(fn)
-        if recent is None:
-            recent = self._recent_s[fn] = deque(maxlen=EXECUTIONS_KEPT)
-        recent.append(seconds)
-        self.expected_s[fn] = sorted(recent)[len(recent) // 2]
-
     async def _answer_abandoned(self, calls: list[Call]) -> None:
-        """Queued direct calls taken out unrun: their callers stopped waiting (their FaasClient or
-        HTTP bridge timed out), or will have by the time they would end. Nobody would read their
-        answers, and run they would hold slots (and waiting, queue places) that callers who still
-        wait need. Under overload, a FIFO queue otherwise settles where every call starts just
-        before its caller gives up and ends after: the node works at full speed and every caller
-        times out (bench/overload.py). Those still waiting are told at once (504)."""
+        """Queued direct calls taken out unrun: their callers stopped waiting, or will have by the
+        time they would end. Run, they would hold slots that live callers need: under overload a
+        FIFO queue settles where every call ends just after its caller gives up (bench/overload.py)."""
         if not calls or self._abandoned is None:
             return
         try:
@@ -513,30 +389,11 @@ class Dispatcher(OnItsLoop):
 
     def drop_queued(self, unwanted: Callable[[Call], bool]) -> list[Call]:
         """Take the queued calls ``unwanted`` picks out of the queue (nobody waits for them any more)."""
-        dropped: list[Call] = []
-        kept: list[Call] = []
-        for call in self.queue:   # one pass: the queue may hold 100,000 calls (not one scan per call dropped)
-            (dropped if unwanted(call) else kept).append(call)
-        if dropped:
-            self.queue.clear()
-            self.queue.extend(kept)
-            self.queued_bytes = sum(len(c.payload) for c in kept)
-        return dropped
+        return self.waiting.drop_queued(unwanted)
 
     def drain(self) -> list[Call]:
         """Every call still waiting or running (the node is stopping)."""
-        calls = [*self.queue, *self.lane, *self.running.values()]
-        self.queue.clear()
-        self.lane.clear()
-        self.queued_bytes = 0
+        calls = [*self.waiting.drain(), *self.running.values()]
         for call in list(self.running.values()):
             self._end(call)
         return calls
-
-
-def calls_document(calls: list[Call], direct: Direct) -> dict:
-    """The :class:`~broker.messages.WorkerCalls` document of ``calls``, written from the node's own
-    validated calls (the worker decodes it into the contract): building the models only to dump
-    them cost the node 9 µs a call (bench/README.md)."""
-    return {"calls": [{"fn": c.fn, "timeout_s": c.timeout_s, "answer": direct(c), "id": c.id, "size": len(c.payload)}
-                      for c in calls]}

@@ -17,7 +17,7 @@ import itertools
 import logging
 import time
 from dataclasses import dataclass
-from typing import Awaitable, Callable
+from typing import Awaitable, Callable, Iterable
 
 import httpx
 import orjson
@@ -57,6 +57,25 @@ def processing_notice() -> dict[str, str]:
     it counts the call's limit from then, so a call may wait in a peer's queue as long as in its
     own, and a forward that hears nothing for SILENT_AFTER_S is known lost."""
     return {H.STATUS: PROCESSING}
+
+
+def due_notices(calls: Iterable[Call], now: float) -> list[str]:
+    """Reply subjects of the forwarded calls held here (a peer waits for each) that were silent
+    for NOTICE_EVERY_S: the peer counts its limit from the notice, not from sending it."""
+    due = []
+    for call in calls:
+        if call.notices and call.reply and now - (call.noticed_at or call.arrival) >= NOTICE_EVERY_S:
+            call.noticed_at = now
+            due.append(call.reply)
+    return due
+
+
+async def send_notices(nc: Client, replies: list[str]) -> None:
+    for reply in replies:
+        try:
+            await nc.publish(reply, b"", headers=processing_notice())
+        except Exception as exc:  # the connection is gone: the peer's own limit applies then
+            log.debug("processing notice to %s not sent: %s", reply, exc)
 
 
 def refused_for_load(answer: Answer) -> bool:

@@ -8,6 +8,7 @@ that returns a coroutine has it run as a task.
 
 from __future__ import annotations
 
+import asyncio
 import itertools
 import logging
 from typing import Awaitable, Callable, Mapping
@@ -62,6 +63,38 @@ class Inbox:
         token = str(next(self._tokens))
         (self._standing if standing else self._handlers)[token] = handler
         return token, f"{self.prefix}.{token}"
+
+    async def ask(self, subject: str, data: bytes, *, timeout_s: float, tries: int = 1,
+                  wanted: Callable[[], bool] = lambda: True) -> Reply | None:
+        """A request through this inbox (replies sent earlier on it are handled first), asked again
+        with a growing pause while nobody answers and ``wanted()``; None if nobody ever answered
+        with a body. Other failures (no connection) count as no answer."""
+        loop = asyncio.get_running_loop()
+        delay = 0.5
+        for attempt in range(tries):
+            if not wanted():
+                return None
+            answer: asyncio.Future[Reply] = loop.create_future()
+
+            def on_reply(msg: Reply, answer=answer) -> None:
+                if not answer.done():
+                    answer.set_result(msg)
+
+            token, reply = self.expect(on_reply)
+            try:
+                await self.nc.publish(subject, data, reply=reply)
+                async with asyncio.timeout(timeout_s):
+                    msg = await answer
+                if msg.data:
+                    return msg
+            except Exception as exc:  # no answer yet: the other side (or our connection) may be reconnecting
+                log.debug("asking %s: %r", subject, exc)
+            finally:
+                self.forget(token)
+            if attempt + 1 < tries:
+                await asyncio.sleep(delay)
+                delay = min(2 * delay, 4.0)
+        return None
 
     def forget(self, token: str) -> None:
         self._handlers.pop(token, None)

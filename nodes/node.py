@@ -213,7 +213,7 @@ class Node:
                     reason, kind = f"not run: its caller stopped waiting for the answer after {waited:.3g} s in the queue", "caller_gone"
                 else:
                     pool = self._dispatchers.get(call.pool)
-                    takes = pool.expected_s.get(call.fn, 0.0) if pool is not None else 0.0
+                    takes = pool.times.expected_s.get(call.fn, 0.0) if pool is not None else 0.0
                     reason, kind = (f"not run: after {waited:.3g} s in the queue it would end after its caller stops "
                                     f"waiting ({call.wanted_until - now:.3g} s left, {call.fn} takes about {takes:.3g} s); "
                                     "the node is overloaded, try again later"), "too_late"

@@ -115,7 +115,7 @@ def test_the_calls_a_node_dispatches_are_the_contract():
 
     from broker.codec import frame, unframe
     from broker.messages import WorkerCalls
-    from nodes.dispatch import calls_document
+    from nodes.calls import calls_document
 
     rnd = random.Random(5)
     calls = [_direct_call(rnd, plain=True) for _ in range(3)]

@@ -465,8 +465,8 @@ async def test_a_call_or_outcome_lost_in_transit_is_found_without_waiting_for_th
     reconnects elsewhere). Calls running long are checked with their workers: the lost one is
     found and delivered again -- not held, its intake message kept alive, for the function's
     timeout (an hour for sleep)."""
-    from nodes import dispatch, worker
-    monkeypatch.setattr(dispatch, "CHECK_AFTER_S", 0.5, raising=False)
+    from nodes import worker, worker_checks
+    monkeypatch.setattr(worker_checks, "CHECK_AFTER_S", 0.5)
     dropped: list[bytes] = []
     if lose == "call":
         on_calls = worker.Worker._on_calls

@@ -155,9 +155,9 @@ async def test_a_forward_whose_peer_falls_silent_fails_and_a_long_one_does_not(n
     answer nor the notices a peer sends while it holds the call, and fails it ("forward failed")
     after SILENT_AFTER_S -- not at its timeout plus the grace (an hour for sleep). A forwarded call
     that runs longer than that is not failed: its peer says every NOTICE_EVERY_S that it still runs it."""
-    from nodes import dispatch, forwarding
+    from nodes import forwarding
     monkeypatch.setattr(forwarding, "SILENT_AFTER_S", 1.5)
-    monkeypatch.setattr(dispatch, "NOTICE_EVERY_S", 0.3)    # the sweep (every 0.5 s) sends them
+    monkeypatch.setattr(forwarding, "NOTICE_EVERY_S", 0.3)    # the sweep (every 0.5 s) sends them
     lost: list[bytes] = []
     if answer == "lost":
         on_reply = forwarding.Forwarder._on_reply
