@@ -13,32 +13,23 @@ import itertools
 import logging
 import os
 import signal
-import sys
-from dataclasses import dataclass, field
-from pathlib import Path
 
 import orjson
 
-from broker.connection import TLS_CA_PEM, credentials_from_env
-from broker.handoff import FUNCTION_SECRETS, HANDOFF_FD_ENV, handoff_fd
-from broker.lifecycle import child_env, remove_pid_file, still_wanted, write_pid_file
+from broker.handoff import FUNCTION_SECRETS
+from broker.lifecycle import still_wanted
 from functions.registry import default_registry
 from functions.secrets import give as give_secrets
 from nodes.dispatch import Dispatcher
 from nodes.metrics import NodeMetrics
+from nodes.runtimes.process import WorkerHandle, run_process, worker_identity
 from nodes.sandbox import WorkerSandbox
 from nodes.sandbox import decide as decide_sandbox
 from nodes.settings import NodeSettings, machine_memory, pool_functions
-from nodes.worker import DEFAULT_POOL, EXIT_RECYCLE, STOP_GRACE_S, WORKER_CREDENTIALS, Worker
+from nodes.worker import DEFAULT_POOL, EXIT_RECYCLE, STOP_GRACE_S, Worker
 
 log = logging.getLogger(__name__)
-# what functions print: always in the node's log, whatever its level (as a FaaS shows a function's logs)
-output_log = logging.getLogger("functions.output")
-output_log.setLevel(logging.INFO)
-READY_LINE = b"READY"
-OUTPUT_CHUNK = 65536     # read as it comes: a worker never blocks on a full pipe, whatever it prints
 RESPAWN_BACKOFF_S = (0.5, 1.0, 2.0, 5.0, 10.0)   # after the n-th worker in a row died before READY
-OUTPUT_LINE_MAX = 4096   # longer lines are cut in the log (the function's output is not)
 WORKERS_PER_CORE = 16    # CPU-bound calls beyond the cores only queue in the kernel; I/O-bound ones share workers
 WORKER_MEMORY = 128 * 1024 * 1024   # what a worker process may grow to, conservatively (idle: ~30 MB)
 
@@ -56,60 +47,7 @@ def worker_processes(k: int, limit: int | None) -> int:
     return min(k, limit or machine_worker_limit())
 
 
-def worker_identity() -> dict[str, str]:
-    """What makes a worker connect as its node's worker identity, and trust the stack's CA (its
-    file is in the data dir, out of a worker's reach): handed to a worker process at its start,
-    in a container's environment."""
-    # no worker identity (a broker of one's own, a node run by hand): the node's, as before any existed
-    creds = credentials_from_env(WORKER_CREDENTIALS) or credentials_from_env()
-    out = {"P2PFAAS_NATS_USER": creds[0], "P2PFAAS_NATS_PASSWORD": creds[1]} if creds else {}
-    ca = os.environ.get("P2PFAAS_TLS_CA")
-    if ca:
-        out[TLS_CA_PEM] = Path(ca).read_text()
-    return out
-
-
-@dataclass(eq=False)
-class WorkerHandle:
-    name: str
-    state: str = "starting"            # starting -> ready -> stopping
-    proc: asyncio.subprocess.Process | None = None
-    task: asyncio.Task | None = None   # watcher (process) or the worker itself (inprocess)
-    worker: Worker | None = None       # inprocess runtime only
-    ready: asyncio.Event = field(default_factory=asyncio.Event)
-    boot_slot: asyncio.Semaphore | None = None   # held from spawn to READY (or exit): see _boot_slots
-
-    def booted(self) -> None:
-        if self.boot_slot is not None:
-            self.boot_slot.release()
-            self.boot_slot = None
-
-    def signal(self, sig: int) -> None:
-        if self.proc is not None and self.proc.returncode is None:
-            try:
-                self.proc.send_signal(sig)
-            except ProcessLookupError:
-                pass
-        if self.worker is not None:
-            self.worker.stopping.set()
-
-
 FLUSH_BEFORE_STOP_S = 2.0   # a retired worker's SIGTERM waits at most this for its calls to leave
-BOOTS_AT_ONCE = 2 * (os.cpu_count() or 1)   # worker processes starting at the same time, per process
-_boots: dict[asyncio.AbstractEventLoop, asyncio.Semaphore] = {}
-
-
-def _boot_slots() -> asyncio.Semaphore:
-    """Every pool of this process shares it: 32 Python workers booting at once on 2 cores starve the
-    node and its broker (a control request went unanswered for 10 s); in turns, they stay responsive."""
-    loop = asyncio.get_running_loop()
-    for other in [old for old in _boots if old.is_closed()]:
-        del _boots[other]
-    if loop not in _boots:
-        _boots[loop] = asyncio.Semaphore(BOOTS_AT_ONCE)
-    return _boots[loop]
-
-
 IDLE_CHECK_S = 1.0   # how often a pool that scales to zero looks at how long it has been idle
 
 
@@ -310,65 +248,11 @@ class WorkerPool:
         return self._worker_sandbox
 
     async def _run_process(self, handle: WorkerHandle) -> None:
-        env = child_env(P2PFAAS_NODE_SETTINGS=self.settings.model_dump_json(),
-                        P2PFAAS_WORKER_NAME=handle.name, P2PFAAS_WORKER_POOL=self.name,
-                        PYTHONUNBUFFERED="1")   # what a function prints reaches the log when it prints it
-        env.pop("P2PFAAS_TLS_CA", None)   # its file is out of the worker's reach: the CA itself is handed over
         code: int | None = None
-        slots = _boot_slots()
-        await slots.acquire()
-        handle.boot_slot = slots
         try:
-            if handle.state == "stopping":   # retired while it waited for its turn: never started
-                return
-            handed = handoff_fd({**worker_identity(),
-                                 **({FUNCTION_SECRETS: orjson.dumps(self.secrets).decode()} if self.secrets else {})})
-            try:
-                handle.proc = await asyncio.create_subprocess_exec(
-                    sys.executable, "-m", "nodes.worker", env={**env, HANDOFF_FD_ENV: str(handed)},
-                    # its stdin is a pipe we never write: when this process ends, the worker reads EOF
-                    stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
-                    preexec_fn=self._sandbox().preexec(), start_new_session=True, pass_fds=(handed,),
-                )
-            finally:
-                os.close(handed)
-            write_pid_file(self._pid_file(handle), handle.proc.pid)
-            if handle.state == "stopping":
-                handle.signal(signal.SIGTERM)
-            assert handle.proc.stdout is not None
-            await self._read_output(handle, handle.proc.stdout)
-            code = await handle.proc.wait()
+            code = await run_process(self.settings, self.name, handle, self.secrets, self._sandbox, self._became_ready)
         finally:
-            handle.booted()
-            remove_pid_file(self._pid_file(handle))
             await self._exited(handle, code)
-
-    async def _read_output(self, handle: WorkerHandle, stdout: asyncio.StreamReader) -> None:
-        """Until the worker closes its stdout: its READY line makes it ready; everything else on it
-        (what functions and the modules they import print) goes to the node's log line by line,
-        a line cut at OUTPUT_LINE_MAX bytes. Read in chunks, not lines: a worker that printed more
-        than a pipe holds, or a line longer than a stream reader's limit, would otherwise block in
-        ``print`` and overrun its calls."""
-        head, extra = b"", 0   # the current line's first OUTPUT_LINE_MAX bytes, and how many more it has
-        while chunk := await stdout.read(OUTPUT_CHUNK):
-            *ended, rest = chunk.split(b"\n")
-            for piece in ended:
-                await self._output_line(handle, *_grown(head, extra, piece))
-                head, extra = b"", 0
-            head, extra = _grown(head, extra, rest)
-        if head or extra:
-            await self._output_line(handle, head, extra)
-
-    async def _output_line(self, handle: WorkerHandle, line: bytes, extra: int) -> None:
-        if handle.state == "starting" and not extra and line.strip() == READY_LINE:
-            return await self._became_ready(handle)
-        if line or extra:
-            cut = f" [{extra} more bytes]" if extra else ""
-            output_log.info("%s: %s%s", handle.name, line.decode(errors="replace").rstrip("\r"), cut)
-
-    def _pid_file(self, handle: WorkerHandle):
-        """Under the node's run directory: a later start of the node ends a worker it left behind."""
-        return self.settings.run_dir / "workers" / f"{handle.name}.pid"
 
     async def _run_docker(self, handle: WorkerHandle) -> None:
         """A worker as a container (nodes/runtimes/docker.py); it stands in for the process."""
@@ -472,8 +356,3 @@ class WorkerPool:
             task.cancel()
         await asyncio.gather(*pending, return_exceptions=True)
 
-
-def _grown(head: bytes, extra: int, piece: bytes) -> tuple[bytes, int]:
-    """A line's kept head and its count of bytes beyond it, after ``piece`` of it came."""
-    room = OUTPUT_LINE_MAX - len(head)
-    return head + piece[:room], extra + max(0, len(piece) - room)

@@ -1,1 +1,1 @@
-"""Worker runtimes beside the built-in process and in-process ones (``docker``: one container per worker)."""
+"""How a node runs its workers: OS processes (``process``, the default), containers (``docker``: one per worker); in-process workers need no module here."""
