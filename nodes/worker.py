@@ -26,9 +26,7 @@ import resource
 import signal
 import sys
 import time
-from collections import OrderedDict
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
 
 import orjson
 from nats.aio.client import Client
@@ -40,20 +38,19 @@ from broker.codec import decode, encode, frame, split_by_size, unframe
 from broker.connection import close_quietly, connect, credentials_from_env, listen
 from broker.errors import ContractError
 from broker.lifecycle import OnItsLoop, hard_exit_after, on_parent_gone, parent_gone, parent_pipe_watched, run_loop
-from broker.messages import (DirectAnswer, NodeGone, WorkerCall, WorkerCalls, WorkerOutcome, WorkerStatus, WorkerStatusRequest)
+from broker.messages import NodeGone, WorkerCall, WorkerCalls, WorkerOutcome, WorkerStatus, WorkerStatusRequest
 from broker.subjects import Subjects
 from functions.output import TaggedStream, current_function
 from functions.registry import FunctionRegistry, default_registry, function_environment
 from functions.secrets import give as give_secrets
-from functions.spec import FunctionInputError, FunctionSpec
+from functions.spec import FunctionSpec
 from nodes.settings import NodeSettings, pool_functions
+from nodes.worker_outcomes import Ended, SentOutcomes, as_bytes, failure
 
 log = logging.getLogger(__name__)
 
 DEFAULT_POOL = "default"
 EXIT_RECYCLE = 3        # a function overran its timeout: the process exits so its thread dies with it
-SENT_KEPT = 4096        # outcomes remembered for a node that asks again after a broker outage,
-SENT_BYTES = 32 << 20   # and at most this many bytes of their outputs
 STOP_GRACE_S = 10.0     # a stopping worker finishes its calls this long, then exits regardless
 WORKER_CREDENTIALS = "P2PFAAS_WORKER_NATS"   # _USER / _PASSWORD: the identity of a node's workers
 
@@ -74,12 +71,11 @@ class Worker(OnItsLoop):
         self.recycle = False
         self.nc: Client | None = None
         self._running: set[asyncio.Task] = set()
-        self._outbox: dict[str, _Ended] = {}   # reply -> the calls that ended this turn
+        self._outbox: dict[str, Ended] = {}   # reply -> the calls that ended this turn
         self._active: set[int] = set()                  # ids of the calls running here
         # the last outcomes sent, by call id, with their reply subject: sent again when the node asks
         # after a broker outage (an outcome in flight when nats-server died is lost with it)
-        self._sent: OrderedDict[int, tuple[str, dict, bytes]] = OrderedDict()   # outcome documents
-        self._sent_bytes = 0
+        self._sent = SentOutcomes()
         # CPU-bound calls get one thread (one at a time); I/O-bound ones share a pool
         self._cpu = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"{name}-cpu")
         self._io: ThreadPoolExecutor | None = None
@@ -167,10 +163,10 @@ class Worker(OnItsLoop):
         if spec.inline and self.settings.speed >= 1.0:
             started = time.perf_counter()
             try:
-                output = _as_bytes(spec.body(payload))
+                output = as_bytes(spec.body(payload))
             except Exception as exc:
-                failure = _failure(spec.name, exc, time.perf_counter() - started)
-                return self._answer(reply, call, failure.status, failure.execution_s, b"", failure.error)
+                failed = failure(spec.name, exc, time.perf_counter() - started)
+                return self._answer(reply, call, failed.status, failed.execution_s, b"", failed.error)
             return self._answer(reply, call, 200, time.perf_counter() - started, output)
         task = asyncio.create_task(self._execute(reply, spec, call, payload))
         self._running.add(task)
@@ -188,8 +184,8 @@ class Worker(OnItsLoop):
             outcome = WorkerOutcome(status=504, execution_s=time.perf_counter() - started, retiring=self.recycle,
                                     error=f"{spec.name} exceeded its timeout of {call.timeout_s:g} s")
         except Exception as exc:
-            outcome = _failure(spec.name, exc, time.perf_counter() - started)
-        self._answer(reply, call, outcome.status, outcome.execution_s, _as_bytes(output), outcome.error, outcome.retiring)
+            outcome = failure(spec.name, exc, time.perf_counter() - started)
+        self._answer(reply, call, outcome.status, outcome.execution_s, as_bytes(output), outcome.error, outcome.retiring)
         if self.recycle:
             self.stopping.set()
 
@@ -241,10 +237,10 @@ class Worker(OnItsLoop):
         outcome = {"id": call.id, "status": status, "error": error, "execution_s": execution_s, "retiring": retiring,
                    "answered": direct, "size": len(kept)}
         self._active.discard(call.id)
-        self._remember(call.id, reply, outcome, kept)
+        self._sent.remember(call.id, reply, outcome, kept)
         entry = self._outbox.get(reply)
         if entry is None:
-            entry = self._outbox[reply] = _Ended()
+            entry = self._outbox[reply] = Ended()
             self.loop.call_soon(self._flush_outcomes, reply)
         entry.outcomes.append(outcome)
         entry.outputs.append(kept)
@@ -278,14 +274,6 @@ class Worker(OnItsLoop):
             except Exception as exc:  # connection closed: the node sees the worker go and answers for it
                 log.warning("%s: could not answer: %s", self.name, exc)
 
-    def _remember(self, call_id: int, reply: str, outcome: dict, output: bytes) -> None:
-        """Keep a sent outcome for a node that may ask again (bounded in count and bytes)."""
-        self._sent[call_id] = (reply, outcome, output)
-        self._sent_bytes += len(output)
-        while self._sent and (len(self._sent) > SENT_KEPT or self._sent_bytes > SENT_BYTES):
-            _, (_, _, dropped) = self._sent.popitem(last=False)
-            self._sent_bytes -= len(dropped)
-
     async def _on_status(self, msg: Msg) -> None:
         """The node's connection came back: outcomes it may have missed go again, then the ids
         of its calls still running here."""
@@ -294,14 +282,7 @@ class Worker(OnItsLoop):
         except ContractError as exc:
             log.warning("%s: malformed status request: %s", self.name, exc)
             return
-        again: dict[str, tuple[list[dict], list[bytes]]] = {}
-        for call_id in asked.ids:
-            sent = self._sent.get(call_id)
-            if sent is not None:
-                outcomes, outputs = again.setdefault(sent[0], ([], []))
-                outcomes.append(sent[1])
-                outputs.append(sent[2])
-        for reply, (outcomes, outputs) in again.items():
+        for reply, (outcomes, outputs) in self._sent.again(asked.ids).items():
             self._send_outcomes(reply, outcomes, outputs)
         running = [i for i in asked.ids if i in self._active]
         if msg.reply and self.nc is not None:
@@ -331,32 +312,11 @@ class Worker(OnItsLoop):
             log.debug("%s: could not announce node gone: %s", self.name, exc)
 
 
-@dataclass(slots=True)
-class _Ended:
-    """The calls that ended in one turn of the loop, for one node (reply subject)."""
-    outcomes: list[dict] = field(default_factory=list)           # WorkerOutcome documents
-    outputs: list[bytes] = field(default_factory=list)           # async calls' outputs, for the node
-    # direct calls' answers: (context, status, execution_s, output, error)
-    answers: list[tuple[DirectAnswer, int, float, bytes, str | None]] = field(default_factory=list)
-
-
 def limit_memory(limit: int) -> None:
     """A function pool's memory limit on this worker: its data (heap, thread stacks, anonymous
     maps), not its address space, which a Python process reserves far beyond what it uses. A
     function that allocates past it gets MemoryError (its caller 500), the worker goes on."""
     resource.setrlimit(resource.RLIMIT_DATA, (limit, limit))
-
-
-def _failure(fn: str, exc: Exception, execution_s: float) -> WorkerOutcome:
-    if isinstance(exc, FunctionInputError):
-        return WorkerOutcome(status=400, error=f"{fn}: {exc}", execution_s=execution_s)
-    return WorkerOutcome(status=500, error=f"{fn} raised {type(exc).__name__}: {exc}", execution_s=execution_s)
-
-
-def _as_bytes(output: object) -> bytes:
-    if isinstance(output, (bytes, bytearray, memoryview)):
-        return bytes(output)
-    return str(output).encode()
 
 
 async def _main() -> int:
