@@ -45,16 +45,15 @@ REMAKE_PERIOD_S = 10.0   # a store that no stream took makes the shared streams 
 
 class Answerer(OnItsLoop):
     def __init__(self, node: str, nc: Client, subjects: Subjects, metrics: NodeMetrics,
-                 stats_of: Callable[[str], PoolStats | None], released: Callable[[Call, bool], None],
-                 inbox: Inbox, *, registry: FunctionRegistry | None = None,
-                 retry_backoff_s: Sequence[float] = (1.0,)) -> None:
+                 stats_of: Callable[[str], PoolStats | None], inbox: Inbox, *, registry: FunctionRegistry | None = None,
+                 retry_backoff_s: Sequence[float] = (1.0,), ip: str = "") -> None:
         self.node, self.nc, self.js, self.subjects = node, nc, nc.jetstream(), subjects
         self.inbox = inbox
-        self.ip = ""   # this node's IP address, as P2PFaaS lists it (X-P2pfaas-Peers-List-Ip)
+        self.ip = ip   # this node's IP address, as P2PFaaS lists it (X-P2pfaas-Peers-List-Ip)
         self._executed_by = header_text({H.EXECUTED_BY: node}) if node else ""
         self._plain_lines: dict[str, str] = {}   # scheduler -> its answers' first lines (_context_text)
         self.metrics = metrics
-        self.stats_of, self.released = stats_of, released
+        self.stats_of = stats_of
         self.on_answer: Callable[[str, int, float], None] | None = None   # (key, status, total_s): rewards
         self._stores: set[asyncio.Task] = set()                        # stores being retried
         self._acking: dict[str, tuple[Call, asyncio.TimerHandle]] = {}   # stores awaiting their ack, by token
@@ -211,7 +210,7 @@ class Answerer(OnItsLoop):
             log.info("%s: %s delivered again in %g s (retry %d)", self.node, call.key, delay, call.deliveries)
         except Exception as exc:  # the intake redelivers after ack_wait anyway
             log.warning("%s: nak of %s failed: %s", self.node, call.key, exc)
-        self.released(call, False)
+        call.release(False)
 
     def retry_delay_s(self, call: Call) -> float:
         spec = self.registry.get(call.fn) if self.registry is not None else None
@@ -294,7 +293,7 @@ class Answerer(OnItsLoop):
             ack_now(call.held)
         except Exception as exc:  # answered and stored: a redelivery finds the answer and stops there
             log.warning("%s: ack of %s failed: %s", self.node, call.key, exc)
-        self.released(call, True)
+        call.release(True)
 
     async def _store_then_ack(self, call: Call, subject: str, data: bytes) -> None:
         """Retried until stored (JetStream unavailable, disk full): the task stays held meanwhile,
@@ -313,7 +312,7 @@ class Answerer(OnItsLoop):
                     self.metrics.error("answer_not_stored")
                     if self._stopping:
                         log.warning("%s: answer of %s not stored (%s); it will be delivered again", self.node, call.key, exc)
-                        return self.released(call, False)
+                        return call.release(False)
                     if not waiting:
                         waiting = True
                         self.unstored += 1   # /healthz says so meanwhile
@@ -366,7 +365,7 @@ class Answerer(OnItsLoop):
             self.inbox.forget(token)
             del self._acking[token]
             log.warning("%s: answer of %s not acknowledged by JetStream; it will be delivered again", self.node, call.key)
-            self.released(call, False)
+            call.release(False)
         if self._stores:
             _, pending = await asyncio.wait(list(self._stores), timeout=max(0.0, deadline - asyncio.get_running_loop().time()))
             for task in pending:
@@ -395,3 +394,4 @@ def retry_delay_s(own: Sequence[float], node: Sequence[float], deliveries: int) 
     its function's back-off (``own``), else of the node's; the last one repeats."""
     schedule = own or node
     return schedule[max(1, min(deliveries, len(schedule))) - 1]
+

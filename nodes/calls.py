@@ -33,6 +33,7 @@ class Call:
     timeout_s: float               # the function's time limit
     reply: str = ""                # direct call or forward: where the answer goes
     held: Msg | None = None        # async call: its intake message, acked once answered
+    released: "Callable[[Call, bool], None] | None" = None   # async call: tells its ingress (acked, or handed back)
     deadline_s: float | None = None   # QoS deadline (farm tasks), for telemetry
     wanted_until: float = 0.0      # direct call: unix time its caller stops waiting (0: it says nothing)
     queued: bool = False           # it found no free slot: it waits in its pool's queue
@@ -66,6 +67,11 @@ class Call:
     @property
     def is_async(self) -> bool:
         return self.held is not None
+
+    def release(self, answered: bool) -> None:
+        """Its intake message was acknowledged (``answered``) or handed back: its ingress is told."""
+        if self.released is not None:
+            self.released(self, answered)
 
     @property
     def scheduling_s(self) -> float:

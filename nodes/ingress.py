@@ -220,6 +220,7 @@ class Ingress:
             return self._later(self.answerer.refused(self._bare(inv, info.timestamp, held=msg), call.code,
                                                      call.http_status, call.reason, call.kind))
         call.held, call.waited_s, call.deliveries = msg, max(0.0, now - info.timestamp), info.num_delivered
+        call.released = self.released
         self._holding[inv.call_key] = call
         if info.num_delivered >= self.settings.max_deliver:
             return self._later(self.answerer.dead_letter(
@@ -251,7 +252,8 @@ class Ingress:
     def _bare(self, inv: Invocation, arrival: float, *, reply: str = "", held: Msg | None = None) -> Call:
         """A call that will not run: just enough to answer it."""
         request = SchedulingRequest(fn=inv.fn, client=inv.client, request_id=inv.request_id)
-        return Call(inv=inv, payload=b"", request=request, arrival=arrival, timeout_s=0.0, reply=reply, held=held)
+        return Call(inv=inv, payload=b"", request=request, arrival=arrival, timeout_s=0.0, reply=reply, held=held,
+                    released=self.released if held is not None else None)
 
     async def _refuse_and_ack(self, msg: Msg, refusal: Refusal) -> None:
         await self._refuse_raw("", refusal, subject=msg.subject)

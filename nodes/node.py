@@ -38,6 +38,7 @@ from nodes.pool import WorkerPool, worker_processes
 from nodes.scheduler.learning import LearningContext
 from nodes.peer_source import PeerSource
 from nodes.scheduler.service import SchedulerService
+from nodes.scheduler.view import NodeView
 from nodes.settings import NodeSettings
 from nodes.store_check import StoreCheck
 from nodes.pool_reports import send_pulses, send_telemetry
@@ -100,29 +101,24 @@ class Node:
         if self.settings.learner:  # before the scheduler, so a LearningScheduler can use it
             self.learner = await LearnerService(self.nc, LearnerSettings.for_node(self.settings)).start()
         self.inbox = await Inbox(self.nc).start()
-        ingress: Ingress | None = None
-
-        def released(call, answered: bool) -> None:   # the answerer is built before the ingress it tells
-            assert ingress is not None
-            ingress.released(call, answered)
-
-        answerer = Answerer(self.settings.node_id, self.nc, self.subjects, self.metrics, self.stats.get, released,
-                            self.inbox, registry=self.registry, retry_backoff_s=self.settings.retry_backoff_s)
-        answerer.ip = self.settings.machine_ip
+        answerer = Answerer(self.settings.node_id, self.nc, self.subjects, self.metrics, self.stats.get, self.inbox,
+                            registry=self.registry, retry_backoff_s=self.settings.retry_backoff_s,
+                            ip=self.settings.machine_ip)
         dispatchers = self._start_dispatchers(answerer)
         peers = self._peers
         if peers is None:
             self.discovery = peers = DiscoveryService(self.settings, self.nc, self.current_load,
                                                       activity=self._activity)
+        main = dispatchers[DEFAULT_POOL]
+        learning = LearningContext.for_node(self.nc, self.settings, main.keys)
+        answerer.on_answer = learning.rewards.observe
+        view = NodeView(self.settings.node_id, self.store, main, self.metrics, peers, learning)
         self.scheduler = scheduler = SchedulerService(self.settings, self.nc, self.store, self.metrics, answerer,
-                                                      self.inbox, dispatchers, peers)
+                                                      self.inbox, dispatchers, view, peers)
         self.ingress = ingress = Ingress(self.settings, self.nc, self.registry, self.metrics, answerer, dispatchers,
-                                         scheduler.schedule, alive=scheduler.peers)
+                                         scheduler.schedule, alive=view.peers)
         if self.discovery:   # a peer that falls silent: what was forwarded to it fails then, not at its timeout
             self.discovery.on_removed.append(scheduler.forwarder.peer_removed)
-        main = dispatchers[DEFAULT_POOL]
-        scheduler.learning = LearningContext.for_node(self.nc, self.settings, main.keys)
-        answerer.on_answer = scheduler.learning.rewards.observe
         await self._start_pools()
         await scheduler.start()
         await ingress.start()

@@ -49,7 +49,7 @@ class LocalLoad:
 
 
 class SchedulingView(Protocol):
-    """The node's view that algorithms decide on (implemented by the service)."""
+    """The node's view that algorithms decide on (nodes/scheduler/view.py's NodeView)."""
 
     node_id: str
 

@@ -10,9 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import random
 import time
-from typing import Sequence
 
 from nats.aio.client import Client
 
@@ -28,8 +26,9 @@ from nodes.inbox import Inbox
 from nodes.metrics import NodeMetrics
 from nodes.peer_source import PeerSource
 from nodes.scheduler.algorithms import build_algorithm, decide, forced_algorithm
-from nodes.scheduler.base import Decision, Execute, Forward, LocalLoad, Reject, SchedulingAlgorithm, complete_now
+from nodes.scheduler.base import Decision, Execute, Forward, Reject, SchedulingAlgorithm, complete_now
 from nodes.scheduler.forward import run_locally
+from nodes.scheduler.view import NodeView
 from nodes.settings import NodeSettings, machine_memory
 from nodes.worker import DEFAULT_POOL, STOP_GRACE_S
 
@@ -40,8 +39,8 @@ QUEUE_MEMORY_SHARE = 16  # direct calls waiting in memory hold at most 1/16 of t
 
 
 class SchedulerService:
-    def __init__(self, settings: NodeSettings, nc: Client, store: ConfigStore, metrics: NodeMetrics,
-                 answerer: Answerer, inbox: Inbox, pools: dict[str, Dispatcher], peers: PeerSource | None = None) -> None:
+    def __init__(self, settings: NodeSettings, nc: Client, store: ConfigStore, metrics: NodeMetrics, answerer: Answerer,
+                 inbox: Inbox, pools: dict[str, Dispatcher], view: NodeView, peers: PeerSource | None = None) -> None:
         self.settings = settings
         self.node_id = settings.node_id
         self.subjects = Subjects(settings.prefix)
@@ -55,39 +54,12 @@ class SchedulerService:
                                    peers)
         self.forwarder.on_gone.append(self._sender_gone)
         self.forwards: dict[str, int] = {}   # forwards per peer since the last heartbeat
-        self.learning = None  # the node's LearningContext (nodes/scheduler/learning.py): view.learning
-        self.rng = random.Random()
-        self._peers = peers
+        self.view = view
+        self.learning = view.learning
         self._deciding = Tasks(f"{self.node_id}: a call failed while being decided", log)
         self._carrying = Tasks(f"{self.node_id}: a call failed while being carried out", log)
         self._stopping_at: float | None = None   # loop time the node began to stop
         self.queue_bytes_max = queue_memory_limit()
-
-    # -- SchedulingView -----------------------------------------------------------------
-    def local_load(self) -> LocalLoad:
-        c = self.store.node
-        return LocalLoad(self.main.n_running, self.main.n_queued, c.parallel_running_functions_max,
-                         c.queue_length_max, c.queue_enabled)
-
-    def peers(self) -> Sequence[str]:
-        return self._peers.peers() if self._peers else ()
-
-    async def probe(self, peer: str) -> int | None:
-        """A peer's load for the algorithm; a probe that fails (None, or an error) is counted
-        (``probe_failed``): a peer believed alive that cannot answer shows in the metrics."""
-        if not self._peers:
-            return None
-        try:
-            load = await self._peers.probe(peer)
-        except Exception as exc:
-            log.debug("%s: probe of %s: %r", self.node_id, peer, exc)
-            load = None
-        if load is None:
-            self.metrics.error("probe_failed")
-        return load
-
-    def resolve(self, name: str) -> str:
-        return self._peers.resolve(name) if self._peers else name
 
     # -- lifecycle ----------------------------------------------------------------------
     async def start(self) -> None:
@@ -136,7 +108,7 @@ class SchedulerService:
         call.scheduler = call.scheduler or (forced.describe() if forced is not None else self._describe(algorithm))
         if algorithm.instant or forced is not None:
             try:
-                decision = complete_now(decide(algorithm, request, self))
+                decision = complete_now(decide(algorithm, request, self.view))
             except Exception as exc:
                 return self._answer_later(self._undecided(call, exc))
             return self.carry_out(call, decision)
@@ -150,7 +122,7 @@ class SchedulerService:
 
     async def _decide_and_carry_out(self, call: Call, algorithm: SchedulingAlgorithm) -> None:
         try:
-            decision = await decide(algorithm, call.request, self)
+            decision = await decide(algorithm, call.request, self.view)
         except Exception as exc:
             return await self._undecided(call, exc)
         self.carry_out(call, decision)
@@ -186,7 +158,7 @@ class SchedulerService:
 
     async def run_here(self, call: Call) -> None:
         """A forward found nobody at the peer: run here after all (with loss)."""
-        self.carry_out(call, run_locally(self, loss=True, probing_s=call.probing_s))
+        self.carry_out(call, run_locally(self.view, loss=True, probing_s=call.probing_s))
 
     async def _sender_gone(self, node: str) -> None:
         """``node`` went away (it died, or stopped after answering its callers itself): the calls it
