@@ -224,3 +224,37 @@ async def when_jetstream_ready(action, timeout_s: float = JETSTREAM_READY_TIMEOU
                 raise
             log.info("JetStream not ready yet (%s); retrying", exc)
             await asyncio.sleep(0.25)
+
+
+class StreamRemaker:
+    """A store failed: if its stream is gone (an operator's ``nats stream rm``, a JetStream store
+    restored without it), the shared streams are made again as at start. Else answers waited for
+    ever until a node or the MQTT bridge restarted. No stream answers with "no responders", or
+    with silence when a caller listens on the subject: JetStream is asked, at most every ``period_s``."""
+
+    def __init__(self, js: JetStreamContext, subjects: Subjects, who: str, period_s: float = 10.0) -> None:
+        self.js, self.subjects, self.who, self.period_s = js, subjects, who, period_s
+        self._at = -period_s
+
+    async def remade(self, exc: Exception, stream: str) -> bool:
+        """True if ``stream`` was gone and the shared streams were made again."""
+        now = asyncio.get_running_loop().time()
+        if now - self._at < self.period_s:
+            return False
+        self._at = now
+        try:
+            await self.js.stream_info(stream)
+            return False   # it exists: JetStream is busy, or the disk full
+        except NotFoundError:
+            pass
+        except Exception as error:   # JetStream itself is away: the usual retry
+            log.debug("%s: stream %s not looked up (%s, after %r)", self.who, stream, error, exc)
+            return False
+        try:
+            await ensure_shared_streams(self.js, self.subjects)
+        except Exception as error:
+            log.warning("%s: stream %s is gone and could not be made again: %s", self.who, stream, error)
+            return False
+        log.warning("%s: stream %s was gone (nothing could be stored in it): the shared streams were made again",
+                    self.who, stream)
+        return True

@@ -20,19 +20,21 @@ from typing import Callable, Sequence
 import orjson
 from nats.aio.client import Client
 from nats.aio.msg import Msg
-from nats.js.errors import NoStreamResponseError, NotFoundError
+from nats.js.errors import NoStreamResponseError
 
+from broker import codes
 from broker import headers as H
 from broker.answers import VERSION, Answer, seconds_text, answer_headers, context_headers, error_body, output_limit, render_direct
 from broker.codec import encode
 from broker.fastpath import ack_now, store_error
 from broker.header_blocks import header_block, header_text
 from broker.lifecycle import OnItsLoop
-from broker.messages import DirectAnswer, HopTiming, Rejection, Result
-from broker.streams import deadletter_stream, ensure_shared_streams, results_stream
+from broker.messages import DirectAnswer, HopTiming, Rejection, Result, WorkerOutcome
+from broker.streams import StreamRemaker, deadletter_stream, results_stream
 from broker.subjects import Subjects
 from functions.registry import FunctionRegistry
 from nodes.calls import Call, output_fields, result_document, timings_of
+from nodes.drops import DropSummary, unrun_reason
 from nodes.inbox import Inbox, Reply
 from nodes.metrics import NodeMetrics
 from nodes.telemetry import PoolStats
@@ -40,7 +42,6 @@ from nodes.telemetry import PoolStats
 log = logging.getLogger(__name__)
 
 STORE_TIMEOUT_S = 5.0
-REMAKE_PERIOD_S = 10.0   # a store that no stream took makes the shared streams again, at most this often
 
 
 class Answerer(OnItsLoop):
@@ -54,6 +55,7 @@ class Answerer(OnItsLoop):
         self._plain_lines: dict[str, str] = {}   # scheduler -> its answers' first lines (_context_text)
         self.metrics = metrics
         self.stats_of = stats_of
+        self.dropped = DropSummary(node)   # calls not run: a log line per window, not per call
         self.on_answer: Callable[[str, int, float], None] | None = None   # (key, status, total_s): rewards
         self._stores: set[asyncio.Task] = set()                        # stores being retried
         self._acking: dict[str, tuple[Call, asyncio.TimerHandle]] = {}   # stores awaiting their ack, by token
@@ -61,17 +63,19 @@ class Answerer(OnItsLoop):
         self._expected_stream = header_text({H.EXPECTED_STREAM: self._results_stream})
         self._stopping = False
         self.unstored = 0   # answers waiting for JetStream to take them (disk full, broker away)
-        self._remade_at = -REMAKE_PERIOD_S
+        self._remake = StreamRemaker(self.js, subjects, node)
         self.registry = registry                         # the functions' own retry back-off
         self.retry_backoff_s = tuple(retry_backoff_s)    # ... else the node's (NodeSettings)
 
     # -- outcomes -----------------------------------------------------------------------
-    async def executed(self, call: Call, status: int, output: bytes, error: str | None, execution_s: float) -> None:
-        """A worker of this node ran the call (and did not answer a direct caller itself)."""
-        self.executed_now(call, status, output, error, execution_s)
+    def ended(self, call: Call, outcome: WorkerOutcome, output: bytes) -> None:
+        """A worker's outcome: only counted when the worker answered the direct caller itself."""
+        if outcome.answered:
+            return self.count_execution(call, outcome.status, outcome.execution_s)
+        self.executed(call, outcome.status, output, outcome.error, outcome.execution_s)
 
-    def executed_now(self, call: Call, status: int, output: bytes, error: str | None, execution_s: float) -> None:
-        """:meth:`executed` without a coroutine: the answer is sent, or its store started (its
+    def executed(self, call: Call, status: int, output: bytes, error: str | None, execution_s: float) -> None:
+        """The call ran (or failed) here: the answer is sent, or its store started (its
         acknowledgement acknowledges the intake message; a failed store is retried in a task)."""
         limit = self.output_limit()
         if len(output) > limit:   # it could never be sent (nor stored): an error the caller can read instead
@@ -131,6 +135,15 @@ class Answerer(OnItsLoop):
         stats = self.stats_of(call.pool)
         if stats is not None:
             stats.completed(total_s, call.deadline_s, status == 200)
+
+    async def unrun(self, calls: list[Call], expected_s: dict[str, float]) -> None:
+        """Queued calls taken out unrun, their callers gone or about to be: told 504 at once, one log line per window."""
+        now = time.time()
+        for call in calls:
+            reason, kind = unrun_reason(call, now, expected_s.get(call.fn, 0.0))
+            self.dropped.add(kind, reason)
+            self.count_unrun(call)
+            await self.refused(call, codes.GENERIC, 504, reason, kind, retry_after_s=1.0, logged=False)
 
     def count_unrun(self, call: Call) -> None:
         """Pool telemetry of an admitted call taken out of its queue unrun (its caller or sender
@@ -202,7 +215,7 @@ class Answerer(OnItsLoop):
         log.warning("%s: %s lost: %s", self.node, call.key, reason)
         self.metrics.error(kind)
         if not call.is_async:
-            return await self.executed(call, 500, b"", f"{call.fn} was not completed: {reason}", 0.0)
+            return self.executed(call, 500, b"", f"{call.fn} was not completed: {reason}", 0.0)
         assert call.held is not None
         delay = self.retry_delay_s(call)
         try:  # the intake dead-letters it on its last delivery, before running it
@@ -231,11 +244,11 @@ class Answerer(OnItsLoop):
                                       stream=deadletter_stream(self.subjects), timeout=STORE_TIMEOUT_S)
                 break
             except Exception as exc:
-                if attempt == 0 and await self._remade_streams(exc, deadletter_stream(self.subjects)):
+                if attempt == 0 and await self._remake.remade(exc, deadletter_stream(self.subjects)):
                     continue
                 log.error("%s: dead letter of %s not stored: %s", self.node, call.key, exc)
                 break
-        await self.executed(call, 500, b"", f"task dead-lettered: {reason}", 0.0)
+        self.executed(call, 500, b"", f"task dead-lettered: {reason}", 0.0)
 
     # -- delivery -----------------------------------------------------------------------
     async def _reply(self, call: Call, body: bytes, headers: dict[str, str]) -> None:
@@ -317,7 +330,7 @@ class Answerer(OnItsLoop):
                         waiting = True
                         self.unstored += 1   # /healthz says so meanwhile
                     log.warning("%s: answer of %s not stored (%s); trying again in %.1f s", self.node, call.key, exc, delay)
-                    if await self._remade_streams(exc, self._results_stream):
+                    if await self._remake.remade(exc, self._results_stream):
                         continue
                     await asyncio.sleep(delay)
                     delay = min(2 * delay, 15.0)
@@ -325,33 +338,6 @@ class Answerer(OnItsLoop):
             if waiting:
                 self.unstored -= 1
         self._ack(call)
-
-    async def _remade_streams(self, exc: Exception, stream: str) -> bool:
-        """A store in ``stream`` failed (``exc``): if that stream is gone (an operator's ``nats stream rm``,
-        a JetStream store restored without it), the shared streams are made again as at start;
-        True if that happened. Else answers waited for ever (and /healthz said 503) until a node or
-        the MQTT bridge restarted. No stream answers with "no responders", or with silence when a
-        caller listens on the subject: JetStream is asked, at most every REMAKE_PERIOD_S."""
-        now = asyncio.get_running_loop().time()
-        if now - self._remade_at < REMAKE_PERIOD_S:
-            return False
-        self._remade_at = now
-        try:
-            await self.js.stream_info(stream)
-            return False   # it exists: JetStream is busy, or the disk full
-        except NotFoundError:
-            pass
-        except Exception as error:   # JetStream itself is away: the usual retry
-            log.debug("%s: stream %s not looked up (%s, after %r)", self.node, stream, error, exc)
-            return False
-        try:
-            await ensure_shared_streams(self.js, self.subjects)
-        except Exception as error:
-            log.warning("%s: stream %s is gone and could not be made again: %s", self.node, stream, error)
-            return False
-        log.warning("%s: stream %s was gone (nothing could be stored in it): the shared streams were made again",
-                    self.node, stream)
-        return True
 
     async def settle(self, timeout_s: float = 5.0) -> None:
         """Wait for answers still being stored (the node is stopping); those that cannot be stored

@@ -18,7 +18,7 @@ import asyncio
 import logging
 import time
 from dataclasses import dataclass, field
-from typing import Awaitable, Callable
+from typing import Callable, Protocol
 
 from nats.aio.client import Client
 
@@ -30,7 +30,7 @@ from broker.lifecycle import OnItsLoop, Tasks
 from broker.messages import WorkerOutcome, WorkerOutcomes
 from broker.subjects import Subjects
 from functions.registry import FunctionRegistry
-from nodes.calls import Call, Direct, calls_document
+from nodes.calls import Call, calls_document
 from nodes.forwarding import due_notices, send_notices
 from nodes.inbox import Inbox, Reply
 from nodes.waiting import RecentTimes, WaitingLines
@@ -41,9 +41,16 @@ log = logging.getLogger(__name__)
 OVERRUN_GRACE_S = 2.0   # past its timeout plus this, a silent worker is taken for stuck
 OVERRUN_SWEEP_S = 0.5   # how often running calls are checked for that (one timer per pool, not per call)
 
-Done = Callable[[Call, WorkerOutcome, bytes], "Awaitable[None] | None"]   # None: nothing left to await
-Lost = Callable[[Call, str], Awaitable[None]]
-Abandoned = Callable[[list[Call]], Awaitable[None]]
+class Answers(Protocol):
+    """Where calls go once they leave the dispatcher (nodes/answering.py's Answerer)."""
+
+    def ended(self, call: Call, outcome: WorkerOutcome, output: bytes) -> None: ...
+
+    async def lost(self, call: Call, reason: str) -> None: ...
+
+    async def unrun(self, calls: list[Call], expected_s: dict[str, float]) -> None: ...
+
+    def direct_context(self, call: Call) -> dict | None: ...
 
 
 @dataclass(eq=False, slots=True)
@@ -58,21 +65,17 @@ class WorkerSlot:
 
 class Dispatcher(OnItsLoop):
     def __init__(self, pool: str, nc: Client, subjects: Subjects, node: str, registry: FunctionRegistry,
-                 inbox: Inbox, done: Done, lost: Lost, *, slots: int | None = None,
+                 inbox: Inbox, answers: Answers, *, slots: int | None = None,
                  kill_worker: Callable[[str], None] = lambda name: None,
-                 direct: Direct = lambda call: None, unreachable: Callable[[str], None] | None = None,
-                 abandoned: Abandoned | None = None, wake: Callable[[], None] | None = None) -> None:
-        """``direct``: what a worker needs to answer a call's caller itself (None: the node answers).
-        ``unreachable(worker)``: nobody listened on that worker's subject (its pool decides whether
-        that was expected; by default the worker only gets no more calls). ``abandoned(calls)``:
-        queued direct calls whose callers stopped waiting (``Call.wanted_until``), or would have
-        before the call ended (the function's recent execution time), taken out of the queue
-        unrun (by default they are only dropped). ``wake()``: a call came and no worker can take it
-        (a pool scaled to zero): the pool starts one; the call waits for it (a cold start)."""
+                 unreachable: Callable[[str], None] | None = None, wake: Callable[[], None] | None = None) -> None:
+        """``answers`` takes every call that leaves: ended, lost, or taken out of the queue unrun
+        (its caller stopped waiting, or would before it ended). The pool's own hooks:
+        ``kill_worker``, ``unreachable(worker)`` (nobody listened on that worker's subject; by
+        default the worker only gets no more calls), ``wake()`` (a call came and no worker can
+        take it, a pool scaled to zero: the call waits for the pool's first worker)."""
         self.pool, self.nc, self.subjects, self.node = pool, nc, subjects, node
-        self.registry, self.inbox = registry, inbox
-        self._done, self._lost, self._kill_worker, self._direct = done, lost, kill_worker, direct
-        self._abandoned = abandoned
+        self.registry, self.inbox, self.answers = registry, inbox, answers
+        self._kill_worker = kill_worker
         self._unreachable = unreachable or self.retire_worker
         self._wake = wake
         self.ready_at = 0.0                       # unix time a worker last came to a pool that had none
@@ -145,7 +148,7 @@ class Dispatcher(OnItsLoop):
             return
         for call in [c for c in self.running.values() if c.worker == name]:
             self._end(call)
-            await self._lost(call, reason)
+            await self.answers.lost(call, reason)
         self._pump()
 
     async def set_slots(self, slots: int | None) -> None:
@@ -236,7 +239,7 @@ class Dispatcher(OnItsLoop):
             self._tokens[c.id] = token
         # as many messages as the payloads need (large inputs dispatched together), one reply subject
         for run in split_by_size(calls, [len(c.payload) for c in calls], self.nc.max_payload - HEADER_ROOM):
-            data = frame(calls_document(run, self._direct), b"".join(c.payload for c in run))
+            data = frame(calls_document(run, self.answers.direct_context), b"".join(c.payload for c in run))
             try:
                 self.nc.send(slot.subject, data, reply=reply)
             except Exception as exc:  # the connection is gone (or the message too large): they cannot reach it
@@ -249,7 +252,7 @@ class Dispatcher(OnItsLoop):
         for call in calls:
             if self.running.get(call.id) is call:
                 self._end(call)
-                await self._lost(call, f"could not reach worker {slot.name}: {exc}")
+                await self.answers.lost(call, f"could not reach worker {slot.name}: {exc}")
 
     def _on_outcomes(self, token: str, batch: dict[int, Call], msg: Reply) -> None:
         if not msg.data and (msg.headers or {}).get(H.NATS_STATUS) == "503":
@@ -285,9 +288,7 @@ class Dispatcher(OnItsLoop):
                 self.times.executed(call.fn, outcome.execution_s)
         self._pump()
         for call, outcome, output in ended:
-            pending = self._done(call, outcome, output)
-            if pending is not None:   # the node answers it (an async call's answer is stored)
-                self._spawn(pending)
+            self.answers.ended(call, outcome, output)
 
     # -- after a broker outage ----------------------------------------------------------
     async def reconcile(self, before: float) -> None:
@@ -320,7 +321,7 @@ class Dispatcher(OnItsLoop):
         log.warning("%s: %d call(s) of worker %s were lost with the broker connection", self.pool, len(lost), worker)
         for call in lost:
             self._end(call)
-            await self._lost(call, "the call or its outcome was lost with the broker connection")
+            await self.answers.lost(call, "the call or its outcome was lost with the broker connection")
         self._pump()
 
     def _sweep_overruns(self) -> None:
@@ -352,9 +353,7 @@ class Dispatcher(OnItsLoop):
         self._kill_worker(call.worker)
         outcome = WorkerOutcome(status=504, error=f"{call.fn} exceeded its timeout of {call.timeout_s:g} s "
                                                   f"(worker {call.worker} did not answer)")
-        pending = self._done(call, outcome, b"")
-        if pending is not None:
-            self._spawn(pending)
+        self.answers.ended(call, outcome, b"")
 
     def _end(self, call: Call) -> None:
         self.running.pop(call.id, None)
@@ -377,10 +376,8 @@ class Dispatcher(OnItsLoop):
         """Queued direct calls taken out unrun: their callers stopped waiting, or will have by the
         time they would end. Run, they would hold slots that live callers need: under overload a
         FIFO queue settles where every call ends just after its caller gives up (bench/overload.py)."""
-        if not calls or self._abandoned is None:
-            return
         try:
-            await self._abandoned(calls)
+            await self.answers.unrun(calls, self.times.expected_s)
         except Exception as exc:  # never in the way of the calls that just ended (their answers come next)
             log.error("%s: answering %d call(s) not run: %r", self.pool, len(calls), exc)
 

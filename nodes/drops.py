@@ -6,9 +6,22 @@ import asyncio
 import logging
 import time
 
+from nodes.calls import Call
+
 log = logging.getLogger(__name__)
 
 LOG_DROPPED_EVERY_S = 5.0   # calls not run because their callers stopped waiting: one summary line at most this often
+
+
+def unrun_reason(call: Call, now: float, takes_s: float) -> tuple[str, str]:
+    """(reason, kind) of a queued call taken out unrun: its caller stopped waiting, or would
+    before it ended (``takes_s``: the function's recent execution time)."""
+    waited = now - call.arrival
+    if call.wanted_until <= now:
+        return f"not run: its caller stopped waiting for the answer after {waited:.3g} s in the queue", "caller_gone"
+    return (f"not run: after {waited:.3g} s in the queue it would end after its caller stops waiting "
+            f"({call.wanted_until - now:.3g} s left, {call.fn} takes about {takes_s:.3g} s); "
+            "the node is overloaded, try again later"), "too_late"
 
 
 class DropSummary:

@@ -28,7 +28,6 @@ from nodes.discovery.service import DiscoveryService
 from nodes.answering import Answerer
 from nodes.deployments import Deployments
 from nodes.dispatch import Dispatcher
-from nodes.drops import DropSummary
 from nodes.inbox import Inbox
 from nodes.ingress import Ingress
 from nodes.learner.service import LearnerService
@@ -69,7 +68,6 @@ class Node:
         self.pools: dict[str, WorkerPool] = {}       # every pool by name, the main one as "default"
         self.stats: dict[str, PoolStats] = {}        # per-pool telemetry bookkeeping
         self._dispatchers: dict[str, Dispatcher] = {}
-        self._dropped = DropSummary(settings.node_id)   # calls not run: a log line per window, not per call
         self._watching: dict[str, list] = {}         # per pool: its telemetry tasks and scale subscription
         self._answerer: Answerer | None = None
         self.store_check: StoreCheck | None = None
@@ -136,7 +134,8 @@ class Node:
 
     async def stop(self) -> None:
         self._unlisten()
-        self._dropped.flush()
+        if self._answerer is not None:
+            self._answerer.dropped.flush()
         for task in self._reconciling:
             task.cancel()
         for name in list(self._watching):
@@ -193,37 +192,13 @@ class Node:
 
     def _new_dispatcher(self, name: str) -> Dispatcher:
         assert self.nc is not None and self.inbox is not None and self._answerer is not None
-        answerer = self._answerer
-
-        def done(call, outcome, output):
-            if outcome.answered:  # the worker answered the caller; the node only counts it
-                return answerer.count_execution(call, outcome.status, outcome.execution_s)
-            return answerer.executed_now(call, outcome.status, output, outcome.error, outcome.execution_s)
-
-        async def abandoned(calls) -> None:
-            """Queued calls taken out unrun: their callers stopped waiting, or would before they ended."""
-            now = time.time()
-            for call in calls:
-                waited = now - call.arrival
-                if call.wanted_until <= now:
-                    reason, kind = f"not run: its caller stopped waiting for the answer after {waited:.3g} s in the queue", "caller_gone"
-                else:
-                    pool = self._dispatchers.get(call.pool)
-                    takes = pool.times.expected_s.get(call.fn, 0.0) if pool is not None else 0.0
-                    reason, kind = (f"not run: after {waited:.3g} s in the queue it would end after its caller stops "
-                                    f"waiting ({call.wanted_until - now:.3g} s left, {call.fn} takes about {takes:.3g} s); "
-                                    "the node is overloaded, try again later"), "too_late"
-                self._dropped.add(kind, reason)
-                answerer.count_unrun(call)
-                await answerer.refused(call, codes.GENERIC, 504, reason, kind, retry_after_s=1.0, logged=False)
-
         main = name == DEFAULT_POOL
         self.stats[name] = PoolStats(self.settings.node_id, name)
-        return Dispatcher(name, self.nc, self.subjects, self.settings.node_id, self.registry, self.inbox, done,
-                          answerer.lost, slots=self.store.node.parallel_running_functions_max if main else None,
+        return Dispatcher(name, self.nc, self.subjects, self.settings.node_id, self.registry, self.inbox,
+                          self._answerer, slots=self.store.node.parallel_running_functions_max if main else None,
                           kill_worker=lambda worker: self.pools[name].kill(worker),
-                          direct=answerer.direct_context, unreachable=lambda worker: self.pools[name].unreachable(worker),
-                          abandoned=abandoned, wake=None if main else lambda: self.pools[name].wake())
+                          unreachable=lambda worker: self.pools[name].unreachable(worker),
+                          wake=None if main else lambda: self.pools[name].wake())
 
     async def _start_pools(self) -> None:
         for name in list(self._dispatchers):
