@@ -5,10 +5,11 @@ from __future__ import annotations
 import os
 import re
 from pathlib import Path
-from typing import Literal
+from typing import Annotated, Literal
 from urllib.parse import urlsplit
 
-from pydantic import BaseModel, ConfigDict, Field, PositiveFloat, model_validator
+from pydantic import BaseModel, ConfigDict, Field, PositiveFloat, field_validator, model_validator
+from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 from broker.messages import NodeConfiguration, SchedulerConfiguration
 
@@ -73,8 +74,13 @@ class FunctionOptions(BaseModel):
     cpus: float | None = Field(default=None, gt=0)
 
 
-class NodeSettings(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+class NodeSettings(BaseSettings):
+    """Every field also comes from the environment as ``P2PFAAS_<FIELD>`` (JSON for lists, maps
+    and models; ``P2PFAAS_SEEDS`` and ``P2PFAAS_FUNCTIONS`` comma-separated, as the CLI takes
+    them). What is given explicitly wins over the environment, which wins over the defaults; a
+    worker gets its node's settings whole (``model_validate_json``), never from its environment."""
+
+    model_config = SettingsConfigDict(env_prefix="P2PFAAS_", env_ignore_empty=True, extra="forbid")
 
     node_id: str = Field(default="n1", pattern=r"^[A-Za-z0-9_-]{1,64}$")
     nats_url: str = "nats://127.0.0.1:4222"
@@ -103,7 +109,7 @@ class NodeSettings(BaseModel):
     # a device of a hub (docs/edge.md): its streams hold its own calls only; one stored here for
     # another device's node is refused (after unknown_node_after_s), never kept
     edge: bool = False
-    functions: list[tuple[str, str]] = Field(default_factory=list)  # user (name, module:function)
+    functions: Annotated[list[tuple[str, str]], NoDecode] = Field(default_factory=list)  # user (name, module:function)
     # the environment variables of deployed functions (envVars), by function: a worker process
     # sets those of every function it loads, an image function's container gets its own
     function_env: dict[str, dict[str, str]] = Field(default_factory=dict)
@@ -119,7 +125,7 @@ class NodeSettings(BaseModel):
     speed: float = Field(default=1.0, gt=0, le=1.0)
     # discovery (docs/p2p.md)
     group: str = "default"                            # P2PFaaS group_name of this node
-    seeds: list[str] = Field(default_factory=list)    # more NATS URLs of the same cluster: first connect + failover
+    seeds: Annotated[list[str], NoDecode] = Field(default_factory=list)   # more NATS URLs of the cluster: connect + failover
     heartbeat_period_s: float = Field(default=1.0, gt=0)
     suspect_after: int = Field(default=3, ge=1)       # missed periods before a peer is no longer offered
     remove_after: int = Field(default=10, ge=2)       # missed periods before a peer is forgotten
@@ -139,6 +145,20 @@ class NodeSettings(BaseModel):
     # a request met it when answered 200 within that total time; unlisted types get task_deadline_s
     task_type_deadlines: dict[int, PositiveFloat] = Field(default_factory=dict)
     task_deadline_s: float = Field(default=1.0, gt=0)
+
+    @field_validator("seeds", mode="before")
+    @classmethod
+    def _seed_list(cls, value: object) -> object:
+        return [u.strip() for u in value.split(",") if u.strip()] if isinstance(value, str) else value
+
+    @field_validator("functions", mode="before")
+    @classmethod
+    def _function_list(cls, value: object) -> object:
+        """"a=pkg.mod:f,b=pkg.mod:g", as --function takes them (functions/registry.py)."""
+        if not isinstance(value, str):
+            return value
+        from functions.registry import parse_function_specs
+        return parse_function_specs(value)
 
     @model_validator(mode="after")
     def _periods_in_order(self) -> "NodeSettings":
@@ -176,26 +196,6 @@ class NodeSettings(BaseModel):
     def run_dir(self) -> Path:
         """Pid files of the node's worker processes (strays of a previous run are ended at start)."""
         return self.node_dir / "run"
-
-    @classmethod
-    def from_env(cls, **overrides: object) -> "NodeSettings":
-        """Defaults < P2PFAAS_* environment < explicit overrides."""
-        env = {
-            "node_id": os.environ.get("P2PFAAS_NODE_ID"),
-            "nats_url": os.environ.get("P2PFAAS_NATS_URL"),
-            "prefix": os.environ.get("P2PFAAS_PREFIX"),
-            "data_dir": os.environ.get("P2PFAAS_DATA_DIR"),
-            "group": os.environ.get("P2PFAAS_GROUP"),
-            "heartbeat_period_s": os.environ.get("P2PFAAS_HEARTBEAT_PERIOD_S"),
-        }
-        values: dict[str, object] = {k: v for k, v in env.items() if v}
-        if os.environ.get("P2PFAAS_SEEDS"):
-            values["seeds"] = [u.strip() for u in os.environ["P2PFAAS_SEEDS"].split(",") if u.strip()]
-        if os.environ.get("P2PFAAS_FUNCTIONS"):   # "a=pkg.mod:f,b=pkg.mod:g", as --function takes them
-            from functions.registry import parse_function_specs
-            values["functions"] = parse_function_specs(os.environ["P2PFAAS_FUNCTIONS"])
-        values.update({k: v for k, v in overrides.items() if v is not None})
-        return cls(**values)
 
 
 def machine_memory() -> int:

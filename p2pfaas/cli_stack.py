@@ -147,12 +147,13 @@ def node(
         if settings_file is not None:
             settings = NodeSettings.model_validate_json(settings_file.read_bytes())
         else:
-            settings = NodeSettings.from_env(
+            given = dict(  # what is not given comes from P2PFAAS_* in the environment, then the defaults
                 node_id=node_id, nats_url=nats_url, seeds=seed or None, data_dir=data_dir, prefix=prefix,
                 heartbeat_period_s=heartbeat_period, address=address, runtime=runtime.value,
                 functions=_functions(function) or None, peer_scheduler_port=peer_scheduler_port,
                 peer_discovery_port=peer_discovery_port, init_servers=init_server or None, node_rewards=node_rewards,
                 worker_user=worker_user, docker_image=worker_image, docker_network=worker_network)
+            settings = NodeSettings(**{k: v for k, v in given.items() if v is not None})
     except (ValueError, OSError) as exc:
         raise typer.BadParameter(str(exc)) from None
     store = None

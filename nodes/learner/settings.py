@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 from typing import Any, Literal
 
@@ -89,19 +88,3 @@ class LearnerSettings(BaseModel):
         values = dict(node_ids=[node_settings.node_id], nats_url=node_settings.nats_url, prefix=node_settings.prefix,
                       data_dir=node_settings.data_dir, pools=["default", *node_settings.pools])
         return cls(**{**values, **overrides})
-
-    @classmethod
-    def from_env(cls, **overrides: Any) -> "LearnerSettings":
-        """Defaults < P2PFAAS_* environment < explicit overrides (None means not given)."""
-        env = {
-            "nats_url": os.environ.get("P2PFAAS_NATS_URL"),
-            "prefix": os.environ.get("P2PFAAS_PREFIX"),
-            "data_dir": os.environ.get("P2PFAAS_DATA_DIR"),
-            "scheduling_agent": os.environ.get("P2PFAAS_LEARNER_SCHEDULING_AGENT"),
-            "scaling_agent": os.environ.get("P2PFAAS_LEARNER_SCALING_AGENT"),
-        }
-        values: dict[str, Any] = {k: v for k, v in env.items() if v}
-        if os.environ.get("P2PFAAS_NODE_ID"):
-            values["node_ids"] = [os.environ["P2PFAAS_NODE_ID"]]
-        values.update({k: v for k, v in overrides.items() if v is not None})
-        return cls(**values)

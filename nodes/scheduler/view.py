@@ -32,6 +32,10 @@ class NodeView:
     def peers(self) -> Sequence[str]:
         return self._peers.peers() if self._peers else ()
 
+    def resolve(self, name: str) -> str:
+        """A node named by its IP address (P2PFaaS's master), as discovery knows it."""
+        return self._peers.resolve(name) if self._peers else name
+
     async def probe(self, peer: str) -> int | None:
         """A peer's load for the algorithm; a probe that fails (None, or an error) is counted
         (``probe_failed``): a peer believed alive that cannot answer shows in the metrics."""

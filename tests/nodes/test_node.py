@@ -720,11 +720,31 @@ def test_settings_from_the_environment_take_user_functions(monkeypatch):
     from nodes.settings import NodeSettings
 
     monkeypatch.setenv("P2PFAAS_FUNCTIONS", "shout=userfns:shout, span=userfns:span")
-    assert NodeSettings.from_env().functions == [("shout", "userfns:shout"), ("span", "userfns:span")]
-    assert NodeSettings.from_env(functions=[("x", "m:f")]).functions == [("x", "m:f")]
+    assert NodeSettings().functions == [("shout", "userfns:shout"), ("span", "userfns:span")]
+    assert NodeSettings(functions=[("x", "m:f")]).functions == [("x", "m:f")]
     monkeypatch.setenv("P2PFAAS_FUNCTIONS", "nonsense")
     with pytest.raises(ValueError, match="must look like name=package.module:function"):
-        NodeSettings.from_env()
+        NodeSettings()
+
+
+def test_every_node_setting_comes_from_the_environment_under_one_prefix(monkeypatch):
+    """P2PFAAS_<FIELD> for every field (JSON for models), empty values ignored; explicit values
+    win; a worker's copy of its node's settings is not read from its own environment."""
+    from nodes.settings import NodeSettings
+
+    monkeypatch.setenv("P2PFAAS_ACK_WAIT_S", "3")
+    monkeypatch.setenv("P2PFAAS_SEEDS", "nats://a:1, nats://b:2")
+    monkeypatch.setenv("P2PFAAS_INITIAL", '{"parallel_running_functions_max": 3}')
+    monkeypatch.setenv("P2PFAAS_GROUP", "")
+    settings = NodeSettings(node_id="n9")
+    assert (settings.ack_wait_s, settings.seeds, settings.initial.parallel_running_functions_max, settings.group) \
+        == (3.0, ["nats://a:1", "nats://b:2"], 3, "default")
+    assert NodeSettings(ack_wait_s=5).ack_wait_s == 5
+    monkeypatch.setenv("P2PFAAS_ACK_WAIT_S", "99")
+    assert NodeSettings.model_validate_json(settings.model_dump_json()).ack_wait_s == 3.0
+    monkeypatch.setenv("P2PFAAS_ACK_WAIT_S", "soon")
+    with pytest.raises(ValueError, match="ack_wait_s"):
+        NodeSettings()
 
 
 async def test_the_control_plane_is_a_nats_service_that_tools_find(node_factory, nc, prefix):
