@@ -37,6 +37,7 @@ from nodes.calls import Call, output_fields, result_document, timings_of
 from nodes.drops import DropSummary, unrun_reason
 from nodes.inbox import Inbox, Reply
 from nodes.metrics import NodeMetrics
+from nodes.settings import Timings
 from nodes.telemetry import PoolStats
 
 log = logging.getLogger(__name__)
@@ -47,7 +48,7 @@ STORE_TIMEOUT_S = 5.0
 class Answerer(OnItsLoop):
     def __init__(self, node: str, nc: Client, subjects: Subjects, metrics: NodeMetrics,
                  stats_of: Callable[[str], PoolStats | None], inbox: Inbox, *, registry: FunctionRegistry | None = None,
-                 retry_backoff_s: Sequence[float] = (1.0,), ip: str = "") -> None:
+                 retry_backoff_s: Sequence[float] = (1.0,), ip: str = "", timings: Timings = Timings()) -> None:
         self.node, self.nc, self.js, self.subjects = node, nc, nc.jetstream(), subjects
         self.inbox = inbox
         self.ip = ip   # this node's IP address, as P2PFaaS lists it (X-P2pfaas-Peers-List-Ip)
@@ -55,7 +56,7 @@ class Answerer(OnItsLoop):
         self._plain_lines: dict[str, str] = {}   # scheduler -> its answers' first lines (_context_text)
         self.metrics = metrics
         self.stats_of = stats_of
-        self.dropped = DropSummary(node)   # calls not run: a log line per window, not per call
+        self.dropped = DropSummary(node, timings.dropped_log_every_s)   # calls not run: a log line per window, not per call
         self.on_answer: Callable[[str, int, float], None] | None = None   # (key, status, total_s): rewards
         self._stores: set[asyncio.Task] = set()                        # stores being retried
         self._acking: dict[str, tuple[Call, asyncio.TimerHandle]] = {}   # stores awaiting their ack, by token

@@ -33,6 +33,7 @@ from functions.registry import FunctionRegistry
 from nodes.calls import Call, calls_document
 from nodes.forwarding import due_notices, send_notices
 from nodes.inbox import Inbox, Reply
+from nodes.settings import Timings
 from nodes.waiting import RecentTimes, WaitingLines
 from nodes.worker_checks import STATUS_TRIES, WorkerChecks, by_worker
 
@@ -67,7 +68,8 @@ class Dispatcher(OnItsLoop):
     def __init__(self, pool: str, nc: Client, subjects: Subjects, node: str, registry: FunctionRegistry,
                  inbox: Inbox, answers: Answers, *, slots: int | None = None,
                  kill_worker: Callable[[str], None] = lambda name: None,
-                 unreachable: Callable[[str], None] | None = None, wake: Callable[[], None] | None = None) -> None:
+                 unreachable: Callable[[str], None] | None = None, wake: Callable[[], None] | None = None,
+                 timings: Timings = Timings()) -> None:
         """``answers`` takes every call that leaves: ended, lost, or taken out of the queue unrun
         (its caller stopped waiting, or would before it ended). The pool's own hooks:
         ``kill_worker``, ``unreachable(worker)`` (nobody listened on that worker's subject; by
@@ -84,7 +86,8 @@ class Dispatcher(OnItsLoop):
         self.workers: dict[str, WorkerSlot] = {}
         self.waiting = WaitingLines(async_lane=slots is not None)
         self.times = RecentTimes()
-        self.checks = WorkerChecks(pool, node, subjects, inbox)
+        self.checks = WorkerChecks(pool, node, subjects, inbox, timings.worker_check_after_s)
+        self.notice_every_s = timings.forward_notice_every_s
         self.running: dict[int, Call] = {}
         self._tokens: dict[int, str] = {}                   # call id -> its batch's reply token
         self._batches: dict[str, dict[int, Call]] = {}      # reply token -> its calls still running
@@ -244,7 +247,7 @@ class Dispatcher(OnItsLoop):
                 self.nc.send(slot.subject, data, reply=reply)
             except Exception as exc:  # the connection is gone (or the message too large): they cannot reach it
                 self._spawn(self._unsent(slot, run, exc))
-        notices = due_notices(calls, time.time())
+        notices = due_notices(calls, time.time(), self.notice_every_s)
         if notices:
             self._spawn(send_notices(self.nc, notices))
 
@@ -337,7 +340,7 @@ class Dispatcher(OnItsLoop):
         queue = self.waiting.queue
         if any(map(abandoned, queue)):   # they hold queue places live callers need
             self._spawn(self._answer_abandoned(self.drop_queued(abandoned)))
-        notices = due_notices([*queue, *self.running.values()], now)
+        notices = due_notices([*queue, *self.running.values()], now, self.notice_every_s)
         if notices:
             self._spawn(send_notices(self.nc, notices))
         if self.running or queue:

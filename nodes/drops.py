@@ -10,8 +10,6 @@ from nodes.calls import Call
 
 log = logging.getLogger(__name__)
 
-LOG_DROPPED_EVERY_S = 5.0   # calls not run because their callers stopped waiting: one summary line at most this often
-
 
 def unrun_reason(call: Call, now: float, takes_s: float) -> tuple[str, str]:
     """(reason, kind) of a queued call taken out unrun: its caller stopped waiting, or would
@@ -26,11 +24,11 @@ def unrun_reason(call: Call, now: float, takes_s: float) -> tuple[str, str]:
 
 class DropSummary:
     """Calls not run because their callers stopped waiting, said in one log line every
-    LOG_DROPPED_EVERY_S at most (under overload there are many a second); what comes inside a
-    window is said when it ends. The metrics count every call."""
+    ``every_s`` at most (under overload there are many a second); what comes inside a window is
+    said when it ends. The metrics count every call."""
 
-    def __init__(self, node: str) -> None:
-        self.node = node
+    def __init__(self, node: str, every_s: float) -> None:
+        self.node, self.every_s = node, every_s
         self.kinds: dict[str, int] = {}
         self.since = self.logged = 0.0
         self.reason = ""                                   # the last one's
@@ -42,7 +40,7 @@ class DropSummary:
             self.since = now
         self.kinds[kind] = self.kinds.get(kind, 0) + 1
         self.reason = reason
-        due_in = self.logged + LOG_DROPPED_EVERY_S - now
+        due_in = self.logged + self.every_s - now
         if due_in <= 0:
             self.flush()
         elif self.timer is None:

@@ -37,34 +37,30 @@ from nodes.calls import Call
 from nodes import peer_http
 from nodes.inbox import Inbox
 from nodes.peer_source import PeerSource
+from nodes.settings import Timings
 
 log = logging.getLogger(__name__)
 
 FORWARD_GRACE_S = 5.0       # past the call's timeout plus this, a silent peer has failed it
 FORWARD_FAILED = 403        # P2PFaaS: "forward failed"
 PROCESSING = "102"          # X-P2pfaas-Status of an empty reply: "still holding your call" (HTTP 102)
-NOTICE_EVERY_S = FORWARD_GRACE_S / 2   # how often a node holding a forwarded call (queued or running) says so
-# A forward whose peer sent neither its answer nor a notice for this long is lost in transit (its
-# request, or the answer and the notices after it, went down with a broker of the cluster while
-# both nodes stayed up): it fails then ("forward failed"; an async one is delivered again), not
-# at its timeout plus the grace -- an hour for sleep.
-SILENT_AFTER_S = 6 * NOTICE_EVERY_S
 
 
 def processing_notice() -> dict[str, str]:
-    """Headers of the empty message a node sends on a forward's reply subject every NOTICE_EVERY_S
-    while it holds the call (queued or running), and when it starts it late: the node waiting for
-    it counts the call's limit from then, so a call may wait in a peer's queue as long as in its
-    own, and a forward that hears nothing for SILENT_AFTER_S is known lost."""
+    """Headers of the empty message a node sends on a forward's reply subject every
+    ``Timings.forward_notice_every_s`` while it holds the call (queued or running), and when it
+    starts it late: the node waiting for it counts the call's limit from then, so a call may wait
+    in a peer's queue as long as in its own, and a forward that hears nothing for
+    ``forward_silent_after_s`` is known lost."""
     return {H.STATUS: PROCESSING}
 
 
-def due_notices(calls: Iterable[Call], now: float) -> list[str]:
+def due_notices(calls: Iterable[Call], now: float, every_s: float) -> list[str]:
     """Reply subjects of the forwarded calls held here (a peer waits for each) that were silent
-    for NOTICE_EVERY_S: the peer counts its limit from the notice, not from sending it."""
+    for ``every_s``: the peer counts its limit from the notice, not from sending it."""
     due = []
     for call in calls:
-        if call.notices and call.reply and now - (call.noticed_at or call.arrival) >= NOTICE_EVERY_S:
+        if call.notices and call.reply and now - (call.noticed_at or call.arrival) >= every_s:
             call.noticed_at = now
             due.append(call.reply)
     return due
@@ -84,12 +80,6 @@ def refused_for_load(answer: Answer) -> bool:
     return H.REJECTED_BY in answer.headers and (answer.status == 503 or answer.code == codes.CANNOT_SCHEDULE)
 
 
-def silence_limit(call: Call) -> float:
-    """How long a forward may hear nothing from its peer: the call's timeout plus the grace, at
-    most SILENT_AFTER_S (the peer says every NOTICE_EVERY_S that it still holds the call)."""
-    return min(call.timeout_s + FORWARD_GRACE_S, SILENT_AFTER_S)
-
-
 @dataclass(eq=False, slots=True)
 class Pending:
     call: Call
@@ -101,8 +91,11 @@ class Pending:
 class Forwarder:
     def __init__(self, node: str, nc: Client, subjects: Subjects, inbox: Inbox, answerer: Answerer,
                  run_here: Callable[[Call], Awaitable[None]], on_forward: Callable[[str], None],
-                 peers: PeerSource | None = None) -> None:
+                 peers: PeerSource | None = None, timings: Timings = Timings()) -> None:
         self.node, self.nc, self.subjects, self.inbox, self.answerer = node, nc, subjects, inbox, answerer
+        # a forward whose peer sent neither its answer nor a notice for this long was lost in transit
+        # (with a broker of the cluster, both nodes up): it fails then, not at its timeout (an hour for sleep)
+        self.silent_after_s = timings.forward_silent_after_s
         self._run_here, self._on_forward = run_here, on_forward
         self.peers = peers
         self.pending: dict[int, Pending] = {}
@@ -114,6 +107,11 @@ class Forwarder:
         self._http_requests = itertools.count(1)
         self._sub = None
 
+    def silence_limit(self, call: Call) -> float:
+        """How long a forward may hear nothing from its peer: the call's timeout plus the grace, at
+        most ``silent_after_s`` (the peer notices that it still holds the call)."""
+        return min(call.timeout_s + FORWARD_GRACE_S, self.silent_after_s)
+
     async def start(self) -> "Forwarder":
         self._sub = await self.nc.subscribe(self.subjects.all_gone(), cb=self._on_gone)
         return self
@@ -121,8 +119,7 @@ class Forwarder:
     async def stop(self, grace_s: float = 0.0) -> None:
         """The node is stopping: what it forwarded gets ``grace_s`` to come back and be relayed, as
         what it runs gets to finish (its peers run these calls). What is still out then is answered:
-        a direct call 503, an async one handed back to be delivered again. Before, these calls were
-        dropped: their callers got "went away" though their peers were about to answer."""
+        a direct call 503, an async one handed back to be delivered again."""
         with contextlib.suppress(TimeoutError):
             async with asyncio.timeout(grace_s if not self.nc.is_closed else 0):   # closed: nothing will come
                 while self.pending or self._over_http or self._relaying:
@@ -205,7 +202,7 @@ class Forwarder:
             await self._on_reply(call, msg)
 
         token, reply = self.inbox.expect(on_reply, standing=True)   # PROCESSING notices may come first
-        timer = asyncio.get_running_loop().call_later(silence_limit(call), self._expire, call.id)
+        timer = asyncio.get_running_loop().call_later(self.silence_limit(call), self._expire, call.id)
         self.pending[call.id] = Pending(call, peer, token, timer)
         self._on_forward(peer)
         subject = self.subjects.forward(peer, call.fn, call.inv.client, call.inv.request_id)
@@ -248,13 +245,12 @@ class Forwarder:
             self._back.set()
 
     async def _processing(self, pending: Pending) -> None:
-        """The peer still holds the call (queued, or started only now): its limit counts from now.
-        Before, the wait in the peer's queue counted too: a forward queued there past the call's
-        timeout plus the grace failed while the peer still ran it (an async call then ran twice)."""
+        """The peer still holds the call (queued, or started only now): its limit counts from now,
+        so a forward queued there past its timeout plus the grace is not failed while it runs."""
         call = pending.call
         if pending.timer is not None:
             pending.timer.cancel()
-        pending.timer = asyncio.get_running_loop().call_later(silence_limit(call), self._expire, call.id)
+        pending.timer = asyncio.get_running_loop().call_later(self.silence_limit(call), self._expire, call.id)
         if call.notices and call.reply:   # it came from a peer, which waits for it too
             try:
                 await self.nc.publish(call.reply, b"", headers=processing_notice())
@@ -266,8 +262,8 @@ class Forwarder:
         if pending is None:
             return
         self._end(pending)
-        limit = silence_limit(pending.call)
-        reason = (f"peer {pending.peer} did not answer within {limit:g} s" if limit < SILENT_AFTER_S else
+        limit = self.silence_limit(pending.call)
+        reason = (f"peer {pending.peer} did not answer within {limit:g} s" if limit < self.silent_after_s else
                   f"peer {pending.peer} fell silent: neither an answer nor a notice that it still holds "
                   f"the call for {limit:g} s (lost in transit?)")
         task = asyncio.get_running_loop().create_task(self._failed(pending, reason))

@@ -61,7 +61,8 @@ class Ingress:
         self.schedule = schedule
         self.inbound = Inbound(self.subjects, self.node_id, registry, input_limit(nc.max_payload, settings.max_payload_bytes))
         self.intake = AsyncIntake(self.node_id, nc, self.subjects, ack_wait_s=settings.ack_wait_s,
-                                  take=self.take_async, budget=self.async_budget)
+                                  take=self.take_async, budget=self.async_budget,
+                                  hold_bytes=settings.intake_hold_bytes)
         self.sweeper = UnknownNodeSweeper(self.node_id, nc, self.subjects, self._refuse_unknown_node,
                                           alive=(lambda: ()) if settings.edge else alive,
                                           unknown_after_s=settings.unknown_node_after_s,

@@ -72,14 +72,16 @@ def consumer_config(node: str, subjects: Subjects, ack_wait_s: float) -> Consume
 
 class AsyncIntake:
     def __init__(self, node: str, nc: Client, subjects: Subjects, *, ack_wait_s: float,
-                 take: Callable[[Msg], None], budget: Callable[[], int] = lambda: HOLD_LIMIT) -> None:
+                 take: Callable[[Msg], None], budget: Callable[[], int] = lambda: HOLD_LIMIT,
+                 hold_bytes: int | None = None) -> None:
         """``take(msg)``: a plain call for each delivery, from the connection's read loop (it
-        spawns what has to wait). ``budget()``: how many messages the node may hold at once now."""
+        spawns what has to wait). ``budget()``: how many messages the node may hold at once now;
+        ``hold_bytes``: how many bytes of inputs (None: a share of the machine's memory)."""
         self.node, self.nc, self.js, self.subjects = node, nc, nc.jetstream(), subjects
         self.ack_wait_s, self._take, self._budget = ack_wait_s, take, budget
         self.held: dict[str, Msg] = {}          # by delivery (its ack subject)
         self.held_bytes = 0                     # their inputs
-        self.bytes_limit = max(HOLD_BYTES_MIN, machine_memory() // HOLD_MEMORY_SHARE)
+        self.bytes_limit = hold_bytes or max(HOLD_BYTES_MIN, machine_memory() // HOLD_MEMORY_SHARE)
         self.healthy = False
         self._room = asyncio.Event()
         self._tasks: list[asyncio.Task] = []

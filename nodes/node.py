@@ -101,7 +101,7 @@ class Node:
         self.inbox = await Inbox(self.nc).start()
         answerer = Answerer(self.settings.node_id, self.nc, self.subjects, self.metrics, self.stats.get, self.inbox,
                             registry=self.registry, retry_backoff_s=self.settings.retry_backoff_s,
-                            ip=self.settings.machine_ip)
+                            ip=self.settings.machine_ip, timings=self.settings.timings)
         dispatchers = self._start_dispatchers(answerer)
         peers = self._peers
         if peers is None:
@@ -120,7 +120,8 @@ class Node:
         await self._start_pools()
         await scheduler.start()
         await ingress.start()
-        self.store_check = StoreCheck(self.settings.node_id, self.nc, self.subjects).start()
+        self.store_check = StoreCheck(self.settings.node_id, self.nc, self.subjects,
+                                      self.settings.timings.store_check_every_s).start()
         if self.discovery:
             await self.discovery.start()
         self.control = await NodeControl(self.nc, self).start()
@@ -198,7 +199,7 @@ class Node:
                           self._answerer, slots=self.store.node.parallel_running_functions_max if main else None,
                           kill_worker=lambda worker: self.pools[name].kill(worker),
                           unreachable=lambda worker: self.pools[name].unreachable(worker),
-                          wake=None if main else lambda: self.pools[name].wake())
+                          wake=None if main else lambda: self.pools[name].wake(), timings=self.settings.timings)
 
     async def _start_pools(self) -> None:
         for name in list(self._dispatchers):

@@ -26,7 +26,7 @@ from nodes.runtimes.process import WorkerHandle, run_process, worker_identity
 from nodes.sandbox import WorkerSandbox
 from nodes.sandbox import decide as decide_sandbox
 from nodes.settings import NodeSettings, machine_memory, pool_functions
-from nodes.worker import DEFAULT_POOL, EXIT_RECYCLE, STOP_GRACE_S, Worker
+from nodes.worker import DEFAULT_POOL, EXIT_RECYCLE, Worker
 
 log = logging.getLogger(__name__)
 RESPAWN_BACKOFF_S = (0.5, 1.0, 2.0, 5.0, 10.0)   # after the n-th worker in a row died before READY
@@ -334,9 +334,10 @@ class WorkerPool:
         if not self._closing:
             self._resize()
 
-    async def stop(self, timeout_s: float = STOP_GRACE_S + 5.0) -> None:
+    async def stop(self) -> None:
         """Stop every worker (each finishes its calls, within its own grace), then wait, bounded:
-        a worker still alive after ``timeout_s`` is killed."""
+        a worker still alive 5 s after its grace is killed."""
+        timeout_s = self.settings.timings.stop_grace_s + 5.0
         self._closing = True
         if self._respawn is not None:
             self._respawn.cancel()

@@ -74,13 +74,36 @@ class FunctionOptions(BaseModel):
     cpus: float | None = Field(default=None, gt=0)
 
 
+class Timings(BaseModel):
+    """How long a node waits before it concludes something (defaults for production; tests shorten
+    them). ``forward_*`` must be the same on every node of a cluster: a peer notices at its own
+    ``forward_notice_every_s``, the origin judges silence by its own ``forward_silent_after_s``."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    stop_grace_s: float = Field(default=10.0, gt=0)           # a stopping worker (and node) finishes calls this long
+    worker_check_after_s: float = Field(default=10.0, gt=0)   # a call running this long is checked with its worker
+    store_check_every_s: float = Field(default=5.0, gt=0)     # how often the intake's store room is checked
+    forward_notice_every_s: float = Field(default=2.5, gt=0)  # a node holding a forwarded call says so this often
+    forward_silent_after_s: float = Field(default=15.0, gt=0)  # a forward that heard nothing this long is lost
+    dropped_log_every_s: float = Field(default=5.0, gt=0)     # calls not run: one summary line at most this often
+
+    @model_validator(mode="after")
+    def _notices_fit(self) -> "Timings":
+        if self.forward_silent_after_s <= 2 * self.forward_notice_every_s:
+            raise ValueError("forward_silent_after_s must exceed twice forward_notice_every_s (one notice may be late)")
+        return self
+
+
 class NodeSettings(BaseSettings):
     """Every field also comes from the environment as ``P2PFAAS_<FIELD>`` (JSON for lists, maps
     and models; ``P2PFAAS_SEEDS`` and ``P2PFAAS_FUNCTIONS`` comma-separated, as the CLI takes
-    them). What is given explicitly wins over the environment, which wins over the defaults; a
-    worker gets its node's settings whole (``model_validate_json``), never from its environment."""
+    them; ``P2PFAAS_TIMINGS__STOP_GRACE_S`` for one field of a model). What is given explicitly
+    wins over the environment, which wins over the defaults; a worker gets its node's settings
+    whole (``model_validate_json``), never from its environment."""
 
-    model_config = SettingsConfigDict(env_prefix="P2PFAAS_", env_ignore_empty=True, extra="forbid")
+    model_config = SettingsConfigDict(env_prefix="P2PFAAS_", env_ignore_empty=True, extra="forbid",
+                                      env_nested_delimiter="__")
 
     node_id: str = Field(default="n1", pattern=r"^[A-Za-z0-9_-]{1,64}$")
     nats_url: str = "nats://127.0.0.1:4222"
@@ -105,6 +128,10 @@ class NodeSettings(BaseSettings):
     # a task whose worker died is delivered again after these seconds (the n-th retry waits the n-th,
     # the last repeats); a function's own (``p2pfaas_retry_backoff_s``) wins
     retry_backoff_s: list[PositiveFloat] = Field(default_factory=lambda: [1.0, 2.0, 4.0], min_length=1)
+    # bytes async calls may hold in memory, pulled and not yet answered (None: a share of the
+    # machine's memory, at least 64 MiB; nodes/intake.py)
+    intake_hold_bytes: int | None = Field(default=None, ge=1)
+    timings: Timings = Timings()
     unknown_node_after_s: float = Field(default=60.0, gt=0)   # async calls to a node never seen: refused after
     # a device of a hub (docs/edge.md): its streams hold its own calls only; one stored here for
     # another device's node is refused (after unknown_node_after_s), never kept

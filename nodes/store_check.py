@@ -15,14 +15,13 @@ from broker.subjects import Subjects
 
 log = logging.getLogger(__name__)
 
-CHECK_EVERY_S = 5.0
 CHECK_TIMEOUT_S = 2.0
 FULL_SHARE = 0.99   # the intake holding this share of its byte or message limit refuses new work soon
 
 
 class StoreCheck:
-    def __init__(self, node: str, nc: Client, subjects: Subjects) -> None:
-        self.node, self.js, self.subjects = node, nc.jetstream(), subjects
+    def __init__(self, node: str, nc: Client, subjects: Subjects, every_s: float) -> None:
+        self.node, self.js, self.subjects, self.every_s = node, nc.jetstream(), subjects, every_s
         self.problem: str | None = None   # None: the last check stored and the intake has room
         self._task: asyncio.Task | None = None
 
@@ -42,7 +41,7 @@ class StoreCheck:
             if problem != self.problem:
                 (log.warning if problem else log.info)("%s: JetStream store %s", self.node, problem or "ok again")
             self.problem = problem
-            await asyncio.sleep(CHECK_EVERY_S)
+            await asyncio.sleep(self.every_s)
 
     async def check(self) -> str | None:
         try:

@@ -51,7 +51,6 @@ log = logging.getLogger(__name__)
 
 DEFAULT_POOL = "default"
 EXIT_RECYCLE = 3        # a function overran its timeout: the process exits so its thread dies with it
-STOP_GRACE_S = 10.0     # a stopping worker finishes its calls this long, then exits regardless
 WORKER_CREDENTIALS = "P2PFAAS_WORKER_NATS"   # _USER / _PASSWORD: the identity of a node's workers
 
 
@@ -110,7 +109,7 @@ class Worker(OnItsLoop):
                 log.debug("%s: flush before unsubscribing: %s", self.name, exc)
             await sub.unsubscribe()
             if self._running:  # finish what was dispatched (bounded by the caller's stop deadline)
-                await asyncio.wait(list(self._running), timeout=STOP_GRACE_S)
+                await asyncio.wait(list(self._running), timeout=self.settings.timings.stop_grace_s)
             await self._flush_all()
         finally:
             await close_quietly(self.nc)
@@ -354,7 +353,7 @@ async def _main() -> int:
             return node_gone()
         if not stop_requested:
             stop_requested = True
-            hard_exit_after(STOP_GRACE_S + 2.0)
+            hard_exit_after(settings.timings.stop_grace_s + 2.0)
             worker.stopping.set()
 
     for sig in (signal.SIGTERM, signal.SIGINT):

@@ -4,7 +4,7 @@ A call (or its outcome) can be lost in transit while the node stays connected: i
 NATS server died with the message in its buffers and the worker reconnected elsewhere; or the
 node's own connection dropped. The dispatcher asks the workers after a broker outage
 (:meth:`~nodes.dispatch.Dispatcher.reconcile`) and, for calls running long, every
-CHECK_AFTER_S: a lost call is found then, not at the function's timeout (an hour for ``sleep``).
+``Timings.worker_check_after_s``: a lost call is found then, not at the function's timeout (an hour for ``sleep``).
 """
 
 from __future__ import annotations
@@ -23,7 +23,6 @@ log = logging.getLogger(__name__)
 
 STATUS_TRIES = 8        # after a broker outage, a worker is asked this many times (it may reconnect later)
 STATUS_TIMEOUT_S = 2.0
-CHECK_AFTER_S = 10.0    # a call running this long is checked with its worker (then every as long again)
 
 
 def by_worker(calls: Iterable[Call]) -> dict[str, list[Call]]:
@@ -34,18 +33,19 @@ def by_worker(calls: Iterable[Call]) -> dict[str, list[Call]]:
 
 
 class WorkerChecks:
-    def __init__(self, pool: str, node: str, subjects: Subjects, inbox: Inbox) -> None:
-        self.pool, self.node, self.subjects, self.inbox = pool, node, subjects, inbox
+    def __init__(self, pool: str, node: str, subjects: Subjects, inbox: Inbox, after_s: float) -> None:
+        """``after_s``: a call running this long is checked with its worker (then every as long again)."""
+        self.pool, self.node, self.subjects, self.inbox, self.after_s = pool, node, subjects, inbox, after_s
         self.checking: set[str] = set()          # workers asked about their long calls right now
         self._checked_at = 0.0
 
     def long_calls(self, running: Iterable[Call], now: float) -> dict[str, list[Call]]:
-        """Calls running longer than CHECK_AFTER_S, by worker, at most every CHECK_AFTER_S and
+        """Calls running longer than ``after_s``, by worker, at most every ``after_s`` and
         never twice at once for one worker (:meth:`while_checking`)."""
-        if now - self._checked_at < CHECK_AFTER_S:
+        if now - self._checked_at < self.after_s:
             return {}
         self._checked_at = now
-        due = by_worker(c for c in running if now - c.dispatched_at >= CHECK_AFTER_S and c.worker not in self.checking)
+        due = by_worker(c for c in running if now - c.dispatched_at >= self.after_s and c.worker not in self.checking)
         self.checking.update(due)
         return due
 

@@ -30,7 +30,7 @@ from nodes.scheduler.base import Decision, Execute, Forward, Reject, SchedulingA
 from nodes.scheduler.forward import run_locally
 from nodes.scheduler.view import NodeView
 from nodes.settings import NodeSettings, machine_memory
-from nodes.worker import DEFAULT_POOL, STOP_GRACE_S
+from nodes.worker import DEFAULT_POOL
 
 log = logging.getLogger(__name__)
 
@@ -51,7 +51,7 @@ class SchedulerService:
         self.algorithm: SchedulingAlgorithm = build_algorithm(store.scheduler.name, store.scheduler.parameters)
         self._described: tuple[SchedulingAlgorithm | None, str] = (None, "")
         self.forwarder = Forwarder(self.node_id, nc, self.subjects, inbox, answerer, self.run_here, self._count_forward,
-                                   peers)
+                                   peers, settings.timings)
         self.forwarder.on_gone.append(self._sender_gone)
         self.forwards: dict[str, int] = {}   # forwards per peer since the last heartbeat
         self.view = view
@@ -77,8 +77,9 @@ class SchedulerService:
     async def stop(self) -> None:
         """After the pools stopped: forwarded calls get what is left of the workers' grace to come
         back; calls still waiting are answered (direct) or handed back (async)."""
+        grace_s = self.settings.timings.stop_grace_s
         since = asyncio.get_running_loop().time() - (self._stopping_at or asyncio.get_running_loop().time())
-        await self.forwarder.stop(grace_s=max(0.0, STOP_GRACE_S - since))
+        await self.forwarder.stop(grace_s=max(0.0, grace_s - since))
         for pool in self.pools.values():
             for call in pool.drain():
                 if call.is_async:

@@ -79,19 +79,16 @@ async def test_direct_calls_are_still_admitted_beside_an_async_backlog(node_fact
     assert [a.output for a in answers] == [f"direct{i}".encode() for i in range(5)]
 
 
-async def test_what_async_calls_hold_in_memory_is_bounded_in_bytes(node_factory, faas, nc, prefix, monkeypatch):
-    """Large inputs: the intake pulls no more bytes than its share of memory (here set to 12 MiB),
+async def test_what_async_calls_hold_in_memory_is_bounded_in_bytes(node_factory, faas, nc, prefix):
+    """Large inputs: the intake pulls no more bytes than it may hold (intake_hold_bytes, here 12 MiB),
     whatever the count budget allows; the rest waits in the stream, and all are answered."""
     s = Subjects(prefix)
     ids = [f"big{i}" for i in range(10)]
     peak_bytes, peak_held = 0, 0
-    from nodes import intake as intake_module
-
-    limit = nc.max_payload + 4 * 1024 * 1024   # a machine whose memory share is that: set before the node starts
-    monkeypatch.setattr(intake_module, "HOLD_BYTES_MIN", limit)
-    monkeypatch.setattr(intake_module, "machine_memory", lambda: 0)
+    limit = nc.max_payload + 4 * 1024 * 1024
     async with Collector(nc, s.results_of("dev1")) as results, \
-            node_factory(k=2, queue=0, runtime="inprocess", max_payload_bytes=nc.max_payload) as node:
+            node_factory(k=2, queue=0, runtime="inprocess", max_payload_bytes=nc.max_payload,
+                         intake_hold_bytes=limit) as node:
         intake = node.ingress.intake
         assert intake.bytes_limit == limit
         body = b"0.05" + b" " * (3 * 1024 * 1024)   # sleep's input, 3 MiB

@@ -12,6 +12,7 @@ from broker.codec import decode
 from broker.messages import NodeConfiguration
 from broker.subjects import Subjects
 from nodes.pool import machine_worker_limit
+from nodes.settings import Timings
 
 LARGEST = {"parallel_running_functions_max": 1024, "queue_length_max": 100_000}
 
@@ -64,15 +65,13 @@ async def test_direct_calls_waiting_in_memory_are_bounded_in_bytes(node_factory,
     assert all(a.status == 500 and a.code == 400 and "bytes of input" in a.message for a in refused)
 
 
-async def test_health_says_when_async_calls_cannot_be_stored(node_factory, nc, prefix, monkeypatch):
+async def test_health_says_when_async_calls_cannot_be_stored(node_factory, nc, prefix):
     """A full intake (or a full disk) refuses new async work: the node's info says so, and so
     /healthz (broker.control.node_health), before a caller's call is refused for it."""
     from broker.control import control_request, node_health
     from broker.streams import async_stream
-    from nodes import store_check
     from support import eventually
 
-    monkeypatch.setattr(store_check, "CHECK_EVERY_S", 0.1)
     s = Subjects(prefix)
     js = nc.jetstream()
 
@@ -80,7 +79,7 @@ async def test_health_says_when_async_calls_cannot_be_stored(node_factory, nc, p
         status, data = await control_request(nc, s.info("n1"), b"", 5)
         return node_health("n1", status, data)[1]
 
-    async with node_factory(k=1, runtime="inprocess"):
+    async with node_factory(k=1, runtime="inprocess", timings=Timings(store_check_every_s=0.1)):
         assert await eventually(health, lambda problem: problem is None) is None
         info = await js.stream_info(async_stream(s))
         for i in range(3):   # calls for a node that is not running: they stay stored

@@ -17,6 +17,7 @@ import pytest
 from nats.js.api import DiscardPolicy
 
 from broker import codes
+from nodes.settings import Timings
 from broker import headers as H
 from broker.codec import decode
 from broker.control import control_request
@@ -287,17 +288,17 @@ async def test_calls_whose_callers_stopped_waiting_are_not_run(node_factory, faa
     assert results_of(node, "sleep") == 2 and gone == 4 and completed() == 6
 
 
-async def test_calls_not_run_are_logged_in_a_summary_line_that_always_comes(node_factory, faas, monkeypatch, caplog):
+async def test_calls_not_run_are_logged_in_a_summary_line_that_always_comes(node_factory, faas, caplog):
     """A summary line per window, not a line per call; calls dropped inside a window are said at
     its end (not only when another one is dropped later)."""
-    monkeypatch.setattr("nodes.drops.LOG_DROPPED_EVERY_S", 0.6)
     caplog.set_level(logging.WARNING, logger="nodes.node")
 
     def said() -> int:
         lines = [r.getMessage() for r in caplog.records if "not run in the last" in r.getMessage()]
         assert all("caller_gone" in line for line in lines), lines
         return sum(int(line.split()[1]) for line in lines)
-    async with node_factory(k=1, queue=20, scheduler=("NoScheduler", ["false"])) as node:
+    async with node_factory(k=1, queue=20, scheduler=("NoScheduler", ["false"]),
+                            timings=Timings(dropped_log_every_s=0.6)) as node:
         running = asyncio.create_task(faas.invoke("n1", "sleep", b"2.5", timeout_s=30))
         await wait_until(lambda: node.scheduler.main.n_running == 1, 10)
         for _ in range(4):   # given up one after the other: dropped by several sweeps
@@ -465,8 +466,7 @@ async def test_a_call_or_outcome_lost_in_transit_is_found_without_waiting_for_th
     reconnects elsewhere). Calls running long are checked with their workers: the lost one is
     found and delivered again -- not held, its intake message kept alive, for the function's
     timeout (an hour for sleep)."""
-    from nodes import worker, worker_checks
-    monkeypatch.setattr(worker_checks, "CHECK_AFTER_S", 0.5)
+    from nodes import worker
     dropped: list[bytes] = []
     if lose == "call":
         on_calls = worker.Worker._on_calls
@@ -487,7 +487,7 @@ async def test_a_call_or_outcome_lost_in_transit_is_found_without_waiting_for_th
             send(self, reply, outcomes, outputs, error)
         monkeypatch.setattr(worker.Worker, "_send_outcomes", lossy_outcome)
     async with Collector(nc, Subjects(prefix).result("dev1", "lost1")) as results, \
-            node_factory(k=1, queue=5, runtime="inprocess") as node:
+            node_factory(k=1, queue=5, runtime="inprocess", timings=Timings(worker_check_after_s=0.5)) as node:
         await faas.submit("n1", "sleep", b"0.2", "lost1")
         await wait_until(lambda: len(results.messages) >= 1, timeout_s=15)   # sleep's timeout is an hour
         await asyncio.sleep(0.5)  # no second answer

@@ -15,6 +15,7 @@ from broker.codec import decode, encode
 from broker.messages import MachineAnnouncement, NodeGone, PeerList, Result
 from broker.subjects import Subjects, machine_token
 from nodes.forwarding import FORWARD_GRACE_S
+from nodes.settings import Timings
 from support import Collector, cluster, FAST, http_for, wait_until
 
 # heartbeats every 0.1 s; a silent peer stays "alive" for 5 s, long enough to
@@ -153,11 +154,11 @@ async def test_a_forward_whose_peer_falls_silent_fails_and_a_long_one_does_not(n
     """Both nodes stay up and in each other's view, but the peer's answer to a forwarded call is lost
     in transit (a server of the cluster dying with it in its buffers): the origin hears neither the
     answer nor the notices a peer sends while it holds the call, and fails it ("forward failed")
-    after SILENT_AFTER_S -- not at its timeout plus the grace (an hour for sleep). A forwarded call
-    that runs longer than that is not failed: its peer says every NOTICE_EVERY_S that it still runs it."""
+    after forward_silent_after_s -- not at its timeout plus the grace (an hour for sleep). A forwarded
+    call that runs longer than that is not failed: its peer notices that it still runs it."""
     from nodes import forwarding
-    monkeypatch.setattr(forwarding, "SILENT_AFTER_S", 1.5)
-    monkeypatch.setattr(forwarding, "NOTICE_EVERY_S", 0.3)    # the sweep (every 0.5 s) sends them
+    # the sweep (every 0.5 s) sends the notices
+    timings = Timings(forward_silent_after_s=1.5, forward_notice_every_s=0.3)
     lost: list[bytes] = []
     if answer == "lost":
         on_reply = forwarding.Forwarder._on_reply
@@ -168,7 +169,8 @@ async def test_a_forward_whose_peer_falls_silent_fails_and_a_long_one_does_not(n
                 return
             await on_reply(self, call, msg)
         monkeypatch.setattr(forwarding.Forwarder, "_on_reply", lossy)
-    async with cluster(node_factory, ("n1", ("ForwardScheduler", ["1"])), ("n2", ("NoScheduler", ["true"]))):
+    async with cluster(node_factory, ("n1", ("ForwardScheduler", ["1"])), ("n2", ("NoScheduler", ["true"])),
+                       timings=timings):
         started = asyncio.get_running_loop().time()
         got = await asyncio.wait_for(faas.invoke("n1", "sleep", b"0.2" if answer == "lost" else b"3", timeout_s=60), 20)
         waited = asyncio.get_running_loop().time() - started
@@ -212,9 +214,9 @@ async def test_origin_stopping_gracefully_relays_what_its_peer_was_running(node_
 
 async def test_origin_stopping_answers_503_what_its_peer_does_not_answer_within_the_grace(node_factory, faas,
                                                                                       monkeypatch):
-    monkeypatch.setattr("nodes.scheduler.service.STOP_GRACE_S", 0.5, raising=False)   # (absent before the fix)
     async with node_factory(node_id="n2", **FAST) as n2:
-        async with node_factory(node_id="n1", scheduler=("ForwardScheduler", ["1"]), **FAST) as n1:
+        async with node_factory(node_id="n1", scheduler=("ForwardScheduler", ["1"]), timings=Timings(stop_grace_s=0.5),
+                                **FAST) as n1:
             await wait_until(lambda: list(n1.discovery.peers()) == ["n2"], 10)
             direct = asyncio.create_task(faas.invoke("n1", "sleep", b"5", timeout_s=20))
             await wait_until(lambda: n2.scheduler.main.n_running == 1, 10)
