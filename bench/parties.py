@@ -370,7 +370,7 @@ async def _node(url: str, prefix: str, data_dir: Path, k: int, queue: int, loss:
     from broker.messages import NodeConfiguration, SchedulerConfiguration
     from nodes.node import Node
     from nodes.settings import NodeSettings
-    from p2pfaas.parts import HttpBridgeOptions, start_http_bridge, stop_http_bridge
+    from p2pfaas.parts import HttpBridgeSettings, start_http_bridge, stop_http_bridge
 
     settings = NodeSettings(
         node_id=NODE_ID, nats_url=url, prefix=prefix, data_dir=data_dir, runtime=runtime, learner=False,
@@ -380,7 +380,7 @@ async def _node(url: str, prefix: str, data_dir: Path, k: int, queue: int, loss:
     async with Node(settings) as node:
         assert node.pool is not None and node.scheduler is not None
         await node.pool.wait_ready(90)
-        bridges = [await start_http_bridge(HttpBridgeOptions(node=NODE_ID, nats_url=url, port=port, prefix=prefix),
+        bridges = [await start_http_bridge(HttpBridgeSettings(node=NODE_ID, nats_url=url, port=port, prefix=prefix),
                                            door=node.ingress.door) for port in http_ports]
         conn.send(("ready", {"pid": os.getpid(), "worker_pids": node.pool.pids()}))
         await serve_commands(conn, {})

@@ -84,7 +84,7 @@ async def serve(args) -> None:
     from broker.messages import NodeConfiguration, SchedulerConfiguration
     from nodes.node import Node
     from nodes.settings import NodeSettings
-    from p2pfaas.parts import HttpBridgeOptions, start_http_bridge, stop_http_bridge
+    from p2pfaas.parts import HttpBridgeSettings, start_http_bridge, stop_http_bridge
 
     settings = NodeSettings(
         node_id="n1", nats_url=args.nats_url, prefix=args.prefix, data_dir=Path(args.data_dir), runtime="process",
@@ -95,7 +95,7 @@ async def serve(args) -> None:
     async with Node(settings) as node:
         assert node.pool is not None and node.scheduler is not None
         await node.pool.wait_ready(90)
-        bridge = await start_http_bridge(HttpBridgeOptions(node="n1", nats_url=args.nats_url, port=args.port,
+        bridge = await start_http_bridge(HttpBridgeSettings(node="n1", nats_url=args.nats_url, port=args.port,
                                                            prefix=args.prefix), door=node.ingress.door)
         print(f"READY {os.getpid()}", flush=True)
         await stop.wait()

@@ -25,6 +25,7 @@ from broker.http.control import control_router
 from broker.http.invoke import FastInvoke, faas_error, invoke_router
 from broker.http.discovery import discovery_app
 from broker.http.learner import learner_app, learner_router
+from broker.http.limits import HttpLimits
 from broker.http.openfaas import openfaas_router
 from broker.http.peer import peer_router
 from broker.http.serving import serve_in_loop
@@ -36,12 +37,13 @@ class HttpBridge(Bridge):
 
     def __init__(self, nc: Client, node: str, *, prefix: str = "faas", max_payload_bytes: int = 1024 * 1024,
                  invoke_timeout_s: float = 60.0, control_timeout_s: float = 3.0, operator_token: str | None = None,
-                 invoke_token: str | None = None, callback_hosts: Collection[str] = (), p2pfaas_open: bool = False) -> None:
+                 invoke_token: str | None = None, callback_hosts: Collection[str] = (), p2pfaas_open: bool = False,
+                 limits: HttpLimits = HttpLimits()) -> None:
         """The arguments are :class:`Bridge`'s."""
         super().__init__(nc, node, prefix=prefix, max_payload_bytes=max_payload_bytes,
                          invoke_timeout_s=invoke_timeout_s, control_timeout_s=control_timeout_s,
                          operator_token=operator_token, invoke_token=invoke_token,
-                         callback_hosts=callback_hosts, p2pfaas_open=p2pfaas_open)
+                         callback_hosts=callback_hosts, p2pfaas_open=p2pfaas_open, limits=limits)
         self.api = self._build_api()
         self.app = FastInvoke(self.api, self)
         self.discovery_app = discovery_app(self)

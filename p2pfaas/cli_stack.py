@@ -139,7 +139,7 @@ def node(
     from broker.errors import NodeFileError
     from nodes.node import Node
     from nodes.settings import NodeSettings
-    from p2pfaas.parts import HttpBridgeOptions, run_part, start_http_bridge, stop_http_bridge
+    from p2pfaas.parts import HttpBridgeSettings, run_part, start_http_bridge, stop_http_bridge
 
     handoff.take()   # before anything starts a worker: its identities leave the environment workers inherit
     _logging(verbose)
@@ -176,10 +176,13 @@ def node(
     if http_port is not None:
         if store is not None and not handoff.get("P2PFAAS_OPERATOR_TOKEN"):   # run by hand: as the stack's bridges
             handoff.hold(P2PFAAS_OPERATOR_TOKEN=store.operator_token())
-        http = HttpBridgeOptions(node=settings.node_id, nats_url=settings.nats_url, host=http_host, port=http_port,
-                                 prefix=settings.prefix, max_payload_bytes=settings.max_payload_bytes,
-                                 processes=http_processes, discovery_port=discovery_port,
-                                 learner_port=learner_port).read_env(in_node=True)
+        try:
+            http = HttpBridgeSettings(node=settings.node_id, nats_url=settings.nats_url, host=http_host, port=http_port,
+                                      prefix=settings.prefix, max_payload_bytes=settings.max_payload_bytes,
+                                      processes=http_processes, discovery_port=discovery_port,
+                                      learner_port=learner_port).with_secrets(in_node=True)
+        except ValueError as exc:   # P2PFAAS_HTTP_LIMITS and the like
+            raise typer.BadParameter(str(exc)) from None
 
     async def start():
         started = Node(settings)
@@ -238,7 +241,7 @@ def bridge(
     """Run one bridge against an existing NATS (by default the one of the `p2pfaas up` running on
     --data-dir) and Mosquitto. Prints READY when serving."""
     from broker import handoff
-    from p2pfaas.parts import HttpBridgeOptions, run_part, start_http_bridge, stop_http_bridge
+    from p2pfaas.parts import HttpBridgeSettings, run_part, start_http_bridge, stop_http_bridge
 
     handoff.take()   # its identity and tokens: handed over by `up`, or exported by hand
     _logging(verbose)
@@ -247,9 +250,12 @@ def bridge(
         if store is not None and not handoff.get("P2PFAAS_OPERATOR_TOKEN"):   # run by hand: as the stack's bridges
             handoff.hold(P2PFAAS_OPERATOR_TOKEN=store.operator_token())        # (and our sibling processes) want it
         # secrets are handed over (`up` does) or exported, never on the command line
-        options = HttpBridgeOptions(node=node_id, nats_url=nats_url, host=host, port=port, prefix=prefix,
-                                    max_payload_bytes=max_payload_bytes, processes=processes,
-                                    discovery_port=discovery_port, learner_port=learner_port).read_env()
+        try:
+            options = HttpBridgeSettings(node=node_id, nats_url=nats_url, host=host, port=port, prefix=prefix,
+                                         max_payload_bytes=max_payload_bytes, processes=processes,
+                                         discovery_port=discovery_port, learner_port=learner_port).with_secrets()
+        except ValueError as exc:
+            raise typer.BadParameter(str(exc)) from None
         extra = "".join(f", {what} :{p}" for what, p in (("discovery", discovery_port), ("learner", learner_port)) if p)
         with _reported(BrokerUnavailable, todo=START_THE_STACK):
             run_part(lambda: start_http_bridge(options), stop_http_bridge,

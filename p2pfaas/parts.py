@@ -9,12 +9,15 @@ import logging
 import os
 import signal
 import sys
-from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING, Any, Awaitable, Callable
+from typing import TYPE_CHECKING, Annotated, Any, Awaitable, Callable
+
+from pydantic import Field, field_validator
+from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 from broker import handoff
 from broker.connection import credentials_from_env
 from broker.embedded import die_with_parent_preexec
+from broker.http.limits import HttpLimits
 from broker.lifecycle import child_env, hard_exit_after, on_parent_gone, parent_gone, parent_pipe_watched, run_loop
 
 if TYPE_CHECKING:
@@ -60,48 +63,59 @@ def run_part(start: Callable[[], Awaitable[Any]], stop: Callable[[Any], Awaitabl
 BRIDGE_NATS_ENV = "P2PFAAS_BRIDGE_NATS"   # the bridge's NATS identity inside a node's process (USER, PASSWORD)
 
 
-@dataclass
-class HttpBridgeOptions:
+class HttpBridgeSettings(BaseSettings):
+    """One bridge process's settings: what is not given explicitly comes from ``P2PFAAS_<FIELD>``
+    (``P2PFAAS_CALLBACK_HOSTS`` comma-separated, ``P2PFAAS_HTTP_LIMITS`` JSON or
+    ``P2PFAAS_HTTP_LIMITS__<FIELD>``). ``up`` hands the tokens over: :meth:`with_secrets`."""
+
+    model_config = SettingsConfigDict(env_prefix="P2PFAAS_", env_ignore_empty=True, extra="ignore",
+                                      env_nested_delimiter="__")
+
     node: str
     nats_url: str
     host: str = "127.0.0.1"
-    port: int = 18080
+    port: int = Field(default=18080, ge=0, le=65535)
     prefix: str = "faas"
-    max_payload_bytes: int = 1024 * 1024
-    processes: int = 1
-    operator_token: str | None = None    # docs/security.md
-    invoke_token: str | None = None
-    callback_hosts: tuple[str, ...] = ()
-    tls: tuple[str, str] | None = None   # (certificate, key): HTTPS
+    max_payload_bytes: int = Field(default=1024 * 1024, ge=1)
+    processes: int = Field(default=1, ge=1)
+    callback_hosts: Annotated[tuple[str, ...], NoDecode] = ()   # the hosts X-Callback-Url may name
+    tls_cert: str = ""                   # with tls_key: HTTPS only
+    tls_key: str = ""
     p2pfaas_open: bool = False           # P2PFaaS's discovery/learner ports take changes without a token
-    discovery_port: int | None = None   # P2PFaaS's discovery API (19000) by this process too
-    learner_port: int | None = None     # P2PFaaS's learner API (19020)
-    nats_credentials: tuple[str, str] | None = None   # None: the process's own (P2PFAAS_NATS_USER/PASSWORD)
+    discovery_port: int | None = None    # P2PFaaS's discovery API (19000) by this process too
+    learner_port: int | None = None      # P2PFaaS's learner API (19020)
+    http_limits: HttpLimits = HttpLimits()
+    # handed over (docs/security.md); never dumped nor shown
+    operator_token: str | None = Field(default=None, exclude=True, repr=False)
+    invoke_token: str | None = Field(default=None, exclude=True, repr=False)
+    # None: the process's own (P2PFAAS_NATS_USER/PASSWORD)
+    nats_credentials: tuple[str, str] | None = Field(default=None, exclude=True, repr=False)
 
-    def read_env(self, *, in_node: bool = False) -> "HttpBridgeOptions":
-        """These options with what ``up`` gives a bridge: the tokens and, inside a node's process
+    @field_validator("callback_hosts", mode="before")
+    @classmethod
+    def _host_list(cls, value: object) -> object:
+        return tuple(h for h in value.split(",") if h) if isinstance(value, str) else value
+
+    @property
+    def tls(self) -> tuple[str, str] | None:
+        return (self.tls_cert, self.tls_key) if self.tls_cert else None
+
+    def with_secrets(self, *, in_node: bool = False) -> "HttpBridgeSettings":
+        """These settings with what ``up`` hands a bridge: the tokens and, inside a node's process
         (``in_node``), the bridge's own NATS identity (``P2PFAAS_BRIDGE_NATS_USER/PASSWORD``), which
-        the process took at its start (:func:`broker.handoff.take`); callback hosts, TLS and
-        P2PFaaS's open ports from the environment. Inside a node the key's path then leaves the
-        environment, which the node's workers inherit."""
-        env = os.environ
-        credentials = credentials_from_env(BRIDGE_NATS_ENV) if in_node else None
-        options = replace(
-            self, operator_token=handoff.get("P2PFAAS_OPERATOR_TOKEN"), invoke_token=handoff.get("P2PFAAS_INVOKE_TOKEN"),
-            callback_hosts=tuple(h for h in env.get("P2PFAAS_CALLBACK_HOSTS", "").split(",") if h),
-            tls=(env["P2PFAAS_TLS_CERT"], env["P2PFAAS_TLS_KEY"]) if env.get("P2PFAAS_TLS_CERT") else None,
-            p2pfaas_open=env.get("P2PFAAS_P2PFAAS_OPEN") == "1", nats_credentials=credentials)
+        the process took at its start (:func:`broker.handoff.take`). Inside a node the key's path
+        then leaves the environment, which the node's workers inherit."""
         if in_node:
-            env.pop("P2PFAAS_TLS_KEY", None)
-        return options
+            os.environ.pop("P2PFAAS_TLS_KEY", None)
+        return self.model_copy(update={
+            "operator_token": handoff.get("P2PFAAS_OPERATOR_TOKEN"), "invoke_token": handoff.get("P2PFAAS_INVOKE_TOKEN"),
+            "nats_credentials": credentials_from_env(BRIDGE_NATS_ENV) if in_node else None})
 
     def sibling_env(self) -> dict[str, str]:
-        """The environment of one more process of this bridge: what :meth:`read_env` read there."""
-        env = {"P2PFAAS_CALLBACK_HOSTS": ",".join(self.callback_hosts),
-               "P2PFAAS_P2PFAAS_OPEN": "1" if self.p2pfaas_open else ""}
-        if self.tls:
-            env.update(P2PFAAS_TLS_CERT=self.tls[0], P2PFAAS_TLS_KEY=self.tls[1])
-        return env
+        """The environment of one more process of this bridge: the settings its command line lacks."""
+        return {"P2PFAAS_CALLBACK_HOSTS": ",".join(self.callback_hosts), "P2PFAAS_P2PFAAS_OPEN": "1" if self.p2pfaas_open else "",
+                "P2PFAAS_TLS_CERT": self.tls_cert, "P2PFAAS_TLS_KEY": self.tls_key,
+                "P2PFAAS_HTTP_LIMITS": self.http_limits.model_dump_json()}
 
     def sibling_secrets(self) -> dict[str, str]:
         """What one more process of this bridge is handed at its start: its tokens and identity."""
@@ -128,7 +142,7 @@ class HttpBridgeOptions:
         return argv
 
 
-async def start_http_bridge(options: HttpBridgeOptions, door: "InProcessDoor | None" = None):
+async def start_http_bridge(options: HttpBridgeSettings, door: "InProcessDoor | None" = None):
     """Connect, serve, and (with ``processes`` > 1) start the other processes of this bridge;
     returns what :func:`stop_http_bridge` needs. ``door``: the request door of the node this
     process runs (``p2pfaas node --http-port``): direct calls skip a hop through nats-server."""
@@ -138,7 +152,8 @@ async def start_http_bridge(options: HttpBridgeOptions, door: "InProcessDoor | N
     nc = await connect(options.nats_url, f"http-bridge-{options.node}", credentials=options.nats_credentials)
     bridge = HttpBridge(nc, options.node, prefix=options.prefix, max_payload_bytes=options.max_payload_bytes,
                         operator_token=options.operator_token, invoke_token=options.invoke_token,
-                        callback_hosts=options.callback_hosts, p2pfaas_open=options.p2pfaas_open)
+                        callback_hosts=options.callback_hosts, p2pfaas_open=options.p2pfaas_open,
+                        limits=options.http_limits)
     if door is not None:
         bridge.faas.open_door(options.node, door)
     started = asyncio.Event()

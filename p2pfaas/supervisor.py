@@ -22,6 +22,8 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from pydantic import BaseModel, ConfigDict, Field, PositiveFloat
+
 from broker.embedded import die_with_parent_preexec
 from broker.errors import BrokerUnavailable
 from broker.handoff import HANDOFF_FD_ENV, handoff_fd
@@ -30,13 +32,24 @@ from broker.lifecycle import child_env, end_strays, remove_pid_file, still_wante
 log = logging.getLogger(__name__)
 
 READY_LINE = b"READY"
-RESTART_BACKOFF_S = (0.5, 1.0, 2.0, 5.0, 10.0)   # after the n-th quick death in a row
-STABLE_AFTER_S = 30.0                             # a child that lived this long starts the backoff afresh
 COPY_CHUNK_BYTES = 65536                          # a child's stdout is copied to its log in reads of this size
 KILL_WAIT_S = 5.0                                 # after SIGKILL, this long for the process to be reaped
 EXIT_NEEDS_FIX = 2                                # the CLI's exit code for what the user must fix (one error line)
-FIX_BACKOFF_S = (30.0, 60.0, 120.0, 300.0)        # such a child, tried again without any change seen
-FIX_POLL_S = 1.0                                  # how often its files are looked at meanwhile
+
+
+class RestartPolicy(BaseModel):
+    """When a child that ended is started again."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    backoff_s: tuple[PositiveFloat, ...] = (0.5, 1.0, 2.0, 5.0, 10.0)   # after the n-th quick death in a row
+    stable_after_s: float = Field(default=30.0, gt=0)   # a child that lived this long starts the backoff afresh
+    # a child that exited EXIT_NEEDS_FIX: tried again without any change seen after these
+    fix_backoff_s: tuple[PositiveFloat, ...] = (30.0, 60.0, 120.0, 300.0)
+    fix_poll_s: float = Field(default=1.0, gt=0)        # how often its files are looked at meanwhile
+
+    def backoff(self, quick_deaths: int) -> float:
+        return self.backoff_s[min(quick_deaths, len(self.backoff_s) - 1)]
 
 
 @dataclass
@@ -74,8 +87,8 @@ class Child:
 
 
 class Supervisor:
-    def __init__(self, run_dir: Path, log_dir: Path) -> None:
-        self.run_dir, self.log_dir = run_dir, log_dir
+    def __init__(self, run_dir: Path, log_dir: Path, policy: RestartPolicy = RestartPolicy()) -> None:
+        self.run_dir, self.log_dir, self.policy = run_dir, log_dir, policy
         self.children: dict[str, Child] = {}
         self.notes: list[str] = []             # what happened (restarts), for the operator
         self._stopping = False
@@ -167,8 +180,8 @@ class Supervisor:
             if self._stopping or not child.spec.restart:
                 return
             lived = time.monotonic() - child.started_at
-            quick_deaths = 0 if lived > STABLE_AFTER_S else quick_deaths + 1
-            delay = _backoff(quick_deaths)
+            quick_deaths = 0 if lived > self.policy.stable_after_s else quick_deaths + 1
+            delay = self.policy.backoff(quick_deaths)
             fixes = 0   # tries since it asked for a fix
             if code == child.spec.fix_exit_code:
                 self._needs_fix(child, lived)
@@ -179,7 +192,8 @@ class Supervisor:
             while True:
                 still_wanted()
                 if child.needs_fix is not None:
-                    await self._until_fixed(child, FIX_BACKOFF_S[min(fixes, len(FIX_BACKOFF_S) - 1)])
+                    waits = self.policy.fix_backoff_s
+                    await self._until_fixed(child, waits[min(fixes, len(waits) - 1)])
                 else:
                     await asyncio.sleep(delay)
                 if self._stopping:
@@ -200,7 +214,7 @@ class Supervisor:
                     return
                 child.needs_fix = None   # it failed otherwise: a crash, restarted as crashes are
                 quick_deaths += 1
-                delay = _backoff(quick_deaths)
+                delay = self.policy.backoff(quick_deaths)
                 log.warning("%s: trying again in %g s", child.spec.name, delay)
             if child.needs_fix is not None:
                 log.warning("%s runs again: what it asked to fix is fixed", child.spec.name)
@@ -220,7 +234,7 @@ class Supervisor:
         watched = ", ".join(str(p) for p in child.spec.watch)
         note = (f"{child.spec.name} exited after {lived:.0f} s asking for a fix: {line} -- not restarted until "
                 f"{'its files change (' + watched + '), ' if watched else ''}another part restarts, or "
-                f"{FIX_BACKOFF_S[0]:g}-{FIX_BACKOFF_S[-1]:g} s have passed; its log: {self.log_dir / child.spec.name}.log")
+                f"{self.policy.fix_backoff_s[0]:g}-{self.policy.fix_backoff_s[-1]:g} s have passed; its log: {self.log_dir / child.spec.name}.log")
         log.error(note)
         self.notes.append(note)
 
@@ -231,7 +245,7 @@ class Supervisor:
         before, restarted = _signature(child.spec.watch), self._restarted
         deadline = loop.time() + timeout_s
         while not self._stopping and loop.time() < deadline:
-            await asyncio.sleep(min(FIX_POLL_S, max(0.0, deadline - loop.time())))
+            await asyncio.sleep(min(self.policy.fix_poll_s, max(0.0, deadline - loop.time())))
             if _signature(child.spec.watch) != before:
                 log.warning("%s: its files changed; starting it again", child.spec.name)
                 return
@@ -307,10 +321,6 @@ class Supervisor:
 
     def pids(self) -> dict[str, int]:
         return {name: c.pid for name, c in self.children.items() if c.pid is not None}
-
-
-def _backoff(quick_deaths: int) -> float:
-    return RESTART_BACKOFF_S[min(quick_deaths, len(RESTART_BACKOFF_S) - 1)]
 
 
 def _last_line(path: Path) -> str:

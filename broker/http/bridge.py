@@ -17,6 +17,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from broker.answers import input_limit
 from broker.client import FaasClient
 from broker.errors import ContractError, Forbidden, PayloadTooLarge, Unauthorized
+from broker.http.limits import HttpLimits
 from broker.subjects import Subjects, check_token
 
 
@@ -26,11 +27,13 @@ class Bridge:
 
     def __init__(self, nc: Client, node: str, *, prefix: str = "faas", max_payload_bytes: int = 1024 * 1024,
                  invoke_timeout_s: float = 60.0, control_timeout_s: float = 3.0, operator_token: str | None = None,
-                 invoke_token: str | None = None, callback_hosts: Collection[str] = (), p2pfaas_open: bool = False) -> None:
+                 invoke_token: str | None = None, callback_hosts: Collection[str] = (), p2pfaas_open: bool = False,
+                 limits: HttpLimits = HttpLimits()) -> None:
         """``operator_token``: routes that change state need it (None: an open bridge, for tests
         and trusted networks); ``invoke_token``: invocation needs it too (None: open, as OpenFaaS
         by default); ``callback_hosts``: the hosts ``X-Callback-Url`` may name (none by default);
-        ``p2pfaas_open``: P2PFaaS's discovery and learner ports take changes without a token."""
+        ``p2pfaas_open``: P2PFaaS's discovery and learner ports take changes without a token;
+        ``limits``: what a client may hold and how long it is waited for."""
         self.nc = nc
         self.node = check_token(node, "node")
         self.subjects = Subjects(prefix)
@@ -38,6 +41,7 @@ class Bridge:
         self.faas = FaasClient(nc, client=self.client_id, prefix=prefix)
         self.max_payload_bytes = input_limit(nc.max_payload, max_payload_bytes)   # what can travel on this broker
         self.invoke_timeout_s = invoke_timeout_s
+        self.limits = limits
         self.control_timeout_s = control_timeout_s
         self.operator_token, self.invoke_token = operator_token, invoke_token
         self.callback_hosts = frozenset(h.lower() for h in callback_hosts)

@@ -1,8 +1,8 @@
 """The HTTP edge in front of every bridge port: uvicorn's httptools protocol with what it lacks.
 
 The edge's invariant (docs/security.md, "HTTP edge"): every open connection holds one slot of its
-client's address and one of its bridge process, never more than ``CLIENT_CONNECTION_LIMIT`` and
-``CONNECTION_LIMIT``; a connection beyond either is answered a small 503 and closed before a byte of
+client's address and one of its bridge process, never more than ``HttpLimits.client_connections``
+and ``connections``; a connection beyond either is answered a small 503 and closed before a byte of
 it is read. A request's head (request line and headers) is counted as its bytes arrive and never
 holds more than ``HEAD_LIMIT`` bytes (one pipelined behind another in the same read: less than twice
 that) or ``HEADER_COUNT_LIMIT`` headers: beyond, 431 (414 when the URL is what is too long) and the
@@ -19,18 +19,16 @@ import importlib.util
 import logging
 import resource
 
+from broker.http.limits import HttpLimits
+
 log = logging.getLogger(__name__)
 
-CONNECTION_LIMIT = 4096       # connections per bridge process, all clients together; beyond: 503
-CLIENT_CONNECTION_LIMIT = 256 # connections of one client address: one client cannot take the others' slots
 FILE_SHARE = 0.75             # connections take at most this share of the open files (the rest: NATS, logs, workers)
 HEAD_LIMIT = 16 * 1024        # bytes of a request line + headers (h11's and Node.js's default); beyond: 431
 HEADER_COUNT_LIMIT = 100      # headers of a request (Apache's LimitRequestFields): each costs a few Python objects
 KEEP_ALIVE_S = 30.0           # an idle keep-alive connection is closed after this
-HEADER_TIMEOUT_S = 10.0       # a request's headers must arrive within this (slowloris)
 BODY_TIMEOUT_S = 60.0         # and its body within this, once the headers are in
-PRESSURE_SHARE = 0.5          # with this share of CONNECTION_LIMIT open, a new connection must speak at once:
-SILENT_TIMEOUT_S = 2.0        # its first byte within this (a client that connects and waits holds a slot)
+PRESSURE_SHARE = 0.5          # with this share of the connections open, a new one must speak at once
 LINGER_S = 1.0                # after a refusal, what the client still sends is read and dropped for this long
 LINGER_BYTES = 64 * 1024      # or this much, so that it reads the refusal rather than a reset
 LOG_EVERY_S = 5.0             # one log line per reason at most this often, with the count since the last
@@ -60,15 +58,16 @@ def _response(status: int, phrase: str, text: str, extra: bytes = b"") -> bytes:
 
 class Edge:
     """The connection slots of one bridge process's servers, and the count and log of what they
-    refused or cut. Limits are fixed when serving starts (the constants, and the open-file limit)."""
+    refused or cut. Limits are fixed when serving starts (``limits``, and the open-file limit)."""
 
-    def __init__(self, refused=None) -> None:
-        files = _raise_file_limit(2 * CONNECTION_LIMIT)
-        self.limit = max(1, min(CONNECTION_LIMIT, int(files * FILE_SHARE)))
-        if self.limit < CONNECTION_LIMIT:
-            log.warning("HTTP edge: %d connections at most (%d open files allowed; CONNECTION_LIMIT %d)",
-                        self.limit, files, CONNECTION_LIMIT)
-        self.client_limit = min(CLIENT_CONNECTION_LIMIT, self.limit)
+    def __init__(self, limits: HttpLimits = HttpLimits(), refused=None) -> None:
+        self.limits = limits
+        files = _raise_file_limit(2 * limits.connections)
+        self.limit = max(1, min(limits.connections, int(files * FILE_SHARE)))
+        if self.limit < limits.connections:
+            log.warning("HTTP edge: %d connections at most (%d open files allowed; %d wanted)",
+                        self.limit, files, limits.connections)
+        self.client_limit = min(limits.client_connections, self.limit)
         self.pressure_at = int(self.limit * PRESSURE_SHARE)
         self.total = 0
         self.clients: dict[str, int] = {}
@@ -119,8 +118,8 @@ class Edge:
 
     def _describe(self, reason: str) -> str:
         return REASONS[reason].format(client_limit=self.client_limit, limit=self.limit, head=HEAD_LIMIT,
-                                      url=HEAD_LIMIT // 2, headers=HEADER_COUNT_LIMIT, header_s=HEADER_TIMEOUT_S,
-                                      silent_s=SILENT_TIMEOUT_S, pressure=self.pressure_at, body_s=BODY_TIMEOUT_S)
+                                      url=HEAD_LIMIT // 2, headers=HEADER_COUNT_LIMIT, header_s=self.limits.header_timeout_s,
+                                      silent_s=self.limits.silent_timeout_s, pressure=self.pressure_at, body_s=BODY_TIMEOUT_S)
 
 
 def _raise_file_limit(wanted: int) -> int:
@@ -175,9 +174,9 @@ def _guarded_protocol():
             super().__init__(*args, **kwargs)
             super().connection_made(transport)
             if edge.total > edge.pressure_at:
-                self._arm(SILENT_TIMEOUT_S, "silent")
+                self._arm(edge.limits.silent_timeout_s, "silent")
             else:
-                self._arm(HEADER_TIMEOUT_S, "silent")
+                self._arm(edge.limits.header_timeout_s, "silent")
 
         def connection_lost(self, exc) -> None:
             client, self._client = self._client, None
@@ -284,7 +283,7 @@ def _guarded_protocol():
         # -- the parser's callbacks --------------------------------------------------------------
         def on_message_begin(self) -> None:
             super().on_message_begin()
-            self._arm(HEADER_TIMEOUT_S, "slow_head")
+            self._arm(self.edge.limits.header_timeout_s, "slow_head")
 
         def on_header(self, name: bytes, value: bytes) -> None:
             if len(self.headers) >= HEADER_COUNT_LIMIT:

@@ -39,8 +39,6 @@ _JSON = (b"content-type", b"application/json")
 # keeps it (as /result/{id} finds it), however long the call queued or ran: a direct call's
 # limit (invoke_timeout_s) is no async call's
 CALLBACK_WAIT_S = RESULT_MAX_AGE_S
-CALLBACK_LOOK_S = 60.0    # the stored answer is looked up this often (one missed during a reconnection)
-CALLBACK_POST_S = 10.0    # a callback POST, its response included, ends within this
 
 
 def answer_header_list(answer: Answer, call_id: str) -> list[tuple[bytes, bytes]]:
@@ -190,13 +188,13 @@ async def call_state(bridge: Bridge, call_id: str) -> tuple[Answer | None, bool]
 async def deliver_callback(bridge: Bridge, fut: "asyncio.Future[Answer]", call_id: str, url: str) -> None:
     """POST the answer of async call ``call_id`` to ``url`` when it comes (a call without a
     callback gets no task: its answer waits in the results stream for ``/result/{id}``)."""
-    loop = asyncio.get_running_loop()
+    loop, limits = asyncio.get_running_loop(), bridge.limits
     deadline = loop.time() + CALLBACK_WAIT_S
     try:
         answer = None
         while answer is None:
             try:
-                async with asyncio.timeout(min(CALLBACK_LOOK_S, deadline - loop.time())):
+                async with asyncio.timeout(min(limits.callback_look_s, deadline - loop.time())):
                     answer = await asyncio.shield(fut)
             except FaasError as exc:   # an answer that is no Answer: said, not a task dying silently
                 log.warning("async call %s: its answer cannot be read (%s): no callback", call_id, exc)
@@ -211,9 +209,9 @@ async def deliver_callback(bridge: Bridge, fut: "asyncio.Future[Answer]", call_i
         bridge.faas.forget(call_id)
     response = answer_response(answer, call_id)
     try:
-        async with httpx.AsyncClient(timeout=CALLBACK_POST_S) as client:
+        async with httpx.AsyncClient(timeout=limits.callback_post_s) as client:
             # httpx's timeout is per read: a target trickling its response would hold this for ever
-            async with asyncio.timeout(CALLBACK_POST_S):
+            async with asyncio.timeout(limits.callback_post_s):
                 await client.post(url, content=response.body, headers=dict(response.headers.items()))
     except Exception as exc:   # whatever goes wrong, said (the background task must not die silently)
         log.warning("callback %s for %s failed: %r", url, call_id, exc)

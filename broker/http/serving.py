@@ -49,7 +49,7 @@ async def serve_in_loop(bridge: "Bridge", apps: list[tuple[object, str, int, boo
     """Serve each ``(app, host, port, lifespan)`` until ``bridge.shutdown()``; the app with the
     lifespan (the scheduler API) starts and stops the bridge's NATS client. ``tls``: (certificate,
     key) files: HTTPS only. The servers share one edge: a client's slots count on every port."""
-    edge = bridge.http_edge = Edge(refused=bridge.http_refused)
+    edge = bridge.http_edge = Edge(bridge.limits, refused=bridge.http_refused)
     if isinstance(HTTP_IMPLEMENTATION, str):   # no httptools: h11 and uvicorn's own limits
         http, ws, limit = HTTP_IMPLEMENTATION, "auto", edge.limit
     else:   # the edge counts connections; uvicorn's own limit (503 once the headers are in) stays off

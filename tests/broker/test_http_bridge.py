@@ -18,6 +18,7 @@ from broker.client import FaasClient
 from broker.connection import close_quietly, connect
 from broker.embedded import NatsServer, free_port
 from broker.errors import PayloadTooLarge
+from broker.http.limits import HttpLimits
 from broker.http_bridge import HttpBridge
 from nodes.node import Node
 from nodes.settings import NodeSettings
@@ -292,15 +293,15 @@ async def test_a_control_change_that_cannot_be_saved_says_why(nc, prefix):
 
 
 async def test_a_callback_comes_for_an_async_call_longer_than_a_direct_call_may_take(node_factory, nc, prefix,
-                                                                                     monkeypatch, callbacks):
+                                                                                     callbacks):
     """A direct call's limit is no async call's: the answer of a call that ran longer (queued,
     or a long function, as the 400 of a too-long direct call advises) is still POSTed, and so is
     one whose answer the bridge missed (a reconnection): it is looked up in the results stream.
     A call without a callback holds nothing in the bridge while it runs."""
-    monkeypatch.setattr("broker.http.invoke.CALLBACK_LOOK_S", 0.5)
     received = callbacks.received
     async with node_factory(), serving(bridge := HttpBridge(nc, "n1", prefix=prefix, invoke_timeout_s=1,
-                                                            callback_hosts=["127.0.0.1"])) as http:
+                                                            callback_hosts=["127.0.0.1"],
+                                                            limits=HttpLimits(callback_look_s=0.5))) as http:
         r = await http.post("/async-function/sleep", content=b"0.3")
         assert r.status_code == 202 and not bridge._background and not bridge.faas._waiting
         r = await http.post("/async-function/sleep", content=b"2", headers={H.CALLBACK_URL: callbacks.url})
@@ -313,10 +314,9 @@ async def test_a_callback_comes_for_an_async_call_longer_than_a_direct_call_may_
     assert received[1][1] == b"missed"
 
 
-async def test_a_callback_target_that_trickles_its_response_is_cut_off(node_factory, nc, prefix, monkeypatch):
+async def test_a_callback_target_that_trickles_its_response_is_cut_off(node_factory, nc, prefix):
     """httpx's timeout is per read: a target sending a byte now and then would hold the callback's
     task (and its connection) for ever; the whole POST has a deadline."""
-    monkeypatch.setattr("broker.http.invoke.CALLBACK_POST_S", 1.0)
     posted = asyncio.Event()
 
     async def trickle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
@@ -332,8 +332,8 @@ async def test_a_callback_target_that_trickles_its_response_is_cut_off(node_fact
     server = await asyncio.start_server(trickle, "127.0.0.1", 0)
     port = server.sockets[0].getsockname()[1]
     try:
-        async with node_factory(), serving(bridge := HttpBridge(nc, "n1", prefix=prefix,
-                                                                callback_hosts=["127.0.0.1"])) as http:
+        async with node_factory(), serving(bridge := HttpBridge(nc, "n1", prefix=prefix, callback_hosts=["127.0.0.1"],
+                                                                limits=HttpLimits(callback_post_s=1.0))) as http:
             r = await http.post("/async-function/echo", content=b"1",
                                 headers={H.CALLBACK_URL: f"http://127.0.0.1:{port}/cb"})
             assert r.status_code == 202

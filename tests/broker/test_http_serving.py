@@ -24,6 +24,7 @@ import pytest
 from websockets.asyncio.client import connect as ws_connect
 
 from broker.http import edge as edge_module
+from broker.http.limits import HttpLimits
 from broker.http_bridge import HttpBridge
 from support import eventually, serving, wait_until
 
@@ -40,11 +41,11 @@ def _open_files() -> None:
 
 
 @contextlib.asynccontextmanager
-async def edge_server(node_factory, nc, prefix):
-    """(bridge, httpx client, port): a node with K=2 and its bridge on a free port. Made inside the
-    test, after its monkeypatches: the edge's limits are read when serving starts."""
+async def edge_server(node_factory, nc, prefix, **limits):
+    """(bridge, httpx client, port): a node with K=2 and its bridge on a free port, with these
+    HttpLimits."""
     async with node_factory(k=2, queue=4):
-        bridge = HttpBridge(nc, "n1", prefix=prefix)
+        bridge = HttpBridge(nc, "n1", prefix=prefix, limits=HttpLimits(**limits))
         async with serving(bridge) as http:
             yield bridge, http, httpx.URL(str(http.base_url)).port
 
@@ -132,7 +133,7 @@ async def test_a_head_is_counted_as_its_bytes_arrive(edge):
     response = await asyncio.wait_for(answer, READ_S)
     writer.close()
     assert status_of(response) == 431 and sent < 2 * edge_module.HEAD_LIMIT
-    assert time.monotonic() - started < edge_module.HEADER_TIMEOUT_S / 2
+    assert time.monotonic() - started < HttpLimits().header_timeout_s / 2
 
 
 def rss_bytes() -> int:
@@ -177,7 +178,7 @@ async def test_clients_sending_endless_headers_cost_the_server_no_memory(edge):
 
 async def test_one_client_cannot_take_the_slots_of_the_others(edge):
     bridge, http, port = edge
-    limit, extra = edge_module.CLIENT_CONNECTION_LIMIT, 44
+    limit, extra = HttpLimits().client_connections, 44
     held = [await connect(port, ATTACKER) for _ in range(limit + extra)]
     try:
         reads = await asyncio.gather(*(asyncio.wait_for(reader.read(), 2.0) for reader, _ in held),
@@ -198,14 +199,11 @@ async def test_one_client_cannot_take_the_slots_of_the_others(edge):
     assert status_of(await exchange(port, echo_request(b"back", b"Connection: close\r\n"), ATTACKER)) == 200
 
 
-async def test_the_slots_of_all_clients_together_and_a_silent_connection_under_pressure(node_factory, nc, prefix,
-                                                                                      monkeypatch):
-    """CONNECTION_LIMIT holds over every client; from PRESSURE_SHARE of it on, a new connection that
-    sends nothing is cut after SILENT_TIMEOUT_S while those before it keep HEADER_TIMEOUT_S."""
-    monkeypatch.setattr(edge_module, "CONNECTION_LIMIT", 12)
-    monkeypatch.setattr(edge_module, "CLIENT_CONNECTION_LIMIT", 4)
-    monkeypatch.setattr(edge_module, "SILENT_TIMEOUT_S", 0.3)
-    async with edge_server(node_factory, nc, prefix) as (bridge, http, port):
+async def test_the_slots_of_all_clients_together_and_a_silent_connection_under_pressure(node_factory, nc, prefix):
+    """The connection limit holds over every client; from PRESSURE_SHARE of it on, a new connection
+    that sends nothing is cut after silent_timeout_s while those before it keep header_timeout_s."""
+    async with edge_server(node_factory, nc, prefix, connections=12, client_connections=4,
+                           silent_timeout_s=0.3) as (bridge, http, port):
         assert (await http.get("/monitoring/load")).status_code == 200   # httpx's connection: 1 of 12
         assert bridge.http_edge.pressure_at == 6
         early = [await connect(port, f"127.0.0.{3 + i // 4}") for i in range(5)]   # 6 open: no pressure yet
@@ -213,7 +211,7 @@ async def test_the_slots_of_all_clients_together_and_a_silent_connection_under_p
         t0 = time.monotonic()
         reads = await asyncio.gather(*(asyncio.wait_for(r.read(), READ_S) for r, _ in late))
         assert time.monotonic() - t0 < 2.0
-        assert [status_of(r) for r in reads if r] == [503]                          # the 13th: over CONNECTION_LIMIT
+        assert [status_of(r) for r in reads if r] == [503]                          # the 13th: over the limit
         assert sum(r == b"" for r in reads) == 6                                    # cut silently
         assert await refused_count(http, "silent") == 6 and await refused_count(http, "total_limit") == 1
         assert all(not r.at_eof() for r, _ in early)
@@ -223,9 +221,8 @@ async def test_the_slots_of_all_clients_together_and_a_silent_connection_under_p
         await wait_until(lambda: bridge.http_edge.total == 1, 5)
 
 
-async def test_a_websocket_keeps_its_slot_until_it_closes(node_factory, nc, prefix, monkeypatch):
-    monkeypatch.setattr(edge_module, "CLIENT_CONNECTION_LIMIT", 3)
-    async with edge_server(node_factory, nc, prefix) as (bridge, http, port):
+async def test_a_websocket_keeps_its_slot_until_it_closes(node_factory, nc, prefix):
+    async with edge_server(node_factory, nc, prefix, client_connections=3) as (bridge, http, port):
         url = f"ws://127.0.0.1:{port}/ui/live"
         assert (await http.get("/monitoring/load")).status_code == 200   # httpx's connection holds a slot
         for _ in range(4):   # more than the limit, one after the other
@@ -235,10 +232,9 @@ async def test_a_websocket_keeps_its_slot_until_it_closes(node_factory, nc, pref
             await wait_until(lambda: bridge.http_edge.clients["127.0.0.1"] == 1, 5)
 
 
-async def test_refusals_are_counted_each_and_logged_once_per_interval(node_factory, nc, prefix, monkeypatch, caplog):
-    monkeypatch.setattr(edge_module, "CLIENT_CONNECTION_LIMIT", 1)
+async def test_refusals_are_counted_each_and_logged_once_per_interval(node_factory, nc, prefix, caplog):
     caplog.set_level(logging.WARNING, logger=edge_module.log.name)
-    async with edge_server(node_factory, nc, prefix) as (_, http, port):
+    async with edge_server(node_factory, nc, prefix, client_connections=1) as (_, http, port):
         holder = await connect(port, ATTACKER)
         for _ in range(20):
             assert status_of(await exchange(port, b"", ATTACKER)) == 503
@@ -250,16 +246,17 @@ async def test_refusals_are_counted_each_and_logged_once_per_interval(node_facto
 
 def test_a_bridge_process_raises_its_open_file_limit_when_low():
     """Each connection is an open file: started with 1024 (a common default), the edge raises its
-    soft limit to what 2 x CONNECTION_LIMIT need (at most the hard limit) and uses 3/4 of it."""
+    soft limit to what 2 x its connection limit need (at most the hard limit) and uses 3/4 of it."""
     code = ("import resource; soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE); "
             "resource.setrlimit(resource.RLIMIT_NOFILE, (min(1024, hard), hard)); "
             "from broker.http.edge import Edge; edge = Edge(); "
             "print(hard, resource.getrlimit(resource.RLIMIT_NOFILE)[0], edge.limit)")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     hard, soft, limit = (int(x) for x in done.stdout.split())
-    wanted = 2 * edge_module.CONNECTION_LIMIT
+    connections = HttpLimits().connections
+    wanted = 2 * connections
     assert soft == (wanted if hard in (resource.RLIM_INFINITY, -1) else min(wanted, hard))
-    assert limit == min(edge_module.CONNECTION_LIMIT, int(soft * edge_module.FILE_SHARE))
+    assert limit == min(connections, int(soft * edge_module.FILE_SHARE))
 
 
 async def test_one_client_with_5000_slow_and_8_oversized_connections_leaves_the_others_served(nats_server, prefix,
@@ -285,6 +282,6 @@ async def test_one_client_with_5000_slow_and_8_oversized_connections_leaves_the_
     assert run["rss_peak_mb"] - run["rss_idle_mb"] < 16, (run["rss_idle_mb"], run["rss_peak_mb"])
     edge = run["edge_under_attack"]
     assert edge['refused{reason="client_limit"}'] > 1000
-    assert edge["p2pfaas_http_connections"] <= edge_module.CLIENT_CONNECTION_LIMIT + 2   # the attacker's, ours
+    assert edge["p2pfaas_http_connections"] <= HttpLimits().client_connections + 2   # the attacker's, ours
     assert run["attacker"]["slow_attempts"] >= 2 * 5000
-    assert run["server_open_files"] >= min(2 * edge_module.CONNECTION_LIMIT, resource.getrlimit(resource.RLIMIT_NOFILE)[1])
+    assert run["server_open_files"] >= min(2 * HttpLimits().connections, resource.getrlimit(resource.RLIMIT_NOFILE)[1])

@@ -316,11 +316,11 @@ async def test_http_state_changes_need_the_operator_token_and_callbacks_an_allow
         assert r.status_code == 202
 
 
-async def test_slow_clients_are_cut_off(node_factory, nc, prefix, monkeypatch):
-    from broker.http import edge as http_serving
+async def test_slow_clients_are_cut_off(node_factory, nc, prefix):
+    from broker.http.limits import HttpLimits
 
-    monkeypatch.setattr(http_serving, "HEADER_TIMEOUT_S", 0.5)
-    async with node_factory(k=1), serving(HttpBridge(nc, "n1", prefix=prefix)) as http:
+    async with node_factory(k=1), serving(HttpBridge(nc, "n1", prefix=prefix,
+                                                     limits=HttpLimits(header_timeout_s=0.5))) as http:
         port = httpx.URL(str(http.base_url)).port
         reader, writer = await asyncio.open_connection("127.0.0.1", port)
         writer.write(b"POST /function/echo HTTP/1.1\r\nHost: x\r\n")     # and never the rest of the headers

@@ -25,7 +25,7 @@ from broker.handoff import HANDOFF_FD_ENV, SECRET_NAMES
 from broker.lifecycle import PARENT_PIPE_ENV
 from broker.subjects import SCHEDULING_MODEL, Subjects
 from p2pfaas.cli import app
-from p2pfaas.parts import HttpBridgeOptions
+from p2pfaas.parts import HttpBridgeSettings
 
 from stack_processes import P2PFAAS, alive, descendants, wait_endpoints
 
@@ -129,7 +129,7 @@ def test_up_with_more_http_processes_serves_the_port_from_all_of_them(tmp_path, 
     assert HANDOFF_FD_ENV.encode() in environ and not {n.encode() for n in SECRET_NAMES} & environ.keys(), list(environ)
     store = AuthStore(tmp_path / "auth")
     bridge, worker = store.service("bridge"), store.worker("n1")
-    handed = HttpBridgeOptions(node="n1", nats_url="", operator_token="t", nats_credentials=(bridge.user, bridge.password))
+    handed = HttpBridgeSettings(node="n1", nats_url="", operator_token="t", nats_credentials=(bridge.user, bridge.password))
     assert handed.sibling_secrets() == {"P2PFAAS_OPERATOR_TOKEN": "t", "P2PFAAS_NATS_USER": bridge.user,
                                         "P2PFAAS_NATS_PASSWORD": bridge.password}
     assert worker.password.encode() not in b"".join(environ.values())
@@ -551,3 +551,23 @@ def test_invoke_refuses_an_unknown_node_and_a_timeout_that_is_not_positive(tmp_p
     for done, value in ((negative, "-1"), (zero, "0")):   # was ValueError: Timeout value out of range
         assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr
         assert f"Invalid value for '--timeout': {value} is not more than 0 seconds" in done.stderr, done.stderr
+
+
+def test_a_bridge_process_takes_its_settings_from_the_environment_and_passes_them_on(monkeypatch):
+    """P2PFAAS_<FIELD> (limits as JSON or one by one), explicit values first; a sibling process of the
+    bridge gets what its command line lacks; the tokens are never dumped."""
+    monkeypatch.setenv("P2PFAAS_HTTP_LIMITS__CLIENT_CONNECTIONS", "8")
+    monkeypatch.setenv("P2PFAAS_CALLBACK_HOSTS", "a.example,b.example")
+    monkeypatch.setenv("P2PFAAS_PORT", "18081")
+    settings = HttpBridgeSettings(node="n1", nats_url="nats://x:4222", port=18090, operator_token="secret")
+    assert (settings.port, settings.callback_hosts, settings.http_limits.client_connections) \
+        == (18090, ("a.example", "b.example"), 8)
+    assert "secret" not in settings.model_dump_json() and "secret" not in repr(settings)
+    for name, value in settings.sibling_env().items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.delenv("P2PFAAS_HTTP_LIMITS__CLIENT_CONNECTIONS")
+    sibling = HttpBridgeSettings(node="n1", nats_url="nats://x:4222")
+    assert (sibling.http_limits, sibling.callback_hosts) == (settings.http_limits, settings.callback_hosts)
+    monkeypatch.setenv("P2PFAAS_HTTP_LIMITS__CONNECTIONS", "none")
+    with pytest.raises(ValueError, match="connections"):
+        HttpBridgeSettings(node="n1", nats_url="nats://x:4222")

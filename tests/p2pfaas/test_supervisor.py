@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 import p2pfaas.supervisor as supervisor
-from p2pfaas.supervisor import ChildSpec, Supervisor
+from p2pfaas.supervisor import ChildSpec, RestartPolicy, Supervisor
 
 from stack_processes import alive
 from support import wait_until
@@ -39,9 +39,8 @@ time.sleep(600)
 
 
 @pytest.fixture
-def sup(tmp_path, monkeypatch):
-    monkeypatch.setattr(supervisor, "RESTART_BACKOFF_S", (0.05, 0.1, 0.2))
-    return Supervisor(tmp_path / "run", tmp_path / "logs")
+def sup(tmp_path):
+    return Supervisor(tmp_path / "run", tmp_path / "logs", RestartPolicy(backoff_s=(0.05, 0.1, 0.2), fix_poll_s=0.1))
 
 
 async def _stopped(sup: Supervisor) -> None:
@@ -139,7 +138,6 @@ async def test_a_node_refusing_its_broken_file_waits_for_the_fix(sup, monkeypatc
     """A real `p2pfaas node` whose configuration.json is broken while it is down (a crash
     mid-write) refuses it, one line and exit code 2. It was restarted every 10 s for ever, the same
     line each time; now it is reported once, left down, and started again once its file changes."""
-    monkeypatch.setattr(supervisor, "FIX_POLL_S", 0.1)
     node_dir = tmp_path / "data" / "nodes" / "n1"
     settings = tmp_path / "node.json"
     settings.write_text(json.dumps({"node_id": "n1", "nats_url": nats_server.url, "prefix": prefix,
