@@ -8,9 +8,12 @@ from __future__ import annotations
 
 import abc
 from dataclasses import dataclass
-from typing import ClassVar, Protocol, Sequence
+from typing import TYPE_CHECKING, ClassVar, Protocol, Sequence
 
 from broker import codes
+
+if TYPE_CHECKING:
+    from nodes.scheduler.learning import LearningContext
 
 
 @dataclass(frozen=True, slots=True)
@@ -52,8 +55,13 @@ class SchedulingView(Protocol):
     """The node's view that algorithms decide on (nodes/scheduler/view.py's NodeView)."""
 
     node_id: str
+    learning: LearningContext | None   # the LearningScheduler's learner and rewards (None: no learner)
 
     def local_load(self) -> LocalLoad: ...
+
+    def resolve(self, name: str) -> str:
+        """A node named by its IP address (P2PFaaS's master), as discovery knows it; else ``name``."""
+        ...
 
     def peers(self) -> Sequence[str]:
         """Alive peers from discovery, excluding this node, in a stable order."""

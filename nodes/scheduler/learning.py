@@ -326,7 +326,7 @@ class LearningScheduler(SchedulingAlgorithm):
     async def schedule(self, request: SchedulingRequest, view: SchedulingView) -> Decision:
         if request.external:  # P2PFaaS: a forwarded request runs here
             return run_locally(view, loss=True)
-        learning: LearningContext | None = getattr(view, "learning", None)
+        learning = view.learning
         if learning is None:
             if not self._warned:
                 log.warning("%s on %s has no learner context: running requests locally", self.describe(), view.node_id)

@@ -82,8 +82,7 @@ class RoundRobinWithMasterScheduler(SchedulingAlgorithm):
                 return Reject("the round-robin master only dispatches requests from its slaves",
                               code=CANNOT_SCHEDULE)
             return self._deal(request, view)
-        resolve = getattr(view, "resolve", None)   # a view may know nodes by their IP address
-        master = resolve(self.master) if resolve is not None else self.master
+        master = view.resolve(self.master)
         if request.external or master == view.node_id:
             return run_locally(view, self.loss)
         if master in forwardable_peers(request, view):

@@ -25,9 +25,13 @@ class FakeView:
     probed: list[str] = field(default_factory=list)
     in_flight: int = 0
     max_in_flight: int = 0
+    learning: None = None
 
     def local_load(self) -> LocalLoad:
         return self.load
+
+    def resolve(self, name: str) -> str:
+        return name
 
     def peers(self) -> list[str]:
         return [p for p in self.peer_loads if p != self.node_id]
