@@ -48,7 +48,6 @@ class OnlineLearning:
         self._previous: tuple[Any, int, bool] | None = None
         self.periods = 0            # periods decided, over the whole run
         self.online_periods = 0     # ... by online weights
-        self.versions = 0           # versions the learner published
 
     def rebind(self, scenario: Scenario) -> None:
         self.policy.rebind(scenario)
@@ -74,7 +73,6 @@ class OnlineLearning:
             if self.slot.fresh:   # trained: the learner publishes a version, the controller's copy takes it
                 self.slot.fresh = False
                 weights = self.slot.weights(NODE)
-                self.versions += 1
                 self.guard.offer(agent_from_weights(weights), weights.version)
         self._previous = (obs, action, changed)
         return wanted

@@ -280,7 +280,3 @@ def make_baseline(name: str, scenario: Scenario) -> ScalingPolicy:
     if name.startswith("fixed-") and size.isdigit():
         return FixedSize(scenario, workers=int(size))
     raise ValueError(f"unknown baseline {name!r}; known: {', '.join(BASELINES)}, fixed-<n>")
-
-
-def is_baseline(name: str) -> bool:
-    return name in BASELINES or (name.startswith("fixed-") and name.removeprefix("fixed-").isdigit())

@@ -94,7 +94,6 @@ class LiveController:
         self._connecting = False
         self._lock = asyncio.Lock()
         self._tasks: set[asyncio.Task] = set()
-        self.stepped = asyncio.Event()
         if self.silence_s is None:
             self.silence_s = 3 * self.scenario.step_seconds
         self._heard_at = 0.0       # loop time of the last telemetry (or of the start)
@@ -380,7 +379,6 @@ class LiveController:
         await self._publish_target("changed" if changed else "kept")
         if self.on_step is not None:
             self.on_step(self.history[-1])
-        self.stepped.set()
         return target
 
     async def _store_experience(self, experience: ScalingExperience) -> None:

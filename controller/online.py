@@ -140,7 +140,7 @@ class ModelGuard:
     def __init__(self, policy: RLPolicy, reference_periods: int = 8, trial_periods: int = 32,
                  min_tasks: int = 50, tolerance: float = 0.005, window_periods: int = 200,
                  promote_periods: int = 96) -> None:
-        self.policy, self.shipped = policy, policy.agent
+        self.policy = policy
         self.anchor, self.anchor_version = policy.agent, None   # None: the shipped weights
         self.reference_periods, self.trial_periods = reference_periods, trial_periods
         self.min_tasks, self.tolerance = min_tasks, tolerance

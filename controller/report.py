@@ -35,7 +35,6 @@ class TargetCheck:
     qos_ceiling_pct: float
     peer_reaches_99: bool             # some baseline or rule reaches 99 %: then the policy must too
     workers_vs_lookahead: float       # mean workers / the lookahead oracle's
-    workers_vs_oracle: float          # ... / the instant-resize oracle's (information)
     episode_return: float
     best_peer: str
     best_peer_return: float
@@ -53,10 +52,6 @@ class TargetCheck:
     @property
     def beats_peers(self) -> bool:
         return self.episode_return > self.best_peer_return
-
-    @property
-    def calmer_than_reactive(self) -> bool:
-        return self.scaling_actions < self.reactive_actions
 
 
 def _mean(p: PolicyReport, key: str) -> float:
@@ -84,7 +79,6 @@ def target_checks(reports: Sequence[EvalReport]) -> list[TargetCheck]:
             qos_ceiling_pct=_mean(ceiling, "qos_pct") if ceiling else float("nan"),
             peer_reaches_99=any(_mean(q, "qos_pct") >= QOS_TARGET_PCT for q in peers),
             workers_vs_lookahead=_mean(p, "mean_workers") / _mean(lookahead, "mean_workers"),
-            workers_vs_oracle=_mean(p, "mean_workers") / _mean(oracle, "mean_workers"),
             episode_return=_mean(p, "episode_return"), best_peer=best.name,
             best_peer_return=_mean(best, "episode_return"),
             scaling_actions=_mean(p, "scaling_actions"),

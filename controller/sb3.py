@@ -17,7 +17,6 @@ from controller.baselines import RLPolicy
 from controller.features import ACTION_MODES, OBSERVATION_LOW, ScalingActions
 from controller.scenario import Scenario
 
-SUFFIX = ".zip"
 EXTRA = "pip install 'p2pfaas[sb3]'"
 
 

@@ -17,7 +17,6 @@ Model:
 
 from __future__ import annotations
 
-import bisect
 import hashlib
 import heapq
 import math
@@ -318,10 +317,6 @@ class FarmSimulator:
         for values in (self._arrival, self._service, self._deadline):
             digest.update(np.asarray(values, dtype=np.float64).tobytes())
         return digest.hexdigest()[:16]
-
-    def arrivals_between(self, start: float, end: float) -> int:
-        """Tasks of the episode arriving in ``[start, end)``: what only an oracle may know."""
-        return bisect.bisect_left(self._arrival, end) - bisect.bisect_left(self._arrival, start)
 
     def tasks_arrived(self) -> int:
         return self._next_arrival

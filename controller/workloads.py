@@ -139,10 +139,6 @@ def family_scenario(family: str, seed: int) -> Scenario:
     return FAMILIES[family](seed)
 
 
-def is_generated(name: str) -> bool:
-    return name == GENERATED_PREFIX or name.startswith(f"{GENERATED_PREFIX}-")
-
-
 def training_scenario(family: str, seed: int) -> Scenario:
     """The scenario of a training episode: a family of ``FAMILIES`` draws one from the seed;
     ``mixed`` takes a shipped scenario for half the seeds, a generated one for the others (the
