@@ -10,7 +10,7 @@ import math
 
 from controller.baselines import RLPolicy
 from controller.evaluation import RULE, PolicySpec
-from controller.features import ScalingActions, action_names, staffing
+from controller.features import ScalingActions, action_names, need_of, staffing
 
 
 
@@ -35,8 +35,7 @@ class Hysteresis:
         self.needs: list[float] = []
 
     def decide(self, t, current: int) -> int:
-        sc = self.scenario
-        self.needs.append(t.arrival_rate * sc.mean_service_s + t.queue_length * sc.mean_service_s / sc.step_seconds)
+        self.needs.append(need_of(t, self.scenario))
         need = max(self.needs[-2:])
         headroom = (current - need) / math.sqrt(max(1.0, need))
         return staffing(need, self.beta) if not self.low <= headroom <= self.high else current

@@ -137,13 +137,15 @@ def _cell(p: PolicyReport, key: str, fmt: str) -> str:
     return fmt.format(stat.mean) if stat.std == 0 else f"{fmt.format(stat.mean)} ± {fmt.format(stat.std)}"
 
 
-def markdown_table(report: EvalReport) -> str:
-    headers = ["policy", *(title for title, _ in METRICS.values())]
+def _markdown(headers: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
     lines = ["| " + " | ".join(headers) + " |", "|" + "---|" * len(headers)]
-    for p in report.policies:
-        name = f"**{p.name}**" if p.role == "rl" else p.name
-        lines.append("| " + " | ".join([name, *(_cell(p, k, fmt) for k, (_, fmt) in METRICS.items())]) + " |")
-    return "\n".join(lines)
+    return "\n".join(lines + ["| " + " | ".join(row) + " |" for row in rows])
+
+
+def markdown_table(report: EvalReport) -> str:
+    cells = [[_cell(p, k, fmt) for k, (_, fmt) in METRICS.items()] for p in report.policies]
+    return _markdown(["policy", *(title for title, _ in METRICS.values())],
+                     [[f"**{p.name}**" if p.role == "rl" else p.name, *c] for p, c in zip(report.policies, cells)])
 
 
 def markdown_report(reports: Sequence[EvalReport], episodes: int, seed: int) -> str:
@@ -153,14 +155,10 @@ def markdown_report(reports: Sequence[EvalReport], episodes: int, seed: int) -> 
                      f"{markdown_table(report)}\n")
     checks = target_checks(reports)
     if checks:
-        lines = ["| " + " | ".join(TARGET_HEADERS) + " |", "|" + "---|" * len(TARGET_HEADERS)]
-        lines += ["| " + " | ".join(row) + " |" for row in target_rows(checks)]
-        parts.append("#### RL targets\n\n" + "\n".join(lines) + "\n")
+        parts.append("#### RL targets\n\n" + _markdown(TARGET_HEADERS, target_rows(checks)) + "\n")
     papers = paper_checks(reports)
     if papers:
-        lines = ["| " + " | ".join(PAPER_HEADERS) + " |", "|" + "---|" * len(PAPER_HEADERS)]
-        lines += ["| " + " | ".join(row) + " |" for row in paper_rows(papers)]
-        parts.append("#### The paper's setting: its own targets\n\n" + "\n".join(lines) + "\n")
+        parts.append(f"#### The paper's setting: its own targets\n\n{_markdown(PAPER_HEADERS, paper_rows(papers))}\n")
     return "\n".join(parts)
 
 
