@@ -1,8 +1,5 @@
-"""The causal rules that are the RL policies' peers next to the baselines (issue 27): every
-target action of controller/features.py applied every period, and square-root staffing of the
-recent peak need with hysteresis. None sees the future; ``eval scaling`` runs them all on the
-same episodes and an RL policy must beat the best of them (docs/autoscaling.md, "RL targets").
-"""
+"""The causal rules that are the RL policies' peers next to the baselines: each target action every
+period, and square-root staffing of the recent peak need with hysteresis (docs/autoscaling.md)."""
 
 from __future__ import annotations
 

@@ -1,14 +1,7 @@
-"""Reading evaluation reports against the autoscaling targets (docs/autoscaling.md, "RL
-targets"), as rich tables, Markdown (the README's) and JSON.
-
-The references (issue 27's decision): the *limit* is the lookahead oracle (a perfect forecast
-that pays every cold start); the *peers* are the baselines at their defaults and the causal rules
-of controller/frontier.py (the best of them by return, the cheapest at 99 %). For an RL policy on
-each scenario: QoS >= 99 % wherever a peer reaches it, a higher return (the env's: worker-seconds
-with missed work priced) than every peer, and mean workers <= 1.15x the lookahead oracle's at
-99 %. The instant-resize oracle, the hindsight fixed pool and the QoS ceiling (the largest pool
-from the first decision on) stay in the tables as information.
-"""
+"""Evaluation reports against the RL targets (docs/autoscaling.md, "RL targets") as rich tables,
+Markdown and JSON. The limit is the lookahead oracle; the peers are the baselines and the causal
+rules of controller/frontier.py. An RL policy must reach 99 % QoS wherever a peer does, beat every
+peer's return, and use <= 1.15x the lookahead oracle's workers at 99 %."""
 
 from __future__ import annotations
 
@@ -63,7 +56,7 @@ def _reference(report: EvalReport, word: str, unless: str = "\0") -> PolicyRepor
 
 
 def target_checks(reports: Sequence[EvalReport]) -> list[TargetCheck]:
-    """One check per RL policy and scenario (reports with the references and some baseline)."""
+    """One check per RL policy and scenario that has the references and a peer."""
     out = []
     for report in reports:
         oracle, lookahead, ceiling = (_reference(report, "oracle", unless="lookahead"), _reference(report, "lookahead"),
@@ -101,7 +94,7 @@ class PaperCheck:
 
 
 def paper_checks(reports: Sequence[EvalReport]) -> list[PaperCheck]:
-    """The paper's targets for every RL policy on the ``paper`` family (none without that report)."""
+    """The paper's targets for every RL policy on the ``paper`` family."""
     return [PaperCheck(p.name, _mean(p, "qos_pct"), _mean(p, "mean_workers"), _mean(p, "scaling_actions"))
             for report in reports if report.scenario == PAPER for p in report.policies if p.role == "rl"]
 
@@ -163,8 +156,7 @@ def markdown_report(reports: Sequence[EvalReport], episodes: int, seed: int) -> 
 
 
 # --------------------------------------------------------------------------- the terminal
-# Narrow tables: whole at 80 columns, in a terminal and in a file. A name is never cut; a policy's
-# note ("best of 12 rules", "hindsight") goes into the legend under its table.
+# Tables fit 80 columns; names are never cut, a policy's note goes into the legend under its table.
 GAP = 2   # between columns: one space of padding and the box's separator
 TERMINAL_TITLES = {"qos_pct": "QoS %", "mean_workers": "workers", "max_workers": "max", "worker_seconds": "worker-s",
                    "scaling_actions": "actions", "latency_p95_s": "p95 s", "episode_return": "return"}
@@ -177,8 +169,7 @@ def _fits(headers: Sequence[str], rows: Sequence[Sequence[str]], width: int) -> 
 
 def text_table(title: str, headers: Sequence[str], rows: Sequence[Sequence[str]], *, text: Sequence[int] = (0,),
                caption: str | None = None, styles: Sequence[str | None] | None = None):
-    """The ``text`` columns (names) are never wrapped nor cut; the numbers fold if they must. The
-    caption follows the table, wrapped to the console rather than to a narrow table."""
+    """The ``text`` columns are never wrapped nor cut, numbers fold; the caption is wrapped to the console."""
     from rich import box
     from rich.console import Group
     from rich.table import Table
@@ -193,8 +184,7 @@ def text_table(title: str, headers: Sequence[str], rows: Sequence[Sequence[str]]
 
 
 def report_table(report: EvalReport, width: int = 80, qos_target: float = 0.99):
-    """One scenario: a row per policy, mean ± std over the episodes when that fits ``width``, else
-    the means (the deviations are in --json and --markdown); bold where QoS reaches the target."""
+    """A row per policy: mean ± std if that fits ``width``, else means; bold where QoS reaches the target."""
     n = len(report.episode_seeds)
     headers = ["policy", *(TERMINAL_TITLES[k] for k in METRICS)]
     labels, legend = [], []
@@ -218,7 +208,6 @@ def report_table(report: EvalReport, width: int = 80, qos_target: float = 0.99):
 
 
 def targets_tables(checks: Sequence[TargetCheck]) -> list:
-    """The RL targets in two narrow tables: QoS and the limit, then the peers."""
     limit = text_table(
         "RL targets: QoS and the limit",
         ("scenario", "RL", "QoS %", "ceiling", ">= 99 %", "/ lookahead", "<= 1.15", "actions"),
@@ -252,9 +241,8 @@ def write_reports(reports: Sequence[EvalReport], path: Path) -> Path:
 
 
 def write_summary_plot(reports: Sequence[EvalReport], path: Path, highlight: Sequence[str] = ("pg",)) -> Path:
-    """One small PNG for the README: workers over time on the first report's episode 0 for the
-    highlighted RL policy, the reactive baselines, the best fixed pool and the oracle (left), and
-    QoS against workers / the oracle's for every policy of every report (right)."""
+    """The README's PNG: workers over episode 0 of the first report (left), QoS vs workers / the
+    oracle's for every policy of every report (right)."""
     import matplotlib
 
     matplotlib.use("Agg")
