@@ -10,7 +10,6 @@ from controller.evaluation import RULE, PolicySpec
 from controller.features import ScalingActions, action_names, need_of, staffing
 
 
-
 class Constant:
     """An 'agent' that always answers the same target action."""
 

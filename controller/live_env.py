@@ -62,9 +62,7 @@ class LiveFarm:
         self._totals = TelemetryTotals()
         self._totals.targets.append(self.scenario.workers.initial)
         self._call(self._scale(self.scenario.workers.initial))
-        sample = self._call(self._next())
-        self._totals.add(sample)
-        return sample
+        return self.advance(self.scenario.step_seconds)
 
     def apply(self, target_workers: int) -> None:
         self._totals.targets.append(target_workers)

@@ -226,9 +226,7 @@ def targets_tables(checks: Sequence[TargetCheck]) -> list:
 
 def paper_table(checks: Sequence[PaperCheck]):
     return text_table(
-        "the paper's setting: its own targets", ("RL", "QoS %", "workers", "actions", "met"),
-        [(c.policy, f"{c.qos_pct:.2f}", f"{c.mean_workers:.2f}", f"{c.scaling_actions:.1f}", _mark(c.ok))
-         for c in checks],
+        "the paper's setting: its own targets", ("RL", "QoS %", "workers", "actions", "met"), paper_rows(checks),
         caption=f"QoS >= {PAPER_QOS_PCT:g} %, mean workers <= {PAPER_WORKERS:g}, fewer than {PAPER_ACTIONS} "
                 f"actions (the paper's SARSA: 99.2 %, 14.78 workers, 24 actions)")
 

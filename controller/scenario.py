@@ -309,7 +309,6 @@ class Scenario(_Model):
 
 # --------------------------------------------------------------------------- loading
 def shipped_scenarios() -> list[str]:
-    """Names of the scenarios that ship with the package."""
     return sorted(p.stem for p in SCENARIO_DIR.glob("*.json"))
 
 
