@@ -1,7 +1,4 @@
-"""Farm autoscaling: scenarios, simulator, Gymnasium env, baselines, evaluation, live controller.
-
-Importing the package only registers ``p2pfaas/FarmScaling-v0``; the modules load on use.
-"""
+"""Farm autoscaling; importing the package only registers ``p2pfaas/FarmScaling-v0``."""
 
 import gymnasium
 

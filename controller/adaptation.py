@@ -1,15 +1,6 @@
-"""Online adaptation in the simulator (issue 27): the live learning path, period by period, over
-consecutive episodes of a workload family, next to the shipped model frozen on the same episodes.
-
-Each period goes as it does live (controller/live.py, docs/autoscaling.md "Online learning"):
-the guard accounts the period to the weights that decided it (rolls back, re-seeding the learner
-with the known-good weights, when they did worse than those; or promotes them); the weights the
-guard chose decide; the previous decision and its outcome go to the learner's model (a
-``ModelSlot`` seeded with the controller's ``online_weights``), which trains on it; weights that
-changed are a new version, copied as ``LocalPolicy`` copies them and offered to the guard. The
-only differences: no broker in between (live, the learner publishes within a second, long before
-the next 8 s period) and no experience pairs two episodes (another workload, as after a silence).
-"""
+"""Online adaptation in the simulator: the live controller's learning path (guard, learner model,
+versions; controller/live.py) period by period over consecutive episodes, next to the shipped model
+frozen on the same episodes. Unlike live, no broker in between and no experience spans two episodes."""
 
 from __future__ import annotations
 
@@ -48,7 +39,6 @@ class OnlineLearning:
         self._previous: tuple[Any, int, bool] | None = None
         self.periods = 0            # periods decided, over the whole run
         self.online_periods = 0     # ... by online weights
-        self.versions = 0           # versions the learner published
 
     def rebind(self, scenario: Scenario) -> None:
         self.policy.rebind(scenario)
@@ -74,7 +64,6 @@ class OnlineLearning:
             if self.slot.fresh:   # trained: the learner publishes a version, the controller's copy takes it
                 self.slot.fresh = False
                 weights = self.slot.weights(NODE)
-                self.versions += 1
                 self.guard.offer(agent_from_weights(weights), weights.version)
         self._previous = (obs, action, changed)
         return wanted
@@ -101,8 +90,7 @@ class OnlineEpisode:
 def run_online(model: Path, workloads: str, episodes: int, seed: int = 0, reward: RewardConfig | None = None,
                guard_options: dict[str, Any] | None = None, panic: bool = True,
                progress: Callable[[OnlineEpisode], None] | None = None) -> Iterator[OnlineEpisode]:
-    """Episodes ``seed .. seed + episodes - 1`` of ``workloads`` (a family or a scenario), one after
-    the other with the same online learner, each also run by the shipped model as it is."""
+    """Episodes ``seed ..`` of ``workloads`` in turn with one online learner, each also run frozen."""
     reward = reward or RewardConfig()
     agent, metadata = load_model(model)
     frozen_agent, _ = load_model(model)

@@ -1,14 +1,7 @@
-"""Scaling policies: the paper's reactive controllers, the autoscalers users would otherwise
-pick (KEDA, Knative KPA, Kubernetes HPA), a fixed pool, and the adapter that runs an RL agent.
-
-Every policy maps one period's ``PoolTelemetry`` and the current target to a new
-target, so the live controller and the evaluation run them all the same way.
-The reactive controllers need the mean service time: it comes from the scenario
-(the paper's controller was given the farm model too), or with
-``estimate_service=True`` from telemetry, by Little's law on the workers
-(in service = throughput x service time), smoothed over periods. KEDA, KPA and
-HPA need no service time, like the real ones.
-"""
+"""Scaling policies: the paper's reactive controllers, KEDA, Knative KPA, Kubernetes HPA, a fixed
+pool, and ``RLPolicy`` for an RL agent; each maps a period's telemetry and the current target to a
+target. The reactive ones take the mean service time from the scenario (as the paper's did) or,
+with ``estimate_service``, by Little's law; KEDA, KPA and HPA need none, like the real ones."""
 
 from __future__ import annotations
 
@@ -28,11 +21,10 @@ class ScalingPolicy(Protocol):
     name: str
 
     def reset(self) -> None:
-        """Forget everything from the previous episode."""
         ...
 
     def decide(self, t: PoolTelemetry, current_target: int) -> int:
-        """The number of workers wanted after this period (the caller clamps to the bounds)."""
+        """The workers wanted after this period (the caller clamps to the bounds)."""
         ...
 
 
@@ -54,8 +46,7 @@ class ServiceTimeEstimate:
 
 
 class ScaleDownStabilisation:
-    """Kubernetes' behaviour: scale up at once, scale down only to the highest
-    recommendation of the last ``window_s`` seconds."""
+    """Kubernetes': up at once, down only to the highest recommendation of the last ``window_s``."""
 
     def __init__(self, window_s: float) -> None:
         self.window_s = window_s
@@ -87,12 +78,8 @@ class _Baseline:
 
 
 class Reactive(_Baseline):
-    """The farm performance model: ``ceil(arrival rate x task time + queue x service / step)``.
-
-    ``on="mean"`` uses the period's mean task latency as the task time, ``on="max"``
-    its maximum (the paper's two reactive controllers); the second term is the
-    workers needed to drain the backlog within one control period.
-    """
+    """``ceil(arrival rate x task time + queue x service / step)``, the task time the period's mean
+    (``on="mean"``) or max latency: the paper's two reactive controllers."""
 
     def __init__(self, scenario: Scenario, on: str = "mean", estimate_service: bool = False) -> None:
         super().__init__(scenario)
@@ -113,9 +100,8 @@ class Reactive(_Baseline):
 
 
 class KedaLag(_Baseline):
-    """KEDA's NATS JetStream scaler: ``ceil(lag / lag_threshold)`` with lag = pending + ack-pending
-    (queued + in service), the minimum when the lag is at the activation threshold, and the
-    HPA's 300 s scale-down stabilisation. Evaluated every control period."""
+    """KEDA's NATS JetStream scaler: ``ceil(lag / lag_threshold)``, lag = queued + in service (the
+    minimum up to ``activation``), with the HPA's 300 s scale-down stabilisation."""
 
     name = "keda"
 
@@ -135,12 +121,10 @@ class KedaLag(_Baseline):
 
 
 class KnativeKPA(_Baseline):
-    """Knative's KPA on concurrency (queued + in service, one task per worker): desired =
-    ceil(average concurrency / (container concurrency x target utilisation)) over a 60 s
-    stable window, or the 6 s panic window once that wants 2x the ready workers. In panic it
-    never scales down and leaves after a stable window without the panic condition. Scale
-    down is limited to ready / 2 per decision. With periods longer than 6 s the panic window
-    holds only the latest sample."""
+    """Knative's KPA on concurrency (queued + in service): ``ceil(average / (concurrency x utilisation))``
+    over the 60 s stable window, or the 6 s panic window (only the latest sample with longer periods)
+    once that wants 2x the ready workers; panic never scales down and ends a stable window after its
+    condition does. Down by at most ready / 2 per decision."""
 
     name = "kpa"
 
@@ -190,9 +174,8 @@ class KnativeKPA(_Baseline):
 
 
 class HorizontalPodAutoscaler(_Baseline):
-    """Kubernetes HPA on utilisation (busy workers / target workers; starting workers count as
-    idle, like unready pods on scale-up): desired = ceil(current x utilisation / target), kept
-    when within the 0.1 tolerance, with the 300 s scale-down stabilisation."""
+    """Kubernetes HPA on utilisation (busy / target workers; starting ones idle, like unready pods):
+    ``ceil(current x utilisation / target)`` outside the 0.1 tolerance, 300 s down-stabilisation."""
 
     name = "hpa"
 
@@ -225,10 +208,8 @@ class FixedSize(_Baseline):
 
 
 class RLPolicy:
-    """An RL agent (``act(obs, explore) -> action``) as a ``ScalingPolicy``: the observation comes
-    from an :class:`ObservationBuilder`, the action means what :class:`ScalingActions` says. The
-    last observation and action are kept so a live controller can publish the experience, and
-    ``version`` names the weights deciding (the live controller swaps them)."""
+    """An agent (``act(obs, explore) -> action``) as a ``ScalingPolicy``; keeps the last observation
+    and action for the live controller's experiences, ``version`` names the weights deciding."""
 
     def __init__(self, name: str, agent, scenario: Scenario, actions: ScalingActions | str = "unit",
                  explore: bool = False, version: str = "") -> None:
@@ -247,12 +228,11 @@ class RLPolicy:
 
     @property
     def learns_online(self) -> bool:
-        """Its weights can seed the node's learner (our agents); a Stable-Baselines3 model's cannot."""
+        """Its weights can seed the node's learner (not a Stable-Baselines3 model's)."""
         return getattr(self.agent, "online", True)
 
     def rebind(self, scenario: Scenario) -> None:
-        """Decide on ``scenario`` from the next ``reset()`` on (the same agent, its observations
-        built for that scenario): an online run goes from one workload to the next."""
+        """Decide on ``scenario`` from the next ``reset()`` on (an online run changes workloads)."""
         self.scenario, self.observe = scenario, ObservationBuilder(scenario)
 
     def decide(self, t: PoolTelemetry, current_target: int) -> int:
@@ -273,14 +253,10 @@ BASELINES = {
 
 
 def make_baseline(name: str, scenario: Scenario) -> ScalingPolicy:
-    """A baseline by its name in ``BASELINES`` (or ``fixed-<n>``), with the defaults documented above."""
+    """A baseline of ``BASELINES`` (or ``fixed-<n>``) by name."""
     if name in BASELINES:
         return BASELINES[name](scenario)
     size = name.removeprefix("fixed-")
     if name.startswith("fixed-") and size.isdigit():
         return FixedSize(scenario, workers=int(size))
     raise ValueError(f"unknown baseline {name!r}; known: {', '.join(BASELINES)}, fixed-<n>")
-
-
-def is_baseline(name: str) -> bool:
-    return name in BASELINES or (name.startswith("fixed-") and name.removeprefix("fixed-").isdigit())

@@ -1,8 +1,5 @@
-"""Command functions for ``p2pfaas eval scaling`` and ``p2pfaas train scaling`` (typer).
-
-The CLI mounts them, e.g. ``eval_app.command("scaling")(eval_scaling)``. Heavy imports
-(numpy, gymnasium, torch) happen inside the functions so ``p2pfaas --help`` stays fast.
-"""
+"""``p2pfaas eval scaling``, ``train scaling`` and ``eval trace-sample`` (typer); heavy imports
+happen inside them so that ``p2pfaas --help`` stays fast."""
 
 from __future__ import annotations
 
@@ -34,7 +31,6 @@ def _check_scenario(scenario: str) -> None:
 
 
 def _policy_specs(wanted: list[str], models_dir: Path):
-    """PolicySpecs (built per scenario) for baselines and RL kinds (own model, else shipped)."""
     from controller.baselines import make_baseline
     from controller.evaluation import PolicySpec
     from controller.policies import model_for

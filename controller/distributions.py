@@ -1,5 +1,4 @@
-"""The distributions a scenario draws from: service times, cold-start and scale-down delays
-(clamped to their ``min``/``max``; a plain number is a constant delay)."""
+"""Service-time and delay distributions of a scenario, clamped to ``min``/``max``."""
 
 from __future__ import annotations
 
@@ -111,8 +110,7 @@ class LognormalDist(_Clamped):
 
 
 class PercentileCurve(_Model):
-    """One function's service times as percentile points ``[[percentile, seconds], ...]`` from the
-    0th to the 100th (a recorded trace's summary); drawn by linear interpolation between them."""
+    """Service times as ``[[percentile, seconds], ...]`` from 0 to 100, interpolated linearly."""
 
     weight: float = Field(default=1.0, gt=0)
     points: list[tuple[float, float]] = Field(min_length=2)
@@ -127,7 +125,7 @@ class PercentileCurve(_Model):
         return self
 
     def mean(self) -> float:
-        """The mean of the interpolated distribution: the area under its quantile function."""
+        """The area under the quantile function."""
         return sum((q1 - q0) / 100 * (v0 + v1) / 2 for (q0, v0), (q1, v1) in zip(self.points, self.points[1:]))
 
 
@@ -175,7 +173,6 @@ Delay = Union[Annotated[float, Field(ge=0)], DelayDist]
 
 
 def sample_delay(delay: Delay, rng: np.random.Generator) -> float:
-    """One draw of a cold-start or scale-down delay (a plain number is a constant)."""
     if isinstance(delay, (int, float)):
         return float(delay)
     return float(delay.sample(rng, 1)[0])

@@ -1,10 +1,5 @@
-"""The farm emitter behind ``p2pfaas farm run``: a scenario's tasks, in real time, into a node.
-
-Each task is the ``sleep`` function with the sampled service time as payload and
-its deadline in ``X-P2pfaas-Deadline-Seconds``; QoS is measured end to end here
-(submit -> result) against that deadline. ``PoolMeter`` follows the pool's telemetry and
-scale commands meanwhile: worker-seconds, workers, scaling actions and the deciding models.
-"""
+"""The farm emitter behind ``p2pfaas farm run``: a scenario's tasks (``sleep`` calls with their
+deadline header) sent in real time, QoS measured end to end; ``PoolMeter`` records what the pool spent."""
 
 from __future__ import annotations
 
@@ -38,10 +33,8 @@ REFUSALS_SAID = 3         # tasks not submitted that are logged one by one (the 
 
 @dataclass
 class EmitterReport:
-    """What became of the tasks sent. A task with no answer by the end (the last arrival plus
-    ``grace_s``) is *unfinished* while the node's intake still holds it (queued or running: the
-    pool was too slow), *lost* when it is nowhere; an answer missed on the wire (a reconnect) but
-    found stored counts as completed, its deadline as missed (when it came is not known)."""
+    """A task unanswered by the end (last arrival + ``grace_s``) is *unfinished* if the node's intake
+    still holds it, else *lost*; an answer found only in the store is completed, its deadline missed."""
 
     submitted: int = 0
     completed: int = 0
@@ -55,7 +48,7 @@ class EmitterReport:
 
     @property
     def settled(self) -> int:
-        """Tasks whose fate is known: all of them once a run ends, not those in flight at a Ctrl-C."""
+        """Tasks whose fate is known (not those in flight at a Ctrl-C)."""
         return self.completed + self.errors + self.unfinished + self.lost
 
     @property
@@ -95,8 +88,7 @@ class FarmEmitter:
         refused = 0
         async with FaasClient(self.nc, client=client, prefix=self.prefix) as faas:
             start = time.monotonic()
-            # one end for every task: the last arrival plus the grace (waiting horizon + grace from
-            # each task's own send kept a run with one stuck task going a whole horizon longer)
+            # one end for every task, so that one stuck task does not keep the run going a horizon longer
             end = asyncio.get_running_loop().time() + horizon / self.speed + self.grace_s
 
             async def one(i: int) -> None:
@@ -159,8 +151,7 @@ class FarmEmitter:
         return report
 
     async def _watch_broker(self, run: asyncio.Task | None, report: EmitterReport) -> None:
-        """Stop the run once the broker has been unreachable for ``broker_patience_s``: every task
-        would be refused and every answer lost, for the rest of the horizon."""
+        """Stop the run once the broker has been unreachable for ``broker_patience_s``."""
         loop = asyncio.get_running_loop()
         down_since: float | None = None
         while True:
@@ -199,16 +190,14 @@ class FarmEmitter:
             report.lost += 1
 
 
-# What `farm run` reports of the pool: what it spent. The tasks' figures (QoS, p95, unfinished)
-# are the emitter's, from the answers; the pool's telemetry has only per-period p95s and its queue
-# at the last sample, which disagreed with them (a p95 of 11.9 s beside 3.53 s, 9 unfinished beside 0).
+# What `farm run` reports of the pool: what it spent. The tasks' figures are the emitter's: the
+# telemetry has only per-period p95s and the queue at the last sample.
 POOL_FIGURES = frozenset({"duration_s", "worker_seconds", "mean_workers", "max_workers", "scaling_actions",
                           "workers_added", "workers_removed"})
 
 
 class PoolMeter:
-    """Worker-seconds and scaling of one pool while it runs: ``async with PoolMeter(nc, node, pool)``,
-    then ``totals()`` (from the telemetry samples and the scale commands seen meanwhile)."""
+    """Worker-seconds and scaling of a pool from its telemetry and scale commands, inside ``async with``."""
 
     def __init__(self, nc: Client, node: str, pool: str, prefix: str = "faas") -> None:
         self.nc, self.node, self.pool = nc, node, pool

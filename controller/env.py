@@ -1,8 +1,5 @@
-"""Gymnasium environment for farm autoscaling, over a pluggable backend (simulator or live pool).
-
-Observation, actions and reward come from controller/features.py, which the evaluation
-and the live controller use too: agents act live on exactly what they were trained on.
-"""
+"""Gymnasium environment for farm autoscaling, over a simulator or live-pool backend; observation,
+actions and reward come from controller/features.py, as in the evaluation and the live controller."""
 
 from __future__ import annotations
 
@@ -38,28 +35,24 @@ TRAINING_SEED_FLOOR = 2**32
 
 
 class FarmBackend(Protocol):
-    """Where the env's actions go: the simulator, or (later) a live pool over NATS."""
+    """Where the env's actions go: the simulator, or a live pool over NATS (controller/live_env.py)."""
 
     def reset(self, seed: int) -> PoolTelemetry:
-        """Start an episode with the scenario's initial workers; telemetry of its first (warm-up) period."""
+        """Start with the initial workers; the warm-up period's telemetry."""
         ...
 
     def apply(self, target_workers: int) -> None:
-        """Ask for ``target_workers`` workers (clamped to the scenario bounds)."""
         ...
 
     def advance(self, step_seconds: float) -> PoolTelemetry:
-        """Let one control period pass and return its telemetry."""
         ...
 
     def totals(self) -> EpisodeTotals:
-        """Figures of the episode so far."""
         ...
 
 
 class SimulatedFarm:
-    """``FarmBackend`` over :class:`FarmSimulator` (``instant``: the oracle's farm, no delays;
-    ``panic``: the controller's reaction between periods, controller/panic.py)."""
+    """``FarmBackend`` over the simulator (``instant``: the oracle's farm, no delays)."""
 
     def __init__(self, scenario: Scenario, instant: bool = False, panic: PanicRule | None = None) -> None:
         self.scenario = scenario
@@ -68,7 +61,7 @@ class SimulatedFarm:
 
     @property
     def target(self) -> int:
-        """The target now: the last one applied, or what the panic rule raised it to since."""
+        """The last target applied, or what the panic rule raised it to since."""
         return self.simulator.target
 
     def reset(self, seed: int) -> PoolTelemetry:
@@ -88,68 +81,19 @@ class SimulatedFarm:
 
 
 class FarmScalingEnv(gym.Env[np.ndarray, np.integer]):
-    """
-    ## Description
+    """A task farm (FIFO queue, one task per worker, cold starts) under a time-varying Poisson load;
+    every ``step_seconds`` the agent sets the number of workers (docs/autoscaling.md has the details).
 
-    A task farm (an emitter feeding a FIFO queue, served by a pool of stateless
-    workers, one task each) under a time-varying Poisson load. Every
-    ``step_seconds`` the agent sets the number of workers. Added workers need a cold
-    start before they serve; removed workers finish their task first. Each task
-    has a deadline (a multiple of its own service time); the goal is to meet as many
-    deadlines as the price of a miss is worth, with as few worker-seconds and as few
-    scaling changes as possible. After Li, Coppola et al., "RL-managed farm
-    skeletons on serverless" (arXiv 2602.06555).
-
-    ## Action Space
-
-    ``action_mode="unit"``: ``Discrete(3)``, 0 remove one worker, 1 keep, 2 add one.
-    ``"wide"``: ``Discrete(9)``, action ``a`` changes the target by ``a - 4``.
-    ``"target"``: ``Discrete(7)``, 0 keeps the target, ``k`` sets it to
-    ``ceil(need + beta_k sqrt(need))`` with ``beta`` in ``TARGET_BETAS`` (0.5 .. 4) and
-    need = load + backlog in workers: any size in one decision. Targets are clamped to
-    ``workers.min/max``.
-
-    ## Observation Space
-
-    ``Box(14,)`` float32 from :class:`ObservationBuilder` (``OBSERVATION_FIELDS``): the
-    load, its trend, peak and spread over the last 6 periods, the backlog and its growth,
-    workers ready and still starting (worker counts / 32), the headroom in square-root
-    staffing units, the period's QoS and p95 latency / mean deadline, and the farm's
-    constants: mean cold start / step, ``workers.max`` / 32, deadline slack.
-
-    ## Rewards
-
-    ``r = -(billed + miss_cost x missed x S / T) / 32 - change_penalty x [target changed]``
-    (:class:`RewardConfig`): the period's worker-seconds and its missed deadlines, each
-    priced in worker-seconds (a miss costs ``miss_cost`` = 60 times a task's work).
-
-    ## Starting State
-
-    ``workers.initial`` warm workers and an empty queue; one warm-up period runs
-    without a decision, and its telemetry is the first observation. The episode's
-    workload is drawn from an integer seed >= 2**32 taken from ``self.np_random``; with
-    ``scenario="generated"`` that seed also draws the scenario itself
-    (controller/workloads.py), so every episode is a new workload.
-
-    ## Episode End
-
-    Never terminates (the farm is a continuing system); truncated after
-    ``scenario.max_steps`` decisions. On the last step ``info["totals"]`` holds
-    the :class:`EpisodeTotals` (QoS over every task, worker-seconds, ...).
-
-    ## Arguments
-
-    * ``scenario``: shipped name (``"bursty"``), path to a scenario file, a ``Scenario``,
-      ``"generated"`` (a new generated workload every episode), ``"mixed"`` (half generated,
-      half the shipped scenarios, on training seeds) or ``"mixed-paper"`` (the paper's setting
-      for a quarter of the episodes, ``mixed`` for the rest).
-    * ``action_mode``: ``"unit"`` (default), ``"wide"`` or ``"target"``.
-    * ``reward``: a :class:`RewardConfig`.
-    * ``backend``: a :class:`FarmBackend`; default :class:`SimulatedFarm`.
-    * ``panic``: the controller's reaction between periods (controller/panic.py) runs in the
-      simulated farm, as it does live (default True).
-
-    ``gymnasium.make("p2pfaas/FarmScaling-v0", scenario="bursty")`` after ``import controller``.
+    * Actions: ``unit`` Discrete(3) -1/keep/+1; ``wide`` Discrete(9) ``a - 4``; ``target`` Discrete(7):
+      keep, or ``ceil(need + beta sqrt(need))`` (``TARGET_ACTIONS``). Targets clamped to ``workers.min/max``.
+    * Observation: Box(14,) float32, ``OBSERVATION_FIELDS`` (worker counts / 32).
+    * Reward: ``-(billed + miss_cost x missed x S / T) / 32 - change_penalty x [target changed]``
+      (``RewardConfig``: worker-seconds, a miss priced at ``miss_cost`` = 60 times its work).
+    * Never terminates; truncated after ``scenario.max_steps`` decisions, the last ``info["totals"]``
+      the ``EpisodeTotals``. One warm-up period runs before the first observation.
+    * Each episode's workload seed is drawn >= 2**32 from ``np_random``; ``scenario`` "generated",
+      "mixed" or "mixed-paper" draws the scenario from it too (controller/workloads.py).
+    * ``panic``: the controller's reaction between periods (controller/panic.py) runs here as live.
     """
 
     metadata = {"render_modes": []}

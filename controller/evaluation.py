@@ -1,11 +1,5 @@
-"""Side-by-side evaluation of scaling policies on the same seeded episodes, with two references
-chosen with hindsight: the best fixed pool reaching the QoS target and the instant-resize oracle.
-
-Every policy sees exactly the same tasks (arrivals, service times, deadlines) in
-episode ``i``: the workload depends only on the episode seed ``seed + i`` (and for
-``"generated"`` the scenario too). Training episodes are drawn by the env from seeds
->= 2**32, so they never coincide.
-"""
+"""Side-by-side evaluation of scaling policies on the same seeded episodes (episode ``i``'s tasks
+depend only on seed ``seed + i``; training seeds are >= 2**32), with hindsight references."""
 
 from __future__ import annotations
 
@@ -87,8 +81,7 @@ PolicyFactory = Callable[[Scenario], ScalingPolicy]
 
 @dataclasses.dataclass(frozen=True)
 class PolicySpec:
-    """A policy by name, built afresh for each scenario (a generated workload is a new scenario
-    every episode, and RL policies and baselines read the scenario's bounds and means)."""
+    """A policy built afresh per scenario (each generated episode is a new scenario)."""
 
     name: str
     make: PolicyFactory
@@ -108,8 +101,7 @@ def run_episode(
     backend: FarmBackend | None = None,
     panic: bool = False,
 ) -> EpisodeResult:
-    """One episode of ``policy`` on the workload of ``seed``, with the env's dynamics and reward
-    (on the simulator unless another ``FarmBackend`` is given; the oracle gets an instant one)."""
+    """One episode of ``policy`` on the workload of ``seed``, with the env's dynamics and reward."""
     reward = reward or RewardConfig()
     bounds = scenario.workers
     if backend is None:
@@ -162,8 +154,7 @@ def summarise(name: str, episodes: list[EpisodeResult], role: str = "policy") ->
 
 
 def episode_workloads(scenario: Scenario | str, episodes: int, seed: int) -> list[tuple[Scenario, int]]:
-    """(scenario, workload seed) of episodes ``seed .. seed + episodes - 1``: the named scenario
-    each time, or for a family (``"generated"``, ``"paper"``) its workload of that seed."""
+    """(scenario, seed) of episodes ``seed ..``; a family (generated, paper) draws the scenario too."""
     if episodes < 1:
         raise ValueError("episodes must be >= 1")
     if not (0 <= seed and seed + episodes <= TRAINING_SEED_FLOOR):
@@ -188,9 +179,7 @@ def run_policy(spec: PolicySpec, workloads: list[tuple[Scenario, int]], reward: 
 
 
 def notable_rules(reports: list[PolicyReport], qos_target: float = 0.99) -> list[PolicyReport]:
-    """The rules an RL policy is checked against: the one with the highest return (beating it beats
-    them all) and the cheapest reaching 99 % QoS (if one does: then the policy must too), renamed
-    to say so; the same report once when it is both."""
+    """The best rule by return and the cheapest reaching the QoS target, renamed to say so (once if both)."""
     if not reports:
         return []
     n = len(reports)
@@ -212,8 +201,7 @@ def _mean_qos(report: PolicyReport) -> float:
 def tune_oracle(workloads: list[tuple[Scenario, int]], qos_target: float = 0.99,
                 reward: RewardConfig | None = None, oracle: type[InstantResizeOracle] = InstantResizeOracle,
                 label: str = "oracle") -> PolicyReport:
-    """The oracle (instant-resize unless told) with the smallest beta whose mean QoS reaches the
-    target; the largest beta when none does (its name then says so)."""
+    """The oracle with the smallest beta reaching the QoS target (else the largest, named so)."""
     runs: dict[float, PolicyReport] = {}
 
     def run(beta: float) -> PolicyReport:
@@ -230,14 +218,12 @@ def tune_oracle(workloads: list[tuple[Scenario, int]], qos_target: float = 0.99,
 
 def tune_lookahead_oracle(workloads: list[tuple[Scenario, int]], qos_target: float = 0.99,
                           reward: RewardConfig | None = None) -> PolicyReport:
-    """The lookahead oracle (perfect forecast, real cold starts), tuned like the instant one."""
     return tune_oracle(workloads, qos_target, reward, LookaheadOracle, "lookahead oracle")
 
 
 def best_fixed_pool(workloads: list[tuple[Scenario, int]], qos_target: float = 0.99,
                     reward: RewardConfig | None = None) -> PolicyReport:
-    """The smallest pool that never scales and reaches the QoS target, chosen with hindsight: one
-    size for a scenario's episodes (on their mean QoS), each generated workload its own size."""
+    """The smallest fixed pool reaching the QoS target: one per scenario, each generated workload its own."""
     groups: dict[str, list[tuple[Scenario, int]]] = {}
     for sc, s in workloads:
         groups.setdefault(sc.name, []).append((sc, s))
@@ -264,8 +250,7 @@ def best_fixed_pool(workloads: list[tuple[Scenario, int]], qos_target: float = 0
 
 def largest_pool(workloads: list[tuple[Scenario, int]], qos_target: float = 0.99,
                  reward: RewardConfig | None = None) -> PolicyReport:
-    """``workers.max`` from the first decision on: more capacity at every moment than any policy
-    can have, so its QoS is the ceiling (the warm-up period runs on the initial workers)."""
+    """``workers.max`` from the first decision on: its QoS is the ceiling."""
     report = run_policy(PolicySpec("largest", lambda sc: FixedSize(sc, sc.workers.max)), workloads, reward)
     sizes = sorted({sc.workers.max for sc, _ in workloads})
     size = str(sizes[0]) if len(sizes) == 1 else f"{sizes[0]}-{sizes[-1]}"
@@ -283,11 +268,8 @@ def evaluate(
     progress: Callable[[str], None] | None = None,
     rules: Sequence[PolicySpec] = (),
 ) -> EvalReport:
-    """Run every policy on episodes ``seed .. seed + episodes - 1`` (the same workloads for all);
-    with ``references`` also the largest pool (the QoS ceiling), the best fixed pool and the
-    instant-resize oracle (both chosen with hindsight), and the lookahead oracle (the limit: a
-    perfect forecast that pays every cold start). ``rules`` (controller/frontier.py) are run too
-    and kept as :func:`notable_rules`: the best by return and the cheapest reaching the target."""
+    """Every policy on episodes ``seed .. seed + episodes - 1``; ``references`` adds the largest pool,
+    the best fixed pool and both oracles; of ``rules`` the :func:`notable_rules` are kept."""
     workloads = episode_workloads(scenario, episodes, seed)
     specs = [_spec(p) for p in policies]
     names = [p.name for p in specs]
@@ -319,7 +301,7 @@ def evaluate(
 
 # --------------------------------------------------------------------------- output
 def write_plots(report: EvalReport, out_dir: Path) -> list[Path]:
-    """Workers, queue and window QoS over time of episode 0, one line per policy (PNG)."""
+    """PNG of workers, queue and period QoS over episode 0, a line per policy."""
     import matplotlib
 
     matplotlib.use("Agg")

@@ -1,9 +1,6 @@
-"""What a scaling agent sees, what its actions mean and what it is paid, in one place: the
-Gymnasium env, the evaluation and the live controller compute exactly the same (docs/autoscaling.md).
-
-Worker counts are in units of ``N_REF`` workers (not of a scenario's maximum), so one model
-can serve farms of any size; the scenario gives the mean service time, deadline and cold start.
-"""
+"""What a scaling agent sees, what its actions mean and what it is paid, shared by the env, the
+evaluation and the live controller. Worker counts are in units of ``N_REF`` (not of a scenario's
+maximum), so one model serves farms of any size."""
 
 from __future__ import annotations
 
@@ -45,7 +42,6 @@ OBSERVATION_HIGH = np.array([8, 4, 8, 8, 8, 4, 8, 8, 12, 1, 8, 4, 8, 10], dtype=
 
 
 def mean_delay_s(delay) -> float:
-    """Mean of a cold-start or scale-down delay (a number, or a uniform/constant distribution)."""
     if isinstance(delay, (int, float)):
         return float(delay)
     if isinstance(delay, UniformDist):
@@ -60,11 +56,8 @@ def need_of(t: PoolTelemetry, scenario: Scenario) -> float:
 
 
 class ObservationBuilder:
-    """Turns each period's telemetry into the float32 observation (``OBSERVATION_FIELDS``).
-
-    It remembers the last ``HISTORY`` periods for the trend fields: call ``reset()`` when an
-    episode (or a live control session) starts, then once per period, in order.
-    """
+    """Each period's telemetry as the observation; stateful (the last ``HISTORY`` periods): ``reset()``
+    when an episode or live session starts, then call it once per period, in order."""
 
     def __init__(self, scenario: Scenario) -> None:
         self.scenario = scenario
@@ -83,14 +76,12 @@ class ObservationBuilder:
 
     @property
     def need(self) -> float:
-        """The highest need (load + backlog, in workers) of the last ``NEED_WINDOW`` periods: what
-        target actions size the pool for (one noisy or oscillating period does not shrink it)."""
+        """The highest load + backlog of the last ``NEED_WINDOW`` periods (one noisy one does not shrink)."""
         return max(self._needs) if self._needs else 0.0
 
     @property
     def peak(self) -> float:
-        """The highest load of the last ``HISTORY`` periods plus the current backlog: the size an
-        oscillating load needs to be held at."""
+        """The highest load of the last ``HISTORY`` periods plus the backlog (holds an oscillating load)."""
         return (max(self._loads) if self._loads else 0.0) + (self._backlog or 0.0)
 
     def __call__(self, t: PoolTelemetry) -> np.ndarray:
@@ -143,9 +134,7 @@ def staffing(need: float, beta: float) -> int:
 
 @dataclass(frozen=True)
 class ScalingActions:
-    """The meaning of a discrete action: a change of the target (``unit``: -1/0/+1, ``wide``:
-    -4..+4) or a target size (``target``: keep, or square-root staffing of the period's need
-    with one of ``TARGET_BETAS``, so one decision can jump to any size)."""
+    """A discrete action: a target change (``unit``, ``wide``) or size (``target``: ``TARGET_ACTIONS``)."""
 
     mode: str = "unit"
 
@@ -192,13 +181,9 @@ def action_names(mode: str) -> Sequence[str]:
 # --------------------------------------------------------------------------- reward
 @dataclass(frozen=True, slots=True)
 class RewardConfig:
-    """``r = -(billed + miss_cost x missed x S / T) / N_REF - change_penalty x [target changed]``.
-
-    Both costs are worker-seconds: the period bills ``billed x T`` (ready + starting + stopping
-    workers for the period of ``T`` seconds), and a task that missed its deadline is priced at
-    ``miss_cost`` times the work it carried (``S``, the mean service time); dividing by ``T``
-    makes the sum a worker count.
-    """
+    """``r = -(billed + miss_cost x missed x S / T) / N_REF - change_penalty x [target changed]``: both
+    costs in worker-seconds (billed = ready + starting + stopping over the period ``T``; a miss
+    priced at ``miss_cost`` times its work ``S``, the mean service time), divided by ``T``."""
 
     miss_cost: float = 60.0
     """A missed deadline costs this many times a task's mean service time in worker-seconds."""
@@ -206,8 +191,7 @@ class RewardConfig:
     """Per decision that changes the target (0.05 = 1.6 workers for one period)."""
 
     def missed(self, t: PoolTelemetry) -> float:
-        """Tasks of the period that missed their deadline; a stalled farm (a queue, nothing
-        completed) counts its queue, so it never looks perfect."""
+        """The period's missed deadlines; a stalled farm (a queue, nothing completed) counts its queue."""
         if t.completed == 0 and t.queue_length > 0:
             return float(t.queue_length)
         return float(t.completed - t.met_deadline)

@@ -1,8 +1,5 @@
-"""The causal rules that are the RL policies' peers next to the baselines (issue 27): every
-target action of controller/features.py applied every period, and square-root staffing of the
-recent peak need with hysteresis. None sees the future; ``eval scaling`` runs them all on the
-same episodes and an RL policy must beat the best of them (docs/autoscaling.md, "RL targets").
-"""
+"""The causal rules that are the RL policies' peers next to the baselines: each target action every
+period, and square-root staffing of the recent peak need with hysteresis (docs/autoscaling.md)."""
 
 from __future__ import annotations
 
@@ -10,8 +7,7 @@ import math
 
 from controller.baselines import RLPolicy
 from controller.evaluation import RULE, PolicySpec
-from controller.features import ScalingActions, action_names, staffing
-
+from controller.features import ScalingActions, action_names, need_of, staffing
 
 
 class Constant:
@@ -35,8 +31,7 @@ class Hysteresis:
         self.needs: list[float] = []
 
     def decide(self, t, current: int) -> int:
-        sc = self.scenario
-        self.needs.append(t.arrival_rate * sc.mean_service_s + t.queue_length * sc.mean_service_s / sc.step_seconds)
+        self.needs.append(need_of(t, self.scenario))
         need = max(self.needs[-2:])
         headroom = (current - need) / math.sqrt(max(1.0, need))
         return staffing(need, self.beta) if not self.low <= headroom <= self.high else current

@@ -1,15 +1,7 @@
-"""Each function's own autoscaling: every function of the deployment's catalogue that has a pool
-of its own and a scaling policy (``FunctionScaling.policy``, ``kpa`` unless said) is scaled on
-every node that runs it, by a :class:`~controller.live.LiveController` of its own. One process
-does it for them all (``p2pfaas controller --functions``, which ``up`` runs), as KEDA's operator
-scales every ScaledObject: a function's controller starts with the first telemetry of its pool
-on a node, and stops when the function goes or its scaling changes.
-
-A function's controller sees its pool through a scenario (``--scenario``, bursty by default)
-that gives the observation's scale (service time, deadline, cold start) with the function's own
-bounds and the pool's telemetry period; KPA and the other baselines need nothing else, the RL
-models were trained on 8 s periods (docs/autoscaling.md, "Functions").
-"""
+"""Each function's own autoscaling (``p2pfaas controller --functions``, which ``up`` runs): every
+catalogue function with its own pool and a scaling policy gets a ``LiveController`` per node running
+it, from its pool's first telemetry until the function or its scaling changes, as KEDA's operator
+does. The ``--scenario`` gives the observation's scale; the function gives bounds and the period."""
 
 from __future__ import annotations
 
@@ -42,8 +34,7 @@ class FunctionScaler:
     def __init__(self, nc: Client, scenario: Scenario, *, prefix: str = "faas", models_dir: Path = Path("data/models"),
                  learn_online: bool = True, resolve: Callable[..., Any] | None = None,
                  on_start: Callable[[LiveController], None] | None = None) -> None:
-        """``resolve(name, scenario, models_dir) -> (policy, name, note)`` (controller.policies's
-        by default); ``on_start(controller)``: a function's controller began (the CLI's line)."""
+        """``resolve(name, scenario, models_dir) -> (policy, name, note)``; ``on_start(controller)``."""
         from controller.policies import resolve_policy
 
         self.nc, self.scenario, self.models_dir = nc, scenario, models_dir
@@ -105,8 +96,7 @@ class FunctionScaler:
         return deployment if deployment.own_pool else None
 
     async def _changed(self, name: str, deployment: FunctionDeployment | None) -> None:
-        """A function came, changed or went: its controllers stop (they start again, with its new
-        scaling, at its pools' next telemetry)."""
+        """A function came, changed or went: its controllers stop (to start again at the next telemetry)."""
         async with self._lock:
             before = self.functions.pop(name, None)
             if deployment is not None:

@@ -1,12 +1,6 @@
-"""Warm start for PPO (issue 27): before PPO's own updates, the actor imitates, on every training
-episode, the target action that would have done best held constant for the whole episode, and
-the critic learns that action's discounted returns.
-
-Hindsight on training seeds only (the env draws them >= 2**32; evaluation never uses them), so
-the model stays causal: it learns which constant staffing level each kind of episode deserved
-from what the first periods of that episode look like. PPO then trains on from there
-(docs/autoscaling.md, "Warm start").
-"""
+"""Warm start for PPO: the actor imitates, on each training episode, the target action that did best
+held constant over it (hindsight on training seeds only, so the model stays causal), and the critic
+learns its discounted returns; PPO trains on from there (docs/autoscaling.md, "Warm start")."""
 
 from __future__ import annotations
 
@@ -39,8 +33,7 @@ def _rollout(env: FarmScalingEnv, episode_seed: int, action: int) -> tuple[list[
 
 def best_constant_demonstrations(env: FarmScalingEnv, episodes: int, gamma: float, seed: int,
                                  progress: Callable[[int, int], None] | None = None) -> Demonstrations:
-    """Every target action but "keep" held constant on each of ``episodes`` training episodes;
-    the one with the highest return labels that episode's observations."""
+    """Each target action but keep held over each episode; the best return labels its observations."""
     from controller.features import action_names
 
     if env.actions.mode != "target":
@@ -76,9 +69,8 @@ def best_constant_demonstrations(env: FarmScalingEnv, episodes: int, gamma: floa
 
 
 def imitate(agent, demos: Demonstrations, epochs: int = 30, smoothing: float = 0.05) -> float:
-    """Fit a PPO agent's actor to the demonstrations (cross-entropy with label smoothing) and its
-    critic to their returns; the share of observations whose greedy action is the label. The
-    minibatches come from torch's generator, which the agent's seed has set."""
+    """Fit a PPO agent's actor (label-smoothed cross-entropy) and critic to the demonstrations; the
+    share of greedy actions matching the label. Minibatches from torch's generator (the agent's seed)."""
     import torch
 
     network = getattr(agent, "network", None)

@@ -1,13 +1,7 @@
-"""The live controller: pool telemetry in, scale commands and learning experiences out.
-
-Every telemetry sample of ``faas.<node>.telemetry.<pool>`` is one control step:
-the policy (an RL agent or a baseline, same ``ScalingPolicy`` protocol as in the
-simulator) picks a target, published on ``faas.<node>.scale.<pool>`` with the model
-version that decided; the step before it becomes a ``ScalingExperience`` on
-``faas.<node>.experience.<pool>`` (durable), which the node's learner trains on. For an RL
-policy the controller seeds the learner with its weights, pulls the learner's new versions
-back (``LocalPolicy``) and lets a ``ModelGuard`` decide which weights act.
-"""
+"""The live controller: each telemetry sample of a pool is one control step. The policy's target
+goes out as a ``ScaleCommand`` (with the deciding model version), the step before it as a durable
+``ScalingExperience`` for the node's learner; an RL policy's weights follow the learner under a
+``ModelGuard``."""
 
 from __future__ import annotations
 
@@ -38,7 +32,7 @@ from controller.scenario import Scenario
 
 log = logging.getLogger(__name__)
 
-HISTORY_KEPT = 1000   # control steps kept in memory (2 h 13 min at 8 s periods)
+HISTORY_KEPT = 1000   # control steps kept in memory (~1.7 kB each; a controller runs for days)
 
 @dataclass
 class ControlStep:
@@ -61,7 +55,6 @@ class LiveController:
     policy_name: str = ""
     on_step: Callable[[ControlStep], None] | None = None   # e.g. the CLI's log line
     on_panic: Callable[[PoolPulse, int, int], None] | None = None   # (pulse, old target, new): the CLI's line
-    # the last HISTORY_KEPT steps (a supervised controller runs for days: ~1.7 kB a step)
     history: deque[ControlStep] = field(default_factory=lambda: deque(maxlen=HISTORY_KEPT))
     learn_online: bool = True                # RL policies: seed the learner, pull its weights, guard them
     guard_options: dict[str, Any] = field(default_factory=dict)   # ModelGuard keyword arguments
@@ -94,7 +87,6 @@ class LiveController:
         self._connecting = False
         self._lock = asyncio.Lock()
         self._tasks: set[asyncio.Task] = set()
-        self.stepped = asyncio.Event()
         if self.silence_s is None:
             self.silence_s = 3 * self.scenario.step_seconds
         self._heard_at = 0.0       # loop time of the last telemetry (or of the start)
@@ -110,9 +102,8 @@ class LiveController:
         self.observe.reset()
         if self.guard is not None:
             await self._connect_learner()
-        # no target of our own yet: a controller restarted by the supervisor while its pool is at 30
-        # workers takes the pool over as it is (its first telemetry), instead of cutting it back to
-        # the scenario's initial size and cold-starting the difference again
+        # no target of our own yet: a restarted controller takes the pool over at its first telemetry's
+        # size, instead of cutting it back to the initial size and cold-starting the difference again
         self._sub = await self.nc.subscribe(self.subjects.telemetry(self.node, self.pool), cb=self._on_telemetry)
         self._switch_sub = await self.nc.subscribe(self.subjects.pool_policy(self.node, self.pool), cb=self._on_switch)
         self._pulse_sub = await self.nc.subscribe(self.subjects.pulse(self.node, self.pool), cb=self._on_pulse)
@@ -144,9 +135,8 @@ class LiveController:
 
     # -- the learner ----------------------------------------------------------------
     async def _connect_learner(self, retry: bool = False) -> None:
-        """Seed the pool's learner model with our weights unless it holds one a controller seeded, then
-        follow its publications. Without a learner the shipped weights keep deciding, and the
-        learner is asked again every ``learner_retry_s`` (a node restarting, a learner started later)."""
+        """Seed the pool's learner model with our weights unless a controller seeded it, then follow
+        its publications. Without a learner our weights decide; asked again every ``learner_retry_s``."""
         from nodes.learner.client import LearnerError, LocalPolicy, RemotePolicy
 
         model = scaling_model(self.pool)
@@ -157,8 +147,7 @@ class LiveController:
         try:
             try:
                 current = await remote.weights()
-                # ours: seeded by a controller (its online settings), say trained online before a
-                # restart; not one the learner made of its own defaults from another policy's experiences
+                # seeded by a controller (its online settings), not made by the learner from its defaults
                 compatible = (current.algorithm, current.obs_dim, current.n_actions) == \
                              (agent.algorithm, agent.obs_dim, agent.n_actions) and \
                     all(current.config.get(k) == v for k, v in ONLINE_OVERRIDES.get(agent.algorithm, {}).items())
@@ -215,8 +204,7 @@ class LiveController:
         try:
             remote = RemotePolicy(self.nc, self.node, scaling_model(self.pool), prefix=self.prefix, timeout_s=5.0)
             stats = await remote.set_weights(online_weights(self.node, self.pool, guard.anchor))
-        except Exception as exc:  # LearnerError, a broker error: the known-good weights go on deciding, no online
-            # version is taken; the next period tries again
+        except Exception as exc:  # LearnerError, a broker error: the known-good weights decide, tried again
             log.warning("controller %s/%s: learner not reset to the known-good weights (tried again next period): %s",
                         self.node, self.pool, exc)
             return
@@ -227,8 +215,7 @@ class LiveController:
 
     # -- switching policy at run time (the dashboard's control) -------------------------
     async def _on_switch(self, msg: Msg) -> None:
-        """A ``PolicySwitch``: answered ``PolicySwitched`` once the new policy decides the next
-        period, or 400 with the reason (the old policy keeps deciding)."""
+        """Answers ``PolicySwitched`` once the new policy decides, or 400 and the old one keeps deciding."""
         from controller.policies import resolve_policy
 
         try:
@@ -254,8 +241,7 @@ class LiveController:
                                                           previous=previous, note=notes)))
 
     async def _use(self, policy: ScalingPolicy, name: str) -> None:
-        """Decide with ``policy`` from the next period on: its own actions, its own guard and
-        online learning (RL), and no experience that would pair one policy's step with the other's."""
+        """Decide with ``policy`` from the next period on; no experience pairs the two policies' steps."""
         local, self.local = self.local, None
         rl = isinstance(policy, RLPolicy)
         self.policy, self.policy_name = policy, name
@@ -283,7 +269,7 @@ class LiveController:
 
     # -- control steps ----------------------------------------------------------------
     async def _watch_silence(self) -> None:
-        """Say once when the pool's telemetry stops (or never comes): the controller decides nothing then."""
+        """Say once when the pool's telemetry stops (or never comes): nothing is decided then."""
         loop = asyncio.get_running_loop()
         while True:
             still_wanted()
@@ -365,8 +351,7 @@ class LiveController:
         last = self.history[-1].telemetry if self.history else None
         if last is not None and telemetry.time - last.time > 2.5 * max(telemetry.period_s, self.scenario.step_seconds):
             self._previous = None   # a silence (the node down): the decision before it had no outcome seen
-        if self._previous is not None:
-            # the previous decision's outcome is this period's telemetry
+        if self._previous is not None:   # the previous decision's outcome is this period
             prev_obs, prev_action, prev_changed = self._previous
             reward = self.reward.reward(telemetry, self.scenario, prev_changed)
             experience = ScalingExperience(node=self.node, pool=self.pool, observation=prev_obs.tolist(),
@@ -380,7 +365,6 @@ class LiveController:
         await self._publish_target("changed" if changed else "kept")
         if self.on_step is not None:
             self.on_step(self.history[-1])
-        self.stepped.set()
         return target
 
     async def _store_experience(self, experience: ScalingExperience) -> None:

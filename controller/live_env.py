@@ -1,9 +1,5 @@
-"""``FarmBackend`` on the live system: the same ``FarmScalingEnv``, over NATS.
-
-``apply`` publishes a scale command; ``advance`` waits for the pool's next
-telemetry sample (the node samples every control period). Gymnasium's API is
-synchronous, so the NATS connection lives on an event loop in a helper thread.
-"""
+"""``FarmBackend`` on a live pool over NATS: ``apply`` publishes a scale command, ``advance`` waits
+for the next telemetry; the connection runs on an event loop in a helper thread (gym is synchronous)."""
 
 from __future__ import annotations
 
@@ -66,9 +62,7 @@ class LiveFarm:
         self._totals = TelemetryTotals()
         self._totals.targets.append(self.scenario.workers.initial)
         self._call(self._scale(self.scenario.workers.initial))
-        sample = self._call(self._next())
-        self._totals.add(sample)
-        return sample
+        return self.advance(self.scenario.step_seconds)
 
     def apply(self, target_workers: int) -> None:
         self._totals.targets.append(target_workers)
@@ -89,8 +83,7 @@ class LiveFarm:
 
 
 class TelemetryTotals:
-    """Episode figures from live telemetry samples and the targets asked for (latency
-    percentiles from per-period p95s); also what ``p2pfaas farm run`` reports of the pool."""
+    """Episode figures from live telemetry and the targets asked for (p95 from per-period p95s)."""
 
     def __init__(self) -> None:
         self.samples: list[PoolTelemetry] = []

@@ -1,6 +1,5 @@
-"""The names of scaling policies, the same for every command (``up --controller``, ``controller
---policy``, ``eval scaling --policies``, ``train scaling``): checked here without importing
-numpy or torch, so that a wrong one is said at once, with the nearest valid names."""
+"""Scaling policy names, the same for every command, checked without importing numpy or torch so
+that a wrong one is said at once, with the nearest valid names."""
 
 from __future__ import annotations
 
@@ -34,8 +33,7 @@ def known(*, auto: bool = True, off: bool = False) -> str:
 
 
 def canonical(name: str, *, auto: bool = True, off: bool = False) -> str:
-    """``name`` as the commands know it (an alias resolved: ``ppo`` -> ``pg``), or PolicyNameError.
-    A model file must exist; ``fixed-<n>`` needs n >= 1."""
+    """``name`` with its alias resolved, or PolicyNameError (a missing model file, ``fixed-0``...)."""
     name = name.strip()
     name = ALIASES.get(name, name)
     if name in RL_NAMES or name in BASELINE_NAMES or (auto and name == AUTO) or (off and name == OFF):

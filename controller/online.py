@@ -1,11 +1,5 @@
-"""Online learning with a safety net: which weights decide for a live RL policy.
-
-The controller starts with the model it shipped with (known good); the learner keeps training
-a copy on the live experiences and publishes new versions. ``ModelGuard`` lets the newest
-version decide once the shipped model's live QoS is known, keeps measuring, rolls back when the
-online ones do worse than the known-good weights did, and promotes online weights that met more
-deadlines to known-good (docs/autoscaling.md, "Online learning").
-"""
+"""Online learning with a safety net: ``ModelGuard`` chooses which weights decide for a live RL
+policy, the known-good ones or the learner's newest (docs/autoscaling.md, "Online learning")."""
 
 from __future__ import annotations
 
@@ -35,8 +29,8 @@ MIN_STRATUM_PERIODS = 3       # shipped periods of a stratum before its periods 
 
 
 def load_stratum(rate: float, previous: deque[float]) -> int:
-    """0 steady or falling, 1 rising (over 1.25x), 2 surging (over 2x the lowest rate of the
-    previous periods): what any policy's QoS depends on most, and no policy changes."""
+    """0 steady or falling, 1 rising, 2 surging (vs the lowest previous rate): what QoS depends on
+    most whoever decides."""
     if not previous:
         return 0
     ratio = rate / max(min(previous), 1e-3)
@@ -62,9 +56,7 @@ class QoSTally:
 
 
 class Reference:
-    """What the weights that decide when online ones do not (the anchor) did, per load stratum:
-    deadlines met; the newest ``window_periods`` periods of each stratum (met, completed) give
-    its spread."""
+    """The anchor's deadlines met per load stratum; the newest ``window_periods`` give the spread."""
 
     def __init__(self, window_periods: int) -> None:
         self.strata = [QoSTally() for _ in range(STRATA)]
@@ -84,7 +76,7 @@ class Reference:
         return len(self.periods[stratum]) >= MIN_STRATUM_PERIODS
 
     def qos_variance(self, stratum: int) -> float:
-        """Of one period's QoS around the stratum's (task-weighted)."""
+        """Task-weighted, of one period's QoS around the stratum's."""
         periods, mean = self.periods[stratum], self.strata[stratum].qos
         return sum(c * (m / c - mean) ** 2 for m, c in periods) / sum(c for _, c in periods)
 
@@ -108,48 +100,33 @@ class Verdict:
 
 
 class ModelGuard:
-    """Swaps ``policy.agent`` between known-good weights (the anchor: the shipped ones at first)
+    """Swaps ``policy.agent`` between the anchor (known-good weights: the shipped ones at first)
     and the learner's online copy.
 
-    * a learner version newer than ``floor_version`` is a candidate; it decides once the
-      anchor has decided ``reference_periods`` periods (its live QoS is then known);
-    * while online weights decide, newer versions replace them at once (same lineage);
-    * once they have decided ``trial_periods`` periods (32: 4 min at 8 s, about one cycle of a
-      bursty load; over 8, chance and the phase of the load rolled back weights that decided as
-      the shipped ones did every few episodes, and online learning never got anywhere) with at
-      least ``min_tasks`` tasks, every period judges their *recent* QoS (the newest periods that
-      hold both, at most ``window_periods``) against what the anchor met *in the same kind of
-      periods*: every period has a load stratum (:func:`load_stratum`: steady, rising, surging,
-      from the arrival rates alone, so it does not depend on who decides), the anchor's QoS is
-      kept per stratum, and the online weights are expected to meet, on each of their periods,
-      what the anchor met in that stratum (a surge misses deadlines whoever decides: judged
-      against one QoS of other periods, every surge rolled the online weights back). Below that
-      by more than ``tolerance`` and more than chance explains (the spread of the anchor's own
-      period QoS in those strata, over the periods judged), the anchor decides again
-      (``observe`` returns True: the caller resets the learner to ``anchor``'s weights and
-      reports the version it restarts at with ``reseeded``); until then no new version is taken,
-      and afterwards only versions trained from the anchor again. The newest ``promote_periods``
-      are judged the same way too: a small drop that lasts is more than chance over them.
-    * above the anchor by more than chance (one-sided 95 %) over their newest ``promote_periods``
-      judged periods, the online weights are *promoted*: they become the anchor, with those
-      periods as its reference. Online learning drifts as well as it improves (a PPO lineage
-      that met 99 % where the shipped model met 95 % went back to 95 % 40 episodes later, which a
-      comparison with the shipped model allows); the anchor keeps the best weights proven.
+    * A version newer than ``floor_version`` decides once the anchor has decided
+      ``reference_periods`` periods; newer versions then replace it at once (same lineage).
+    * After ``trial_periods`` (32: with 8, chance and the load's phase rolled back good weights
+      every few episodes), every period compares the online weights' recent QoS with what the
+      anchor met in periods of the same load stratum (a surge misses deadlines whoever decides).
+      Below it by more than ``tolerance`` and chance (the anchor's own spread, one-sided 99 %),
+      ``observe`` returns True: the caller re-seeds the learner with ``anchor`` and calls
+      ``reseeded``; only versions trained from the anchor again are taken after that.
+    * Above it by more than chance (one-sided 95 %) over ``promote_periods``, the online weights
+      become the anchor: online learning drifts as well as it improves.
     """
 
     def __init__(self, policy: RLPolicy, reference_periods: int = 8, trial_periods: int = 32,
                  min_tasks: int = 50, tolerance: float = 0.005, window_periods: int = 200,
                  promote_periods: int = 96) -> None:
-        self.policy, self.shipped = policy, policy.agent
+        self.policy = policy
         self.anchor, self.anchor_version = policy.agent, None   # None: the shipped weights
         self.reference_periods, self.trial_periods = reference_periods, trial_periods
         self.min_tasks, self.tolerance = min_tasks, tolerance
         self.window_periods, self.promote_periods = window_periods, promote_periods
         self.reference = Reference(window_periods)   # periods the anchor decided, by stratum
         self.trial = QoSTally()          # periods online weights decided since they took over
-        # the same periods one by one (met, completed, stratum), newest last: judged over the
-        # recent ones only (judged over the online weights' whole life, a version turning bad after
-        # days of good ones was rolled back hours late, its bad periods diluted in the good ones)
+        # the same periods (met, completed, stratum), newest last: only recent ones are judged, so a
+        # version turning bad after days of good ones is not diluted in them
         self.recent: deque[tuple[int, int, int]] = deque(maxlen=max(trial_periods, window_periods, promote_periods))
         self._rates: deque[float] = deque(maxlen=STRATUM_LOOKBACK)
         self.online_version: int | None = None
@@ -189,8 +166,7 @@ class ModelGuard:
             return False
         self.trial.add(t)
         self.recent.append((t.met_deadline, t.completed, stratum))
-        # the newest trial_periods catch a bad version fast; the newest promote_periods a small
-        # lasting drop, which chance explains over fewer periods
+        # the newest trial_periods catch a bad version fast, the newest promote_periods a small lasting drop
         short, long = self.verdict(self.trial_periods), self.verdict(self.promote_periods)
         worse = next((v for v in (short, long) if v is not None and v.worse), None)
         if worse is not None:
@@ -209,19 +185,16 @@ class ModelGuard:
         return "shipped model" if self.anchor_version is None else f"promoted weights online-{self.anchor_version}"
 
     def spread(self, stratum: int) -> float | None:
-        """The variance of one anchor period's QoS around the stratum's (None while the anchor
-        has decided fewer than ``MIN_STRATUM_PERIODS`` such periods)."""
+        """The anchor's per-period QoS variance in ``stratum``; None until ``MIN_STRATUM_PERIODS``."""
         return self.reference.qos_variance(stratum) if self.reference.judged(stratum) else None
 
     def expected_qos(self, stratum: int) -> float:
-        """What the anchor met in periods of ``stratum``."""
         return self.reference.strata[stratum].qos
 
     def verdict(self, periods: int) -> Verdict | None:
-        """The online weights' newest periods holding ``periods`` judged periods and ``min_tasks``
-        tasks, the QoS the anchor met in periods of the same strata (task for task) and the margin
-        chance allows there (None: not yet). A period of a stratum the anchor has not decided
-        often enough is not judged: there is nothing to compare it with."""
+        """The online weights' newest ``periods`` judged periods (and ``min_tasks`` tasks) against
+        the anchor's QoS in the same strata, with chance's margin; None: not yet. Periods of a
+        stratum the anchor has too few of are not judged."""
         tally, expected_met, variance = QoSTally(), 0.0, 0.0
         for met, completed, stratum in reversed(self.recent):
             spread = self.spread(stratum)
@@ -231,7 +204,6 @@ class ModelGuard:
             expected_met += completed * self.expected_qos(stratum)
             variance += completed**2 * spread
             if tally.periods >= periods and tally.completed >= self.min_tasks:
-                # one-sided 99 %: the period-to-period spread of the anchor's own QoS, over these periods
                 sigma = math.sqrt(variance) / tally.completed
                 return Verdict(tally, expected_met / tally.completed, max(self.tolerance, Z_99 * sigma),
                                max(self.tolerance, Z_95 * sigma))
@@ -275,8 +247,8 @@ class ModelGuard:
         self.policy.version = self.version
 
 
-# Online training of a seeded model: no exploration of its own (the controller acts greedily),
-# training from the first few dozen live experiences, small steps.
+# Online training of a seeded model: no exploration (the controller acts greedily), small steps
+# from the first few dozen live experiences.
 ONLINE_OVERRIDES: dict[str, dict[str, Any]] = {
     "dqn": {"learning_starts": 32, "batch_size": 32, "learning_rate": 1e-4, "start_e": 0.0, "end_e": 0.0,
             "exploration_steps": 1, "target_network_frequency": 100, "buffer_size": 10_000},

@@ -1,15 +1,7 @@
-"""Reaction between control periods: Knative's panic mode, for a pool whose policy decides once
-per period.
-
-Every ``tick_s`` (a ``PoolPulse``: the arrivals since the last tick, the queue, the workers) the
-rule estimates the workers the pool needs now, ``need = rate x S + queue x S / period`` (S the
-scenario's mean service time: the queue drained within one period). When that is at least
-``threshold`` x the workers it has (ready + starting; Knative panics at 200 %), it raises the
-target at once to the square-root staffing of the need, ``ceil(need + sqrt(need))``, clamped to
-the pool's bounds. It never lowers a target: the policy does that at its next decision, with a
-whole period's telemetry. The simulator (training and evaluation) and the live controller run
-this same rule on the same pulses.
-"""
+"""Knative's panic mode between control periods: every ``tick_s`` pulse, ``need = rate x S + queue
+x S / period``; at ``threshold`` x the workers (ready + starting) the target rises at once to
+``ceil(need + sqrt(need))`` (never lowered: the policy does that). The simulator and the live
+controller run this same rule."""
 
 from __future__ import annotations
 

@@ -1,5 +1,4 @@
-"""Choosing a scaling policy by name for the live controller: a baseline, a model shipped in the
-package, a model trained with ``p2pfaas train scaling``, or a model file."""
+"""A scaling policy by name for the live controller: a baseline, a shipped or trained model, or a file."""
 
 from __future__ import annotations
 
@@ -39,12 +38,8 @@ def model_for(kind: str, models_dir: Path) -> tuple[Path, bool]:
 
 
 def resolve_policy(name: str, scenario: Scenario, models_dir: Path) -> tuple[ScalingPolicy, str, str | None]:
-    """(policy, its name, a note for the user) for ``auto|dqn|pg|sarsa|<model.npz>|<baseline>``
-    or an alias (controller/names.py).
-
-    ``auto`` (the default of ``up``) and the RL kinds run the model of that kind trained in
-    ``models_dir`` (``p2pfaas train scaling``) if there is one, else the one shipped in the package.
-    """
+    """(policy, name, note for the user) for a name of controller/names.py; ``auto`` and the RL kinds
+    run the model trained in ``models_dir`` if there is one, else the shipped one."""
     name = canonical(name)   # PolicyNameError (a ValueError) for a name no command knows
     if name == AUTO or name in RL_KINDS:
         kind = AUTO_KIND if name == AUTO else name

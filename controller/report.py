@@ -1,14 +1,7 @@
-"""Reading evaluation reports against the autoscaling targets (docs/autoscaling.md, "RL
-targets"), as rich tables, Markdown (the README's) and JSON.
-
-The references (issue 27's decision): the *limit* is the lookahead oracle (a perfect forecast
-that pays every cold start); the *peers* are the baselines at their defaults and the causal rules
-of controller/frontier.py (the best of them by return, the cheapest at 99 %). For an RL policy on
-each scenario: QoS >= 99 % wherever a peer reaches it, a higher return (the env's: worker-seconds
-with missed work priced) than every peer, and mean workers <= 1.15x the lookahead oracle's at
-99 %. The instant-resize oracle, the hindsight fixed pool and the QoS ceiling (the largest pool
-from the first decision on) stay in the tables as information.
-"""
+"""Evaluation reports against the RL targets (docs/autoscaling.md, "RL targets") as rich tables,
+Markdown and JSON. The limit is the lookahead oracle; the peers are the baselines and the causal
+rules of controller/frontier.py. An RL policy must reach 99 % QoS wherever a peer does, beat every
+peer's return, and use <= 1.15x the lookahead oracle's workers at 99 %."""
 
 from __future__ import annotations
 
@@ -35,7 +28,6 @@ class TargetCheck:
     qos_ceiling_pct: float
     peer_reaches_99: bool             # some baseline or rule reaches 99 %: then the policy must too
     workers_vs_lookahead: float       # mean workers / the lookahead oracle's
-    workers_vs_oracle: float          # ... / the instant-resize oracle's (information)
     episode_return: float
     best_peer: str
     best_peer_return: float
@@ -54,10 +46,6 @@ class TargetCheck:
     def beats_peers(self) -> bool:
         return self.episode_return > self.best_peer_return
 
-    @property
-    def calmer_than_reactive(self) -> bool:
-        return self.scaling_actions < self.reactive_actions
-
 
 def _mean(p: PolicyReport, key: str) -> float:
     return p.metrics[key].mean
@@ -68,7 +56,7 @@ def _reference(report: EvalReport, word: str, unless: str = "\0") -> PolicyRepor
 
 
 def target_checks(reports: Sequence[EvalReport]) -> list[TargetCheck]:
-    """One check per RL policy and scenario (reports with the references and some baseline)."""
+    """One check per RL policy and scenario that has the references and a peer."""
     out = []
     for report in reports:
         oracle, lookahead, ceiling = (_reference(report, "oracle", unless="lookahead"), _reference(report, "lookahead"),
@@ -84,7 +72,6 @@ def target_checks(reports: Sequence[EvalReport]) -> list[TargetCheck]:
             qos_ceiling_pct=_mean(ceiling, "qos_pct") if ceiling else float("nan"),
             peer_reaches_99=any(_mean(q, "qos_pct") >= QOS_TARGET_PCT for q in peers),
             workers_vs_lookahead=_mean(p, "mean_workers") / _mean(lookahead, "mean_workers"),
-            workers_vs_oracle=_mean(p, "mean_workers") / _mean(oracle, "mean_workers"),
             episode_return=_mean(p, "episode_return"), best_peer=best.name,
             best_peer_return=_mean(best, "episode_return"),
             scaling_actions=_mean(p, "scaling_actions"),
@@ -107,7 +94,7 @@ class PaperCheck:
 
 
 def paper_checks(reports: Sequence[EvalReport]) -> list[PaperCheck]:
-    """The paper's targets for every RL policy on the ``paper`` family (none without that report)."""
+    """The paper's targets for every RL policy on the ``paper`` family."""
     return [PaperCheck(p.name, _mean(p, "qos_pct"), _mean(p, "mean_workers"), _mean(p, "scaling_actions"))
             for report in reports if report.scenario == PAPER for p in report.policies if p.role == "rl"]
 
@@ -143,13 +130,15 @@ def _cell(p: PolicyReport, key: str, fmt: str) -> str:
     return fmt.format(stat.mean) if stat.std == 0 else f"{fmt.format(stat.mean)} ± {fmt.format(stat.std)}"
 
 
-def markdown_table(report: EvalReport) -> str:
-    headers = ["policy", *(title for title, _ in METRICS.values())]
+def _markdown(headers: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
     lines = ["| " + " | ".join(headers) + " |", "|" + "---|" * len(headers)]
-    for p in report.policies:
-        name = f"**{p.name}**" if p.role == "rl" else p.name
-        lines.append("| " + " | ".join([name, *(_cell(p, k, fmt) for k, (_, fmt) in METRICS.items())]) + " |")
-    return "\n".join(lines)
+    return "\n".join(lines + ["| " + " | ".join(row) + " |" for row in rows])
+
+
+def markdown_table(report: EvalReport) -> str:
+    cells = [[_cell(p, k, fmt) for k, (_, fmt) in METRICS.items()] for p in report.policies]
+    return _markdown(["policy", *(title for title, _ in METRICS.values())],
+                     [[f"**{p.name}**" if p.role == "rl" else p.name, *c] for p, c in zip(report.policies, cells)])
 
 
 def markdown_report(reports: Sequence[EvalReport], episodes: int, seed: int) -> str:
@@ -159,20 +148,15 @@ def markdown_report(reports: Sequence[EvalReport], episodes: int, seed: int) -> 
                      f"{markdown_table(report)}\n")
     checks = target_checks(reports)
     if checks:
-        lines = ["| " + " | ".join(TARGET_HEADERS) + " |", "|" + "---|" * len(TARGET_HEADERS)]
-        lines += ["| " + " | ".join(row) + " |" for row in target_rows(checks)]
-        parts.append("#### RL targets\n\n" + "\n".join(lines) + "\n")
+        parts.append("#### RL targets\n\n" + _markdown(TARGET_HEADERS, target_rows(checks)) + "\n")
     papers = paper_checks(reports)
     if papers:
-        lines = ["| " + " | ".join(PAPER_HEADERS) + " |", "|" + "---|" * len(PAPER_HEADERS)]
-        lines += ["| " + " | ".join(row) + " |" for row in paper_rows(papers)]
-        parts.append("#### The paper's setting: its own targets\n\n" + "\n".join(lines) + "\n")
+        parts.append(f"#### The paper's setting: its own targets\n\n{_markdown(PAPER_HEADERS, paper_rows(papers))}\n")
     return "\n".join(parts)
 
 
 # --------------------------------------------------------------------------- the terminal
-# Narrow tables: whole at 80 columns, in a terminal and in a file. A name is never cut; a policy's
-# note ("best of 12 rules", "hindsight") goes into the legend under its table.
+# Tables fit 80 columns; names are never cut, a policy's note goes into the legend under its table.
 GAP = 2   # between columns: one space of padding and the box's separator
 TERMINAL_TITLES = {"qos_pct": "QoS %", "mean_workers": "workers", "max_workers": "max", "worker_seconds": "worker-s",
                    "scaling_actions": "actions", "latency_p95_s": "p95 s", "episode_return": "return"}
@@ -185,8 +169,7 @@ def _fits(headers: Sequence[str], rows: Sequence[Sequence[str]], width: int) -> 
 
 def text_table(title: str, headers: Sequence[str], rows: Sequence[Sequence[str]], *, text: Sequence[int] = (0,),
                caption: str | None = None, styles: Sequence[str | None] | None = None):
-    """The ``text`` columns (names) are never wrapped nor cut; the numbers fold if they must. The
-    caption follows the table, wrapped to the console rather than to a narrow table."""
+    """The ``text`` columns are never wrapped nor cut, numbers fold; the caption is wrapped to the console."""
     from rich import box
     from rich.console import Group
     from rich.table import Table
@@ -201,8 +184,7 @@ def text_table(title: str, headers: Sequence[str], rows: Sequence[Sequence[str]]
 
 
 def report_table(report: EvalReport, width: int = 80, qos_target: float = 0.99):
-    """One scenario: a row per policy, mean ± std over the episodes when that fits ``width``, else
-    the means (the deviations are in --json and --markdown); bold where QoS reaches the target."""
+    """A row per policy: mean ± std if that fits ``width``, else means; bold where QoS reaches the target."""
     n = len(report.episode_seeds)
     headers = ["policy", *(TERMINAL_TITLES[k] for k in METRICS)]
     labels, legend = [], []
@@ -226,7 +208,6 @@ def report_table(report: EvalReport, width: int = 80, qos_target: float = 0.99):
 
 
 def targets_tables(checks: Sequence[TargetCheck]) -> list:
-    """The RL targets in two narrow tables: QoS and the limit, then the peers."""
     limit = text_table(
         "RL targets: QoS and the limit",
         ("scenario", "RL", "QoS %", "ceiling", ">= 99 %", "/ lookahead", "<= 1.15", "actions"),
@@ -245,9 +226,7 @@ def targets_tables(checks: Sequence[TargetCheck]) -> list:
 
 def paper_table(checks: Sequence[PaperCheck]):
     return text_table(
-        "the paper's setting: its own targets", ("RL", "QoS %", "workers", "actions", "met"),
-        [(c.policy, f"{c.qos_pct:.2f}", f"{c.mean_workers:.2f}", f"{c.scaling_actions:.1f}", _mark(c.ok))
-         for c in checks],
+        "the paper's setting: its own targets", ("RL", "QoS %", "workers", "actions", "met"), paper_rows(checks),
         caption=f"QoS >= {PAPER_QOS_PCT:g} %, mean workers <= {PAPER_WORKERS:g}, fewer than {PAPER_ACTIONS} "
                 f"actions (the paper's SARSA: 99.2 %, 14.78 workers, 24 actions)")
 
@@ -260,9 +239,8 @@ def write_reports(reports: Sequence[EvalReport], path: Path) -> Path:
 
 
 def write_summary_plot(reports: Sequence[EvalReport], path: Path, highlight: Sequence[str] = ("pg",)) -> Path:
-    """One small PNG for the README: workers over time on the first report's episode 0 for the
-    highlighted RL policy, the reactive baselines, the best fixed pool and the oracle (left), and
-    QoS against workers / the oracle's for every policy of every report (right)."""
+    """The README's PNG: workers over episode 0 of the first report (left), QoS vs workers / the
+    oracle's for every policy of every report (right)."""
     import matplotlib
 
     matplotlib.use("Agg")

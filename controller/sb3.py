@@ -1,11 +1,6 @@
-"""Stable-Baselines3 models (a ``.zip`` that ``model.save`` wrote after training on
-``p2pfaas/FarmScaling-v0``) as scaling policies, wherever a model file is taken: ``eval scaling
---policies``, ``up --controller``, ``controller --policy`` (docs/autoscaling.md).
-
-The algorithm is read off the file (DQN, PPO, A2C); its observation must be the env's and its
-action space one of the env's action modes, which it then decides in. It decides only: its
-weights are not the node learner's kind, so it does not learn online (the controller says so).
-"""
+"""Stable-Baselines3 models (a ``.zip`` trained on ``p2pfaas/FarmScaling-v0``: DQN, PPO or A2C) as
+scaling policies wherever a model file is taken. They decide only: their weights are not the node
+learner's kind, so they do not learn online."""
 
 from __future__ import annotations
 
@@ -17,12 +12,11 @@ from controller.baselines import RLPolicy
 from controller.features import ACTION_MODES, OBSERVATION_LOW, ScalingActions
 from controller.scenario import Scenario
 
-SUFFIX = ".zip"
 EXTRA = "pip install 'p2pfaas[sb3]'"
 
 
 class SB3Agent:
-    """``act(obs, explore) -> action`` for an SB3 model: deterministic unless exploring."""
+    """``act(obs, explore) -> action``: deterministic unless exploring."""
 
     online = False   # RLPolicy.learns_online
 
@@ -66,7 +60,6 @@ def load_sb3_policy(path: Path, scenario: Scenario, name: str | None = None) -> 
 
 
 def _algorithm(data: dict) -> str | None:
-    """DQN, PPO or A2C, from what the file says of its policy and hyper-parameters."""
     from stable_baselines3.common.policies import ActorCriticPolicy
     from stable_baselines3.dqn.policies import DQNPolicy
 

@@ -1,9 +1,5 @@
-"""Autoscaling scenarios: a user-writable JSON (or YAML) description of a farm and its workload.
-
-A scenario fixes everything the simulator draws from: worker bounds, cold-start
-and scale-down delays, per-task service times and deadlines, and the arrival-rate
-phases (a non-homogeneous Poisson process, sampled by thinning).
-"""
+"""Autoscaling scenarios: a user-writable JSON (or YAML) farm and workload: worker bounds, cold-start
+and scale-down delays, service times, deadlines and arrival phases (Poisson, sampled by thinning)."""
 
 from __future__ import annotations
 
@@ -105,8 +101,7 @@ class SpikePhase(_Phase):
 
 
 class CountsPhase(_Model):
-    """A recorded count of arrivals per interval (a trace's invocations per minute): exactly
-    ``counts[i]`` arrivals in interval ``i``, at uniformly drawn times within it."""
+    """Exactly ``counts[i]`` arrivals in interval ``i`` (a trace's per-minute counts), at uniform times."""
 
     pattern: Literal["counts"]
     interval_s: float = Field(gt=0)
@@ -137,8 +132,7 @@ class CountsPhase(_Model):
 
 
 class RecordedPhase(_Model):
-    """Recorded arrivals (seconds since the phase started), with their service times when the
-    record has them: replayed as they are, the same in every episode."""
+    """Recorded arrivals (and service times if recorded), replayed the same in every episode."""
 
     pattern: Literal["recorded"]
     duration_s: float = Field(gt=0)
@@ -252,7 +246,7 @@ class Scenario(_Model):
 
     @property
     def steps(self) -> int:
-        """Decisions per episode (``max_steps``, defaulted from the phases)."""
+        """``max_steps``, defaulted from the phases."""
         assert self.max_steps is not None
         return self.max_steps
 
@@ -296,14 +290,12 @@ class Scenario(_Model):
         return chunks
 
     def sample_arrivals(self, rng: np.random.Generator, horizon_s: float) -> np.ndarray:
-        """Sorted arrival times in ``[0, horizon_s)``, phase by phase (Poisson with rate ``rate_at``
-        by thinning; a trace's counts or recorded times as they are)."""
+        """Sorted arrival times in ``[0, horizon_s)``."""
         chunks = [t for t, _ in self._arrivals(rng, horizon_s)]
         return np.concatenate(chunks) if chunks else np.empty(0)
 
     def sample_tasks(self, rng: np.random.Generator, horizon_s: float) -> tuple[np.ndarray, np.ndarray]:
-        """Arrival times and service times of an episode's tasks: service drawn from
-        ``service_time``, except where a recorded phase has its own."""
+        """Arrival and service times of an episode's tasks (a recorded phase's own service times kept)."""
         chunks = self._arrivals(rng, horizon_s)
         arrivals = np.concatenate([t for t, _ in chunks]) if chunks else np.empty(0)
         service = self.service_time.sample(rng, len(arrivals))
@@ -317,7 +309,6 @@ class Scenario(_Model):
 
 # --------------------------------------------------------------------------- loading
 def shipped_scenarios() -> list[str]:
-    """Names of the scenarios that ship with the package."""
     return sorted(p.stem for p in SCENARIO_DIR.glob("*.json"))
 
 

@@ -1,23 +1,10 @@
-"""Seeded discrete-event simulator of a task farm: one FIFO queue, one task per worker.
-
-It emits the same ``PoolTelemetry`` the live pools publish, so policies and the
-Gymnasium environment cannot tell it from the real system.
-
-Model:
-* Arrivals, service times and deadlines of a whole episode are drawn at ``reset``
-  from their own random stream, so every policy faces the same tasks for a seed.
-  Cold-start and scale-down delays come from a second stream.
-* An added worker serves only after its cold start. A removed worker takes no new
-  task, finishes the one it runs, then needs the scale-down delay to go away.
-  Removal picks starting workers first, then idle ones, then the busy worker that
-  finishes soonest. A worker is billed from the moment it is requested until it
-  is gone (``worker_seconds``).
-* A task meets its deadline when wait + service <= its deadline.
-"""
+"""Seeded discrete-event simulator of a task farm (one FIFO queue, one task per worker) emitting the
+live pools' ``PoolTelemetry``. An episode's tasks come from the seed's own stream, delays from a
+second one, so every policy faces the same tasks. A removed worker takes starting ones first, then
+idle, then the busy one finishing soonest (it finishes its task); it is billed until gone."""
 
 from __future__ import annotations
 
-import bisect
 import hashlib
 import heapq
 import math
@@ -54,8 +41,8 @@ def p95(values: list[float]) -> float:
 
 
 class EpisodeTotals(BaseModel):
-    """End-of-episode figures. Tasks still pending at the end are projected to finish on the
-    workers left (FIFO, no more scaling), so ``qos`` covers every task that arrived."""
+    """End-of-episode figures; pending tasks are projected to finish on the workers left (FIFO, no
+    more scaling), so ``qos`` covers every task that arrived."""
 
     model_config = ConfigDict(frozen=True)
 
@@ -139,9 +126,7 @@ class FarmSimulator:
         return workers
 
     def advance(self, seconds: float, react: Reaction | None = None, tick_s: float = 2.0) -> PoolTelemetry:
-        """Run the farm for ``seconds`` and return the telemetry of that period. ``react`` (the
-        controller's panic rule) sees a ``PoolPulse`` every ``tick_s`` within the period and may
-        raise the target there and then."""
+        """The telemetry of ``seconds`` more; ``react`` (the panic rule) sees a pulse every ``tick_s``."""
         start, end = self.now, self.now + seconds
         if react is not None:
             self._tick_arrivals = 0   # the first pulse's window starts with the period
@@ -309,7 +294,6 @@ class FarmSimulator:
         return telemetry
 
     def pending(self) -> int:
-        """Tasks that arrived and have not finished (queued or in service)."""
         return len(self._queue) + self._in_service
 
     def workload_fingerprint(self) -> str:
@@ -319,10 +303,6 @@ class FarmSimulator:
             digest.update(np.asarray(values, dtype=np.float64).tobytes())
         return digest.hexdigest()[:16]
 
-    def arrivals_between(self, start: float, end: float) -> int:
-        """Tasks of the episode arriving in ``[start, end)``: what only an oracle may know."""
-        return bisect.bisect_left(self._arrival, end) - bisect.bisect_left(self._arrival, start)
-
     def tasks_arrived(self) -> int:
         return self._next_arrival
 
@@ -330,7 +310,7 @@ class FarmSimulator:
         return len(self._latencies)
 
     def totals(self) -> EpisodeTotals:
-        """Episode figures up to now; pending tasks are projected, the state is left untouched."""
+        """Episode figures up to now (the state is left untouched)."""
         latencies, met = list(self._latencies), self._met_total
         for task, finish in self._project_pending():
             latency = finish - self._arrival[task]

@@ -1,21 +1,7 @@
-"""Recorded workloads: a scenario file whose ``trace`` section replaces ``phases`` (and, when the
-trace has durations, ``service_time``).
-
-Two formats (docs/autoscaling.md, "Recorded traces"):
-
-* ``azure``: the Azure Functions 2019 public trace. ``invocations`` is one day's
-  ``invocations_per_function_md.anon.dNN.csv`` (HashOwner, HashApp, HashFunction, Trigger, then
-  1,440 per-minute counts); ``durations``, optional, the same day's
-  ``function_durations_percentiles.anon.dNN.csv`` (milliseconds: Average, Count, Minimum, Maximum,
-  percentile_Average_0 ... _100). The chosen functions' counts are summed per minute and replayed
-  as exact counts per interval (one minute lasts ``seconds_per_minute``); service times are drawn
-  from the functions' percentile curves, each as likely as its share of the window's calls.
-* ``csv``: a plain file with a header naming ``arrival_s`` (and optionally ``duration_s``):
-  replayed as recorded, every episode the same.
-
-Nothing is downloaded: ``write_azure_sample`` writes a small generated day in the Azure format
-(the tests' and ``p2pfaas eval trace-sample``'s).
-"""
+"""Recorded workloads: a scenario's ``trace`` section replaces ``phases`` (and ``service_time`` when
+it has durations). Formats ``azure`` (the Azure Functions 2019 public trace: one day's per-minute
+invocation counts, optional duration percentiles in ms) and ``csv`` (``arrival_s``, optional
+``duration_s``); docs/autoscaling.md, "Recorded traces". Nothing is downloaded."""
 
 from __future__ import annotations
 
@@ -86,8 +72,7 @@ class _Section(_Model):
 
 
 def expand_trace(data: dict[str, Any], base: Path) -> dict[str, Any]:
-    """The scenario ``data`` with its ``trace`` section turned into phases (and a service time);
-    relative paths are read from ``base`` (the scenario file's directory)."""
+    """``data`` with its ``trace`` turned into phases (and a service time); paths relative to ``base``."""
     if "phases" in data:
         raise TraceError("a scenario has either `trace` or `phases`, not both")
     try:
@@ -256,9 +241,8 @@ def _csv(trace: CsvTrace, base: Path, step_s: float) -> tuple[dict, dict | None,
 
 # --------------------------------------------------------------------------- a generated sample
 def write_azure_sample(directory: Path, seed: int = 0, functions: int = 6, day: int = 1) -> tuple[Path, Path]:
-    """One generated day in the Azure Functions 2019 format: ``functions`` functions with the
-    trace's usual shapes (a diurnal HTTP function, bursty queue and event functions, a timer),
-    their per-minute counts and duration percentiles. Returns (invocations, durations)."""
+    """One generated day in the Azure Functions 2019 format (diurnal, bursty and timer functions):
+    the (invocations, durations) files."""
     rng = np.random.default_rng(np.random.SeedSequence(seed))
     directory.mkdir(parents=True, exist_ok=True)
     minutes = np.arange(MINUTES_PER_DAY)
@@ -302,9 +286,7 @@ def write_azure_sample(directory: Path, seed: int = 0, functions: int = 6, day: 
 
 
 def sample_scenario(directory: Path, invocations: Path, durations: Path) -> Path:
-    """A scenario file replaying two hours of the sample's busiest function (seed 0: a queue-
-    triggered one, two bursts in the window), one minute = 4 s (an 8-minute episode), peaking at
-    10 calls/s, at most 24 workers."""
+    """A scenario file replaying two hours of the sample's busiest function, one minute = 4 s."""
     scenario = {
         "name": "azure-sample",
         "step_seconds": 8.0,

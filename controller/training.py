@@ -1,8 +1,5 @@
-"""RL scaling agents: hyper-parameters for the farm env, training (on generated workloads by
-default), portable model files with a JSON sidecar, and the models shipped in the package.
-
-The algorithms themselves live once, in nodes/learner/algorithms (DESIGN.md).
-"""
+"""RL scaling agents: hyper-parameters for the farm env, training, portable model files with a JSON
+sidecar, and the shipped models. The algorithms live in nodes/learner/algorithms."""
 
 from __future__ import annotations
 
@@ -38,10 +35,8 @@ def rl_agents() -> dict[str, type]:
 
 
 def agent_config(kind: str, agent_class: type, steps: int, action_mode: str) -> Any:
-    """Hyper-parameters for the scaling env (docs/autoscaling.md says why): a 10-period horizon,
-    exploration over the first third of training, long PPO rollouts and small steps (the returns
-    are noisy: a surge's misses dwarf a period's workers), and for tabular SARSA a grid on the
-    fields that drive the decision."""
+    """Hyper-parameters for the scaling env (docs/autoscaling.md says why): small steps, as a surge's
+    misses dwarf a period's workers; for tabular SARSA a grid on the fields that drive the decision."""
     from controller.features import ScalingActions
 
     config_class = getattr(agent_class, "config_class", None)
@@ -84,7 +79,6 @@ def sidecar_of(path: Path) -> Path:
 
 
 def shipped_model(kind: str) -> Path:
-    """The model of ``kind`` that ships with the package (``controller/models/scaling-<kind>.npz``)."""
     return SHIPPED_DIR / f"scaling-{kind}.npz"
 
 
@@ -115,10 +109,8 @@ def train_agent(
     warm_start_progress: Callable[[int, int], None] | None = None,
     learning_rate: float | None = None,
 ) -> TrainedModel:
-    """Train a ``kind`` agent on the simulator (``"generated"``: a new generated workload every
-    episode; or one scenario), on env-drawn seeds >= 2**32 that evaluation never uses, and
-    save it as a portable ``.npz`` with a JSON sidecar saying how it was made. ``warm_start``
-    episodes of demonstrations first (controller/imitation.py; pg in the target mode)."""
+    """Train a ``kind`` agent on the simulator (training seeds) and save it as a portable ``.npz`` with
+    a JSON sidecar saying how; ``warm_start`` episodes of imitation first (controller/imitation.py)."""
     agents = rl_agents()
     if kind not in agents:
         raise ValueError(f"unknown RL agent {kind!r}; available: {', '.join(agents) or 'none (nodes.learner.algorithms missing)'}")
@@ -166,14 +158,13 @@ def train_agent(
 
 
 def load_model(path: Path, config_overrides: dict[str, Any] | None = None) -> tuple[Any, dict[str, Any]]:
-    """(agent, metadata) of a portable model file."""
     from nodes.learner.algorithms.portable import load_portable
 
     return load_portable(path, config_overrides)
 
 
 def load_rl_policy(path: Path, scenario: Scenario, name: str | None = None, version: str = "") -> RLPolicy:
-    """A saved model as a ``ScalingPolicy`` on ``scenario`` (its action mode comes from the file)."""
+    """A saved model as a ``ScalingPolicy`` (its action mode from the file)."""
     agent, metadata = load_model(path)
     kind = metadata.get("kind", agent.algorithm)
     return RLPolicy(name or kind, agent, scenario, metadata.get("action_mode", "unit"), version=version)

@@ -1,9 +1,5 @@
-"""Generated workloads: a seeded family of farm scenarios for training and for evaluation on
-workloads no policy has seen (random phase lengths, load levels, patterns and cold starts).
-
-``generated_scenario(seed)`` is a pure function of the seed. Training draws seeds >= 2**32
-(``TRAINING_SEED_FLOOR``), evaluation uses seeds below, so they never meet.
-"""
+"""Generated workloads: seeded families of farm scenarios (random phases, load levels, patterns and
+cold starts), each a pure function of its seed; training seeds are >= 2**32, evaluation's below."""
 
 from __future__ import annotations
 
@@ -35,8 +31,7 @@ def _service(rng: np.random.Generator) -> dict[str, Any]:
 
 
 def _phases(rng: np.random.Generator, steps: int, step_s: float, max_load: float, mean_s: float) -> list[dict]:
-    """Phases covering ``steps + 1`` periods. The load (busy workers) walks in log space, with an
-    occasional surge or drop; within a phase it is constant, a sine or a short spike."""
+    """Phases covering ``steps + 1`` periods: the load walks in log space, with surges and drops."""
     phases: list[dict] = []
     periods_left = steps + 1
     load = float(rng.uniform(0.1, 0.45)) * max_load
@@ -68,7 +63,6 @@ def _phases(rng: np.random.Generator, steps: int, step_s: float, max_load: float
 
 
 def generated_scenario(seed: int) -> Scenario:
-    """One workload of the family (deterministic in ``seed``), named ``generated-<seed>``."""
     rng = np.random.default_rng(np.random.SeedSequence(seed))
     step = float(rng.choice([5.0, 8.0, 10.0]))
     steps = int(rng.integers(30, 61))
@@ -100,10 +94,8 @@ def generated_scenario(seed: int) -> Scenario:
 
 
 def paper_scenario(seed: int) -> Scenario:
-    """The farm-skeleton paper's setting (../shared/REFERENCE.md) with the details it does not give
-    drawn from ``seed``: 8 s steps, 30 decisions, 1-32 workers starting at 12, cold starts of
-    5.2-9 s; Poisson arrivals in a quiet phase, then a step to about 5x its load, then a lower
-    plateau; gamma service times around 1.5 s, deadline twice the task's own service time."""
+    """The farm-skeleton paper's setting, the details it does not give drawn from ``seed``: a quiet
+    phase, a step to about 5x its load, then a lower plateau."""
     rng = np.random.default_rng(np.random.SeedSequence([seed, 27]))
     step, steps = 8.0, 30
     mean = float(rng.uniform(1.3, 1.7))
@@ -135,19 +127,12 @@ FAMILIES = {GENERATED_PREFIX: generated_scenario, PAPER: paper_scenario}
 
 
 def family_scenario(family: str, seed: int) -> Scenario:
-    """The workload of ``seed`` in a family of ``FAMILIES``."""
     return FAMILIES[family](seed)
 
 
-def is_generated(name: str) -> bool:
-    return name == GENERATED_PREFIX or name.startswith(f"{GENERATED_PREFIX}-")
-
-
 def training_scenario(family: str, seed: int) -> Scenario:
-    """The scenario of a training episode: a family of ``FAMILIES`` draws one from the seed;
-    ``mixed`` takes a shipped scenario for half the seeds, a generated one for the others (the
-    episode's workload still comes from the seed); ``mixed-paper`` the paper's setting for a
-    quarter of them and ``mixed`` for the rest (the shipped PPO's)."""
+    """A training episode's scenario: ``mixed`` a shipped one for half the seeds, else generated;
+    ``mixed-paper`` the paper's setting for a quarter, else ``mixed``; a family draws one."""
     from controller.scenario import load_scenario, shipped_scenarios
 
     if family == MIXED_PAPER:
