@@ -134,10 +134,6 @@ class DockerWorker:
         except WorkerExited:
             return False
 
-    @property
-    def is_ready(self) -> bool:
-        return self._ready.done() and self._ready.exception() is None
-
     async def wait(self) -> int:
         """The container's exit code, once it exited (and was removed)."""
         return await asyncio.shield(self._exited)
