@@ -1,14 +1,7 @@
-"""Answering calls: a direct call (or a peer's forward) on its reply subject, with the P2PFaaS
-headers and the output as body; an async call stored on its result/reject subject, once per
-request id, and only then its intake message acknowledged.
-
-An answer is stored by a publish whose JetStream acknowledgement comes to the node's inbox
-(one timer per store, no task): the intake message is acknowledged from there. Only a store
-that fails or gets no acknowledgement in time goes to the retry loop (a task, patient).
-
-Every answer is counted here (metrics, pool telemetry) and offered to the LearningScheduler's
-rewards, so the node sees every outcome of every decision it took.
-"""
+"""Answering calls: a direct call (or a peer's forward) on its reply subject with the P2PFaaS headers;
+an async call stored on its result/reject subject once per request id, and only then its intake
+message acknowledged (a failed store is retried in a task). Every answer is counted here and
+offered to the LearningScheduler's rewards."""
 
 from __future__ import annotations
 
@@ -100,17 +93,15 @@ class Answerer(OnItsLoop):
         return output_limit(self.nc.max_payload)
 
     def direct_context(self, call: Call) -> dict | None:
-        """A direct call's side of its answer (the JSON document of a :class:`DirectAnswer`, written
-        from the node's own validated call), handed to the worker that runs it: it answers the
-        caller itself, one hop less. None for an async call, whose answer is stored by us."""
+        """A direct call's :class:`DirectAnswer` document, handed to the worker that answers the
+        caller itself; None for an async call, whose answer we store."""
         if call.is_async:
             return None
         return {"reply": call.reply, "arrival": call.arrival, "headers": self._context_text(call)}
 
     def _context_text(self, call: Call) -> str:
-        """The node's side of a direct answer's P2PFaaS headers, rendered (header lines): what
-        :func:`~broker.answers.context_headers` says, written in one pass for the common call (not
-        forwarded, not probed, no learning decision), on every direct call's path."""
+        """The node's side of a direct answer's P2PFaaS headers as header lines: what
+        :func:`~broker.answers.context_headers` says, in one pass for the common call (a hot path)."""
         forwarded = call.request.external
         if not forwarded and not call.probing_s and call.learning is None and not call.cold_start_s:
             lines = self._plain_lines.get(call.scheduler)
@@ -309,10 +300,8 @@ class Answerer(OnItsLoop):
         call.release(True)
 
     async def _store_then_ack(self, call: Call, subject: str, data: bytes) -> None:
-        """Retried until stored (JetStream unavailable, disk full): the task stays held meanwhile,
-        and running it again would give its caller a second, different answer -- the one answer
-        is kept and stored once the broker takes it (the message id makes a late double harmless).
-        Only a stopping node gives the task back."""
+        """Retried until stored, the task held meanwhile: running it again would give its caller a
+        second, different answer (the message id makes a late double harmless). A stop gives it back."""
         assert call.held is not None
         delay, waiting = 0.5, False
         try:

@@ -60,8 +60,7 @@ class ConfigStore:
 
 
 def _buildable(config: SchedulerConfiguration) -> SchedulerConfiguration:
-    """A saved algorithm this version refuses (ValueError: e.g. a PowerOfNSchedulerTau tau above
-    10 s, accepted before) is a file to fix, said as such -- not a traceback from the node's start."""
+    """A saved algorithm this version refuses (ValueError) is a file to fix, said as such."""
     from nodes.scheduler.algorithms import build_algorithm   # the algorithms import the node's parts
     build_algorithm(config.name, config.parameters)
     return config

@@ -22,9 +22,8 @@ def options_of(deployment: FunctionDeployment) -> FunctionOptions:
 
 
 def function_pool(deployment: FunctionDeployment) -> PoolSpec:
-    """The pool of its own a deployment asks for: its scaling bounds (the defaults of
-    FunctionScaling when it asks only for secrets or limits), its idle time, its secrets and
-    a worker process's memory (an image function's limits are its container's)."""
+    """The pool of its own a deployment asks for: scaling bounds (FunctionScaling's defaults when it
+    asks only for secrets or limits), idle time, secrets and a worker process's memory."""
     scaling = deployment.scaling or FunctionScaling()
     image = parse_image_reference(deployment.reference) is not None
     limits = deployment.limits

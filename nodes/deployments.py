@@ -1,14 +1,7 @@
 """The node's functions as OpenFaaS's management API sees them (``/system/*``, docs/compat.md):
-list, deploy and delete functions at run time, scale a function, measure a scale-up.
-
-A deployed function is a ``module:callable`` or an ``image:<ref>`` reference, as ``--function``
-takes it. It is registered in the node (so calls to it are admitted at once), persisted in
-``<node_dir>/functions.json`` (a restart keeps it), and the workers that load it are
-**replaced**: new processes load the new function list, the old ones stop after their calls.
-A function shares the main pool (K slots, P2PFaaS's scheduling) unless its deployment asks for
-what shared workers cannot give -- scaling bounds, scale to zero, secrets, limits -- or it is
-scaled by hand: then it has a pool of its own, named after it (docs/compat.md, "Scaling").
-"""
+deploy, delete and scale at run time. A deployed function is persisted in ``<node_dir>/functions.json``
+and the workers that load it are replaced; it gets a pool of its own when it asks for what shared
+workers cannot give (scaling bounds, scale to zero, secrets, limits) or is scaled by hand."""
 
 from __future__ import annotations
 
@@ -129,9 +122,8 @@ class Deployments:
 
     # -- the catalogue (nodes/catalogue.py) ---------------------------------------------
     async def join_catalogue(self, js) -> None:
-        """Before the workers start: what the deployment's catalogue holds becomes this node's
-        (a function deployed or removed while it was away included); then every later change. The
-        first node to make the catalogue brings the functions it had deployed before there was one."""
+        """Before the workers start: the catalogue's functions become this node's, then every later
+        change. The first node to make the catalogue brings the functions it had deployed before."""
         self.secrets = NodeSecrets(js, self.node.subjects, self.node.settings.node_id, self.secret_users)
         self.catalogue = catalogue = Catalogue(js, self.node.subjects, self.node.settings.node_id)
         current = await catalogue.open()
@@ -197,9 +189,8 @@ class Deployments:
         return trial
 
     async def _apply(self, name: str, deployment: FunctionDeployment | None, running: bool = True) -> None:
-        """One catalogue change, here: deploy (import or check the image, open its secrets first:
-        a bad one changes nothing) or remove ``name``; ControlError says why not. ``running``: the
-        node serves already, so its pools change now (at the start they are made from the settings)."""
+        """One catalogue change here: deploy (checked first: a bad one changes nothing) or remove ``name``;
+        ControlError says why not. ``running``: the node serves already, so its pools change now."""
         async with self._lock:
             settings = self.node.settings
             before = settings.pools.get(name)
@@ -297,9 +288,8 @@ class Deployments:
                                     f"{APPLY_TIMEOUT_S:g} s") from None
 
     async def on_scale(self, body: bytes) -> bytes:
-        """``replicas`` of the function: its own pool's size (0: scaled to zero, its next call wakes
-        it). A function of the main pool gets a pool of its own on this node: its replicas are
-        then its own, not every function's K (K is /configuration's)."""
+        """``replicas``: the function's own pool's size (0: its next call wakes it); a function of the
+        main pool gets a pool of its own on this node."""
         scale = decode(FunctionScale, body)
         if scale.replicas is None:
             raise ControlError(400, "replicas is missing")

@@ -1,10 +1,5 @@
-"""The node's one reply subscription: every request it sends (a call to a worker, a forward to
-a peer) gets a token on it, and the reply goes to the handler registered for that token.
-
-Replies are taken in the connection's read loop (broker.connection.listen): a handler that
-needs nothing awaited (a worker's outcomes, a store's acknowledgement) runs there and then; one
-that returns a coroutine has it run as a task.
-"""
+"""The node's one reply subscription: every request it sends gets a token on it, and the reply
+goes to that token's handler, in the connection's read loop (a returned coroutine runs as a task)."""
 
 from __future__ import annotations
 

@@ -1,12 +1,7 @@
-"""The node's ingress: the three doors a call comes in by, each call validated once and handed on.
-
-Direct calls (``<prefix>.<node>.request...`` with a reply subject) and peers' forwards
-(``<prefix>.<node>.forward...``) arrive over core NATS; async calls come from the durable
-intake (:mod:`nodes.intake`). Each is validated (:mod:`nodes.scheduler.inbound`), an async one
-checked against the calls already taken or answered (a redelivery is the same call, not a
-second one), and handed to ``schedule(call)``: the scheduler decides from there. What cannot
-be a call (a bad subject, an input too large, an unknown node's intake) is refused here.
-"""
+"""The node's ingress: direct calls and peers' forwards over core NATS, async calls from the durable
+intake. Each call is validated once (an async one checked against the calls already taken or
+answered: a redelivery is the same call) and handed to ``schedule(call)``; what cannot be a call is
+refused here."""
 
 from __future__ import annotations
 
@@ -78,11 +73,8 @@ class Ingress:
         self._doubtful_seq = 0    # intake messages up to this one may have run before an outage
 
     def async_budget(self) -> int:
-        """How many async calls the node holds at once: enough to fill the main pool's slots and as
-        many again waiting for them (what frees a slot finds the next one here, not a pull away).
-        The rest of a backlog waits in the stream. A dedicated pool queues its whole backlog (its
-        queue is what its controller scales on): the intake cannot tell its calls from the others'
-        before pulling them, so on such a node the budget is the intake's whole hold."""
+        """Async calls the node holds at once: the main pool's slots twice over (the rest waits in the
+        stream); with a dedicated pool, whose queue its controller scales on, the intake's whole hold."""
         if len(self.pools) > 1:
             return HOLD_LIMIT
         return ASYNC_AHEAD * max(1, self.pools[DEFAULT_POOL].capacity)
@@ -139,11 +131,8 @@ class Ingress:
         self._take_direct(subject, reply, data, headers)
 
     def door(self, subject: str, reply: str, data: bytes, block: bytes) -> bool:
-        """The request door for a caller in this very process (the HTTP bridge that ``p2pfaas node
-        --http-port`` serves; :meth:`broker.client.FaasClient.open_door`): the message the caller
-        would have sent, taken as the subscription takes it, one hop through nats-server fewer.
-        False once the node stops taking calls (the caller then goes over NATS: nobody answers,
-        503). A call the door fails on is answered 500, never left to its caller's timeout."""
+        """The request door for a caller in this process (:meth:`broker.client.FaasClient.open_door`),
+        one hop fewer. False once the node stops taking calls; a call it fails on is answered 500."""
         if not self._door_open:
             return False
         try:
@@ -281,9 +270,8 @@ class Ingress:
         await self._refuse_raw("", Refusal(codes.NOT_FOUND, 404, reason, "unknown_node"), subject=msg.subject)
 
     async def _to_async(self, subject: str, data: bytes, headers: Mapping[str, str]) -> None:
-        """A call published without a reply subject: stored in the async intake, then answered on
-        the client's result subject. (Without our nats-server configuration, MQTT through its own
-        listener arrives this way: such a call is as durable as this node is up; docs/architecture.md.)"""
+        """A call published without a reply subject (e.g. MQTT through a foreign nats-server): stored in
+        the async intake, then answered on the client's result subject."""
         inv = self.inbound.invocation(subject)
         if isinstance(inv, Refusal):
             return await self._refuse_raw("", inv, subject=subject)

@@ -1,10 +1,5 @@
-"""A worker pool's processes: started, watched, replaced and resized at run time.
-
-A worker that is ready is handed to the pool's :class:`~nodes.dispatch.Dispatcher`; one asked
-to stop gets no new calls and finishes its own; one that ends unexpectedly is replaced, and
-the dispatcher answers (or delivers again) what it was running. Runtimes: OS processes
-(``python -m nodes.worker``, the default) or tasks inside the node ("inprocess").
-"""
+"""A worker pool's processes: started, watched, replaced and resized at run time. A ready worker is
+handed to the pool's :class:`~nodes.dispatch.Dispatcher`; one that ends unexpectedly is replaced."""
 
 from __future__ import annotations
 
@@ -132,9 +127,8 @@ class WorkerPool:
             self._resize()
 
     def _resize(self) -> None:
-        """Spawn or retire towards the target. Workers a replacement will stop do not count: a
-        resize in its middle (the controller sends its target every period) used to count old and
-        new together and retire the new ones -- and then the replacement stopped the old ones."""
+        """Spawn or retire towards the target. Workers a replacement will stop do not count: else a
+        resize in its middle would retire the new ones, and the replacement then stop the old."""
         staying = [w for w in self.workers if w.state != "stopping" and w not in self._replaced]
         for _ in range(self.target - len(staying)):
             self._spawn()
@@ -180,11 +174,8 @@ class WorkerPool:
                     handle.worker.stopping.set()
 
     def unreachable(self, name: str) -> None:
-        """The broker had nobody listening on worker ``name``'s subject when calls went to it. A
-        worker asked to stop unsubscribed first: expected. Any other lost its subscription (its
-        broker connection, say) while its process runs: it gets no more calls and is replaced.
-        Kept as it was, it counted as ready but never took a call -- with all of them, the pool
-        stalled with calls queued and nothing said."""
+        """Nobody listened on worker ``name``'s subject. Unless it is stopping, it lost its
+        subscription: it gets no more calls and is replaced (else it would count as ready, take none)."""
         self.dispatcher.retire_worker(name)
         handle = next((w for w in self.workers if w.name == name), None)
         if handle is None or handle.state == "stopping" or self._closing:
@@ -196,9 +187,8 @@ class WorkerPool:
             self._spawn()
 
     def _retire(self, handle: WorkerHandle, at_once: bool = False) -> None:
-        """It gets no new call, finishes its own, and stops. The calls already sent to it leave
-        this node before its SIGTERM (one flush), so it takes them before it stops listening: a
-        call dispatched just before a scale-in was lost with it ("worker stopped")."""
+        """It gets no new call, finishes its own, and stops. The calls already sent to it leave this
+        node before its SIGTERM (one flush), so it takes them before it stops listening."""
         handle.state = "stopping"
         self.dispatcher.retire_worker(handle.name)
         if at_once:

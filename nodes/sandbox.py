@@ -1,22 +1,7 @@
 """What keeps a worker process, which runs user code, away from its node's secrets
-(docs/security.md, "What a function can reach").
-
-Applied between fork and exec, so before the interpreter runs anything:
-
-* **another user** -- a node run as root starts its workers as an unprivileged user
-  (``NodeSettings.worker_user``, by default ``nobody``) with no supplementary group: the data
-  dir's files (root's, 0600 in 0700 directories) and the root processes' ``/proc`` files are
-  out of its reach. That user must be able to run the interpreter and read the code; when it
-  cannot (a Python under ``/root``), ``auto`` keeps root and says why, an explicit user is an error;
-* **no capabilities** for a worker that stays root (the bounding set emptied): uid 0 without
-  CAP_SYS_PTRACE (which also gets past Landlock's ptrace check), CAP_DAC_* or CAP_SYS_ADMIN;
-* **Landlock** (Linux >= 5.13), for every worker: the data dir hidden, the rest of the file
-  system read-only except the temporary directories and ``/dev`` (its block devices hidden),
-  and from ABI 6 on no signal nor abstract unix socket outside the worker's own domain. A
-  Landlock domain may not ptrace (nor read the ``/proc/<pid>/environ`` or ``mem`` of) any process
-  outside it, whatever the uids;
-* **no_new_privs**: no setuid binary or file capability gives any of it back.
-"""
+(docs/security.md, "What a function can reach"), applied between fork and exec: another user
+(``worker_user``, ``nobody`` by default; ``auto`` keeps root, without capabilities, when it cannot
+run Python), Landlock (the data dir hidden, the rest read-only) and no_new_privs."""
 
 from __future__ import annotations
 
@@ -143,9 +128,8 @@ class LandlockPolicy:
         return fd
 
     def _allow(self, ruleset: int, path: str, rights: int, hidden: list[str]) -> None:
-        """``rights`` beneath ``path``, except beneath the hidden paths: a rule covers all that is
-        below it, so a parent of a hidden path gets none and each of its other entries one. A
-        symlink gets none (what it points to has its own)."""
+        """``rights`` beneath ``path`` except beneath the hidden paths: a rule covers all below it, so a
+        parent of a hidden path gets none and each of its other entries one (a symlink none)."""
         if path in hidden:
             return
         if any(_beneath(h, path) for h in hidden):

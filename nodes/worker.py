@@ -1,19 +1,7 @@
-"""A worker: runs the calls its node dispatches to it over core NATS and answers each one.
-
-Runs as its own OS process (``python -m nodes.worker``, the default runtime) or as a task
-inside the node ("inprocess"). It subscribes to ``<prefix>.<node>.worker.<name>``; each
-message is a :class:`~broker.messages.WorkerCalls` batch framed with the payloads, and the
-replies are :class:`~broker.messages.WorkerOutcomes` framed with the outputs (what ended in one
-turn of the loop, written before the answers of the calls after the turn's first; a direct call's
-caller is answered by the worker itself). The node decides who runs what (K, per-function
-concurrency); the worker only runs: CPU-bound functions one at a time
-in its own thread, I/O-bound ones in a thread pool, ``async def`` ones on its loop, trivial
-(inline) ones right in the message callback.
-
-A stop is bounded: asked to stop, the worker finishes its calls within ``stop_grace_s`` and
-then exits whatever state its broker connection is in. When its node died (the parent-death
-signal), it says so on ``<prefix>.<node>.gone`` so that callers fail at once, and exits.
-"""
+"""A worker (``python -m nodes.worker``, or a task in the node): runs the ``WorkerCalls`` batches its
+node sends to ``<prefix>.<node>.worker.<name>`` and replies ``WorkerOutcomes``; a direct call's caller
+is answered by the worker itself. A stop finishes calls within ``stop_grace_s``; when the node died,
+the worker says so on ``<prefix>.<node>.gone`` so that callers fail at once, and exits."""
 
 from __future__ import annotations
 
@@ -222,9 +210,8 @@ class Worker(OnItsLoop):
 
     def _answer(self, reply: str, call: WorkerCall, status: int, execution_s: float, output: bytes,
                 error: str | None = None, retiring: bool = False) -> None:
-        """A call ended. Its outcome goes to the node with the others that ended in the same turn of
-        the loop, as one message, at the end of the turn; a direct call's caller gets its answer
-        from here right after it (one hop less than through the node), in the same write."""
+        """A call ended: its outcome goes to the node with the turn's others at the end of the turn,
+        and a direct call's caller gets its answer from here in the same write."""
         limit = output_limit(self.nc.max_payload) if self.nc is not None else len(output)
         if len(output) > limit:   # no message could carry it: the caller gets an error it can read
             status, error = 500, f"{call.fn}: output of {len(output)} bytes exceeds the limit of {limit}"
@@ -262,8 +249,7 @@ class Worker(OnItsLoop):
                 log.error("%s: the answer to a call could not be sent: %s", self.name, exc)
 
     def _send_outcomes(self, reply: str, outcomes: list[dict], outputs: list[bytes], error: str | None = None) -> None:
-        """Outcome documents (with the outputs of async calls) to the node: one message, or as few
-        as the outputs fit."""
+        """Outcome documents (with async calls' outputs) to the node in as few messages as they fit."""
         if not reply or self.nc is None:
             return
         sizes = [len(o) for o in outputs]

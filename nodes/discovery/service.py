@@ -1,10 +1,5 @@
-"""The discovery service: heartbeats out, heartbeats in, the alive-peer list and load probes.
-
-It is the scheduler's :class:`~nodes.peer_source.PeerSource`: ``peers()``
-comes from the :class:`MembershipView` (and the P2PFaaS machines that speak HTTP,
-:mod:`nodes.discovery.machines`), ``probe(peer)`` asks ``faas.<peer>.load`` (or the
-machine's ``/monitoring/load``).
-"""
+"""The discovery service, the scheduler's :class:`~nodes.peer_source.PeerSource`: heartbeats out and
+in, the alive-peer list (with the P2PFaaS machines of :mod:`nodes.discovery.machines`) and load probes."""
 
 from __future__ import annotations
 
@@ -38,17 +33,10 @@ MAX_CLOCK_AHEAD_S = 60.0   # a peer's clock may be this far ahead of ours (NTP k
 class DiscoveryService:
     """Publishes this node's heartbeat every period and keeps the view of everyone else's.
 
-    * heartbeats go to ``faas.membership.<group>.<node>`` and a node hears only its own group's
-      (P2PFaaS's fog network id): its traffic grows with its group, not with the deployment;
-      with several nats-servers
-      (cluster or leaf nodes) the subject simply propagates, so no peer
-      addresses are configured: ``NodeSettings.seeds`` only lists more servers
-      to connect to;
-    * a newcomer is answered with an extra heartbeat at once, so joining takes
-      one round trip rather than one period;
-    * ``probe(peer)`` is a request/reply on ``faas.<peer>.load`` bounded by
-      ``probe_timeout_s``; any failure is None, which schedulers read as a
-      fully loaded peer, never as an idle one;
+    * heartbeats go to ``faas.membership.<group>.<node>``; a node hears only its own group's;
+    * a newcomer is answered with an extra heartbeat at once (joining takes one round trip);
+    * ``probe(peer)`` asks ``faas.<peer>.load`` within ``probe_timeout_s``; any failure is None,
+      which schedulers read as a fully loaded peer, never as an idle one;
     * ``faas.<node>.peers`` answers the alive list in P2PFaaS ``GET /list`` format.
     """
 

@@ -81,12 +81,8 @@ class RemotePolicy:
 
 
 class LocalPolicy:
-    """A local copy of a learner model, replaced whenever the learner publishes weights:
-    ``act()`` is a plain function call. Exploration is the copy's own (a differential SARSA
-    copy keeps decaying its epsilon between publications).
-
-    ``async with LocalPolicy(nc, "n1") as policy: policy.act(state)``
-    """
+    """A local copy of a learner model, replaced whenever the learner publishes weights: ``act()``
+    is a plain function call, with the copy's own exploration."""
 
     def __init__(self, nc: Client, node: str, model: str = SCHEDULING_MODEL, *, prefix: str = "faas",
                  timeout_s: float = 2.0, on_update: Callable[[LearnerWeights, Any], None] | None = None) -> None:

@@ -1,8 +1,5 @@
 """The learner service: one :class:`~nodes.learner.node_learner.NodeLearner` per node it learns
-for (a node's own, or a learner shared by several nodes).
-
-``async with LearnerService(nc, LearnerSettings(node_ids=["n1"])):`` — see docs/learner.md.
-"""
+for (a node's own, or a learner shared by several nodes; docs/learner.md)."""
 
 from __future__ import annotations
 

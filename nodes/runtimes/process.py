@@ -123,11 +123,8 @@ async def run_process(settings: NodeSettings, pool: str, handle: WorkerHandle, s
 
 async def read_output(handle: WorkerHandle, stdout: asyncio.StreamReader,
                       became_ready: Callable[[WorkerHandle], Awaitable[None]]) -> None:
-    """Until the worker closes its stdout: its READY line makes it ready; everything else on it
-    (what functions and the modules they import print) goes to the node's log line by line,
-    a line cut at OUTPUT_LINE_MAX bytes. Read in chunks, not lines: a worker that printed more
-    than a pipe holds, or a line longer than a stream reader's limit, would otherwise block in
-    ``print`` and overrun its calls."""
+    """Until the worker closes its stdout: READY makes it ready, the rest goes to the node's log (lines
+    cut at OUTPUT_LINE_MAX). Read in chunks, not lines: a long line would block the worker's ``print``."""
     async def line_out(line: bytes, extra: int) -> None:
         if handle.state == "starting" and not extra and line.strip() == READY_LINE:
             return await became_ready(handle)

@@ -1,8 +1,5 @@
-"""The scheduling-algorithm interface: ``schedule(request, view) -> Decision``.
-
-An algorithm only decides; the scheduler service carries the decision out
-(enqueue locally, forward over NATS, publish a rejection).
-"""
+"""The scheduling-algorithm interface: ``schedule(request, view) -> Decision``. An algorithm only
+decides; the scheduler service carries the decision out."""
 
 from __future__ import annotations
 
@@ -39,11 +36,8 @@ class LocalLoad:
 
     @property
     def has_room(self) -> bool:
-        """A new task could run now or wait in the queue.
-
-        Counted on running + queued: a task enqueued but not started yet will
-        take a free slot before the new one does.
-        """
+        """A new task could run now or wait in the queue (counted on running + queued: a task
+        enqueued but not started yet takes a free slot first)."""
         capacity = self.slots + (self.queue_max if self.queue_enabled else 0)
         return self.running + self.queued < capacity
 

@@ -1,10 +1,6 @@
-"""P2PFaaS's learner model, done right: tabular SARSA with differential (average-reward)
-updates (Sutton & Barto, sec. 10.3), epsilon-greedy, trained on windows of contiguous EIDs.
-
-Two defects of the original are fixed: the average reward is incremented
-(avg_r += beta * delta) instead of assigned, and states are keyed by tuples of floats,
-so (1, 23) and (12, 3) are different states (the original concatenated "123" for both).
-"""
+"""P2PFaaS's learner model: tabular SARSA with differential (average-reward) updates (Sutton &
+Barto, sec. 10.3), epsilon-greedy, trained on windows of contiguous EIDs. Unlike P2PFaaS, avg_r is
+incremented (not assigned) and states are tuples of floats (not concatenated strings)."""
 
 from __future__ import annotations
 
@@ -52,8 +48,7 @@ class DifferentialSarsaConfig:
     window_size: int = 5
     """Contiguous EIDs the learner service collects before calling train_window()."""
     default_action: int = 1
-    """The answer for a state never trained (and the winner of ties): P2PFaaS's 1, run here.
-    The original answered 0 (reject) there."""
+    """The answer for a state never trained (and the winner of ties): 1, run here."""
 
 
 def state_key(obs: Any) -> State:
@@ -138,11 +133,9 @@ class DifferentialSarsa:
         return delta
 
     def train_window(self, samples: Iterable[Any]) -> dict:
-        """Train on samples with `eid`, `state`, `action`, `reward` (mappings or objects such
-        as broker SchedulingExperience). Sorted by EID; sample i's successor is sample i+1
-        when its EID is eid_i + 1. A gap splits the window into runs trained separately, a
-        repeated EID is ignored. The last sample of a run has no successor, so it is not
-        trained: pass it again at the head of the next window to link windows."""
+        """Train on samples with `eid`, `state`, `action`, `reward` (mappings or objects), sorted
+        by EID; a gap splits the window into runs, a repeated EID is ignored. A run's last sample
+        has no successor and is not trained: pass it again at the head of the next window."""
         by_eid: dict[int, tuple[State, int, float]] = {}
         for sample in samples:  # parse all first: a bad sample refuses the window, untrained
             eid = int(_field(sample, "eid"))
@@ -167,9 +160,8 @@ class DifferentialSarsa:
         }
 
     def update(self, obs, action, reward, next_obs, done, truncated: bool = False) -> dict:
-        """One transition of a stream; the next action arrives with the next transition, so
-        the update waits for it (as in SarsaLambda.update). Terminated: Q(s',.) = 0; truncated
-        or a stream that does not continue: bootstrap with the epsilon-greedy expectation."""
+        """One transition; its update waits for the next action (next transition). Terminated:
+        Q(s',.) = 0; truncated or not continued: bootstrap with the epsilon-greedy expectation."""
         state, next_state, action = state_key(obs), state_key(next_obs), check_action(self, action)
         deltas = []
         if self.pending is not None:
