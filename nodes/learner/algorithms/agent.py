@@ -92,6 +92,18 @@ def weights_from_bytes(agent: Any, data: bytes, check_obs_dim: bool = True) -> d
     return _open(from_bytes(data), agent.algorithm, obs_dim=obs_dim, n_actions=agent.n_actions)["state"]
 
 
+class WeightsCodec:
+    """An agent's get_weights()/set_weights() over its weights_state()/load_weights_state()."""
+
+    check_obs_dim = True
+
+    def get_weights(self) -> bytes:
+        return weights_to_bytes(self, self.weights_state())
+
+    def set_weights(self, b: bytes) -> None:
+        self.load_weights_state(weights_from_bytes(self, b, self.check_obs_dim))
+
+
 def save_checkpoint(path: str | Path, agent: Any, state: dict[str, Any]) -> None:
     """Write state + dimensions + config + seed, atomically (a crash mid-save never leaves a
     truncated model behind)."""

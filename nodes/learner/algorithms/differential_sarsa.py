@@ -17,6 +17,7 @@ import numpy as np
 from .agent import (
     MAX_PARAMETER,
     Progress,
+    WeightsCodec,
     check_action,
     greedy_or_default,
     interact,
@@ -24,8 +25,6 @@ from .agent import (
     save_checkpoint,
     table_from_state,
     table_to_state,
-    weights_from_bytes,
-    weights_to_bytes,
 )
 
 State = tuple[float, ...]
@@ -76,12 +75,13 @@ def _coerce(kind: type, value: Any) -> Any:
     return out
 
 
-class DifferentialSarsa:
+class DifferentialSarsa(WeightsCodec):
     """Differential SARSA. `act(explore=True)` is P2PFaaS's /act, `train_window()` its
     /train_batch, `parameters()`/`set_parameters()`/`stats()`/`reset()` its /learner routes."""
 
     algorithm = "dsarsa"
     config_class = DifferentialSarsaConfig
+    check_obs_dim = False   # states may have any length
 
     def __init__(
         self, obs_dim: int = 0, n_actions: int = 2, config: DifferentialSarsaConfig | None = None, seed: int = 0
@@ -229,38 +229,26 @@ class DifferentialSarsa:
 
     # -- weights and checkpoints ------------------------------------------------------
 
-    def _state(self) -> dict:
+    def weights_state(self) -> dict:
         return {**table_to_state(self.q, self.n_actions), "average_reward": float(self.average_reward),
                 "epsilon": float(self.epsilon)}
 
-    def _load_state(self, state: dict) -> None:
+    def load_weights_state(self, state: dict) -> None:
         self.q = table_from_state(state, self.n_actions)
         self.average_reward = float(state["average_reward"])
         self.epsilon = float(state["epsilon"])
         self.pending = None
 
-    def weights_state(self) -> dict:
-        return self._state()
-
-    def load_weights_state(self, state: dict) -> None:
-        self._load_state(state)
-
-    def get_weights(self) -> bytes:
-        return weights_to_bytes(self, self._state())
-
-    def set_weights(self, b: bytes) -> None:
-        self._load_state(weights_from_bytes(self, b, check_obs_dim=False))  # states may have any length
-
     def save(self, path: str | Path) -> None:
         """Q-table, average reward, epsilon and counters; a pending transition is not saved."""
         counters = {"inferences": self.inferences, "trained_items": self.trained_items, "windows": self.windows,
                     "eid_last_trained": self.eid_last_trained}
-        save_checkpoint(path, self, {**self._state(), **counters})
+        save_checkpoint(path, self, {**self.weights_state(), **counters})
 
     @classmethod
     def load(cls, path: str | Path) -> DifferentialSarsa:
         agent, state = load_checkpoint(path, cls)
-        agent._load_state(state)
+        agent.load_weights_state(state)
         agent.inferences, agent.trained_items = state["inferences"], state["trained_items"]
         agent.windows, agent.eid_last_trained = state["windows"], state["eid_last_trained"]
         return agent

@@ -16,13 +16,12 @@ from torch import nn
 from .agent import (
     IncompatibleWeights,
     Progress,
+    WeightsCodec,
     check_action,
     interact,
     linear_schedule,
     load_checkpoint,
     save_checkpoint,
-    weights_from_bytes,
-    weights_to_bytes,
 )
 
 
@@ -106,7 +105,7 @@ class ReplayBuffer:
         )
 
 
-class DoubleDQN:
+class DoubleDQN(WeightsCodec):
     """Double DQN agent; `update()` takes one transition, `learn()` drives a Gymnasium env."""
 
     algorithm = "dqn"
@@ -177,12 +176,6 @@ class DoubleDQN:
     def weights_state(self) -> dict:
         """What acting needs (get_weights() serialises it, portable files store it)."""
         return {"q_network": self.q_network.state_dict(), "global_step": self.global_step}
-
-    def get_weights(self) -> bytes:
-        return weights_to_bytes(self, self.weights_state())
-
-    def set_weights(self, b: bytes) -> None:
-        self.load_weights_state(weights_from_bytes(self, b))
 
     def load_weights_state(self, state: dict) -> None:
         try:

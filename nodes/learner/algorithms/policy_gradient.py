@@ -14,12 +14,11 @@ from torch import nn
 from .agent import (
     IncompatibleWeights,
     Progress,
+    WeightsCodec,
     check_action,
     interact,
     load_checkpoint,
     save_checkpoint,
-    weights_from_bytes,
-    weights_to_bytes,
 )
 
 
@@ -88,7 +87,7 @@ class ActorCritic(nn.Module):
         return log_probs.gather(1, actions.unsqueeze(1)).squeeze(1), entropy, self.value(obs)
 
 
-class PPO:
+class PPO(WeightsCodec):
     """PPO agent; `update()` buffers transitions and trains when a rollout is complete."""
 
     algorithm = "pg"
@@ -207,12 +206,6 @@ class PPO:
     def weights_state(self) -> dict:
         """What acting needs (get_weights() serialises it, portable files store it)."""
         return {"network": self.network.state_dict()}
-
-    def get_weights(self) -> bytes:
-        return weights_to_bytes(self, self.weights_state())
-
-    def set_weights(self, b: bytes) -> None:
-        self.load_weights_state(weights_from_bytes(self, b))
 
     def load_weights_state(self, state: dict) -> None:
         try:

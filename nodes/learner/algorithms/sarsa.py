@@ -12,6 +12,7 @@ import numpy as np
 from .agent import (
     IncompatibleWeights,
     Progress,
+    WeightsCodec,
     check_action,
     greedy_or_default,
     interact,
@@ -20,8 +21,6 @@ from .agent import (
     save_checkpoint,
     table_from_state,
     table_to_state,
-    weights_from_bytes,
-    weights_to_bytes,
 )
 
 State = tuple[int, ...]
@@ -83,7 +82,7 @@ class Discretiser:
         return tuple(self.bins.tolist()), tuple(self.low.tolist()), tuple(self.high.tolist())
 
 
-class SarsaLambda:
+class SarsaLambda(WeightsCodec):
     """SARSA(lambda); `update()` takes transitions one by one, in stream order."""
 
     algorithm = "sarsa"
@@ -186,11 +185,11 @@ class SarsaLambda:
 
     # -- weights and checkpoints ------------------------------------------------------
 
-    def _state(self) -> dict:
+    def weights_state(self) -> dict:
         cells = self.discretise.fingerprint()
         return {**table_to_state(self.q, self.n_actions), "global_step": self.global_step, "discretisation": cells}
 
-    def _load_state(self, state: dict) -> None:
+    def load_weights_state(self, state: dict) -> None:
         ours = self.discretise.fingerprint()
         if tuple(state["discretisation"]) != ours:
             raise IncompatibleWeights(f"sarsa: weights use discretisation {state['discretisation']}, this agent {ours}")
@@ -199,24 +198,12 @@ class SarsaLambda:
         self.pending = None
         self.global_step = int(state["global_step"])
 
-    def weights_state(self) -> dict:
-        return self._state()
-
-    def load_weights_state(self, state: dict) -> None:
-        self._load_state(state)
-
-    def get_weights(self) -> bytes:
-        return weights_to_bytes(self, self._state())
-
-    def set_weights(self, b: bytes) -> None:
-        self._load_state(weights_from_bytes(self, b))
-
     def save(self, path: str | Path) -> None:
         """Q-table and step counter; traces and a pending transition are not saved."""
-        save_checkpoint(path, self, self._state())
+        save_checkpoint(path, self, self.weights_state())
 
     @classmethod
     def load(cls, path: str | Path) -> SarsaLambda:
         agent, state = load_checkpoint(path, cls)
-        agent._load_state(state)
+        agent.load_weights_state(state)
         return agent
