@@ -200,9 +200,8 @@ class Answerer(OnItsLoop):
         await self._reply(call, error_body(code, reason), headers)
 
     async def lost(self, call: Call, reason: str, kind: str = "worker_lost") -> None:
-        """The worker (or peer) running the call went away. A direct call fails now (as an HTTP call
-        to a crashed server would); an async one is delivered again, or dead-lettered on its last try.
-        Counted once, as ``kind``: a worker lost, a forward that failed, the node stopping."""
+        """The worker (or peer) running the call went away: a direct call fails now, an async one is
+        delivered again (dead-lettered on its last try). Counted once, as ``kind``."""
         log.warning("%s: %s lost: %s", self.node, call.key, reason)
         self.metrics.error(kind)
         if not call.is_async:

@@ -18,9 +18,8 @@ TO_DEFAULTS = "fix it, or delete it to start from the defaults"
 
 
 def read_node_file(path: Path, parse: Callable[[bytes], T], todo: str) -> T | None:
-    """``parse`` of the file at ``path``, None when there is none. One that cannot be read or
-    parsed (``parse`` raises ValueError) is NodeFileError naming it and ``todo``: read as absent,
-    the node would run without what it holds and overwrite it with its next save."""
+    """``parse`` of the file at ``path``, None when there is none. An unreadable one is NodeFileError
+    naming it and ``todo``: read as absent, the node would overwrite it with its next save."""
     try:
         data = path.read_bytes()
     except FileNotFoundError:

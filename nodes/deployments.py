@@ -67,9 +67,8 @@ class Deployments:
 
     # -- persistence -----------------------------------------------------------------
     def restore(self) -> None:
-        """Functions deployed before a restart join the settings' (the workers load them). A
-        ``functions.json`` that cannot be read is refused (NodeFileError): the node does not guess
-        what its functions were (the catalogue then says what they are now)."""
+        """Functions deployed before a restart join the settings'; an unreadable ``functions.json`` is
+        refused (NodeFileError): the node does not guess what its functions were."""
         saved = read_node_file(self.path, deployed_functions, "fix it, or delete it to start without the "
                                                                "functions deployed at run time")
         known = {name for name, _ in self.node.settings.functions}

@@ -61,9 +61,8 @@ class Inbox:
 
     async def ask(self, subject: str, data: bytes, *, timeout_s: float, tries: int = 1,
                   wanted: Callable[[], bool] = lambda: True) -> Reply | None:
-        """A request through this inbox (replies sent earlier on it are handled first), asked again
-        with a growing pause while nobody answers and ``wanted()``; None if nobody ever answered
-        with a body. Other failures (no connection) count as no answer."""
+        """A request through this inbox, asked again with a growing pause while nobody answers and
+        ``wanted()``; None if nobody ever answered with a body (any failure counts as no answer)."""
         loop = asyncio.get_running_loop()
         delay = 0.5
         for attempt in range(tries):

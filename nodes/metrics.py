@@ -17,9 +17,8 @@ _ERROR_KINDS = {400: "bad_input", 404: "unknown_function", 504: "timeout"}
 
 
 class _LoopMetric:
-    """A labelled Prometheus metric for code on one event loop: its series are plain objects
-    updated without a lock, scraped as prometheus_client's own are (tests/nodes/test_metrics.py
-    compares the text)."""
+    """A labelled Prometheus metric for code on one event loop: plain series updated without a lock,
+    scraped as prometheus_client's own are."""
 
     _type = ""
 

@@ -30,9 +30,8 @@ WORKER_MEMORY = 128 * 1024 * 1024   # what a worker process may grow to, conserv
 
 
 def machine_worker_limit() -> int:
-    """Worker processes one node starts at most, from what this machine can hold: K above it is a
-    limit of calls running at once, served by this many processes (I/O-bound functions run many
-    calls per worker; CPU-bound ones wait for a free worker, as they would for a free core)."""
+    """Worker processes one node starts at most, from what this machine can hold: K above it still
+    limits calls running at once (CPU-bound ones wait for a worker, as for a free core)."""
     cores = os.cpu_count() or 1
     return max(2, min(cores * WORKERS_PER_CORE, machine_memory() // (2 * WORKER_MEMORY)))
 
@@ -137,9 +136,8 @@ class WorkerPool:
             self._retire(handle)
 
     async def replace_workers(self, ready_timeout_s: float = 60.0) -> int:
-        """New workers for the current ones (they load the settings' functions anew, e.g. after a
-        deploy): the new ones start first, the old ones stop once those are ready (or after
-        ``ready_timeout_s``) and finish what they run. Returns the workers replaced."""
+        """New workers for the current ones (loading the functions anew): the old ones stop once the
+        new are ready (or after ``ready_timeout_s``). Returns the workers replaced."""
         async with self._lock:
             old = [w for w in self.workers if w.state != "stopping" and w not in self._replaced]
             self._replaced.update(old)

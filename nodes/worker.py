@@ -299,9 +299,8 @@ class Worker(OnItsLoop):
 
 
 def limit_memory(limit: int) -> None:
-    """A function pool's memory limit on this worker: its data (heap, thread stacks, anonymous
-    maps), not its address space, which a Python process reserves far beyond what it uses. A
-    function that allocates past it gets MemoryError (its caller 500), the worker goes on."""
+    """A function pool's memory limit on this worker's data, not its address space (which Python
+    reserves far beyond use): a function past it gets MemoryError, the worker goes on."""
     resource.setrlimit(resource.RLIMIT_DATA, (limit, limit))
 
 

@@ -182,9 +182,8 @@ class DiscoveryService:
                 self.machines.announce(ip)
 
     def _load_configuration(self) -> None:
-        """The group and init servers set at run time (``discovery.json``) win over the settings'.
-        A file that cannot be read is refused (NodeFileError): started without it, the node would
-        overwrite it at the next change."""
+        """The group and init servers set at run time (``discovery.json``) win over the settings'; an
+        unreadable file is refused (NodeFileError), else the node would overwrite it."""
         saved = read_node_file(self.settings.node_dir / "discovery.json",
                                lambda data: decode(DiscoveryConfiguration, data),
                                "fix it, or delete it to start with the group and init servers of the settings")

@@ -151,9 +151,8 @@ class ModelSlot:
             self.fresh = self.fresh or changed
 
     def seed(self, weights: LearnerWeights) -> None:
-        """Continue from published weights (e.g. a shipped model the controller starts with): the
-        model becomes a ``weights.algorithm`` agent with ``weights.config``, acting exactly as they
-        do; ``experiences`` keeps counting, so versions only grow."""
+        """Continue from published weights, acting exactly as they do; ``experiences`` keeps
+        counting, so versions only grow."""
         cls = AGENTS.get(weights.algorithm)
         if cls is None:
             raise ValueError(f"unknown agent {weights.algorithm!r}; known: {sorted(AGENTS)}")
@@ -265,9 +264,8 @@ class Restored:
 
 
 class CheckpointStore:
-    """``<dir>/learner.json`` names one file per model (``<model>.<generation>.pt``) and the
-    stream sequence they include; replacing the manifest atomically commits the checkpoint, so
-    a kill at any moment leaves the previous or the new one, never a mix."""
+    """``<dir>/learner.json`` names one file per model and the stream sequence they include;
+    replacing it atomically commits the checkpoint (a kill leaves the old or the new, never a mix)."""
 
     def __init__(self, directory: Path) -> None:
         self.directory = directory

@@ -118,9 +118,8 @@ class NodeLearner:
             self.checkpoint(force=True)
 
     def _start_from_shipped(self, slot: ModelSlot) -> None:
-        """An empty scheduling table that a LearningScheduler just sized to the shipped table's
-        actions starts from that table (its Q-values and average reward; hyper-parameters and
-        epsilon stay this learner's). P2PFaaS's API users keep an empty 2-action table."""
+        """An empty scheduling table just sized to the shipped table's actions starts from its Q-values
+        and average reward (P2PFaaS's API users keep an empty 2-action table)."""
         from nodes.learner.algorithms.portable import load_portable
 
         path = self.settings.scheduling_model

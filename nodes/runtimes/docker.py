@@ -79,9 +79,8 @@ LIST_TRIES = 5
 
 
 def list_containers(client: docker.DockerClient, labels: Mapping[str, str]) -> list[Container]:
-    """The containers (any state) carrying every one of ``labels``. docker-py lists, then inspects
-    each container it listed: one removed in between (a worker stopping, a ``--rm`` function)
-    fails the whole call with NotFound, so it lists again (blocking: run it in a thread)."""
+    """The containers (any state) carrying every one of ``labels`` (blocking). Listed again on
+    NotFound: docker-py inspects each listed container, and one may be removed in between."""
     for attempt in range(LIST_TRIES):
         try:
             return client.containers.list(all=True, filters={"label": _label_filter(labels)})
@@ -316,9 +315,8 @@ class DockerWorkerRuntime:
 
 
 async def pool_runtime(settings: "NodeSettings", pool: str) -> DockerWorkerRuntime:
-    """The runtime of one pool of a node (settings.runtime == "docker"), strays of an earlier
-    run of the same node and pool removed. The engine lends itself to the workers only when
-    the node has image functions (they start containers of their own)."""
+    """The runtime of one pool of a node, strays of an earlier run removed; the engine is lent to
+    the workers only when the node has image functions."""
     from functions.image import IMAGE_SCHEME
 
     def connect() -> docker.DockerClient:

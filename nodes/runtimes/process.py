@@ -30,9 +30,8 @@ OUTPUT_LINE_MAX = 4096   # longer lines are cut in the log (the function's outpu
 
 
 def worker_identity() -> dict[str, str]:
-    """What makes a worker connect as its node's worker identity, and trust the stack's CA (its
-    file is in the data dir, out of a worker's reach): handed to a worker process at its start,
-    in a container's environment."""
+    """The environment that makes a worker connect as its node's worker identity and trust the
+    stack's CA (its file is in the data dir, out of a worker's reach)."""
     # no worker identity (a broker of one's own, a node run by hand): the node's, as before any existed
     creds = credentials_from_env(WORKER_CREDENTIALS) or credentials_from_env()
     out = {"P2PFAAS_NATS_USER": creds[0], "P2PFAAS_NATS_PASSWORD": creds[1]} if creds else {}

@@ -173,9 +173,8 @@ def report_every(total_steps: int) -> int:
 
 
 def interact(agent: Agent, env: gym.Env, total_steps: int, seed: int, progress: Progress | None) -> dict[str, Any]:
-    """The environment loop every learn() shares: act with exploration, hand each
-    transition to agent.update(), reset on episode end. Returns namespaced metrics:
-    full lists for episodes, the mean of the last 100 values for everything update() reports."""
+    """The environment loop every learn() shares. Returns namespaced metrics: full lists for
+    episodes, the mean of the last 100 values for everything update() reports."""
     env.action_space.seed(seed)
     obs, _ = env.reset(seed=seed)
     returns: list[float] = []

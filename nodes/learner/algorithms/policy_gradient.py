@@ -124,9 +124,8 @@ class PPO(WeightsCodec):
         return self._train_rollout() if len(self.rollout) >= self.config.num_steps else {}
 
     def _advantages(self, obs, rewards, next_obs, terminated, ended) -> tuple[torch.Tensor, torch.Tensor]:
-        """GAE over the rollout. Every transition bootstraps from its own next_obs, and the
-        lambda-chain carries on only where the next transition starts where this one ended
-        (transitions from a broker may come from interleaved or truncated episodes)."""
+        """GAE over the rollout; the lambda-chain carries on only where the next transition starts
+        where this one ended (a broker's transitions may come from interleaved episodes)."""
         c, n = self.config, len(rewards)
         with torch.no_grad():
             values, next_values = self.network.value(obs), self.network.value(next_obs)

@@ -153,9 +153,8 @@ class SarsaLambda(WeightsCodec):
         return delta
 
     def update(self, obs, action, reward, next_obs, done, truncated: bool = False) -> dict:
-        """One transition. `done` means terminated (value 0 after it); truncated ends the
-        episode but bootstraps. If this transition does not start where the pending one
-        ended, the pending one is closed with an expected bootstrap and traces are cut."""
+        """One transition (`done`: terminated). If it does not start where the pending one ended,
+        that one is closed with an expected bootstrap and traces are cut."""
         action, reward = check_action(self, action), float(reward)
         state, next_obs = self.discretise(obs), np.array(next_obs, dtype=np.float32)
         deltas = []
