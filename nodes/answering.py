@@ -68,8 +68,7 @@ class Answerer(OnItsLoop):
         self.executed(call, outcome.status, output, outcome.error, outcome.execution_s)
 
     def executed(self, call: Call, status: int, output: bytes, error: str | None, execution_s: float) -> None:
-        """The call ran (or failed) here: the answer is sent, or its store started (its
-        acknowledgement acknowledges the intake message; a failed store is retried in a task)."""
+        """The call ran (or failed) here: the answer is sent, or its store started."""
         limit = self.output_limit()
         if len(output) > limit:   # it could never be sent (nor stored): an error the caller can read instead
             status, error, output = 500, f"{call.fn}: output of {len(output)} bytes exceeds the limit of {limit}", b""
@@ -88,8 +87,7 @@ class Answerer(OnItsLoop):
                                                        output if status == 200 else b"")))
 
     def output_limit(self) -> int:
-        """Largest output an answer can carry: the broker's message limit, less room for the
-        headers, and for a stored answer's base64 and JSON (3/4 of it)."""
+        """Largest output an answer can carry: the message limit less headers, and base64 for a stored one."""
         return output_limit(self.nc.max_payload)
 
     def direct_context(self, call: Call) -> dict | None:
@@ -137,8 +135,7 @@ class Answerer(OnItsLoop):
             await self.refused(call, codes.GENERIC, 504, reason, kind, retry_after_s=1.0, logged=False)
 
     def count_unrun(self, call: Call) -> None:
-        """Pool telemetry of an admitted call taken out of its queue unrun (its caller or sender
-        gone): a task that arrived and did not meet its QoS, not one that never ended."""
+        """Pool telemetry of an admitted call taken out of its queue unrun: it did not meet its QoS."""
         stats = self.stats_of(call.pool)
         if stats is not None:
             stats.completed(time.time() - call.arrival, call.deadline_s, False)
@@ -248,8 +245,7 @@ class Answerer(OnItsLoop):
             log.warning("%s: answer to %s not sent: %s", self.node, call.key, exc)
 
     def _store(self, call: Call, subject: str, data: bytes) -> None:
-        """Store the answer; its acknowledgement (to the node's inbox) acknowledges the intake
-        message. The JetStream round trip holds up nothing: the answers that follow go out meanwhile."""
+        """Store the answer; its acknowledgement (to the node's inbox) acknowledges the intake message."""
         if self._stopping:
             return self._retry_store(call, subject, data)
         loop = self.loop
@@ -328,8 +324,7 @@ class Answerer(OnItsLoop):
         self._ack(call)
 
     async def settle(self, timeout_s: float = 5.0) -> None:
-        """Wait for answers still being stored (the node is stopping); those that cannot be stored
-        by then are given back (delivered again to a node)."""
+        """Wait for answers still being stored (stopping); those not stored by then are given back."""
         self._stopping = True
         deadline = asyncio.get_running_loop().time() + timeout_s
         while self._acking and asyncio.get_running_loop().time() < deadline:
@@ -353,8 +348,7 @@ class Answerer(OnItsLoop):
 
 
 def _store_problem(ack: Msg) -> str | None:
-    """Why a JetStream publish acknowledgement says the message was not stored; None if it was
-    (a duplicate was stored before: the same answer, kept once)."""
+    """Why a JetStream ack says the message was not stored; None if it was, now or before (a duplicate)."""
     error = store_error(ack.data, ack.headers or {})
     if error is None:
         return None
@@ -364,8 +358,7 @@ def _store_problem(ack: Msg) -> str | None:
 
 
 def retry_delay_s(own: Sequence[float], node: Sequence[float], deliveries: int) -> float:
-    """The wait before the next delivery of a task lost on its ``deliveries``-th: the n-th value of
-    its function's back-off (``own``), else of the node's; the last one repeats."""
+    """The wait before the next delivery: the n-th step of the function's back-off, else the node's."""
     schedule = own or node
     return schedule[max(1, min(deliveries, len(schedule))) - 1]
 

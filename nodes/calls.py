@@ -115,7 +115,6 @@ def timings_of(call: Call, execution_s: float, total_s: float, queueing_s: float
 
 
 def calls_document(calls: list[Call], direct: Direct) -> dict:
-    """The :class:`~broker.messages.WorkerCalls` document of ``calls``, written from the node's own
-    validated calls without building the models (a hot path; the worker decodes it)."""
+    """The ``WorkerCalls`` document of ``calls``, written without building the models (a hot path)."""
     return {"calls": [{"fn": c.fn, "timeout_s": c.timeout_s, "answer": direct(c), "id": c.id, "size": len(c.payload)}
                       for c in calls]}

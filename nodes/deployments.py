@@ -38,8 +38,7 @@ SCALED_BY_HAND_MAX = 32   # a shared function scaled by hand gets a pool of its 
 
 
 class PoolHost(Protocol):
-    """What deployments need of the node that holds them (nodes/node.py's ``Node``): its settings,
-    functions and pools, and the three changes they make to it."""
+    """What deployments need of the node that holds them (nodes/node.py's ``Node``)."""
 
     settings: NodeSettings
     subjects: Subjects
@@ -85,8 +84,7 @@ class Deployments:
             self._take(deployment)
 
     def _save(self, change: str) -> None:
-        """This node's record of its deployed functions. The catalogue holds them (a restart reads
-        it), so a record that cannot be written (a full disk) is said, counted, and not fatal."""
+        """This node's record of its deployed functions; the catalogue has them, so a write failure is not fatal."""
         try:
             write_node_file(self.path, orjson.dumps([d.model_dump(exclude_defaults=True)
                                                      for d in self._deployed.values()]))
@@ -96,8 +94,7 @@ class Deployments:
             self.node.metrics.error("node_file_unwritten")
 
     def _take(self, deployment: FunctionDeployment) -> None:
-        """``deployment`` in the settings the workers start from: its reference, variables,
-        options, and its own pool if it has one."""
+        """``deployment`` in the settings the workers start from (its own pool, if it has one)."""
         self._drop(deployment.service)
         name, settings = deployment.service, self.node.settings
         settings.functions = [*settings.functions, (name, deployment.reference)]
@@ -155,8 +152,7 @@ class Deployments:
         return dict(self._secrets.get(pool, {}))
 
     async def check(self, deployment: FunctionDeployment) -> "FunctionRegistry":
-        """A registry with ``deployment`` (its module imported; an image: its engine answers and
-        has it), or ControlError: what could not run, or variables another function sets otherwise."""
+        """A registry with ``deployment``, or ControlError saying what could not run or what clashes."""
         name, settings = deployment.service, self.node.settings
         taken = settings.pools.get(name)
         if name == DEFAULT_POOL or (taken is not None and not taken.function_pool):
@@ -225,8 +221,7 @@ class Deployments:
         return await self.secrets.values(deployment.secrets)
 
     async def _change_pools(self, name: str, before: PoolSpec | None, shared_before: bool) -> None:
-        """The pools as the settings now say: ``name``'s own pool made, changed or removed, the
-        main pool's workers replaced when a function they load came or went."""
+        """The pools as the settings now say, the main pool's workers replaced when its functions changed."""
         node, settings = self.node, self.node.settings
         after = settings.pools.get(name)
         shared_now = name in dict(settings.functions) and after is None
@@ -250,8 +245,7 @@ class Deployments:
         return encode(FunctionList([self.info(name) for name in self.node.registry.names()]))
 
     async def on_deploy(self, body: bytes) -> bytes:
-        """Checked here (a bad one changes nothing anywhere), then into the catalogue: every node
-        deploys it; the answer comes once this one has."""
+        """Checked here (a bad one changes nothing), then into the catalogue; answered once applied here."""
         deployment = decode(FunctionDeployment, body)
         await self.check(deployment)
         await self._open(deployment)

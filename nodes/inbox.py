@@ -53,8 +53,7 @@ class Inbox:
         self._standing.clear()
 
     def expect(self, handler: ReplyHandler, *, standing: bool = False) -> tuple[str, str]:
-        """(token, reply subject) for one request; its first reply goes to ``handler`` (every
-        reply until :meth:`forget` when ``standing``: a batch answered in parts)."""
+        """(token, reply subject) for one request; its first reply goes to ``handler`` (all, if ``standing``)."""
         token = str(next(self._tokens))
         (self._standing if standing else self._handlers)[token] = handler
         return token, f"{self.prefix}.{token}"

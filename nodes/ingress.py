@@ -111,8 +111,7 @@ class Ingress:
         self._doubtful_seq = self._last_seq
 
     def released(self, call: Call, answered: bool) -> None:
-        """An async call's message was acknowledged after its answer was stored (``answered``),
-        or handed back to be delivered again."""
+        """An async call's message was acknowledged (``answered``) or handed back to be delivered again."""
         assert call.held is not None
         self.intake.release(call.held)
         if self._holding.get(call.key) is call:
@@ -162,8 +161,7 @@ class Ingress:
         self.schedule(call)
 
     def take_async(self, msg: Msg) -> None:
-        """One message of the durable intake (see :class:`~nodes.intake.AsyncIntake`), taken in
-        the read loop; what has to wait (a stored answer looked up, a refusal) is a task."""
+        """One message of the durable intake, taken in the read loop; what has to wait is a task."""
         now = time.time()
         info = delivery_info(msg.reply)
         inv = self.inbound.invocation(msg.subject)
@@ -249,8 +247,7 @@ class Ingress:
         await msg.ack()
 
     async def _refuse_raw(self, reply: str, refusal: Refusal, *, subject: str = "") -> None:
-        """A message whose subject is not a call of ours: answered on its reply subject, or on the
-        reject subject of its client when the subject still names one."""
+        """A message whose subject is not a call of ours: refused on its reply or its client's reject subject."""
         self.metrics.error(refusal.kind)
         log.warning("%s: refused %s: %s", self.node_id, subject or "a request", refusal.reason)
         if reply:

@@ -323,8 +323,7 @@ class WorkerPool:
             self._resize()
 
     async def stop(self, timeout_s: float = STOP_GRACE_S + 5.0) -> None:
-        """Stop every worker (each finishes its calls, within its own grace), then wait, bounded:
-        a worker still alive after ``timeout_s`` is killed."""
+        """Stop every worker (each finishes its calls), then wait; one alive after ``timeout_s`` is killed."""
         self._closing = True
         if self._respawn is not None:
             self._respawn.cancel()

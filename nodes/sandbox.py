@@ -321,8 +321,7 @@ def _engine_socket_group() -> list[int]:
 
 
 def decide(settings: "NodeSettings", env: dict[str, str] | None = None) -> WorkerSandbox:
-    """The sandbox of this node's worker processes. WorkerUserError when an explicit
-    ``worker_user`` cannot be used."""
+    """The sandbox of this node's worker processes; WorkerUserError for an unusable ``worker_user``."""
     env = dict(os.environ) if env is None else env
     return _decide(settings.worker_user, str(Path(settings.data_dir).resolve()),
                    tuple(str(Path(p).resolve()) for p in settings.worker_writable),

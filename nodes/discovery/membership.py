@@ -107,8 +107,7 @@ class MembershipView:
         return PeerStatus.ALIVE
 
     def sweep(self, now: float) -> list[str]:
-        """Forget peers silent past ``remove_after``; returns the ones removed now. Queries never
-        depend on it: sweeping only frees entries."""
+        """Forget peers silent past ``remove_after`` (queries do not depend on it); the ones removed now."""
         gone = [n for n in self._peers if self.status(n, now) is PeerStatus.REMOVED]
         for node in gone:
             del self._peers[node]

@@ -82,8 +82,7 @@ class DiscoveryService:
         return f"http://{host}:{self.settings.peer_scheduler_port}"
 
     def resolve(self, name: str) -> str:
-        """The peer id of a node named by its address (P2PFaaS names machines by IP); ``name`` unchanged
-        when it is no known address."""
+        """The peer id of a node named by its address (P2PFaaS names machines by IP), else ``name``."""
         ip = valid_ip(name)
         if ip is None:
             return name
@@ -151,8 +150,7 @@ class DiscoveryService:
         return encode(self.configuration())
 
     async def on_config_set(self, body: bytes) -> bytes:
-        """As P2PFaaS: keys sent replace, the others stay; init servers join as machines. The id
-        and the address are the node's own (set when it starts): changing them is refused."""
+        """As P2PFaaS: keys sent replace, the others stay; changing the id or the address is refused."""
         current = self.configuration()
         new = decode_update(current, body)
         if (new.machine_id, new.machine_ip) != (current.machine_id, current.machine_ip):

@@ -33,8 +33,7 @@ class LearnerError(RuntimeError):
 
 
 class RemotePolicy:
-    """A learner model over request/reply: always the newest model and the learner's own
-    exploration (epsilon decays there), one round trip per decision."""
+    """A learner model over request/reply: the newest model and the learner's exploration, one round trip."""
 
     def __init__(self, nc: Client, node: str, model: str = SCHEDULING_MODEL, *, prefix: str = "faas",
                  timeout_s: float = 2.0) -> None:

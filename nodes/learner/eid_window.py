@@ -48,8 +48,7 @@ class EidWindow:
             log.warning("EID %d dropped: its successor did not arrive among %d samples", eid, self.max_pending)
 
     def take(self) -> list[list[LearnerTrainSample]]:
-        """The untrained links as runs of consecutive EIDs (sorted), each to be trained on its
-        own; keeps the samples that still wait for a successor or a predecessor."""
+        """The untrained links as sorted runs of consecutive EIDs; keeps the samples still waiting."""
         runs: list[list[LearnerTrainSample]] = []
         for eid in sorted(self.samples):
             if not self._untrained_link(eid):

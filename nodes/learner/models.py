@@ -69,8 +69,7 @@ def is_true(value: Any) -> bool:
 
 
 class ModelSlot:
-    """One model of a node (``scheduling`` or ``scaling-<pool>``). The agent is created on
-    first use, when the state size is known; a ``dsarsa`` table needs none, so it exists at once."""
+    """One model of a node; its agent is created when the state size is known (a ``dsarsa`` at once)."""
 
     def __init__(self, name: str, algorithm: str, n_actions: int, obs_dim: int | None = None,
                  parameters: Mapping[str, Any] | None = None, seed: int = 0) -> None:
@@ -128,8 +127,7 @@ class ModelSlot:
         return metrics
 
     def train_window(self, samples: list[LearnerTrainSample]) -> int:
-        """A P2PFaaS window (sorted by EID): ``dsarsa`` trains it as P2PFaaS does; any other
-        agent gets one transition per pair of consecutive EIDs. Returns samples trained."""
+        """A P2PFaaS window (sorted by EID), trained as P2PFaaS does for ``dsarsa``; returns samples trained."""
         agent = self.ensure(len(samples[0].state))
         if self.algorithm == "dsarsa":
             trained = int(agent.train_window(samples)["trained"])
@@ -174,8 +172,7 @@ class ModelSlot:
         return {"actions_n": self.n_actions, **dataclasses.asdict(self.config)}
 
     def set_parameters(self, values: Mapping[str, Any]) -> dict[str, Any]:
-        """Change hyper-parameters; ValueError (nothing changed) for unknown names, bad values
-        or a structural change on a live model without ``"reset": true``."""
+        """Change hyper-parameters; ValueError (nothing changed), also for a structural change without reset."""
         values = dict(values)
         reset = is_true(values.pop("reset", False))
         if self.algorithm == "dsarsa" and self.agent is not None:

@@ -377,8 +377,7 @@ class NodeLearner:
         return self._stats(slot, data)
 
     def _weights_set(self, slot: ModelSlot, data: bytes) -> bytes:
-        """Continue training from these weights (a controller seeds its pool's model with the model
-        it ships); answers the model's stats, whose ``experiences`` is the version they start at."""
+        """Continue training from these weights; answers the model's stats (``experiences``: the version)."""
         weights = decode(LearnerWeights, data)
         if weights.model != slot.name:
             raise ValueError(f"weights of model {weights.model!r} sent to model {slot.name!r}")

@@ -81,8 +81,7 @@ class LearnerSettings(BaseModel):
 
     @classmethod
     def for_node(cls, node_settings: Any, **overrides: Any) -> "LearnerSettings":
-        """The learner of one node, sharing its NATS, prefix, data directory and pools (the main
-        one, ``default``, and its dedicated ones)."""
+        """The learner of one node, sharing its NATS, prefix, data directory and pools."""
         values = dict(node_ids=[node_settings.node_id], nats_url=node_settings.nats_url, prefix=node_settings.prefix,
                       data_dir=node_settings.data_dir, pools=["default", *node_settings.pools])
         return cls(**{**values, **overrides})

@@ -84,8 +84,8 @@ def boot_slots() -> asyncio.Semaphore:
 async def run_process(settings: NodeSettings, pool: str, handle: WorkerHandle, secrets: dict[str, str],
                       sandbox: Callable[[], WorkerSandbox],
                       became_ready: Callable[[WorkerHandle], Awaitable[None]]) -> int | None:
-    """A worker as an OS process (``python -m nodes.worker``), from its start to its exit code
-    (None: it never started). ``became_ready`` is awaited when it prints its READY line."""
+    """A worker as an OS process, from its start to its exit code (None: it never started);
+    ``became_ready`` is awaited when it prints READY."""
     env = child_env(P2PFAAS_NODE_SETTINGS=settings.model_dump_json(),
                     P2PFAAS_WORKER_NAME=handle.name, P2PFAAS_WORKER_POOL=pool,
                     PYTHONUNBUFFERED="1")   # what a function prints reaches the log when it prints it

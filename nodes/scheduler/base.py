@@ -36,8 +36,7 @@ class LocalLoad:
 
     @property
     def has_room(self) -> bool:
-        """A new task could run now or wait in the queue (counted on running + queued: a task
-        enqueued but not started yet takes a free slot first)."""
+        """A new task could run now or wait in the queue (queued tasks take free slots first)."""
         capacity = self.slots + (self.queue_max if self.queue_enabled else 0)
         return self.running + self.queued < capacity
 

@@ -105,8 +105,7 @@ class WeightsCodec:
 
 
 def save_checkpoint(path: str | Path, agent: Any, state: dict[str, Any]) -> None:
-    """Write state + dimensions + config + seed, atomically (a crash mid-save never leaves a
-    truncated model behind)."""
+    """Write state + dimensions + config + seed, atomically."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(path.name + ".tmp")
@@ -115,8 +114,7 @@ def save_checkpoint(path: str | Path, agent: Any, state: dict[str, Any]) -> None
 
 
 def load_checkpoint(path: str | Path, cls: type) -> tuple[Any, dict[str, Any]]:
-    """A new `cls` agent built with the checkpoint's dimensions, config and seed, and the
-    saved state for it to restore."""
+    """A new `cls` agent made from the checkpoint, and the saved state for it to restore."""
     payload = _open(from_bytes(Path(path).read_bytes()), cls.algorithm)
     config = config_from_dict(cls.config_class, payload["config"])
     return cls(payload["obs_dim"], payload["n_actions"], config, payload["seed"]), payload["state"]
@@ -145,8 +143,7 @@ def table_from_state(state: dict[str, Any], n_actions: int) -> dict[tuple, np.nd
 
 
 def check_action(agent: Any, action: Any) -> int:
-    """An action from outside (a broker message) as an int in range, or ValueError: a bad
-    experience is refused when it arrives, not when a later training step samples it."""
+    """An action from outside as an int in range, or ValueError (a bad experience is refused on arrival)."""
     index = int(action)
     if index != action or not 0 <= index < agent.n_actions:
         raise ValueError(f"{agent.algorithm}: action {action!r} is not in 0..{agent.n_actions - 1}")
@@ -154,8 +151,7 @@ def check_action(agent: Any, action: Any) -> int:
 
 
 def greedy_or_default(row: np.ndarray, default: int) -> int:
-    """The greedy action of a Q-row; where the default action ties for best (a row never
-    trained is all ties) the default wins, so an unseen state gets the safe answer, never 0."""
+    """The greedy action of a Q-row; the default wins ties, so an unseen state gets the safe answer."""
     default = min(max(int(default), 0), len(row) - 1)
     return default if row[default] >= row.max() else int(row.argmax())
 

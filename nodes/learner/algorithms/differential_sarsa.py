@@ -109,8 +109,7 @@ class DifferentialSarsa(WeightsCodec):
         return row
 
     def act(self, obs: Any, explore: bool = False) -> int:
-        """Greedy action; with explore, epsilon-greedy and epsilon decays (P2PFaaS's /act).
-        Read `epsilon` before the call for the value the decision used."""
+        """Greedy action; with explore, epsilon-greedy and epsilon decays (read `epsilon` before the call)."""
         row = self.q.get(state_key(obs))
         default = min(self.config.default_action, self.n_actions - 1)
         if explore:
@@ -195,8 +194,7 @@ class DifferentialSarsa(WeightsCodec):
         return {"actions_n": self.n_actions, **dataclasses.asdict(self.config)}
 
     def set_parameters(self, values: Mapping[str, Any]) -> dict[str, Any]:
-        """Change hyper-parameters at run time (values may be strings); unknown names or
-        bad values raise ValueError and change nothing. Returns the new parameters."""
+        """Change hyper-parameters (strings allowed); ValueError changes nothing. Returns the new parameters."""
         kinds = {f.name: type(f.default) for f in dataclasses.fields(DifferentialSarsaConfig)}
         unknown = set(values) - set(kinds) - {"actions_n"}
         if unknown:

@@ -44,8 +44,7 @@ class DQNConfig:
     end_e: float = 0.05
     """Exploration epsilon once the schedule has run out."""
     exploration_steps: int = 10_000
-    """Transitions over which epsilon falls linearly from start_e to end_e (absolute,
-    because online learning has no known horizon)."""
+    """Transitions over which epsilon falls from start_e to end_e (online learning has no horizon)."""
     learning_starts: int = 1_000
     """Transitions collected before the first gradient step."""
     train_frequency: int = 1
@@ -134,8 +133,7 @@ class DoubleDQN(WeightsCodec):
         return greedy_action(self.q_network, obs)
 
     def update(self, obs, action, reward, next_obs, done, truncated: bool = False) -> dict:
-        """Store one transition and train when the schedule says so. `done` means terminated
-        (no bootstrap); a truncated transition still bootstraps from next_obs."""
+        """Store one transition and train when due; `done` (terminated) does not bootstrap, truncated does."""
         c = self.config
         self.buffer.add(obs, check_action(self, action), float(reward), next_obs, bool(done))
         self.global_step += 1

@@ -114,8 +114,7 @@ class PPO(WeightsCodec):
         return int(logits.argmax(dim=1).item())
 
     def update(self, obs, action, reward, next_obs, done, truncated: bool = False) -> dict:
-        """Buffer one transition; train on the rollout once it holds num_steps. `done` means
-        terminated (no bootstrap); truncated ends the episode but bootstraps from next_obs."""
+        """Buffer one transition, train once the rollout holds num_steps; truncated still bootstraps."""
         self.rollout.append((
             np.asarray(obs, dtype=np.float32).reshape(self.obs_dim), check_action(self, action), float(reward),
             np.asarray(next_obs, dtype=np.float32).reshape(self.obs_dim), bool(done), bool(done or truncated),

@@ -53,13 +53,11 @@ class SarsaConfig:
     initial_q: float = 0.0
     """Value of a state-action pair never updated (> 0 is optimistic exploration)."""
     default_action: int | None = None
-    """The answer for a state never trained (and the winner of ties): None = the middle action,
-    which is "keep" for -1/0/+1 and -4..+4 scaling actions."""
+    """The answer for an untrained state (and ties): None = the middle action, "keep" for scaling."""
 
 
 class Discretiser:
-    """Maps an observation to a tuple of bin indices, one per dimension: tuples of ints
-    compare element-wise, so two different cells can never share a key."""
+    """Maps an observation to a tuple of bin indices, so two different cells never share a key."""
 
     def __init__(self, obs_dim: int, bins, low, high):
         self.obs_dim = obs_dim
@@ -125,8 +123,7 @@ class SarsaLambda(WeightsCodec):
         return greedy_or_default(row, self.default_action)
 
     def _expected_value(self, state: State) -> float:
-        """Value of `state` under the epsilon-greedy policy: the bootstrap when the real next
-        action is unknown (truncation, or a stream that does not continue)."""
+        """Value of `state` under the epsilon-greedy policy: the bootstrap when the next action is unknown."""
         row, e = self._row(state), self.epsilon
         return float((1 - e) * row.max() + e * row.mean())
 
