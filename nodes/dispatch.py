@@ -111,7 +111,6 @@ class Dispatcher(OnItsLoop):
 
     # -- workers ----------------------------------------------------------------------
     async def add_worker(self, name: str) -> None:
-        """A worker is ready for calls."""
         if not self.capacity:
             self.ready_at = time.time()
         self.workers[name] = WorkerSlot(name, self.subjects.worker(self.node, name))
@@ -240,8 +239,7 @@ class Dispatcher(OnItsLoop):
 
     def _on_outcomes(self, token: str, batch: dict[int, Call], msg: Reply) -> None:
         if not msg.data and (msg.headers or {}).get(H.NATS_STATUS) == "503":
-            # nobody listens on that worker's subject (it is exiting, or lost its subscription):
-            # the calls never ran there and go to another worker
+            # nobody listens on that worker's subject: the calls never ran there and go to another
             waiting = [c for c in batch.values() if self.running.get(c.id) is c]
             for call in waiting:
                 self._end(call)
@@ -362,7 +360,6 @@ class Dispatcher(OnItsLoop):
         self._sending.spawn(coro)
 
     def drop_queued(self, unwanted: Callable[[Call], bool]) -> list[Call]:
-        """Take the queued calls ``unwanted`` picks out of the queue (nobody waits for them any more)."""
         return self.waiting.drop_queued(unwanted)
 
     def drain(self) -> list[Call]:

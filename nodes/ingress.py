@@ -122,8 +122,7 @@ class Ingress:
                 self._recent.popitem(last=False)
 
     # -- the three doors ----------------------------------------------------------------
-    # Direct calls and forwards are taken in the connection's read loop (broker.connection.listen):
-    # validated and handed on without a coroutine; whatever has to wait (a refusal to publish) is a task.
+    # Direct calls and forwards are taken in the connection's read loop; whatever has to wait is a task.
     def _on_request(self, subject: str, reply: str, data: bytes, headers: Mapping[str, str]) -> None:
         if not reply:  # published without a reply (MQTT through a foreign nats-server): make it async
             return self._later(self._to_async(subject, data, headers))
@@ -171,8 +170,7 @@ class Ingress:
         self._last_seq = max(self._last_seq, info.stream_seq)
         holding = self._holding.get(key)
         if holding is not None:
-            # delivered again while this node still runs it (its keep-alive was lost in a broker
-            # outage): the same task, not a second one -- the new delivery is the one to acknowledge
+            # delivered again while we still run it (keep-alive lost in an outage): acknowledge the new one
             if holding.held is not None and holding.held.reply != msg.reply:
                 self.intake.release(holding.held)
                 self.intake.hold(msg)

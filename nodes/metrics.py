@@ -23,8 +23,7 @@ class _LoopMetric:
     _type = ""
 
     def __init__(self, name: str, documentation: str, labelnames: Sequence[str], registry: CollectorRegistry) -> None:
-        # named as prometheus_client's own metrics name them (tests/compose/test_monitoring.py
-        # checks the dashboards against these)
+        # named as prometheus_client's own metrics name them (the dashboards read these)
         self._name, self._documentation = name, documentation
         self._labelnames = tuple(labelnames)
         self._series: dict[tuple[str, ...], object] = {}

@@ -249,8 +249,7 @@ class WorkerPool:
         code: int | None = None
         try:
             self._docker = self._docker or asyncio.ensure_future(pool_runtime(self.settings, self.name))
-            # a container cannot hold our pipe: it watches our heartbeats instead, and ends when
-            # they stop or we say we are gone (nodes/worker.py)
+            # a container cannot hold our pipe: it watches our heartbeats instead
             env = {"P2PFAAS_NODE_SETTINGS": self.settings.model_dump_json(),
                    "P2PFAAS_WORKER_NAME": handle.name, "P2PFAAS_WORKER_POOL": self.name,
                    "P2PFAAS_WORKER_WATCH_NODE": "1", **worker_identity(),

@@ -115,9 +115,8 @@ class LandlockPolicy:
         if fd < 0:
             raise OSError(ctypes.get_errno(), f"landlock_create_ruleset: {os.strerror(ctypes.get_errno())}")
         try:
-            # listing directories everywhere, the data dir's included (its names are no secret): a
-            # parent of the data dir that could not be listed would hide the modules in it from
-            # Python's import system, which lists a directory to find them
+            # listing directories everywhere, the data dir's included (its names are no secret):
+            # Python's import system must list a directory to find the modules in it
             self._allow(fd, "/", FS_READ_DIR, [])
             hidden = [*self.hidden, *block_devices()]
             for path, rights in [("/", FS_READ), *((p, handled) for p in self.writable)]:

@@ -1,5 +1,4 @@
-"""Per-pool telemetry: what happened in one control period, as a ``PoolTelemetry`` sample (pure
-bookkeeping; nodes/pool_reports.py adds queue and worker counts when it samples)."""
+"""Per-pool telemetry: what happened in one control period, as a ``PoolTelemetry`` sample."""
 
 from __future__ import annotations
 

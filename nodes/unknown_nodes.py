@@ -96,8 +96,7 @@ class UnknownNodeSweeper:
         return unknown
 
     async def drain(self, node: str) -> None:
-        """Refuse every stored call of ``node`` through a consumer of our own (a work queue gives
-        each message to one consumer: while it exists, nobody else may take these)."""
+        """Refuse every stored call of ``node`` through our own consumer (a work queue: nobody else takes them)."""
         stream = async_stream(self.subjects)
         name = f"sweep-{node}"[:64]
         try:

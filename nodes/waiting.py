@@ -32,7 +32,6 @@ class WaitingLines:
         return {c.key for c in self.queue} | {c.key for c in self.lane}
 
     def enter(self, call: Call) -> None:
-        """A new call joins the back of its line."""
         call.entered = next(_entries)
         self.put(call)
 

@@ -61,8 +61,7 @@ class Worker(OnItsLoop):
         self._running: set[asyncio.Task] = set()
         self._outbox: dict[str, Ended] = {}   # reply -> the calls that ended this turn
         self._active: set[int] = set()                  # ids of the calls running here
-        # the last outcomes sent, by call id, with their reply subject: sent again when the node asks
-        # after a broker outage (an outcome in flight when nats-server died is lost with it)
+        # the last outcomes sent, by call id: sent again when the node asks after a broker outage
         self._sent = SentOutcomes()
         # CPU-bound calls get one thread (one at a time); I/O-bound ones share a pool
         self._cpu = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"{name}-cpu")
@@ -105,8 +104,7 @@ class Worker(OnItsLoop):
         return EXIT_RECYCLE if self.recycle else 0
 
     async def _watch_node(self) -> asyncio.Task:
-        """Stop when the node says it is gone, or when it has been silent for several heartbeat
-        periods (it died without a word)."""
+        """Stop when the node says it is gone, or has been silent for several heartbeat periods."""
         node = self.settings.node_id
         silent_after = max(10.0, 5 * self.settings.heartbeat_period_s)
         last = time.monotonic()
@@ -178,8 +176,7 @@ class Worker(OnItsLoop):
             self.stopping.set()
 
     async def _call(self, spec: FunctionSpec, payload: bytes):
-        """Run the function; a node with ``speed`` < 1 pads the time (the slot stays busy, as on
-        a slower machine)."""
+        """Run the function; with ``speed`` < 1 the time is padded (the slot stays busy, as on a slower machine)."""
         started = time.perf_counter()
         current_function.set(spec.name)   # its output is tagged with its name (functions/output.py)
         if spec.is_async:
@@ -235,8 +232,7 @@ class Worker(OnItsLoop):
             entry.answers.append((call.answer, status, execution_s, output, error))   # type: ignore[arg-type]
 
     def _flush_outcomes(self, reply: str) -> None:
-        """End of the turn: what ended during it goes to the node as one message, and the direct
-        calls' answers to their callers; all of it leaves in one write."""
+        """End of the turn: the outcomes to the node as one message and the direct answers, in one write."""
         entry = self._outbox.pop(reply, None)
         if entry is None:
             return
@@ -261,8 +257,7 @@ class Worker(OnItsLoop):
                 log.warning("%s: could not answer: %s", self.name, exc)
 
     async def _on_status(self, msg: Msg) -> None:
-        """The node's connection came back: outcomes it may have missed go again, then the ids
-        of its calls still running here."""
+        """The node's connection came back: outcomes it may have missed go again, then the ids still running."""
         try:
             asked = decode(WorkerStatusRequest, msg.data)
         except ContractError as exc:
@@ -355,8 +350,7 @@ if __name__ == "__main__":
     logging.basicConfig(level=os.environ.get("P2PFAAS_LOG_LEVEL", "WARNING"),
                         format="%(asctime)s %(levelname)s worker %(name)s: %(message)s")
     code = run_loop(_main())
-    # cleanups (e.g. an image function's container) run, but an abandoned (overrunning) thread
-    # must not hold the exit: no interpreter shutdown, which would join it
+    # cleanups run, but no interpreter shutdown: it would join an abandoned (overrunning) thread
     atexit._run_exitfuncs()
     logging.shutdown()
     sys.stdout.flush()

@@ -133,7 +133,6 @@ class MembershipView:
         return PeerLoad(hb.running, hb.queued, hb.parallel_running_functions_max, hb.queue_length_max, hb.time)
 
     def loads(self, now: float) -> dict[str, PeerLoad]:
-        """Every alive peer's reported load, by node id."""
         return {node: load for node in self.alive(now) if (load := self.load(node, now)) is not None}
 
     def as_p2pfaas_list(self, now: float) -> list[dict[str, object]]:

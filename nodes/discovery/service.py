@@ -281,8 +281,7 @@ class DiscoveryService:
             return
         now = self._clock()
         if msg.subject != self.subjects.membership(hb.node, hb.group) or hb.time > now + MAX_CLOCK_AHEAD_S:
-            # a heartbeat on someone else's subject, or dated in the future (it would outrank every
-            # true heartbeat of that peer, and so remove it for good), is refused
+            # someone else's subject, or dated in the future (it would outrank the peer's true ones)
             log.warning("%s: heartbeat of %r on %s refused (dated %+.0f s from now)", self.node_id, hb.node[:64],
                         msg.subject, hb.time - now)
             return

@@ -157,8 +157,7 @@ class LocalPolicy:
             try:
                 self.agent.set_weights(base64.b64decode(weights.weights_b64))
             except Exception:
-                # a load that fails half-way has overwritten some tensors of the agent that acts (the
-                # controller holds this very object): the last good weights go back in first
+                # a load failed half-way has overwritten tensors of the acting agent: restore the last good
                 if self.weights is not None:
                     self.agent.set_weights(base64.b64decode(self.weights.weights_b64))
                 raise

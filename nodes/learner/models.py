@@ -21,8 +21,7 @@ from nodes.learner.algorithms.agent import MAX_PARAMETER, config_from_dict
 
 log = logging.getLogger(__name__)
 
-# Config fields that size a model (networks, buffers, tables): on a live model they change
-# only together with "reset": true, which rebuilds it.
+# Config fields that size a model: on a live model they change only with "reset": true, which rebuilds it.
 STRUCTURAL = frozenset({"actions_n", "hidden_sizes", "buffer_size", "bins", "low", "high", "num_steps"})
 MANIFEST = "learner.json"
 FORMAT_VERSION = 1

@@ -28,8 +28,7 @@ class LearnerService:
         return self.learners[node]
 
     async def start(self) -> "LearnerService":
-        # torch imports its compiler stack (~2-3 s) on the first optimizer: pay it now, off the
-        # event loop, not on the first scaling experience while act requests wait
+        # torch's first optimizer imports its compiler stack (~2-3 s): now, off the event loop
         await asyncio.to_thread(_warm_up_torch)
         js = self.nc.jetstream()
         try:

@@ -17,8 +17,7 @@ from nodes.scheduler.base import (
     SchedulingView,
     build_algorithm,
 )
-# Importing every algorithm module registers it: build_algorithm knows every name.
-# A new algorithm module (e.g. the LearningScheduler) must be imported here too.
+# Importing every algorithm module registers it: a new one must be imported here too.
 from nodes.scheduler.forward import ForwardScheduler
 from nodes.scheduler.learning import LearningScheduler
 from nodes.scheduler.no_scheduler import NoScheduler

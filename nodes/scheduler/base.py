@@ -59,8 +59,6 @@ class SchedulingView(Protocol):
 
 @dataclass(frozen=True, slots=True)
 class Execute:
-    """Run on this node's worker pool."""
-
     probing_s: float = 0.0  # time spent probing peers before deciding to stay local
 
 
@@ -96,8 +94,7 @@ class SchedulingAlgorithm(abc.ABC):
 
     name: ClassVar[str]
     registry: ClassVar[dict[str, type["SchedulingAlgorithm"]]] = {}
-    # True when schedule() never waits on I/O (no probe, no learner round trip): the service
-    # then decides right in the message callback instead of in a task of its own
+    # schedule() never waits on I/O: the service decides in the message callback, not in a task
     instant: ClassVar[bool] = False
 
     def __init_subclass__(cls, **kw: object) -> None:

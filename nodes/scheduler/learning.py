@@ -221,8 +221,7 @@ class LearningContext:
         self._actions_n = n_actions
 
     async def act(self, state: list[float], explore: bool) -> LearnerAction | None:
-        """The learner's action: the local copy when it has weights, else a round trip; None
-        when no learner answers (the scheduler then acts without it)."""
+        """The learner's action (the local copy, else a round trip); None when no learner answers."""
         await self._begin()
         if self.local.ready:
             try:

@@ -1,5 +1,4 @@
-"""P2PFaaS power-of-N choices: ``PowerOfNScheduler [F, T, loss, maxHops]`` and
-``PowerOfNSchedulerTau [F, T, loss, maxHops, tau]``."""
+"""P2PFaaS power-of-N choices: ``PowerOfNScheduler [F, T, loss, maxHops]`` and its tau variant."""
 
 from __future__ import annotations
 

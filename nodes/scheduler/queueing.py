@@ -24,8 +24,7 @@ def erlang_b(servers: int, offered_load: float) -> float:
 
 
 def finite_queue_blocking(servers: int, queue_length: int, offered_load: float) -> float:
-    """Blocking probability of M/M/c/(c+q), a P2PFaaS node with its queue; summed in log space so
-    large systems neither overflow nor underflow."""
+    """Blocking probability of M/M/c/(c+q), a P2PFaaS node with its queue (summed in log space)."""
     _check(servers, offered_load)
     if isinstance(queue_length, bool) or not isinstance(queue_length, int) or queue_length < 0:
         raise ValueError(f"queue_length must be a non-negative integer, got {queue_length!r}")
@@ -50,8 +49,7 @@ def local_only_blocking(slots: int, offered_load_per_node: float, queue_length: 
 
 
 def pooled_blocking(nodes: int, slots: int, offered_load_per_node: float) -> float:
-    """The pooled lower bound, Erlang-B(nK, nA): no scheduler that only moves requests between nodes
-    (queues disabled) can reject less."""
+    """The pooled lower bound Erlang-B(nK, nA): no scheduler moving requests between nodes rejects less."""
     if isinstance(nodes, bool) or not isinstance(nodes, int) or nodes < 1:
         raise ValueError(f"nodes must be a positive integer, got {nodes!r}")
     return erlang_b(nodes * slots, nodes * offered_load_per_node)

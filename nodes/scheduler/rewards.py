@@ -62,8 +62,7 @@ class RewardTracker:
     def __init__(self, nc: Client, node: str, *, prefix: str = "faas", grace_s: float = 1.0,
                  max_pending: int = 10_000, sweep_period_s: float = 0.25,
                  clock: Callable[[], float] = time.monotonic, publish: bool = True) -> None:
-        """``publish`` False: decisions are still tracked (their headers go back with the answers)
-        but no reward is published -- the clients post them (NodeSettings.node_rewards)."""
+        """``publish`` False: decisions are tracked but the clients post the rewards (``node_rewards``)."""
         self.nc, self.node, self.publishing = nc, node, publish
         self.subjects = Subjects(prefix)
         self.reward_subject = self.subjects.reward(node)

@@ -56,8 +56,6 @@ class DQNConfig:
 
 
 class QNetwork(nn.Module):
-    """An MLP from an observation to one Q-value per action."""
-
     def __init__(self, obs_dim: int, n_actions: int, hidden_sizes: tuple[int, ...] = (64, 64)):
         super().__init__()
         layers: list[nn.Module] = []

@@ -93,8 +93,7 @@ class SarsaLambda(WeightsCodec):
         self.rng = np.random.default_rng(seed)
         self.q: dict[State, np.ndarray] = {}
         self.traces: dict[State, np.ndarray] = {}
-        # SARSA needs the next action, which only arrives with the next transition: the last
-        # transition waits here as (state, action, reward, next_obs) until then.
+        # the last transition waits here until the next one brings the action SARSA needs
         self.pending: tuple[State, int, float, np.ndarray] | None = None
         self.global_step = 0
 
