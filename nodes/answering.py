@@ -1,14 +1,7 @@
-"""Answering calls: a direct call (or a peer's forward) on its reply subject, with the P2PFaaS
-headers and the output as body; an async call stored on its result/reject subject, once per
-request id, and only then its intake message acknowledged.
-
-An answer is stored by a publish whose JetStream acknowledgement comes to the node's inbox
-(one timer per store, no task): the intake message is acknowledged from there. Only a store
-that fails or gets no acknowledgement in time goes to the retry loop (a task, patient).
-
-Every answer is counted here (metrics, pool telemetry) and offered to the LearningScheduler's
-rewards, so the node sees every outcome of every decision it took.
-"""
+"""Answering calls: a direct call (or a peer's forward) on its reply subject with the P2PFaaS headers;
+an async call stored on its result/reject subject once per request id, and only then its intake
+message acknowledged (a failed store is retried in a task). Every answer is counted here and
+offered to the LearningScheduler's rewards."""
 
 from __future__ import annotations
 
@@ -76,8 +69,7 @@ class Answerer(OnItsLoop):
         self.executed(call, outcome.status, output, outcome.error, outcome.execution_s)
 
     def executed(self, call: Call, status: int, output: bytes, error: str | None, execution_s: float) -> None:
-        """The call ran (or failed) here: the answer is sent, or its store started (its
-        acknowledgement acknowledges the intake message; a failed store is retried in a task)."""
+        """The call ran (or failed) here: the answer is sent, or its store started."""
         limit = self.output_limit()
         if len(output) > limit:   # it could never be sent (nor stored): an error the caller can read instead
             status, error, output = 500, f"{call.fn}: output of {len(output)} bytes exceeds the limit of {limit}", b""
@@ -96,22 +88,19 @@ class Answerer(OnItsLoop):
                                                        output if status == 200 else b"")))
 
     def output_limit(self) -> int:
-        """Largest output an answer can carry: the broker's message limit, less room for the
-        headers, and for a stored answer's base64 and JSON (3/4 of it)."""
+        """Largest output an answer can carry: the message limit less headers, and base64 for a stored one."""
         return output_limit(self.nc.max_payload)
 
     def direct_context(self, call: Call) -> dict | None:
-        """A direct call's side of its answer (the JSON document of a :class:`DirectAnswer`, written
-        from the node's own validated call), handed to the worker that runs it: it answers the
-        caller itself, one hop less. None for an async call, whose answer is stored by us."""
+        """A direct call's :class:`DirectAnswer` document, handed to the worker that answers the
+        caller itself; None for an async call, whose answer we store."""
         if call.is_async:
             return None
         return {"reply": call.reply, "arrival": call.arrival, "headers": self._context_text(call)}
 
     def _context_text(self, call: Call) -> str:
-        """The node's side of a direct answer's P2PFaaS headers, rendered (header lines): what
-        :func:`~broker.answers.context_headers` says, written in one pass for the common call (not
-        forwarded, not probed, no learning decision), on every direct call's path."""
+        """The node's side of a direct answer's P2PFaaS headers as header lines: what
+        :func:`~broker.answers.context_headers` says, in one pass for the common call (a hot path)."""
         forwarded = call.request.external
         if not forwarded and not call.probing_s and call.learning is None and not call.cold_start_s:
             lines = self._plain_lines.get(call.scheduler)
@@ -147,8 +136,7 @@ class Answerer(OnItsLoop):
             await self.refused(call, codes.GENERIC, 504, reason, kind, retry_after_s=1.0, logged=False)
 
     def count_unrun(self, call: Call) -> None:
-        """Pool telemetry of an admitted call taken out of its queue unrun (its caller or sender
-        gone): a task that arrived and did not meet its QoS, not one that never ended."""
+        """Pool telemetry of an admitted call taken out of its queue unrun: it did not meet its QoS."""
         stats = self.stats_of(call.pool)
         if stats is not None:
             stats.completed(time.time() - call.arrival, call.deadline_s, False)
@@ -210,9 +198,8 @@ class Answerer(OnItsLoop):
         await self._reply(call, error_body(code, reason), headers)
 
     async def lost(self, call: Call, reason: str, kind: str = "worker_lost") -> None:
-        """The worker (or peer) running the call went away. A direct call fails now (as an HTTP call
-        to a crashed server would); an async one is delivered again, or dead-lettered on its last try.
-        Counted once, as ``kind``: a worker lost, a forward that failed, the node stopping."""
+        """The worker (or peer) running the call went away: a direct call fails now, an async one is
+        delivered again (dead-lettered on its last try). Counted once, as ``kind``."""
         log.warning("%s: %s lost: %s", self.node, call.key, reason)
         self.metrics.error(kind)
         if not call.is_async:
@@ -259,8 +246,7 @@ class Answerer(OnItsLoop):
             log.warning("%s: answer to %s not sent: %s", self.node, call.key, exc)
 
     def _store(self, call: Call, subject: str, data: bytes) -> None:
-        """Store the answer; its acknowledgement (to the node's inbox) acknowledges the intake
-        message. The JetStream round trip holds up nothing: the answers that follow go out meanwhile."""
+        """Store the answer; its acknowledgement (to the node's inbox) acknowledges the intake message."""
         if self._stopping:
             return self._retry_store(call, subject, data)
         loop = self.loop
@@ -310,10 +296,8 @@ class Answerer(OnItsLoop):
         call.release(True)
 
     async def _store_then_ack(self, call: Call, subject: str, data: bytes) -> None:
-        """Retried until stored (JetStream unavailable, disk full): the task stays held meanwhile,
-        and running it again would give its caller a second, different answer -- the one answer
-        is kept and stored once the broker takes it (the message id makes a late double harmless).
-        Only a stopping node gives the task back."""
+        """Retried until stored, the task held meanwhile: running it again would give its caller a
+        second, different answer (the message id makes a late double harmless). A stop gives it back."""
         assert call.held is not None
         delay, waiting = 0.5, False
         try:
@@ -341,8 +325,7 @@ class Answerer(OnItsLoop):
         self._ack(call)
 
     async def settle(self, timeout_s: float = 5.0) -> None:
-        """Wait for answers still being stored (the node is stopping); those that cannot be stored
-        by then are given back (delivered again to a node)."""
+        """Wait for answers still being stored (stopping); those not stored by then are given back."""
         self._stopping = True
         deadline = asyncio.get_running_loop().time() + timeout_s
         while self._acking and asyncio.get_running_loop().time() < deadline:
@@ -366,8 +349,7 @@ class Answerer(OnItsLoop):
 
 
 def _store_problem(ack: Msg) -> str | None:
-    """Why a JetStream publish acknowledgement says the message was not stored; None if it was
-    (a duplicate was stored before: the same answer, kept once)."""
+    """Why a JetStream ack says the message was not stored; None if it was, now or before (a duplicate)."""
     error = store_error(ack.data, ack.headers or {})
     if error is None:
         return None
@@ -377,8 +359,7 @@ def _store_problem(ack: Msg) -> str | None:
 
 
 def retry_delay_s(own: Sequence[float], node: Sequence[float], deliveries: int) -> float:
-    """The wait before the next delivery of a task lost on its ``deliveries``-th: the n-th value of
-    its function's back-off (``own``), else of the node's; the last one repeats."""
+    """The wait before the next delivery: the n-th step of the function's back-off, else the node's."""
     schedule = own or node
     return schedule[max(1, min(deliveries, len(schedule))) - 1]
 

@@ -1,9 +1,6 @@
-"""One invocation inside a node, from the moment it arrives to its answer.
-
-A :class:`Call` knows where its answer goes: a direct call (or a peer's forward) is answered
-on its NATS reply subject; an async call holds its JetStream message, which is acknowledged
-only once the answer is stored (:mod:`nodes.answering`).
-"""
+"""One invocation inside a node, from the moment it arrives to its answer: a direct call (or a
+peer's forward) is answered on its reply subject; an async call holds its JetStream message,
+acknowledged only once the answer is stored (:mod:`nodes.answering`)."""
 
 from __future__ import annotations
 
@@ -84,9 +81,8 @@ class Call:
 
 def result_document(call: Call, node: str, ip: str, status: int, error: str | None, execution_s: float,
                     total_s: float, output: bytes) -> dict:
-    """The JSON document of the ``Result`` of a call this node ran, written out from the node's own
-    validated call, on every async answer's path (bench/README.md).
-    tests/nodes/test_answering.py checks it against the contract, field by field."""
+    """The JSON document of the ``Result`` of a call this node ran, written from its own validated
+    call on every async answer's path (tests/nodes/test_answering.py checks it against the contract)."""
     forwarded = call.request.external
     peers = [*call.request.peers, node] if forwarded else []
     ips = [*call.peer_ips, *[""] * (len(call.request.peers) - len(call.peer_ips)), ip] if forwarded else []
@@ -119,8 +115,6 @@ def timings_of(call: Call, execution_s: float, total_s: float, queueing_s: float
 
 
 def calls_document(calls: list[Call], direct: Direct) -> dict:
-    """The :class:`~broker.messages.WorkerCalls` document of ``calls``, written from the node's own
-    validated calls (the worker decodes it into the contract): building the models only to dump
-    them costs the node 9 µs a call (bench/README.md)."""
+    """The ``WorkerCalls`` document of ``calls``, written without building the models (a hot path)."""
     return {"calls": [{"fn": c.fn, "timeout_s": c.timeout_s, "answer": direct(c), "id": c.id, "size": len(c.payload)}
                       for c in calls]}

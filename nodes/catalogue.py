@@ -1,13 +1,6 @@
-"""The deployment's function catalogue: the functions deployed at run time, in a JetStream
-key-value bucket (``<PREFIX>_FUNCTIONS``, one key per function) that every node on the broker
-watches (docs/compat.md, "Deploying functions").
-
-A deploy or a removal on any node is a put or a delete in the bucket; every node applies the
-bucket's changes in the bucket's order, its own included, so all converge on its last word. The
-node that took the request answers once it has applied it itself. A node that starts (or comes
-back) applies what the bucket holds before its workers start. Devices of a hub have a JetStream
-of their own (docs/edge.md): there the catalogue is the device's.
-"""
+"""The deployment's function catalogue: a JetStream key-value bucket (``<PREFIX>_FUNCTIONS``, one
+key per function) that every node watches and applies in the bucket's order, its own changes
+included, so all converge (docs/compat.md, "Deploying functions")."""
 
 from __future__ import annotations
 

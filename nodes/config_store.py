@@ -18,9 +18,8 @@ TO_DEFAULTS = "fix it, or delete it to start from the defaults"
 
 
 def read_node_file(path: Path, parse: Callable[[bytes], T], todo: str) -> T | None:
-    """``parse`` of the file at ``path``, None when there is none. One that cannot be read or
-    parsed (``parse`` raises ValueError) is NodeFileError naming it and ``todo``: read as absent,
-    the node would run without what it holds and overwrite it with its next save."""
+    """``parse`` of the file at ``path``, None when there is none. An unreadable one is NodeFileError
+    naming it and ``todo``: read as absent, the node would overwrite it with its next save."""
     try:
         data = path.read_bytes()
     except FileNotFoundError:
@@ -60,8 +59,7 @@ class ConfigStore:
 
 
 def _buildable(config: SchedulerConfiguration) -> SchedulerConfiguration:
-    """A saved algorithm this version refuses (ValueError: e.g. a PowerOfNSchedulerTau tau above
-    10 s, accepted before) is a file to fix, said as such -- not a traceback from the node's start."""
+    """A saved algorithm this version refuses (ValueError) is a file to fix, said as such."""
     from nodes.scheduler.algorithms import build_algorithm   # the algorithms import the node's parts
     build_algorithm(config.name, config.parameters)
     return config

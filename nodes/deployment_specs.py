@@ -12,8 +12,7 @@ from nodes.settings import FunctionOptions, PoolSpec
 
 
 def options_of(deployment: FunctionDeployment) -> FunctionOptions:
-    """What the deployment sets instead of the function's code: timeout, concurrency, and an
-    image function's container limits."""
+    """What the deployment sets instead of the code: timeout, concurrency, an image's limits."""
     image = parse_image_reference(deployment.reference) is not None
     limits = deployment.limits
     return FunctionOptions(timeout_s=deployment.timeout_s, concurrency=deployment.concurrency,
@@ -22,9 +21,8 @@ def options_of(deployment: FunctionDeployment) -> FunctionOptions:
 
 
 def function_pool(deployment: FunctionDeployment) -> PoolSpec:
-    """The pool of its own a deployment asks for: its scaling bounds (the defaults of
-    FunctionScaling when it asks only for secrets or limits), its idle time, its secrets and
-    a worker process's memory (an image function's limits are its container's)."""
+    """The pool of its own a deployment asks for: scaling bounds (FunctionScaling's defaults when it
+    asks only for secrets or limits), idle time, secrets and a worker process's memory."""
     scaling = deployment.scaling or FunctionScaling()
     image = parse_image_reference(deployment.reference) is not None
     limits = deployment.limits
@@ -45,8 +43,7 @@ def memory_text(value: int | None) -> str | None:
 
 
 def deployed_functions(data: bytes) -> list[FunctionDeployment]:
-    """``functions.json``: a JSON list of deployments (or, as written before the catalogue, of
-    ``[name, reference]`` pairs); ValueError otherwise."""
+    """``functions.json``: a JSON list of deployments or of ``[name, reference]`` pairs; else ValueError."""
     saved = orjson.loads(data)
     wrong = 'it must be a JSON list of ["name", "reference"] pairs or of deployments'
     if not isinstance(saved, list):

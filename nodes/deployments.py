@@ -1,14 +1,7 @@
 """The node's functions as OpenFaaS's management API sees them (``/system/*``, docs/compat.md):
-list, deploy and delete functions at run time, scale a function, measure a scale-up.
-
-A deployed function is a ``module:callable`` or an ``image:<ref>`` reference, as ``--function``
-takes it. It is registered in the node (so calls to it are admitted at once), persisted in
-``<node_dir>/functions.json`` (a restart keeps it), and the workers that load it are
-**replaced**: new processes load the new function list, the old ones stop after their calls.
-A function shares the main pool (K slots, P2PFaaS's scheduling) unless its deployment asks for
-what shared workers cannot give -- scaling bounds, scale to zero, secrets, limits -- or it is
-scaled by hand: then it has a pool of its own, named after it (docs/compat.md, "Scaling").
-"""
+deploy, delete and scale at run time. A deployed function is persisted in ``<node_dir>/functions.json``
+and the workers that load it are replaced; it gets a pool of its own when it asks for what shared
+workers cannot give (scaling bounds, scale to zero, secrets, limits) or is scaled by hand."""
 
 from __future__ import annotations
 
@@ -45,8 +38,7 @@ SCALED_BY_HAND_MAX = 32   # a shared function scaled by hand gets a pool of its 
 
 
 class PoolHost(Protocol):
-    """What deployments need of the node that holds them (nodes/node.py's ``Node``): its settings,
-    functions and pools, and the three changes they make to it."""
+    """What deployments need of the node that holds them (nodes/node.py's ``Node``)."""
 
     settings: NodeSettings
     subjects: Subjects
@@ -74,9 +66,8 @@ class Deployments:
 
     # -- persistence -----------------------------------------------------------------
     def restore(self) -> None:
-        """Functions deployed before a restart join the settings' (the workers load them). A
-        ``functions.json`` that cannot be read is refused (NodeFileError): the node does not guess
-        what its functions were (the catalogue then says what they are now)."""
+        """Functions deployed before a restart join the settings'; an unreadable ``functions.json`` is
+        refused (NodeFileError): the node does not guess what its functions were."""
         saved = read_node_file(self.path, deployed_functions, "fix it, or delete it to start without the "
                                                                "functions deployed at run time")
         known = {name for name, _ in self.node.settings.functions}
@@ -93,8 +84,7 @@ class Deployments:
             self._take(deployment)
 
     def _save(self, change: str) -> None:
-        """This node's record of its deployed functions. The catalogue holds them (a restart reads
-        it), so a record that cannot be written (a full disk) is said, counted, and not fatal."""
+        """This node's record of its deployed functions; the catalogue has them, so a write failure is not fatal."""
         try:
             write_node_file(self.path, orjson.dumps([d.model_dump(exclude_defaults=True)
                                                      for d in self._deployed.values()]))
@@ -104,8 +94,7 @@ class Deployments:
             self.node.metrics.error("node_file_unwritten")
 
     def _take(self, deployment: FunctionDeployment) -> None:
-        """``deployment`` in the settings the workers start from: its reference, variables,
-        options, and its own pool if it has one."""
+        """``deployment`` in the settings the workers start from (its own pool, if it has one)."""
         self._drop(deployment.service)
         name, settings = deployment.service, self.node.settings
         settings.functions = [*settings.functions, (name, deployment.reference)]
@@ -129,9 +118,8 @@ class Deployments:
 
     # -- the catalogue (nodes/catalogue.py) ---------------------------------------------
     async def join_catalogue(self, js) -> None:
-        """Before the workers start: what the deployment's catalogue holds becomes this node's
-        (a function deployed or removed while it was away included); then every later change. The
-        first node to make the catalogue brings the functions it had deployed before there was one."""
+        """Before the workers start: the catalogue's functions become this node's, then every later
+        change. The first node to make the catalogue brings the functions it had deployed before."""
         self.secrets = NodeSecrets(js, self.node.subjects, self.node.settings.node_id, self.secret_users)
         self.catalogue = catalogue = Catalogue(js, self.node.subjects, self.node.settings.node_id)
         current = await catalogue.open()
@@ -164,8 +152,7 @@ class Deployments:
         return dict(self._secrets.get(pool, {}))
 
     async def check(self, deployment: FunctionDeployment) -> "FunctionRegistry":
-        """A registry with ``deployment`` (its module imported; an image: its engine answers and
-        has it), or ControlError: what could not run, or variables another function sets otherwise."""
+        """A registry with ``deployment``, or ControlError saying what could not run or what clashes."""
         name, settings = deployment.service, self.node.settings
         taken = settings.pools.get(name)
         if name == DEFAULT_POOL or (taken is not None and not taken.function_pool):
@@ -197,9 +184,8 @@ class Deployments:
         return trial
 
     async def _apply(self, name: str, deployment: FunctionDeployment | None, running: bool = True) -> None:
-        """One catalogue change, here: deploy (import or check the image, open its secrets first:
-        a bad one changes nothing) or remove ``name``; ControlError says why not. ``running``: the
-        node serves already, so its pools change now (at the start they are made from the settings)."""
+        """One catalogue change here: deploy (checked first: a bad one changes nothing) or remove ``name``;
+        ControlError says why not. ``running``: the node serves already, so its pools change now."""
         async with self._lock:
             settings = self.node.settings
             before = settings.pools.get(name)
@@ -235,8 +221,7 @@ class Deployments:
         return await self.secrets.values(deployment.secrets)
 
     async def _change_pools(self, name: str, before: PoolSpec | None, shared_before: bool) -> None:
-        """The pools as the settings now say: ``name``'s own pool made, changed or removed, the
-        main pool's workers replaced when a function they load came or went."""
+        """The pools as the settings now say, the main pool's workers replaced when its functions changed."""
         node, settings = self.node, self.node.settings
         after = settings.pools.get(name)
         shared_now = name in dict(settings.functions) and after is None
@@ -260,8 +245,7 @@ class Deployments:
         return encode(FunctionList([self.info(name) for name in self.node.registry.names()]))
 
     async def on_deploy(self, body: bytes) -> bytes:
-        """Checked here (a bad one changes nothing anywhere), then into the catalogue: every node
-        deploys it; the answer comes once this one has."""
+        """Checked here (a bad one changes nothing), then into the catalogue; answered once applied here."""
         deployment = decode(FunctionDeployment, body)
         await self.check(deployment)
         await self._open(deployment)
@@ -297,9 +281,8 @@ class Deployments:
                                     f"{APPLY_TIMEOUT_S:g} s") from None
 
     async def on_scale(self, body: bytes) -> bytes:
-        """``replicas`` of the function: its own pool's size (0: scaled to zero, its next call wakes
-        it). A function of the main pool gets a pool of its own on this node: its replicas are
-        then its own, not every function's K (K is /configuration's)."""
+        """``replicas``: the function's own pool's size (0: its next call wakes it); a function of the
+        main pool gets a pool of its own on this node."""
         scale = decode(FunctionScale, body)
         if scale.replicas is None:
             raise ControlError(400, "replicas is missing")

@@ -1,16 +1,7 @@
-"""One pool's slots: which worker runs which call, and the calls waiting for a worker.
-
-The node dispatches every call itself (core NATS request to the worker's own subject) and
-sees every answer, so running and queued counts are exact — P2PFaaS's own semantics. The
-main pool has K slots (``slots``); a dedicated (autoscaled) pool has one slot per worker.
-Calls wait for a slot in :mod:`nodes.waiting`'s lines. A CPU-bound call takes a whole idle worker; a concurrent one (I/O-bound, async, inline)
-shares a worker with others of its kind, up to the function's concurrency.
-
-Calls go out in batches: what one turn of the node's loop dispatched to a worker leaves as one
-``WorkerCalls`` message (sent at the end of the turn), and the worker sends back what ended in
-one turn of its own loop as one ``WorkerOutcomes``: under load a worker wakes up once for many
-calls, and nats-server carries one message for them, not one each.
-"""
+"""One pool's slots: which worker runs which call, and the calls waiting for a worker. The node
+dispatches every call itself and sees every answer, so running and queued counts are exact. Calls
+dispatched to a worker in one loop turn leave as one ``WorkerCalls`` message; the worker answers a
+turn's outcomes as one ``WorkerOutcomes``."""
 
 from __future__ import annotations
 
@@ -70,11 +61,8 @@ class Dispatcher(OnItsLoop):
                  kill_worker: Callable[[str], None] = lambda name: None,
                  unreachable: Callable[[str], None] | None = None, wake: Callable[[], None] | None = None,
                  timings: Timings = Timings()) -> None:
-        """``answers`` takes every call that leaves: ended, lost, or taken out of the queue unrun
-        (its caller stopped waiting, or would before it ended). The pool's own hooks:
-        ``kill_worker``, ``unreachable(worker)`` (nobody listened on that worker's subject; by
-        default the worker only gets no more calls), ``wake()`` (a call came and no worker can
-        take it, a pool scaled to zero: the call waits for the pool's first worker)."""
+        """``answers`` takes every call that leaves. ``unreachable(worker)``: nobody listened on its
+        subject (default: it gets no more calls); ``wake()``: a call came to a pool scaled to zero."""
         self.pool, self.nc, self.subjects, self.node = pool, nc, subjects, node
         self.registry, self.inbox, self.answers = registry, inbox, answers
         self._kill_worker = kill_worker
@@ -126,7 +114,6 @@ class Dispatcher(OnItsLoop):
 
     # -- workers ----------------------------------------------------------------------
     async def add_worker(self, name: str) -> None:
-        """A worker is ready for calls."""
         if not self.capacity:
             self.ready_at = time.time()
         self.workers[name] = WorkerSlot(name, self.subjects.worker(self.node, name))
@@ -169,8 +156,7 @@ class Dispatcher(OnItsLoop):
         self._pump()
 
     def _pump(self) -> None:
-        """Dispatch waiting calls, first come first served, while slots and workers allow. A direct
-        call whose caller will have stopped waiting before it ends is not run (see :meth:`_answer_abandoned`)."""
+        """Dispatch waiting calls FIFO while slots and workers allow, skipping those too late to run."""
         now, gone, waiting = 0.0, [], self.waiting
         while len(self.running) < self.capacity and (line := waiting.next_line()) is not None:
             head = line[0]
@@ -193,10 +179,8 @@ class Dispatcher(OnItsLoop):
         return spec.concurrency if spec is not None and self.slots is not None else 1
 
     def _pick(self, concurrency: int) -> WorkerSlot | None:
-        """An idle worker for a CPU-bound call. A concurrent one (I/O-bound, async, inline) goes to
-        the busiest worker that runs only concurrent calls and still has room, and to an idle
-        worker only when none has: concurrent calls packed together leave the most workers idle
-        for CPU-bound calls, and a worker answers a burst of them in a few writes, not one each."""
+        """An idle worker for a CPU-bound call; a concurrent call goes to the busiest worker with room,
+        to an idle one only when none has, so the most workers stay idle for CPU-bound calls."""
         idle: WorkerSlot | None = None
         best: WorkerSlot | None = None
         for slot in self.workers.values():
@@ -225,8 +209,7 @@ class Dispatcher(OnItsLoop):
         slot.outbox.append(call)
 
     def _send_batch(self, slot: WorkerSlot) -> None:
-        """End of the turn: the calls dispatched to ``slot`` during it leave as one message (or as
-        few as their inputs fit)."""
+        """End of the turn: the calls dispatched to ``slot`` leave in as few messages as their inputs fit."""
         calls = [c for c in slot.outbox if self.running.get(c.id) is c]   # not ended meanwhile
         slot.outbox = []
         if not calls:
@@ -259,8 +242,7 @@ class Dispatcher(OnItsLoop):
 
     def _on_outcomes(self, token: str, batch: dict[int, Call], msg: Reply) -> None:
         if not msg.data and (msg.headers or {}).get(H.NATS_STATUS) == "503":
-            # nobody listens on that worker's subject (it is exiting, or lost its subscription):
-            # the calls never ran there and go to another worker
+            # nobody listens on that worker's subject: the calls never ran there and go to another
             waiting = [c for c in batch.values() if self.running.get(c.id) is c]
             for call in waiting:
                 self._end(call)
@@ -295,17 +277,13 @@ class Dispatcher(OnItsLoop):
 
     # -- after a broker outage ----------------------------------------------------------
     async def reconcile(self, before: float) -> None:
-        """The broker connection came back: a call dispatched before ``before`` may have been lost
-        with the broker on its way to its worker, or its outcome on the way back. Each worker is
-        asked which of them it still runs; it first sends again the outcomes it already sent, and
-        the calls it neither runs nor finished are lost (an async one is delivered again, a direct
-        one answered 500) instead of holding their slot until their timeout."""
+        """After a broker outage: each worker is asked which calls dispatched before ``before`` it still
+        runs (it resends outcomes first); those it neither runs nor finished are lost, not left to time out."""
         calls = by_worker(c for c in self.running.values() if c.dispatched_at <= before)
         await asyncio.gather(*(self._reconcile_worker(worker, calls) for worker, calls in calls.items()))
 
     def _check_long_calls(self, now: float) -> None:
-        """Calls running long are checked with their workers (:mod:`nodes.worker_checks`). A
-        worker that does not answer is left alone (a function may hold its loop); only what it says counts."""
+        """Check calls running long with their workers; a silent one is left alone (a function may hold its loop)."""
         for worker, calls in self.checks.long_calls(self.running.values(), now).items():
             self._spawn(self.checks.while_checking(worker, self._reconcile_worker(worker, calls, replace_silent=False)))
 
@@ -328,8 +306,7 @@ class Dispatcher(OnItsLoop):
         self._pump()
 
     def _sweep_overruns(self) -> None:
-        """Every OVERRUN_SWEEP_S while calls run or wait: those past their timeout and its grace are
-        overruns; peers waiting for forwarded calls queued or running here hear that they still are."""
+        """Every OVERRUN_SWEEP_S while calls run or wait: overruns, long calls, abandoned queued calls, notices."""
         self._sweep = None
         now = time.time()
         for call in [c for c in self.running.values() if now > c.dispatched_at + c.timeout_s + OVERRUN_GRACE_S]:
@@ -347,8 +324,7 @@ class Dispatcher(OnItsLoop):
             self._sweep = self.loop.call_later(OVERRUN_SWEEP_S, self._sweep_overruns)
 
     def _overrun(self, call: Call) -> None:
-        """No answer past the timeout and its grace: the worker is stuck (or its answer lost);
-        it is killed (the pool replaces it) and the call answered 504."""
+        """No answer past the timeout and grace: kill the worker (the pool replaces it), answer 504."""
         if self.running.get(call.id) is not call:
             return
         log.warning("%s: worker %s did not answer %s within its timeout; killing it", self.pool, call.worker, call.key)
@@ -376,9 +352,8 @@ class Dispatcher(OnItsLoop):
             self.idle_since = time.monotonic()
 
     async def _answer_abandoned(self, calls: list[Call]) -> None:
-        """Queued direct calls taken out unrun: their callers stopped waiting, or will have by the
-        time they would end. Run, they would hold slots that live callers need: under overload a
-        FIFO queue settles where every call ends just after its caller gives up (bench/overload.py)."""
+        """Queued direct calls taken out unrun: run, they would hold slots live callers need (under
+        overload a FIFO queue settles where every call ends just after its caller gives up)."""
         try:
             await self.answers.unrun(calls, self.times.expected_s)
         except Exception as exc:  # never in the way of the calls that just ended (their answers come next)
@@ -388,7 +363,6 @@ class Dispatcher(OnItsLoop):
         self._sending.spawn(coro)
 
     def drop_queued(self, unwanted: Callable[[Call], bool]) -> list[Call]:
-        """Take the queued calls ``unwanted`` picks out of the queue (nobody waits for them any more)."""
         return self.waiting.drop_queued(unwanted)
 
     def drain(self) -> list[Call]:

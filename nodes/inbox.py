@@ -1,10 +1,5 @@
-"""The node's one reply subscription: every request it sends (a call to a worker, a forward to
-a peer) gets a token on it, and the reply goes to the handler registered for that token.
-
-Replies are taken in the connection's read loop (broker.connection.listen): a handler that
-needs nothing awaited (a worker's outcomes, a store's acknowledgement) runs there and then; one
-that returns a coroutine has it run as a task.
-"""
+"""The node's one reply subscription: every request it sends gets a token on it, and the reply
+goes to that token's handler, in the connection's read loop (a returned coroutine runs as a task)."""
 
 from __future__ import annotations
 
@@ -58,17 +53,15 @@ class Inbox:
         self._standing.clear()
 
     def expect(self, handler: ReplyHandler, *, standing: bool = False) -> tuple[str, str]:
-        """(token, reply subject) for one request; its first reply goes to ``handler`` (every
-        reply until :meth:`forget` when ``standing``: a batch answered in parts)."""
+        """(token, reply subject) for one request; its first reply goes to ``handler`` (all, if ``standing``)."""
         token = str(next(self._tokens))
         (self._standing if standing else self._handlers)[token] = handler
         return token, f"{self.prefix}.{token}"
 
     async def ask(self, subject: str, data: bytes, *, timeout_s: float, tries: int = 1,
                   wanted: Callable[[], bool] = lambda: True) -> Reply | None:
-        """A request through this inbox (replies sent earlier on it are handled first), asked again
-        with a growing pause while nobody answers and ``wanted()``; None if nobody ever answered
-        with a body. Other failures (no connection) count as no answer."""
+        """A request through this inbox, asked again with a growing pause while nobody answers and
+        ``wanted()``; None if nobody ever answered with a body (any failure counts as no answer)."""
         loop = asyncio.get_running_loop()
         delay = 0.5
         for attempt in range(tries):

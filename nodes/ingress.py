@@ -1,12 +1,7 @@
-"""The node's ingress: the three doors a call comes in by, each call validated once and handed on.
-
-Direct calls (``<prefix>.<node>.request...`` with a reply subject) and peers' forwards
-(``<prefix>.<node>.forward...``) arrive over core NATS; async calls come from the durable
-intake (:mod:`nodes.intake`). Each is validated (:mod:`nodes.scheduler.inbound`), an async one
-checked against the calls already taken or answered (a redelivery is the same call, not a
-second one), and handed to ``schedule(call)``: the scheduler decides from there. What cannot
-be a call (a bad subject, an input too large, an unknown node's intake) is refused here.
-"""
+"""The node's ingress: direct calls and peers' forwards over core NATS, async calls from the durable
+intake. Each call is validated once (an async one checked against the calls already taken or
+answered: a redelivery is the same call) and handed to ``schedule(call)``; what cannot be a call is
+refused here."""
 
 from __future__ import annotations
 
@@ -79,11 +74,8 @@ class Ingress:
         self._doubtful_seq = 0    # intake messages up to this one may have run before an outage
 
     def async_budget(self) -> int:
-        """How many async calls the node holds at once: enough to fill the main pool's slots and as
-        many again waiting for them (what frees a slot finds the next one here, not a pull away).
-        The rest of a backlog waits in the stream. A dedicated pool queues its whole backlog (its
-        queue is what its controller scales on): the intake cannot tell its calls from the others'
-        before pulling them, so on such a node the budget is the intake's whole hold."""
+        """Async calls the node holds at once: the main pool's slots twice over (the rest waits in the
+        stream); with a dedicated pool, whose queue its controller scales on, the intake's whole hold."""
         if len(self.pools) > 1:
             return HOLD_LIMIT
         return ASYNC_AHEAD * max(1, self.pools[DEFAULT_POOL].capacity)
@@ -120,8 +112,7 @@ class Ingress:
         self._doubtful_seq = self._last_seq
 
     def released(self, call: Call, answered: bool) -> None:
-        """An async call's message was acknowledged after its answer was stored (``answered``),
-        or handed back to be delivered again."""
+        """An async call's message was acknowledged (``answered``) or handed back to be delivered again."""
         assert call.held is not None
         self.intake.release(call.held)
         if self._holding.get(call.key) is call:
@@ -132,19 +123,15 @@ class Ingress:
                 self._recent.popitem(last=False)
 
     # -- the three doors ----------------------------------------------------------------
-    # Direct calls and forwards are taken in the connection's read loop (broker.connection.listen):
-    # validated and handed on without a coroutine; whatever has to wait (a refusal to publish) is a task.
+    # Direct calls and forwards are taken in the connection's read loop; whatever has to wait is a task.
     def _on_request(self, subject: str, reply: str, data: bytes, headers: Mapping[str, str]) -> None:
         if not reply:  # published without a reply (MQTT through a foreign nats-server): make it async
             return self._later(self._to_async(subject, data, headers))
         self._take_direct(subject, reply, data, headers)
 
     def door(self, subject: str, reply: str, data: bytes, block: bytes) -> bool:
-        """The request door for a caller in this very process (the HTTP bridge that ``p2pfaas node
-        --http-port`` serves; :meth:`broker.client.FaasClient.open_door`): the message the caller
-        would have sent, taken as the subscription takes it, one hop through nats-server fewer.
-        False once the node stops taking calls (the caller then goes over NATS: nobody answers,
-        503). A call the door fails on is answered 500, never left to its caller's timeout."""
+        """The request door for a caller in this process (:meth:`broker.client.FaasClient.open_door`),
+        one hop fewer. False once the node stops taking calls; a call it fails on is answered 500."""
         if not self._door_open:
             return False
         try:
@@ -174,8 +161,7 @@ class Ingress:
         self.schedule(call)
 
     def take_async(self, msg: Msg) -> None:
-        """One message of the durable intake (see :class:`~nodes.intake.AsyncIntake`), taken in
-        the read loop; what has to wait (a stored answer looked up, a refusal) is a task."""
+        """One message of the durable intake, taken in the read loop; what has to wait is a task."""
         now = time.time()
         info = delivery_info(msg.reply)
         inv = self.inbound.invocation(msg.subject)
@@ -185,8 +171,7 @@ class Ingress:
         self._last_seq = max(self._last_seq, info.stream_seq)
         holding = self._holding.get(key)
         if holding is not None:
-            # delivered again while this node still runs it (its keep-alive was lost in a broker
-            # outage): the same task, not a second one -- the new delivery is the one to acknowledge
+            # delivered again while we still run it (keep-alive lost in an outage): acknowledge the new one
             if holding.held is not None and holding.held.reply != msg.reply:
                 self.intake.release(holding.held)
                 self.intake.hold(msg)
@@ -261,8 +246,7 @@ class Ingress:
         await msg.ack()
 
     async def _refuse_raw(self, reply: str, refusal: Refusal, *, subject: str = "") -> None:
-        """A message whose subject is not a call of ours: answered on its reply subject, or on the
-        reject subject of its client when the subject still names one."""
+        """A message whose subject is not a call of ours: refused on its reply or its client's reject subject."""
         self.metrics.error(refusal.kind)
         log.warning("%s: refused %s: %s", self.node_id, subject or "a request", refusal.reason)
         if reply:
@@ -282,9 +266,8 @@ class Ingress:
         await self._refuse_raw("", Refusal(codes.NOT_FOUND, 404, reason, "unknown_node"), subject=msg.subject)
 
     async def _to_async(self, subject: str, data: bytes, headers: Mapping[str, str]) -> None:
-        """A call published without a reply subject: stored in the async intake, then answered on
-        the client's result subject. (Without our nats-server configuration, MQTT through its own
-        listener arrives this way: such a call is as durable as this node is up; docs/architecture.md.)"""
+        """A call published without a reply subject (e.g. MQTT through a foreign nats-server): stored in
+        the async intake, then answered on the client's result subject."""
         inv = self.inbound.invocation(subject)
         if isinstance(inv, Refusal):
             return await self._refuse_raw("", inv, subject=subject)

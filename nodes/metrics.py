@@ -17,15 +17,13 @@ _ERROR_KINDS = {400: "bad_input", 404: "unknown_function", 504: "timeout"}
 
 
 class _LoopMetric:
-    """A labelled Prometheus metric for code on one event loop: its series are plain objects
-    updated without a lock, scraped as prometheus_client's own are (tests/nodes/test_metrics.py
-    compares the text)."""
+    """A labelled Prometheus metric for code on one event loop: plain series updated without a lock,
+    scraped as prometheus_client's own are."""
 
     _type = ""
 
     def __init__(self, name: str, documentation: str, labelnames: Sequence[str], registry: CollectorRegistry) -> None:
-        # named as prometheus_client's own metrics name them (tests/compose/test_monitoring.py
-        # checks the dashboards against these)
+        # named as prometheus_client's own metrics name them (the dashboards read these)
         self._name, self._documentation = name, documentation
         self._labelnames = tuple(labelnames)
         self._series: dict[tuple[str, ...], object] = {}
@@ -43,8 +41,7 @@ class _LoopMetric:
 
 
 class LoopHistogram(_LoopMetric):
-    """A histogram whose ``observe`` is a bisect and two additions: prometheus_client's takes a
-    lock and walks the buckets in Python (about 4 µs; a node observed two per call on its hot path)."""
+    """A histogram whose ``observe`` is a bisect and two additions (prometheus_client's takes a lock)."""
 
     _type = "histogram"
 
@@ -71,8 +68,7 @@ class LoopHistogram(_LoopMetric):
 
 
 class LoopCounter(_LoopMetric):
-    """A counter whose ``inc`` adds to a float, where prometheus_client's takes a lock (the node
-    counts two or three per call on its hot path)."""
+    """A counter whose ``inc`` adds to a float, where prometheus_client's takes a lock."""
 
     _type = "counter"
 

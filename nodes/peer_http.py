@@ -1,10 +1,6 @@
-"""Talking to an original P2PFaaS node over its HTTP API: the load probe (``GET /monitoring/load``)
-and the forward (``POST /peer/function/{fn}``, ``User-Agent: Machine``), as its scheduler does.
-
-A forward's reply (``{peers_list, body (base64), status_code}``) becomes an :class:`Answer` with
-the P2PFaaS headers p2pfaas relays (the peers and their timings, origin first), so the node
-answers its caller exactly as when the peer is a p2pfaas node.
-"""
+"""Talking to an original P2PFaaS node over its HTTP API, as its scheduler does: the load probe
+(``GET /monitoring/load``) and the forward (``POST /peer/function/{fn}``), whose reply becomes an
+:class:`Answer` with the P2PFaaS headers, as from a p2pfaas peer."""
 
 from __future__ import annotations
 

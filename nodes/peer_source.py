@@ -24,8 +24,7 @@ class PeerSource:
         return None
 
     def unreachable(self, peer: str, reason: str) -> None:
-        """A forward to ``peer`` over HTTP failed in transit (refused, reset, silent): it should not
-        be chosen until it shows it is alive again. (A p2pfaas peer's death is its ``gone``.)"""
+        """A forward to ``peer`` over HTTP failed in transit: do not choose it until it shows it is alive."""
 
     def resolve(self, name: str) -> str:
         """The peer id of a node named by its address (P2PFaaS names its master by IP)."""

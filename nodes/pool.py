@@ -1,10 +1,5 @@
-"""A worker pool's processes: started, watched, replaced and resized at run time.
-
-A worker that is ready is handed to the pool's :class:`~nodes.dispatch.Dispatcher`; one asked
-to stop gets no new calls and finishes its own; one that ends unexpectedly is replaced, and
-the dispatcher answers (or delivers again) what it was running. Runtimes: OS processes
-(``python -m nodes.worker``, the default) or tasks inside the node ("inprocess").
-"""
+"""A worker pool's processes: started, watched, replaced and resized at run time. A ready worker is
+handed to the pool's :class:`~nodes.dispatch.Dispatcher`; one that ends unexpectedly is replaced."""
 
 from __future__ import annotations
 
@@ -35,9 +30,8 @@ WORKER_MEMORY = 128 * 1024 * 1024   # what a worker process may grow to, conserv
 
 
 def machine_worker_limit() -> int:
-    """Worker processes one node starts at most, from what this machine can hold: K above it is a
-    limit of calls running at once, served by this many processes (I/O-bound functions run many
-    calls per worker; CPU-bound ones wait for a free worker, as they would for a free core)."""
+    """Worker processes one node starts at most, from what this machine can hold: K above it still
+    limits calls running at once (CPU-bound ones wait for a worker, as for a free core)."""
     cores = os.cpu_count() or 1
     return max(2, min(cores * WORKERS_PER_CORE, machine_memory() // (2 * WORKER_MEMORY)))
 
@@ -132,9 +126,8 @@ class WorkerPool:
             self._resize()
 
     def _resize(self) -> None:
-        """Spawn or retire towards the target. Workers a replacement will stop do not count: a
-        resize in its middle (the controller sends its target every period) used to count old and
-        new together and retire the new ones -- and then the replacement stopped the old ones."""
+        """Spawn or retire towards the target. Workers a replacement will stop do not count: else a
+        resize in its middle would retire the new ones, and the replacement then stop the old."""
         staying = [w for w in self.workers if w.state != "stopping" and w not in self._replaced]
         for _ in range(self.target - len(staying)):
             self._spawn()
@@ -143,9 +136,8 @@ class WorkerPool:
             self._retire(handle)
 
     async def replace_workers(self, ready_timeout_s: float = 60.0) -> int:
-        """New workers for the current ones (they load the settings' functions anew, e.g. after a
-        deploy): the new ones start first, the old ones stop once those are ready (or after
-        ``ready_timeout_s``) and finish what they run. Returns the workers replaced."""
+        """New workers for the current ones (loading the functions anew): the old ones stop once the
+        new are ready (or after ``ready_timeout_s``). Returns the workers replaced."""
         async with self._lock:
             old = [w for w in self.workers if w.state != "stopping" and w not in self._replaced]
             self._replaced.update(old)
@@ -180,11 +172,8 @@ class WorkerPool:
                     handle.worker.stopping.set()
 
     def unreachable(self, name: str) -> None:
-        """The broker had nobody listening on worker ``name``'s subject when calls went to it. A
-        worker asked to stop unsubscribed first: expected. Any other lost its subscription (its
-        broker connection, say) while its process runs: it gets no more calls and is replaced.
-        Kept as it was, it counted as ready but never took a call -- with all of them, the pool
-        stalled with calls queued and nothing said."""
+        """Nobody listened on worker ``name``'s subject. Unless it is stopping, it lost its
+        subscription: it gets no more calls and is replaced (else it would count as ready, take none)."""
         self.dispatcher.retire_worker(name)
         handle = next((w for w in self.workers if w.name == name), None)
         if handle is None or handle.state == "stopping" or self._closing:
@@ -196,9 +185,8 @@ class WorkerPool:
             self._spawn()
 
     def _retire(self, handle: WorkerHandle, at_once: bool = False) -> None:
-        """It gets no new call, finishes its own, and stops. The calls already sent to it leave
-        this node before its SIGTERM (one flush), so it takes them before it stops listening: a
-        call dispatched just before a scale-in was lost with it ("worker stopped")."""
+        """It gets no new call, finishes its own, and stops. The calls already sent to it leave this
+        node before its SIGTERM (one flush), so it takes them before it stops listening."""
         handle.state = "stopping"
         self.dispatcher.retire_worker(handle.name)
         if at_once:
@@ -261,8 +249,7 @@ class WorkerPool:
         code: int | None = None
         try:
             self._docker = self._docker or asyncio.ensure_future(pool_runtime(self.settings, self.name))
-            # a container cannot hold our pipe: it watches our heartbeats instead, and ends when
-            # they stop or we say we are gone (nodes/worker.py)
+            # a container cannot hold our pipe: it watches our heartbeats instead
             env = {"P2PFAAS_NODE_SETTINGS": self.settings.model_dump_json(),
                    "P2PFAAS_WORKER_NAME": handle.name, "P2PFAAS_WORKER_POOL": self.name,
                    "P2PFAAS_WORKER_WATCH_NODE": "1", **worker_identity(),
@@ -335,8 +322,7 @@ class WorkerPool:
             self._resize()
 
     async def stop(self) -> None:
-        """Stop every worker (each finishes its calls, within its own grace), then wait, bounded:
-        a worker still alive 5 s after its grace is killed."""
+        """Stop every worker (each finishes its calls), then wait; one alive 5 s after its grace is killed."""
         timeout_s = self.settings.timings.stop_grace_s + 5.0
         self._closing = True
         if self._respawn is not None:

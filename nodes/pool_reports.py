@@ -16,8 +16,7 @@ from nodes.telemetry import PULSE_PERIOD_S, PoolStats
 
 
 async def send_pulses(nc: Client, subject: str, stats: PoolStats, pool: WorkerPool) -> None:
-    """A ``PoolPulse`` every PULSE_PERIOD_S between the pool's control periods: what its
-    controller reacts to before its next decision (controller/panic.py)."""
+    """A ``PoolPulse`` every PULSE_PERIOD_S between control periods (controller/panic.py reacts to it)."""
     last = time.monotonic()
     while True:
         still_wanted()
@@ -31,8 +30,7 @@ async def send_pulses(nc: Client, subject: str, stats: PoolStats, pool: WorkerPo
 
 
 async def send_telemetry(nc: Client, subject: str, stats: PoolStats, pool: WorkerPool, period: float) -> None:
-    """One ``PoolTelemetry`` per period on ``faas.<node>.telemetry.<pool>``; a dedicated pool's
-    period is its control period (``PoolSpec.period_s``)."""
+    """One ``PoolTelemetry`` per period (a dedicated pool's control period) on its telemetry subject."""
     last = time.monotonic()
     next_at = last + period
     while True:

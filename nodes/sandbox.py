@@ -1,22 +1,7 @@
 """What keeps a worker process, which runs user code, away from its node's secrets
-(docs/security.md, "What a function can reach").
-
-Applied between fork and exec, so before the interpreter runs anything:
-
-* **another user** -- a node run as root starts its workers as an unprivileged user
-  (``NodeSettings.worker_user``, by default ``nobody``) with no supplementary group: the data
-  dir's files (root's, 0600 in 0700 directories) and the root processes' ``/proc`` files are
-  out of its reach. That user must be able to run the interpreter and read the code; when it
-  cannot (a Python under ``/root``), ``auto`` keeps root and says why, an explicit user is an error;
-* **no capabilities** for a worker that stays root (the bounding set emptied): uid 0 without
-  CAP_SYS_PTRACE (which also gets past Landlock's ptrace check), CAP_DAC_* or CAP_SYS_ADMIN;
-* **Landlock** (Linux >= 5.13), for every worker: the data dir hidden, the rest of the file
-  system read-only except the temporary directories and ``/dev`` (its block devices hidden),
-  and from ABI 6 on no signal nor abstract unix socket outside the worker's own domain. A
-  Landlock domain may not ptrace (nor read the ``/proc/<pid>/environ`` or ``mem`` of) any process
-  outside it, whatever the uids;
-* **no_new_privs**: no setuid binary or file capability gives any of it back.
-"""
+(docs/security.md, "What a function can reach"), applied between fork and exec: another user
+(``worker_user``, ``nobody`` by default; ``auto`` keeps root, without capabilities, when it cannot
+run Python), Landlock (the data dir hidden, the rest read-only) and no_new_privs."""
 
 from __future__ import annotations
 
@@ -130,9 +115,8 @@ class LandlockPolicy:
         if fd < 0:
             raise OSError(ctypes.get_errno(), f"landlock_create_ruleset: {os.strerror(ctypes.get_errno())}")
         try:
-            # listing directories everywhere, the data dir's included (its names are no secret): a
-            # parent of the data dir that could not be listed would hide the modules in it from
-            # Python's import system, which lists a directory to find them
+            # listing directories everywhere, the data dir's included (its names are no secret):
+            # Python's import system must list a directory to find the modules in it
             self._allow(fd, "/", FS_READ_DIR, [])
             hidden = [*self.hidden, *block_devices()]
             for path, rights in [("/", FS_READ), *((p, handled) for p in self.writable)]:
@@ -143,9 +127,8 @@ class LandlockPolicy:
         return fd
 
     def _allow(self, ruleset: int, path: str, rights: int, hidden: list[str]) -> None:
-        """``rights`` beneath ``path``, except beneath the hidden paths: a rule covers all that is
-        below it, so a parent of a hidden path gets none and each of its other entries one. A
-        symlink gets none (what it points to has its own)."""
+        """``rights`` beneath ``path`` except beneath the hidden paths: a rule covers all below it, so a
+        parent of a hidden path gets none and each of its other entries one (a symlink none)."""
         if path in hidden:
             return
         if any(_beneath(h, path) for h in hidden):
@@ -337,8 +320,7 @@ def _engine_socket_group() -> list[int]:
 
 
 def decide(settings: "NodeSettings", env: dict[str, str] | None = None) -> WorkerSandbox:
-    """The sandbox of this node's worker processes. WorkerUserError when an explicit
-    ``worker_user`` cannot be used."""
+    """The sandbox of this node's worker processes; WorkerUserError for an unusable ``worker_user``."""
     env = dict(os.environ) if env is None else env
     return _decide(settings.worker_user, str(Path(settings.data_dir).resolve()),
                    tuple(str(Path(p).resolve()) for p in settings.worker_writable),

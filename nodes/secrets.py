@@ -1,8 +1,6 @@
-"""The deployment's secrets as a node serves them (``faas.<node>.functions.secrets_*``, OpenFaaS's
-``/system/secrets``, ``p2pfaas secret``): names listed, values sealed into the bucket
-(broker/secrets.py) and opened only for the workers of a function that lists them. A value is
-never answered, logged or written anywhere else.
-"""
+"""The deployment's secrets as a node serves them (``faas.<node>.functions.secrets_*``): names listed,
+values sealed into the bucket and opened only for the workers of a function that lists them. A
+value is never answered, logged or written anywhere else."""
 
 from __future__ import annotations
 

@@ -1,8 +1,4 @@
-"""Per-pool telemetry: what happened in one control period, as a ``PoolTelemetry`` sample.
-
-Pure bookkeeping, fed by the node (arrivals from the scheduler, completions from the workers'
-done events); nodes/pool_reports.py adds queue and worker counts when it samples.
-"""
+"""Per-pool telemetry: what happened in one control period, as a ``PoolTelemetry`` sample."""
 
 from __future__ import annotations
 

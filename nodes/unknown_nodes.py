@@ -30,13 +30,9 @@ SCAN = 256               # stored calls looked at per sweep (the oldest first)
 
 
 class UnknownNodeSweeper:
-    """Every node looks, now and then, at the oldest stored async calls: one addressed to a node
-    that never existed (no durable consumer was ever made for it, unlike a node that is down)
-    and older than ``unknown_after_s`` is refused on its client's reject subject and removed —
-    never kept forever in silence. A device cannot tell a typo from a slow node otherwise.
-
-    A missing consumer alone does not make a node unknown: this node and the peers ``alive``
-    names (heartbeats) exist, whatever happened to their consumer (deleted, not made again yet)."""
+    """Now and then, refuses and removes the oldest stored async calls addressed to a node that
+    never had a durable consumer, once older than ``unknown_after_s``. This node and the peers
+    ``alive`` names exist, whatever happened to their consumer."""
 
     def __init__(self, node: str, nc: Client, subjects: Subjects, refuse: Callable[[Msg | object, str], Awaitable[None]],
                  *, alive: Callable[[], Iterable[str]] = lambda: (), unknown_after_s: float = UNKNOWN_AFTER_S,
@@ -100,8 +96,7 @@ class UnknownNodeSweeper:
         return unknown
 
     async def drain(self, node: str) -> None:
-        """Refuse every stored call of ``node`` through a consumer of our own (a work queue gives
-        each message to one consumer: while it exists, nobody else may take these)."""
+        """Refuse every stored call of ``node`` through our own consumer (a work queue: nobody else takes them)."""
         stream = async_stream(self.subjects)
         name = f"sweep-{node}"[:64]
         try:

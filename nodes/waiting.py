@@ -1,9 +1,6 @@
-"""The calls a pool holds until a slot frees: its lines, and how long its functions take.
-
-Direct calls (and every call of a dedicated pool) wait in the queue that admission bounds;
-in the main pool, async calls wait in a lane of their own (the intake pulls only what fits
-it). A free slot goes to whichever head came first.
-"""
+"""The calls a pool holds until a slot frees, and how long its functions take. Direct calls wait
+in the queue that admission bounds; in the main pool, async calls wait in a lane of their own. A
+free slot goes to whichever head came first."""
 
 from __future__ import annotations
 
@@ -35,7 +32,6 @@ class WaitingLines:
         return {c.key for c in self.queue} | {c.key for c in self.lane}
 
     def enter(self, call: Call) -> None:
-        """A new call joins the back of its line."""
         call.entered = next(_entries)
         self.put(call)
 
@@ -96,7 +92,6 @@ class RecentTimes:
         self.expected_s[fn] = sorted(recent)[len(recent) // 2]
 
     def too_late(self, call: Call, now: float) -> bool:
-        """Its caller has stopped waiting; or it waited for a slot and its caller will stop
-        before the function's recent execution time is over. (A call that finds a free slot
-        always runs: an estimate, however wrong, never keeps a function from running at all.)"""
+        """Its caller has stopped waiting, or it waited and its caller will stop before the function's
+        recent execution time is over (a call that finds a free slot always runs)."""
         return call.wanted_until < now or (call.queued and call.wanted_until < now + self.expected_s.get(call.fn, 0.0))

@@ -1,19 +1,7 @@
-"""A worker: runs the calls its node dispatches to it over core NATS and answers each one.
-
-Runs as its own OS process (``python -m nodes.worker``, the default runtime) or as a task
-inside the node ("inprocess"). It subscribes to ``<prefix>.<node>.worker.<name>``; each
-message is a :class:`~broker.messages.WorkerCalls` batch framed with the payloads, and the
-replies are :class:`~broker.messages.WorkerOutcomes` framed with the outputs (what ended in one
-turn of the loop, written before the answers of the calls after the turn's first; a direct call's
-caller is answered by the worker itself). The node decides who runs what (K, per-function
-concurrency); the worker only runs: CPU-bound functions one at a time
-in its own thread, I/O-bound ones in a thread pool, ``async def`` ones on its loop, trivial
-(inline) ones right in the message callback.
-
-A stop is bounded: asked to stop, the worker finishes its calls within ``stop_grace_s`` and
-then exits whatever state its broker connection is in. When its node died (the parent-death
-signal), it says so on ``<prefix>.<node>.gone`` so that callers fail at once, and exits.
-"""
+"""A worker (``python -m nodes.worker``, or a task in the node): runs the ``WorkerCalls`` batches its
+node sends to ``<prefix>.<node>.worker.<name>`` and replies ``WorkerOutcomes``; a direct call's caller
+is answered by the worker itself. A stop finishes calls within ``stop_grace_s``; when the node died,
+the worker says so on ``<prefix>.<node>.gone`` so that callers fail at once, and exits."""
 
 from __future__ import annotations
 
@@ -72,8 +60,7 @@ class Worker(OnItsLoop):
         self._running: set[asyncio.Task] = set()
         self._outbox: dict[str, Ended] = {}   # reply -> the calls that ended this turn
         self._active: set[int] = set()                  # ids of the calls running here
-        # the last outcomes sent, by call id, with their reply subject: sent again when the node asks
-        # after a broker outage (an outcome in flight when nats-server died is lost with it)
+        # the last outcomes sent, by call id: sent again when the node asks after a broker outage
         self._sent = SentOutcomes()
         # CPU-bound calls get one thread (one at a time); I/O-bound ones share a pool
         self._cpu = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"{name}-cpu")
@@ -116,8 +103,7 @@ class Worker(OnItsLoop):
         return EXIT_RECYCLE if self.recycle else 0
 
     async def _watch_node(self) -> asyncio.Task:
-        """Stop when the node says it is gone, or when it has been silent for several heartbeat
-        periods (it died without a word)."""
+        """Stop when the node says it is gone, or has been silent for several heartbeat periods."""
         node = self.settings.node_id
         silent_after = max(10.0, 5 * self.settings.heartbeat_period_s)
         last = time.monotonic()
@@ -189,8 +175,7 @@ class Worker(OnItsLoop):
             self.stopping.set()
 
     async def _call(self, spec: FunctionSpec, payload: bytes):
-        """Run the function; a node with ``speed`` < 1 pads the time (the slot stays busy, as on
-        a slower machine)."""
+        """Run the function; with ``speed`` < 1 the time is padded (the slot stays busy, as on a slower machine)."""
         started = time.perf_counter()
         current_function.set(spec.name)   # its output is tagged with its name (functions/output.py)
         if spec.is_async:
@@ -221,9 +206,8 @@ class Worker(OnItsLoop):
 
     def _answer(self, reply: str, call: WorkerCall, status: int, execution_s: float, output: bytes,
                 error: str | None = None, retiring: bool = False) -> None:
-        """A call ended. Its outcome goes to the node with the others that ended in the same turn of
-        the loop, as one message, at the end of the turn; a direct call's caller gets its answer
-        from here right after it (one hop less than through the node), in the same write."""
+        """A call ended: its outcome goes to the node with the turn's others at the end of the turn,
+        and a direct call's caller gets its answer from here in the same write."""
         limit = output_limit(self.nc.max_payload) if self.nc is not None else len(output)
         if len(output) > limit:   # no message could carry it: the caller gets an error it can read
             status, error = 500, f"{call.fn}: output of {len(output)} bytes exceeds the limit of {limit}"
@@ -247,8 +231,7 @@ class Worker(OnItsLoop):
             entry.answers.append((call.answer, status, execution_s, output, error))   # type: ignore[arg-type]
 
     def _flush_outcomes(self, reply: str) -> None:
-        """End of the turn: what ended during it goes to the node as one message, and the direct
-        calls' answers to their callers; all of it leaves in one write."""
+        """End of the turn: the outcomes to the node as one message and the direct answers, in one write."""
         entry = self._outbox.pop(reply, None)
         if entry is None:
             return
@@ -261,8 +244,7 @@ class Worker(OnItsLoop):
                 log.error("%s: the answer to a call could not be sent: %s", self.name, exc)
 
     def _send_outcomes(self, reply: str, outcomes: list[dict], outputs: list[bytes], error: str | None = None) -> None:
-        """Outcome documents (with the outputs of async calls) to the node: one message, or as few
-        as the outputs fit."""
+        """Outcome documents (with async calls' outputs) to the node in as few messages as they fit."""
         if not reply or self.nc is None:
             return
         sizes = [len(o) for o in outputs]
@@ -274,8 +256,7 @@ class Worker(OnItsLoop):
                 log.warning("%s: could not answer: %s", self.name, exc)
 
     async def _on_status(self, msg: Msg) -> None:
-        """The node's connection came back: outcomes it may have missed go again, then the ids
-        of its calls still running here."""
+        """The node's connection came back: outcomes it may have missed go again, then the ids still running."""
         try:
             asked = decode(WorkerStatusRequest, msg.data)
         except ContractError as exc:
@@ -312,9 +293,8 @@ class Worker(OnItsLoop):
 
 
 def limit_memory(limit: int) -> None:
-    """A function pool's memory limit on this worker: its data (heap, thread stacks, anonymous
-    maps), not its address space, which a Python process reserves far beyond what it uses. A
-    function that allocates past it gets MemoryError (its caller 500), the worker goes on."""
+    """A function pool's memory limit on this worker's data, not its address space (which Python
+    reserves far beyond use): a function past it gets MemoryError, the worker goes on."""
     resource.setrlimit(resource.RLIMIT_DATA, (limit, limit))
 
 
@@ -369,8 +349,7 @@ if __name__ == "__main__":
     logging.basicConfig(level=os.environ.get("P2PFAAS_LOG_LEVEL", "WARNING"),
                         format="%(asctime)s %(levelname)s worker %(name)s: %(message)s")
     code = run_loop(_main())
-    # cleanups (e.g. an image function's container) run, but an abandoned (overrunning) thread
-    # must not hold the exit: no interpreter shutdown, which would join it
+    # cleanups run, but no interpreter shutdown: it would join an abandoned (overrunning) thread
     atexit._run_exitfuncs()
     logging.shutdown()
     sys.stdout.flush()

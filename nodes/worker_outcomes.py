@@ -1,5 +1,4 @@
-"""What a worker keeps of the calls that ended: those of this turn of its loop, sent at its end
-as one message, and those already sent, for a node that asks again after a broker outage."""
+"""What a worker keeps of the calls that ended: this turn's, and those sent, for a node that asks again."""
 
 from __future__ import annotations
 

@@ -1,16 +1,7 @@
-"""Machines that speak P2PFaaS's HTTP discovery protocol (original P2PFaaS nodes), beside the
-peers this node hears over NATS heartbeats: a mixed cluster (docs/compat.md).
-
-A machine joins when it announces itself (its discovery polls our ``GET /list`` with
-``User-Agent: Machine`` and the ``p2pfaas-machine-*`` headers), when it is an ``init_server``,
-or when a machine we poll lists it. As P2PFaaS's watcher does, every poll period we ``GET /list``
-of each alive machine (announcing ourselves the same way) and merge what it lists; a failed poll
-counts a dead poll, and ``dead_polls`` of them in a row take it off the list. Unlike P2PFaaS,
-another machine's list never revives a machine we declared dead: only the machine itself does
-(by announcing itself), so stale gossip cannot bring a dead peer back. A forward to a machine
-that fails in transit (refused, reset, silent) takes it off the peers the schedulers choose
-from at once, until it answers a poll or announces itself: 20 failed polls take 40 minutes.
-"""
+"""Machines that speak P2PFaaS's HTTP discovery protocol, beside the NATS peers: a mixed cluster
+(docs/compat.md). As P2PFaaS's watcher, we poll each alive machine's ``GET /list`` and merge it;
+``dead_polls`` failed polls in a row take a machine off. Unlike P2PFaaS, only a machine itself (not
+another's list) revives it once declared dead, so stale gossip cannot bring a dead peer back."""
 
 from __future__ import annotations
 
@@ -31,11 +22,9 @@ from broker.subjects import machine_token
 log = logging.getLogger(__name__)
 
 def valid_ip(text: str) -> str | None:
-    """``text`` as a canonical IP address (a ``host:port`` loses its port), None if it is none.
-    An IPv6 scope id (``fe80::1%eth0``) is refused: it names an interface of the machine that
-    sent it, and anything after the ``%`` (``fe80::1%x#y``) would end up in the URL we poll.
-    Nor is an address no machine can be reached at: unspecified (``0.0.0.0``, ``::``), multicast,
-    reserved (``255.255.255.255``) -- a peer list carrying one would have us poll it for ever."""
+    """``text`` as a canonical IP address (a ``host:port`` loses its port), None if it is none. An IPv6
+    scope id (it would end up in the URL we poll) and unreachable addresses (unspecified, multicast,
+    reserved: we would poll them for ever) are refused."""
     host = text.strip()
     if host.count(":") == 1:     # IPv4 with a port, as P2PFaaS's IsolateIPFromPort reads it
         host = host.split(":")[0]
@@ -119,9 +108,8 @@ class MachineTable:
             log.info("machine %s declared dead after %d failed polls", ip, machine.dead_polls)
 
     def unreachable(self, ip: str, reason: str) -> None:
-        """A forward to ``ip`` failed in transit: the schedulers stop choosing it now (every call sent
-        there would fail the same way) until it answers a poll or announces itself. It stays listed
-        and polled: only polls declare a machine dead."""
+        """A forward to ``ip`` failed in transit: the schedulers stop choosing it until it answers a
+        poll or announces itself; it stays listed and polled (only polls declare it dead)."""
         machine = self.machines.get(ip)
         if machine is not None and not machine.unreachable:
             machine.unreachable = True

@@ -1,8 +1,4 @@
-"""The peer list a node builds from heartbeats: failure detection without I/O.
-
-Pure and clock-injected (every call takes ``now``); the discovery service feeds
-it the heartbeats it receives on ``faas.membership.*`` and asks it who is alive.
-"""
+"""The peer list a node builds from heartbeats: failure detection without I/O, clock-injected."""
 
 from __future__ import annotations
 
@@ -48,14 +44,11 @@ class MembershipView:
 
     * a peer silent for more than ``suspect_after`` periods is suspected (left
       out of :meth:`alive`), for more than ``remove_after`` periods removed;
-    * a heartbeat counts only if its ``time`` is newer than the newest we ever
-      had from that peer -- also after removal (a tombstone keeps that time) --
-      so a replayed or reordered old heartbeat never refreshes or resurrects a
-      peer; a restarted peer comes back with its first new heartbeat;
+    * a heartbeat counts only if its ``time`` is newer than the newest we ever had from that peer,
+      also after removal (a tombstone keeps it): an old heartbeat never resurrects a peer;
     * our own heartbeats are ignored: :meth:`alive` never lists this node.
 
-    ``now`` is seconds on one clock; use wall time (``time.time()``) so that
-    ``last_update`` and ``ping`` in :meth:`as_p2pfaas_list` mean something.
+    ``now`` is wall time (``time.time()``), so that :meth:`as_p2pfaas_list`'s times mean something.
     """
 
     def __init__(
@@ -114,11 +107,7 @@ class MembershipView:
         return PeerStatus.ALIVE
 
     def sweep(self, now: float) -> list[str]:
-        """Forget peers silent past ``remove_after`` (call it every period); returns the ones removed now.
-
-        Queries never depend on it: a peer past ``remove_after`` is REMOVED
-        whether or not it was swept yet; sweeping only frees its entry.
-        """
+        """Forget peers silent past ``remove_after`` (queries do not depend on it); the ones removed now."""
         gone = [n for n in self._peers if self.status(n, now) is PeerStatus.REMOVED]
         for node in gone:
             del self._peers[node]
@@ -144,16 +133,12 @@ class MembershipView:
         return PeerLoad(hb.running, hb.queued, hb.parallel_running_functions_max, hb.queue_length_max, hb.time)
 
     def loads(self, now: float) -> dict[str, PeerLoad]:
-        """Every alive peer's reported load, by node id."""
         return {node: load for node in self.alive(now) if (load := self.load(node, now)) is not None}
 
     def as_p2pfaas_list(self, now: float) -> list[dict[str, object]]:
-        """The alive peers in the format of P2PFaaS discovery ``GET /list``.
-
-        ``_id`` is the order of first sighting, ``ping`` the one-way delay of
-        the newest heartbeat in seconds (0 if the clocks disagree), ``last_update``
-        its arrival in whole seconds, ``dead_polls`` the periods missed since.
-        """
+        """The alive peers as P2PFaaS discovery's ``GET /list``: ``_id`` the order of first sighting,
+        ``ping`` the newest heartbeat's one-way delay in s (0 if the clocks disagree), ``last_update``
+        its arrival in whole seconds, ``dead_polls`` the periods missed since."""
         rows: list[dict[str, object]] = []
         for node in self.alive(now):
             peer = self._peers[node]

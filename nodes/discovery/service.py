@@ -1,10 +1,5 @@
-"""The discovery service: heartbeats out, heartbeats in, the alive-peer list and load probes.
-
-It is the scheduler's :class:`~nodes.peer_source.PeerSource`: ``peers()``
-comes from the :class:`MembershipView` (and the P2PFaaS machines that speak HTTP,
-:mod:`nodes.discovery.machines`), ``probe(peer)`` asks ``faas.<peer>.load`` (or the
-machine's ``/monitoring/load``).
-"""
+"""The discovery service, the scheduler's :class:`~nodes.peer_source.PeerSource`: heartbeats out and
+in, the alive-peer list (with the P2PFaaS machines of :mod:`nodes.discovery.machines`) and load probes."""
 
 from __future__ import annotations
 
@@ -38,17 +33,10 @@ MAX_CLOCK_AHEAD_S = 60.0   # a peer's clock may be this far ahead of ours (NTP k
 class DiscoveryService:
     """Publishes this node's heartbeat every period and keeps the view of everyone else's.
 
-    * heartbeats go to ``faas.membership.<group>.<node>`` and a node hears only its own group's
-      (P2PFaaS's fog network id): its traffic grows with its group, not with the deployment;
-      with several nats-servers
-      (cluster or leaf nodes) the subject simply propagates, so no peer
-      addresses are configured: ``NodeSettings.seeds`` only lists more servers
-      to connect to;
-    * a newcomer is answered with an extra heartbeat at once, so joining takes
-      one round trip rather than one period;
-    * ``probe(peer)`` is a request/reply on ``faas.<peer>.load`` bounded by
-      ``probe_timeout_s``; any failure is None, which schedulers read as a
-      fully loaded peer, never as an idle one;
+    * heartbeats go to ``faas.membership.<group>.<node>``; a node hears only its own group's;
+    * a newcomer is answered with an extra heartbeat at once (joining takes one round trip);
+    * ``probe(peer)`` asks ``faas.<peer>.load`` within ``probe_timeout_s``; any failure is None,
+      which schedulers read as a fully loaded peer, never as an idle one;
     * ``faas.<node>.peers`` answers the alive list in P2PFaaS ``GET /list`` format.
     """
 
@@ -94,8 +82,7 @@ class DiscoveryService:
         return f"http://{host}:{self.settings.peer_scheduler_port}"
 
     def resolve(self, name: str) -> str:
-        """The peer id of a node named by its address (P2PFaaS names machines by IP); ``name`` unchanged
-        when it is no known address."""
+        """The peer id of a node named by its address (P2PFaaS names machines by IP), else ``name``."""
         ip = valid_ip(name)
         if ip is None:
             return name
@@ -163,8 +150,7 @@ class DiscoveryService:
         return encode(self.configuration())
 
     async def on_config_set(self, body: bytes) -> bytes:
-        """As P2PFaaS: keys sent replace, the others stay; init servers join as machines. The id
-        and the address are the node's own (set when it starts): changing them is refused."""
+        """As P2PFaaS: keys sent replace, the others stay; changing the id or the address is refused."""
         current = self.configuration()
         new = decode_update(current, body)
         if (new.machine_id, new.machine_ip) != (current.machine_id, current.machine_ip):
@@ -194,9 +180,8 @@ class DiscoveryService:
                 self.machines.announce(ip)
 
     def _load_configuration(self) -> None:
-        """The group and init servers set at run time (``discovery.json``) win over the settings'.
-        A file that cannot be read is refused (NodeFileError): started without it, the node would
-        overwrite it at the next change."""
+        """The group and init servers set at run time (``discovery.json``) win over the settings'; an
+        unreadable file is refused (NodeFileError), else the node would overwrite it."""
         saved = read_node_file(self.settings.node_dir / "discovery.json",
                                lambda data: decode(DiscoveryConfiguration, data),
                                "fix it, or delete it to start with the group and init servers of the settings")
@@ -296,8 +281,7 @@ class DiscoveryService:
             return
         now = self._clock()
         if msg.subject != self.subjects.membership(hb.node, hb.group) or hb.time > now + MAX_CLOCK_AHEAD_S:
-            # a heartbeat on someone else's subject, or dated in the future (it would outrank every
-            # true heartbeat of that peer, and so remove it for good), is refused
+            # someone else's subject, or dated in the future (it would outrank the peer's true ones)
             log.warning("%s: heartbeat of %r on %s refused (dated %+.0f s from now)", self.node_id, hb.node[:64],
                         msg.subject, hb.time - now)
             return

@@ -33,8 +33,7 @@ class LearnerError(RuntimeError):
 
 
 class RemotePolicy:
-    """A learner model over request/reply: always the newest model and the learner's own
-    exploration (epsilon decays there), one round trip per decision."""
+    """A learner model over request/reply: the newest model and the learner's exploration, one round trip."""
 
     def __init__(self, nc: Client, node: str, model: str = SCHEDULING_MODEL, *, prefix: str = "faas",
                  timeout_s: float = 2.0) -> None:
@@ -81,12 +80,8 @@ class RemotePolicy:
 
 
 class LocalPolicy:
-    """A local copy of a learner model, replaced whenever the learner publishes weights:
-    ``act()`` is a plain function call. Exploration is the copy's own (a differential SARSA
-    copy keeps decaying its epsilon between publications).
-
-    ``async with LocalPolicy(nc, "n1") as policy: policy.act(state)``
-    """
+    """A local copy of a learner model, replaced whenever the learner publishes weights: ``act()``
+    is a plain function call, with the copy's own exploration."""
 
     def __init__(self, nc: Client, node: str, model: str = SCHEDULING_MODEL, *, prefix: str = "faas",
                  timeout_s: float = 2.0, on_update: Callable[[LearnerWeights, Any], None] | None = None) -> None:
@@ -162,8 +157,7 @@ class LocalPolicy:
             try:
                 self.agent.set_weights(base64.b64decode(weights.weights_b64))
             except Exception:
-                # a load that fails half-way has overwritten some tensors of the agent that acts (the
-                # controller holds this very object): the last good weights go back in first
+                # a load failed half-way has overwritten tensors of the acting agent: restore the last good
                 if self.weights is not None:
                     self.agent.set_weights(base64.b64decode(self.weights.weights_b64))
                 raise

@@ -12,14 +12,8 @@ log = logging.getLogger(__name__)
 
 
 class EidWindow:
-    """P2PFaaS windows of contiguous EIDs from samples that arrive in any order (rewards come
-    back as requests finish). A window is ready when ``size - 1`` untrained links (EID n and
-    n + 1 both here) wait; ``take()`` hands them out as runs of consecutive EIDs.
-
-    After training, a sample stays while its successor has not come (it heads the next window),
-    and a trained sample whose predecessor has not come stays too: a predecessor arriving after
-    its successor still finds it and is trained (once; a trained link is never trained again).
-    """
+    """A window is ready when ``size - 1`` untrained links (EID n and n + 1 both here) wait. A sample
+    stays while its successor or predecessor has not come, so a late one still links (once)."""
 
     def __init__(self, size: int, max_pending: int) -> None:
         self.size, self.max_pending = size, max_pending
@@ -54,8 +48,7 @@ class EidWindow:
             log.warning("EID %d dropped: its successor did not arrive among %d samples", eid, self.max_pending)
 
     def take(self) -> list[list[LearnerTrainSample]]:
-        """The untrained links as runs of consecutive EIDs (sorted), each to be trained on its
-        own; keeps the samples that still wait for a successor or a predecessor."""
+        """The untrained links as sorted runs of consecutive EIDs; keeps the samples still waiting."""
         runs: list[list[LearnerTrainSample]] = []
         for eid in sorted(self.samples):
             if not self._untrained_link(eid):

@@ -21,8 +21,7 @@ from nodes.learner.algorithms.agent import MAX_PARAMETER, config_from_dict
 
 log = logging.getLogger(__name__)
 
-# Config fields that size a model (networks, buffers, tables): on a live model they change
-# only together with "reset": true, which rebuilds it.
+# Config fields that size a model: on a live model they change only with "reset": true, which rebuilds it.
 STRUCTURAL = frozenset({"actions_n", "hidden_sizes", "buffer_size", "bins", "low", "high", "num_steps"})
 MANIFEST = "learner.json"
 FORMAT_VERSION = 1
@@ -69,8 +68,7 @@ def is_true(value: Any) -> bool:
 
 
 class ModelSlot:
-    """One model of a node (``scheduling`` or ``scaling-<pool>``). The agent is created on
-    first use, when the state size is known; a ``dsarsa`` table needs none, so it exists at once."""
+    """One model of a node; its agent is created when the state size is known (a ``dsarsa`` at once)."""
 
     def __init__(self, name: str, algorithm: str, n_actions: int, obs_dim: int | None = None,
                  parameters: Mapping[str, Any] | None = None, seed: int = 0) -> None:
@@ -128,8 +126,7 @@ class ModelSlot:
         return metrics
 
     def train_window(self, samples: list[LearnerTrainSample]) -> int:
-        """A P2PFaaS window (sorted by EID): ``dsarsa`` trains it as P2PFaaS does; any other
-        agent gets one transition per pair of consecutive EIDs. Returns samples trained."""
+        """A P2PFaaS window (sorted by EID), trained as P2PFaaS does for ``dsarsa``; returns samples trained."""
         agent = self.ensure(len(samples[0].state))
         if self.algorithm == "dsarsa":
             trained = int(agent.train_window(samples)["trained"])
@@ -151,9 +148,8 @@ class ModelSlot:
             self.fresh = self.fresh or changed
 
     def seed(self, weights: LearnerWeights) -> None:
-        """Continue from published weights (e.g. a shipped model the controller starts with): the
-        model becomes a ``weights.algorithm`` agent with ``weights.config``, acting exactly as they
-        do; ``experiences`` keeps counting, so versions only grow."""
+        """Continue from published weights, acting exactly as they do; ``experiences`` keeps
+        counting, so versions only grow."""
         cls = AGENTS.get(weights.algorithm)
         if cls is None:
             raise ValueError(f"unknown agent {weights.algorithm!r}; known: {sorted(AGENTS)}")
@@ -175,8 +171,7 @@ class ModelSlot:
         return {"actions_n": self.n_actions, **dataclasses.asdict(self.config)}
 
     def set_parameters(self, values: Mapping[str, Any]) -> dict[str, Any]:
-        """Change hyper-parameters; ValueError (nothing changed) for unknown names, bad values
-        or a structural change on a live model without ``"reset": true``."""
+        """Change hyper-parameters; ValueError (nothing changed), also for a structural change without reset."""
         values = dict(values)
         reset = is_true(values.pop("reset", False))
         if self.algorithm == "dsarsa" and self.agent is not None:
@@ -265,9 +260,8 @@ class Restored:
 
 
 class CheckpointStore:
-    """``<dir>/learner.json`` names one file per model (``<model>.<generation>.pt``) and the
-    stream sequence they include; replacing the manifest atomically commits the checkpoint, so
-    a kill at any moment leaves the previous or the new one, never a mix."""
+    """``<dir>/learner.json`` names one file per model and the stream sequence they include;
+    replacing it atomically commits the checkpoint (a kill leaves the old or the new, never a mix)."""
 
     def __init__(self, directory: Path) -> None:
         self.directory = directory

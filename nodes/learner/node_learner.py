@@ -118,9 +118,8 @@ class NodeLearner:
             self.checkpoint(force=True)
 
     def _start_from_shipped(self, slot: ModelSlot) -> None:
-        """An empty scheduling table that a LearningScheduler just sized to the shipped table's
-        actions starts from that table (its Q-values and average reward; hyper-parameters and
-        epsilon stay this learner's). P2PFaaS's API users keep an empty 2-action table."""
+        """An empty scheduling table just sized to the shipped table's actions starts from its Q-values
+        and average reward (P2PFaaS's API users keep an empty 2-action table)."""
         from nodes.learner.algorithms.portable import load_portable
 
         path = self.settings.scheduling_model
@@ -139,12 +138,8 @@ class NodeLearner:
         log.info("learner %s: scheduling model starts from %s (%d states)", self.node, path, len(shipped.q))
 
     async def _bind_consumer(self) -> None:
-        """The durable consumer resumes right after the checkpoint: the checkpoint is the truth.
-
-        Experiences are acknowledged once applied, so after a kill the server may be ahead of
-        the checkpoint (or hold deliveries awaiting ack_wait): unless it is exactly at the
-        checkpoint, the consumer is recreated there and the difference is replayed in order.
-        """
+        """The durable consumer resumes right after the checkpoint, the truth: after a kill the
+        server may be ahead of it, so unless exactly there the consumer is recreated there."""
         js = self.nc.jetstream()
         stream = experiences_stream(self.subjects, self.node)
         last_seq = (await js.stream_info(stream)).state.last_seq
@@ -195,9 +190,8 @@ class NodeLearner:
                 await asyncio.sleep(FETCH_TIMEOUT_S)
 
     async def _bind_again_if_gone(self) -> None:
-        """The experience consumer or its stream deleted under the learner (``nats stream rm``, a
-        JetStream store lost): fetching would fail for ever and the models learn nothing more
-        until a restart. Both are made again as at start (a new stream is read from its start)."""
+        """The experience consumer or its stream was deleted under the learner: make both again as
+        at start (fetching would fail for ever otherwise)."""
         js, stream = self.nc.jetstream(), experiences_stream(self.subjects, self.node)
         try:
             await js.consumer_info(stream, DURABLE, timeout=1.0)
@@ -267,9 +261,8 @@ class NodeLearner:
 
     # -- models, weights and checkpoints ----------------------------------------------
     def _slot(self, model: str) -> ModelSlot:
-        """The model named ``model``, made on first use if it is one of the settings' models. Any
-        other name is refused, not made: each would hold memory (a DQN, its replay memory) and a
-        checkpoint file, and nothing bounds the names a client may send."""
+        """The model named ``model``, made on first use if the settings name it; any other name is
+        refused (nothing bounds the names a client may send)."""
         slot = self.slots.get(model)
         if slot is None:
             pool = pool_of_model(model)
@@ -384,8 +377,7 @@ class NodeLearner:
         return self._stats(slot, data)
 
     def _weights_set(self, slot: ModelSlot, data: bytes) -> bytes:
-        """Continue training from these weights (a controller seeds its pool's model with the model
-        it ships); answers the model's stats, whose ``experiences`` is the version they start at."""
+        """Continue training from these weights; answers the model's stats (``experiences``: the version)."""
         weights = decode(LearnerWeights, data)
         if weights.model != slot.name:
             raise ValueError(f"weights of model {weights.model!r} sent to model {slot.name!r}")

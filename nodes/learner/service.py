@@ -1,8 +1,5 @@
 """The learner service: one :class:`~nodes.learner.node_learner.NodeLearner` per node it learns
-for (a node's own, or a learner shared by several nodes).
-
-``async with LearnerService(nc, LearnerSettings(node_ids=["n1"])):`` — see docs/learner.md.
-"""
+for (a node's own, or a learner shared by several nodes; docs/learner.md)."""
 
 from __future__ import annotations
 
@@ -31,8 +28,7 @@ class LearnerService:
         return self.learners[node]
 
     async def start(self) -> "LearnerService":
-        # torch imports its compiler stack (~2-3 s) on the first optimizer: pay it now, off the
-        # event loop, not on the first scaling experience while act requests wait
+        # torch's first optimizer imports its compiler stack (~2-3 s): now, off the event loop
         await asyncio.to_thread(_warm_up_torch)
         js = self.nc.jetstream()
         try:

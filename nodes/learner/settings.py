@@ -33,9 +33,8 @@ class LearnerSettings(BaseModel):
     scheduling_parameters: dict[str, Any] = Field(default_factory=dict)
     """Initial hyper-parameters of the scheduling model (the agent's config fields)."""
     scheduling_model: Path | None = SHIPPED_SCHEDULING_MODEL
-    """A differential-SARSA table (portable .npz) an empty scheduling model starts from once a
-    LearningScheduler sizes it to the table's actions: by default the one shipped with the package
-    (``p2pfaas train scheduling``); None always starts empty."""
+    """The differential-SARSA table (.npz) an empty scheduling model starts from once sized to its
+    actions (default: the shipped one); None always starts empty."""
 
     scaling_agent: ScalingAgent = "dqn"
     """Kind of each pool's scaling model, created on the pool's first act or experience."""
@@ -43,9 +42,8 @@ class LearnerSettings(BaseModel):
     """The target action space of controller/features.py: keep, or one of six sizes."""
     scaling_parameters: dict[str, Any] = Field(default_factory=dict)
     pools: list[str] = Field(default_factory=lambda: ["default"])
-    """The pools that have a scaling model (``scaling-<pool>``): a node's own learner takes the
-    node's pools. Any other model name is refused (404) and another pool's experience is refused
-    as malformed: a name is not a model, else any client could fill memory and disk with them."""
+    """The pools that have a scaling model (``scaling-<pool>``); any other model name and its
+    experiences are refused, else any client could fill memory and disk with them."""
 
     seed: int = 0
     checkpoint_period_s: float = Field(default=5.0, gt=0)
@@ -83,8 +81,7 @@ class LearnerSettings(BaseModel):
 
     @classmethod
     def for_node(cls, node_settings: Any, **overrides: Any) -> "LearnerSettings":
-        """The learner of one node, sharing its NATS, prefix, data directory and pools (the main
-        one, ``default``, and its dedicated ones)."""
+        """The learner of one node, sharing its NATS, prefix, data directory and pools."""
         values = dict(node_ids=[node_settings.node_id], nats_url=node_settings.nats_url, prefix=node_settings.prefix,
                       data_dir=node_settings.data_dir, pools=["default", *node_settings.pools])
         return cls(**{**values, **overrides})

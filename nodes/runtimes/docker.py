@@ -1,9 +1,5 @@
-"""Workers as Docker containers: one container per worker, started through the Docker SDK.
-
-The engine is the one ``DOCKER_HOST`` names (the SDK's own convention). Every container
-carries labels (prefix, node, pool, worker) so a restarted node adopts or removes its own
-containers and never touches anyone else's; no SDK call blocks the event loop.
-"""
+"""Workers as Docker containers on the engine ``DOCKER_HOST`` names. Labels (prefix, node, pool,
+worker) let a restarted node adopt or remove its own containers and never touch anyone else's."""
 
 from __future__ import annotations
 
@@ -43,12 +39,8 @@ class WorkerExited(RuntimeError):
 
 
 async def blocking(fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
-    """Run a blocking SDK call in a daemon thread and await its result.
-
-    Not ``asyncio.to_thread``: following a container's logs or waiting for its exit blocks
-    for the container's whole life; a dozen of those would fill the loop's default executor
-    (6 threads on 2 cores) and ``asyncio.run`` joins that executor's threads on shutdown.
-    """
+    """Run a blocking SDK call in a daemon thread and await its result. Not ``asyncio.to_thread``:
+    calls that block for a container's life would fill the default executor, which ``asyncio.run`` joins."""
     loop = asyncio.get_running_loop()
     future: asyncio.Future[T] = loop.create_future()
 
@@ -87,9 +79,8 @@ LIST_TRIES = 5
 
 
 def list_containers(client: docker.DockerClient, labels: Mapping[str, str]) -> list[Container]:
-    """The containers (any state) carrying every one of ``labels``. docker-py lists, then inspects
-    each container it listed: one removed in between (a worker stopping, a ``--rm`` function)
-    fails the whole call with NotFound, so it lists again (blocking: run it in a thread)."""
+    """The containers (any state) carrying every one of ``labels`` (blocking). Listed again on
+    NotFound: docker-py inspects each listed container, and one may be removed in between."""
     for attempt in range(LIST_TRIES):
         try:
             return client.containers.list(all=True, filters={"label": _label_filter(labels)})
@@ -100,12 +91,8 @@ def list_containers(client: docker.DockerClient, labels: Mapping[str, str]) -> l
 
 
 class DockerWorker:
-    """One worker container.
-
-    Quacks like ``asyncio.subprocess.Process`` where a pool needs it (``returncode``,
-    ``send_signal``, ``kill``, ``wait``), so a pool can hold it where it holds a process.
-    Once the container exits it is removed, with the function containers it started.
-    """
+    """One worker container, quacking like ``asyncio.subprocess.Process`` where a pool needs it;
+    removed once it exits, with the function containers it started."""
 
     def __init__(self, runtime: "DockerWorkerRuntime", container: Container, name: str) -> None:
         self.runtime = runtime
@@ -133,10 +120,6 @@ class DockerWorker:
             return True
         except WorkerExited:
             return False
-
-    @property
-    def is_ready(self) -> bool:
-        return self._ready.done() and self._ready.exception() is None
 
     async def wait(self) -> int:
         """The container's exit code, once it exited (and was removed)."""
@@ -226,14 +209,9 @@ class DockerWorker:
 
 
 class DockerWorkerRuntime:
-    """Starts a pool's workers as containers of ``image`` on the engine of ``client``.
-
-    Containers run ``python -m nodes.worker`` with ``--network host`` (the worker reaches
-    the node's NATS at the address the node uses) and only the ``P2PFAAS_*`` variables of
-    the environment they are given: the host's PATH or HOME would break the image's.
-    ``docker_socket`` lends the engine to the workers (needed by image functions, which
-    start their own containers); it is root on the engine, so it is off by default.
-    """
+    """Starts a pool's workers as containers of ``image`` (``--network host``, only the ``P2PFAAS_*``
+    variables: the host's PATH or HOME would break the image's). ``docker_socket`` lends the engine
+    to the workers (image functions need it); it is root on the engine, so it is off by default."""
 
     def __init__(self, client: docker.DockerClient, image: str = DEFAULT_WORKER_IMAGE, node: str = "n1",
                  pool: str = "default", *, prefix: str = "faas", network: str = "host",
@@ -307,9 +285,8 @@ class DockerWorkerRuntime:
         return await blocking(list_containers, self.client, labels)
 
     async def adopt_or_remove(self, keep: int = 0) -> list[DockerWorker]:
-        """Leftovers of an earlier run of this node/pool: adopt up to ``keep`` running workers,
-        remove every other container labelled for it. Other nodes', pools' and prefixes'
-        containers are never touched (the label filter is exact)."""
+        """Leftovers of an earlier run of this node/pool: adopt up to ``keep`` running workers, remove
+        the others (the label filter is exact: nobody else's are touched)."""
         adopted: list[DockerWorker] = []
         workers = sorted(await self.containers("worker"), key=lambda c: c.labels.get(LABEL_WORKER, ""))
         for container in workers:
@@ -338,9 +315,8 @@ class DockerWorkerRuntime:
 
 
 async def pool_runtime(settings: "NodeSettings", pool: str) -> DockerWorkerRuntime:
-    """The runtime of one pool of a node (settings.runtime == "docker"), strays of an earlier
-    run of the same node and pool removed. The engine lends itself to the workers only when
-    the node has image functions (they start containers of their own)."""
+    """The runtime of one pool of a node, strays of an earlier run removed; the engine is lent to
+    the workers only when the node has image functions."""
     from functions.image import IMAGE_SCHEME
 
     def connect() -> docker.DockerClient:

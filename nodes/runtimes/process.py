@@ -30,9 +30,8 @@ OUTPUT_LINE_MAX = 4096   # longer lines are cut in the log (the function's outpu
 
 
 def worker_identity() -> dict[str, str]:
-    """What makes a worker connect as its node's worker identity, and trust the stack's CA (its
-    file is in the data dir, out of a worker's reach): handed to a worker process at its start,
-    in a container's environment."""
+    """The environment that makes a worker connect as its node's worker identity and trust the
+    stack's CA (its file is in the data dir, out of a worker's reach)."""
     # no worker identity (a broker of one's own, a node run by hand): the node's, as before any existed
     creds = credentials_from_env(WORKER_CREDENTIALS) or credentials_from_env()
     out = {"P2PFAAS_NATS_USER": creds[0], "P2PFAAS_NATS_PASSWORD": creds[1]} if creds else {}
@@ -85,8 +84,8 @@ def boot_slots() -> asyncio.Semaphore:
 async def run_process(settings: NodeSettings, pool: str, handle: WorkerHandle, secrets: dict[str, str],
                       sandbox: Callable[[], WorkerSandbox],
                       became_ready: Callable[[WorkerHandle], Awaitable[None]]) -> int | None:
-    """A worker as an OS process (``python -m nodes.worker``), from its start to its exit code
-    (None: it never started). ``became_ready`` is awaited when it prints its READY line."""
+    """A worker as an OS process, from its start to its exit code (None: it never started);
+    ``became_ready`` is awaited when it prints READY."""
     env = child_env(P2PFAAS_NODE_SETTINGS=settings.model_dump_json(),
                     P2PFAAS_WORKER_NAME=handle.name, P2PFAAS_WORKER_POOL=pool,
                     PYTHONUNBUFFERED="1")   # what a function prints reaches the log when it prints it
@@ -123,11 +122,8 @@ async def run_process(settings: NodeSettings, pool: str, handle: WorkerHandle, s
 
 async def read_output(handle: WorkerHandle, stdout: asyncio.StreamReader,
                       became_ready: Callable[[WorkerHandle], Awaitable[None]]) -> None:
-    """Until the worker closes its stdout: its READY line makes it ready; everything else on it
-    (what functions and the modules they import print) goes to the node's log line by line,
-    a line cut at OUTPUT_LINE_MAX bytes. Read in chunks, not lines: a worker that printed more
-    than a pipe holds, or a line longer than a stream reader's limit, would otherwise block in
-    ``print`` and overrun its calls."""
+    """Until the worker closes its stdout: READY makes it ready, the rest goes to the node's log (lines
+    cut at OUTPUT_LINE_MAX). Read in chunks, not lines: a long line would block the worker's ``print``."""
     async def line_out(line: bytes, extra: int) -> None:
         if handle.state == "starting" and not extra and line.strip() == READY_LINE:
             return await became_ready(handle)

@@ -1,19 +1,7 @@
-"""Every scheduling algorithm, registered, and the one place where request headers
-override them: :func:`decide` is what the scheduler service calls.
-
-Precedence (first match wins, as in P2PFaaS's ``/function`` handler):
-
-1. ``X-P2pfaas-Scheduler-Bypass``  -> run here, loss on (P2PFaaS runs
-   ``NoScheduler(true)``): rejected when there is no room;
-2. ``X-P2pfaas-Scheduler-Forward`` -> a random unvisited peer (P2PFaaS runs
-   ``ForwardScheduler(1)``): a forwarded request, or one with no peer left,
-   runs here;
-3. ``X-P2pfaas-Scheduler-Reject``  -> Reject (401);
-4. the configured algorithm.
-
-Whatever an algorithm answers, a Forward to this node or to a node already on
-the request's path is turned into local execution, so no chain can loop.
-"""
+"""Every scheduling algorithm, registered, and :func:`decide`, where request headers override them.
+Precedence as in P2PFaaS's ``/function``: ``X-P2pfaas-Scheduler-Bypass`` (run here, loss on),
+``-Forward`` (a random unvisited peer, else here), ``-Reject`` (401), then the algorithm. A Forward
+to this node or a node already on the path runs here, so no chain can loop."""
 
 from __future__ import annotations
 
@@ -29,8 +17,7 @@ from nodes.scheduler.base import (
     SchedulingView,
     build_algorithm,
 )
-# Importing every algorithm module registers it: build_algorithm knows every name.
-# A new algorithm module (e.g. the LearningScheduler) must be imported here too.
+# Importing every algorithm module registers it: a new one must be imported here too.
 from nodes.scheduler.forward import ForwardScheduler
 from nodes.scheduler.learning import LearningScheduler
 from nodes.scheduler.no_scheduler import NoScheduler
@@ -83,11 +70,8 @@ async def decide(
     *,
     rng: random.Random | None = None,
 ) -> Decision:
-    """Header overrides, then ``algorithm``; see the module docstring for the order.
-
-    ``rng`` drives the forced forward (default: the algorithm's own ``rng`` if it
-    has one, else a module-wide generator).
-    """
+    """Header overrides, then ``algorithm`` (module docstring). ``rng`` drives the forced forward
+    (default: the algorithm's own, else a module-wide generator)."""
     forced = forced_algorithm(request)
     if forced is _FORWARD:
         forced = ForwardScheduler(1, rng=rng or getattr(algorithm, "rng", None) or _shared_rng)

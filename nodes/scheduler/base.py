@@ -1,8 +1,5 @@
-"""The scheduling-algorithm interface: ``schedule(request, view) -> Decision``.
-
-An algorithm only decides; the scheduler service carries the decision out
-(enqueue locally, forward over NATS, publish a rejection).
-"""
+"""The scheduling-algorithm interface: ``schedule(request, view) -> Decision``. An algorithm only
+decides; the scheduler service carries the decision out."""
 
 from __future__ import annotations
 
@@ -42,11 +39,7 @@ class LocalLoad:
 
     @property
     def has_room(self) -> bool:
-        """A new task could run now or wait in the queue.
-
-        Counted on running + queued: a task enqueued but not started yet will
-        take a free slot before the new one does.
-        """
+        """A new task could run now or wait in the queue (queued tasks take free slots first)."""
         capacity = self.slots + (self.queue_max if self.queue_enabled else 0)
         return self.running + self.queued < capacity
 
@@ -74,8 +67,6 @@ class SchedulingView(Protocol):
 
 @dataclass(frozen=True, slots=True)
 class Execute:
-    """Run on this node's worker pool."""
-
     probing_s: float = 0.0  # time spent probing peers before deciding to stay local
 
 
@@ -111,8 +102,7 @@ class SchedulingAlgorithm(abc.ABC):
 
     name: ClassVar[str]
     registry: ClassVar[dict[str, type["SchedulingAlgorithm"]]] = {}
-    # True when schedule() never waits on I/O (no probe, no learner round trip): the service
-    # then decides right in the message callback instead of in a task of its own
+    # schedule() never waits on I/O: the service decides in the message callback, not in a task
     instant: ClassVar[bool] = False
 
     def __init_subclass__(cls, **kw: object) -> None:

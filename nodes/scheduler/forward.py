@@ -1,8 +1,4 @@
-"""P2PFaaS ``ForwardScheduler [maxHops]``, plus the forwarding rules every algorithm shares.
-
-The shared rules live here once: which peers a request may still go to, how
-the hop budget is read, and what "run locally" means when ``loss`` is on.
-"""
+"""P2PFaaS ``ForwardScheduler [maxHops]``, plus the forwarding rules every algorithm shares."""
 
 from __future__ import annotations
 
@@ -34,22 +30,16 @@ def parse_uint(value: str, what: str, *, minimum: int = 0) -> int:
 
 
 def forwardable_peers(request: SchedulingRequest, view: SchedulingView) -> list[str]:
-    """Alive peers the request has not visited yet, in the view's stable order.
-
-    Never this node and never a node already on the request's path: that one
-    rule keeps every forward chain loop-free, whatever the algorithm.
-    """
+    """Alive peers the request has not visited yet (nor this node), in the view's stable order:
+    that rule keeps every forward chain loop-free."""
     visited = set(request.peers)
     visited.add(view.node_id)
     return [p for p in view.peers() if p not in visited]
 
 
 def may_forward(request: SchedulingRequest, max_hops: int) -> bool:
-    """The hop budget: a request may move on only while ``hops < max_hops``.
-
-    Client requests have hops 0, so ``max_hops = 0`` means "never forward"
-    (P2PFaaS would still forward a client request once; see docs/scheduling.md).
-    """
+    """A request may move on only while ``hops < max_hops``: 0 means never forward (P2PFaaS would
+    still forward a client request once; docs/scheduling.md)."""
     return request.hops < max_hops
 
 
@@ -61,10 +51,7 @@ def run_locally(view: SchedulingView, loss: bool, probing_s: float = 0.0) -> Dec
 
 
 class ForwardScheduler(SchedulingAlgorithm):
-    """Forward every request to one random unvisited peer while the hop budget lasts.
-
-    A request runs locally when its hops reached ``max_hops`` or no peer is left.
-    """
+    """Forward every request to one random unvisited peer while the hop budget lasts, else run here."""
 
     name = "ForwardScheduler"
     instant = True

@@ -1,7 +1,5 @@
-"""What reaches a node from outside, validated where it enters: subject, function, payload and
-headers become a :class:`~nodes.calls.Call`, or a :class:`Refusal` that says exactly what was
-wrong. Nothing here raises on bad input: a garbled header must never stop a node.
-"""
+"""What reaches a node from outside, validated where it enters: a :class:`~nodes.calls.Call`, or a
+:class:`Refusal` saying what was wrong. Nothing here raises on bad input."""
 
 from __future__ import annotations
 

@@ -1,11 +1,6 @@
 """P2PFaaS ``LearningScheduler [numTaskTypes, maxPeers, explore, peerLoads]``: the node's learner
-picks the action for the state; the node rewards it later (docs/learning.md).
-
-State: with ``peerLoads`` (the default) [task type, free slots here, free slots of peer 0 ..
-maxPeers-1], each bucketed 0 / 1 / 2+, peer loads from discovery heartbeats and, when no slot is
-free here, from a probe of each peer; P2PFaaS's [task type, running per type, queued per type]
-without. Actions (P2PFaaS): 0 reject, 1 run here, 2 probe one random peer and forward if it is
-less loaded, >= 3 forward to peer ``action - 3`` of the discovery view.
+picks the action for the state; the node rewards it later (docs/learning.md). Actions: 0 reject,
+1 run here, 2 probe one random peer and forward if less loaded, >= 3 forward to peer ``action - 3``.
 """
 
 from __future__ import annotations
@@ -96,8 +91,7 @@ def encode_room_state(task_type: int, local_free: int, peers_free: Sequence[int 
 
 
 class PeerLoads:
-    """Peers' loads from their discovery heartbeats (``faas.membership.*``), corrected for the
-    requests this node forwarded to them since their newest heartbeat."""
+    """Peers' loads from their heartbeats, corrected for our forwards to them since the newest one."""
 
     COUNTED = 1024   # a node has at most 1024 slots (NodeConfiguration): more forwards change nothing
 
@@ -110,10 +104,8 @@ class PeerLoads:
         self.view.observe(heartbeat, self.clock())
 
     def forwarded(self, peer: str) -> None:
-        """Note a forward to ``peer``. Only forwards since its newest heartbeat are kept (and at most
-        COUNTED): a peer forwarded to at a high rate, or while this node stays saturated (its
-        loads are probed then, not read here), must not grow the list for ever. A peer without a
-        heartbeat (a P2PFaaS machine) has no load to correct: nothing is kept."""
+        """Note a forward to ``peer``: only those since its newest heartbeat are kept (at most COUNTED),
+        so the list cannot grow for ever; a peer without heartbeats (a P2PFaaS machine) keeps none."""
         heartbeat = self.view.heartbeat(peer)
         if heartbeat is None:
             self._forwards.pop(peer, None)
@@ -132,7 +124,6 @@ class PeerLoads:
         return max(0, load.free_slots - len(self._since(peer, load.at)))
 
     def _since(self, peer: str, at: float) -> deque[float]:
-        """The forwards to ``peer`` after ``at`` (the older ones are dropped)."""
         times = self._forwards.get(peer)
         if times is None:
             times = self._forwards[peer] = deque(maxlen=self.COUNTED)
@@ -142,9 +133,7 @@ class PeerLoads:
 
 
 class LearningContext:
-    """What a LearningScheduler needs from its node: the learner's policy (a `LocalPolicy` from the
-    published weights, `RemotePolicy` while it has none), the task types of the tasks queued here,
-    the EID counter, the deadlines and the `RewardTracker`. The node creates it (``for_node``) and
+    """What a LearningScheduler needs from its node (policies, task types, EIDs, deadlines, rewards);
     the scheduler service offers it to algorithms as ``view.learning``."""
 
     RETRY_S = 5.0  # after the learner did not answer, act without it this long before asking again
@@ -200,8 +189,7 @@ class LearningContext:
 
     # -- the learner ----------------------------------------------------------------
     async def _begin(self) -> None:
-        """On the first decision: peers' heartbeats subscribed (their loads), rewards and weights started (a node
-        that never learns pays nothing)."""
+        """On the first decision, so that a node that never learns pays nothing: subscribe, start."""
         if self._begun:
             return
         async with self._lock:
@@ -233,8 +221,7 @@ class LearningContext:
         self._actions_n = n_actions
 
     async def act(self, state: list[float], explore: bool) -> LearnerAction | None:
-        """The learner's action: the local copy when it has weights, else a round trip; None
-        when no learner answers (the scheduler then acts without it)."""
+        """The learner's action (the local copy, else a round trip); None when no learner answers."""
         await self._begin()
         if self.local.ready:
             try:
@@ -257,9 +244,8 @@ class LearningContext:
 
     def annotate(self, key: str, request: SchedulingRequest, decision: Decision,
                  headers: dict[str, str]) -> dict[str, str]:
-        """Called by the service for every decided request: notes the type of a task queued
-        here, and returns ``headers`` carrying this node's learning decision (or the origin's,
-        for a forwarded request) — and never a client's own learning headers."""
+        """``headers`` with this node's learning decision (or the origin's, for a forwarded request),
+        never a client's own learning headers; notes the type of a task queued here."""
         own = self.decision_for(key, request, decision)
         if own is None and request.external:
             return headers
@@ -267,8 +253,7 @@ class LearningContext:
         return {**clean, **own.headers()} if own is not None else clean
 
     def decision_for(self, key: str, request: SchedulingRequest, decision: Decision) -> LearningDecision | None:
-        """:meth:`annotate` without the headers (the service's path): notes the type of a task
-        queued here and returns this node's learning decision on it, if it made one."""
+        """:meth:`annotate` without the headers: this node's learning decision on ``key``, if any."""
         if isinstance(decision, Execute):
             self.types[key] = raw_task_type(request.task_type)
             if len(self.types) > self._prune_at:
@@ -288,8 +273,7 @@ class LearningScheduler(SchedulingAlgorithm):
     * ``peerLoads`` (default true): the state holds free slots here and at the first ``maxPeers``
       peers of the view (probed when none is free here); false: P2PFaaS's state.
 
-    Running here means loss: with no slot and no queue place the request is rejected. Without a
-    learner (none answers) the request runs here, unrecorded, until the learner is back.
+    Running here means loss. Without a learner the request runs here, unrecorded.
     """
 
     name = "LearningScheduler"
@@ -354,9 +338,8 @@ class LearningScheduler(SchedulingAlgorithm):
 
     async def room_state(self, task_type: int, view: SchedulingView,
                          learning: LearningContext) -> tuple[list[float], float]:
-        """(the peer-aware state, seconds spent probing). Peers are the first ``maxPeers`` of the
-        view, as the forward actions address them; with no free slot here they are probed (fresh
-        loads for the decision that matters), otherwise their heartbeats are used."""
+        """(the peer-aware state, seconds spent probing): the first ``maxPeers`` peers of the view,
+        probed when no slot is free here, otherwise read from their heartbeats."""
         local = view.local_load()
         local_free = local.slots - local.running - local.queued
         peers = list(view.peers())[:self.max_peers]

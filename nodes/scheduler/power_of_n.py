@@ -1,9 +1,4 @@
-"""P2PFaaS power-of-N choices: ``PowerOfNScheduler [F, T, loss, maxHops]`` and
-``PowerOfNSchedulerTau [F, T, loss, maxHops, tau]``.
-
-When this node's load reaches T, probe F distinct random peers in parallel and
-forward to the least loaded one if it is strictly less loaded than we are.
-"""
+"""P2PFaaS power-of-N choices: ``PowerOfNScheduler [F, T, loss, maxHops]`` and its tau variant."""
 
 from __future__ import annotations
 
@@ -78,11 +73,8 @@ def format_go_duration(ns: int) -> str:
 class PowerOfNScheduler(SchedulingAlgorithm):
     """Probe F random peers when our load (running + queued) is at least T.
 
-    * forward only while ``hops < max_hops`` and never to a visited node;
-    * probes run in parallel; a failed probe (None or an error) counts as a
-      fully loaded peer, never as an idle one;
-    * forward to the least loaded probed peer (ties broken at random) if its
-      load is strictly below ours, else stay;
+    * probes run in parallel; a failed probe counts as a fully loaded peer, never an idle one;
+    * forward to the least loaded probed peer (ties at random) if strictly below ours, else stay;
     * staying with ``loss`` on and no room here means Reject.
     """
 
@@ -162,11 +154,8 @@ class PowerOfNScheduler(SchedulingAlgorithm):
 
 
 class PowerOfNSchedulerTau(PowerOfNScheduler):
-    """Power-of-N counting running functions only, with probing padded to last at least tau.
-
-    tau emulates a slower network in experiments; the padding shows in the
-    scheduling time, while ``probing_s`` keeps the measured probe time (as P2PFaaS).
-    """
+    """Power-of-N counting running functions only, with probing padded to last at least tau (a
+    slower network); ``probing_s`` keeps the measured probe time (as P2PFaaS)."""
 
     name = "PowerOfNSchedulerTau"
     DEFAULTS = ("1", "2", "true", "1", "100ms")

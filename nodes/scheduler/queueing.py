@@ -1,8 +1,5 @@
-"""Loss-system formulas that bound what peer-to-peer scheduling can achieve.
-
-n nodes with K slots each under Poisson load: alone, each node blocks with
-Erlang-B(K, A); perfectly pooled, the system blocks with Erlang-B(nK, nA).
-"""
+"""Loss-system formulas that bound what peer-to-peer scheduling can achieve: alone, each of n nodes
+with K slots blocks with Erlang-B(K, A); perfectly pooled, the system with Erlang-B(nK, nA)."""
 
 from __future__ import annotations
 
@@ -17,12 +14,8 @@ def _check(servers: int, offered_load: float) -> None:
 
 
 def erlang_b(servers: int, offered_load: float) -> float:
-    """Blocking probability of an M/M/c/c loss system (Erlang-B).
-
-    ``offered_load`` A = arrival rate x mean service time, in Erlangs. Uses the
-    recursion B(0) = 1, B(c) = A·B(c-1) / (c + A·B(c-1)), which never overflows
-    (unlike A^c / c!) and holds for any service-time distribution (insensitivity).
-    """
+    """Blocking probability of an M/M/c/c loss system (Erlang-B); ``offered_load`` in Erlangs.
+    The recursion B(c) = A·B(c-1) / (c + A·B(c-1)) never overflows (unlike A^c / c!)."""
     _check(servers, offered_load)
     b = 1.0
     for c in range(1, servers + 1):
@@ -31,12 +24,7 @@ def erlang_b(servers: int, offered_load: float) -> float:
 
 
 def finite_queue_blocking(servers: int, queue_length: int, offered_load: float) -> float:
-    """Blocking probability of M/M/c/(c+q): c slots plus a queue of q places.
-
-    The model of a P2PFaaS node with the queue enabled; equals
-    :func:`erlang_b` when ``queue_length`` is 0. Summed in log space so large
-    systems neither overflow nor underflow.
-    """
+    """Blocking probability of M/M/c/(c+q), a P2PFaaS node with its queue (summed in log space)."""
     _check(servers, offered_load)
     if isinstance(queue_length, bool) or not isinstance(queue_length, int) or queue_length < 0:
         raise ValueError(f"queue_length must be a non-negative integer, got {queue_length!r}")
@@ -61,11 +49,7 @@ def local_only_blocking(slots: int, offered_load_per_node: float, queue_length: 
 
 
 def pooled_blocking(nodes: int, slots: int, offered_load_per_node: float) -> float:
-    """The pooled lower bound: n nodes acting as one system of nK slots, Erlang-B(nK, nA).
-
-    No scheduler that only moves requests between nodes can reject less than
-    this (with the queues disabled, as in the P2PFaaS experiments).
-    """
+    """The pooled lower bound Erlang-B(nK, nA): no scheduler moving requests between nodes rejects less."""
     if isinstance(nodes, bool) or not isinstance(nodes, int) or nodes < 1:
         raise ValueError(f"nodes must be a positive integer, got {nodes!r}")
     return erlang_b(nodes * slots, nodes * offered_load_per_node)

@@ -1,10 +1,6 @@
-"""Closed-loop rewards of the LearningScheduler: the node remembers every decision it took and,
-when the request's answer appears (a result or a rejection, from whichever node produced it),
-publishes reward 1 if it was served within its deadline, else 0, on ``faas.<node>.reward``.
-
-No benchmark client is needed (P2PFaaS computed rewards in its client); a client may still post
-rewards itself through the learner API. docs/learning.md describes the rules.
-"""
+"""Closed-loop rewards of the LearningScheduler: when a decided request's answer appears, the node
+publishes reward 1 if it was served within its deadline, else 0, on ``faas.<node>.reward``
+(docs/learning.md)."""
 
 from __future__ import annotations
 
@@ -56,23 +52,17 @@ class RewardStats:
 class RewardTracker:
     """Decisions waiting for their answer, keyed by ``<client>.<req>``.
 
-    * the node offers every answer it gives or relays (:meth:`observe`): direct calls, async
-      calls and forwards all come back through the node that decided them;
-    * a decision whose answer does not come within ``deadline + grace_s`` gets reward 0 (it
-      cannot have met its deadline); a later answer is then ignored;
+    * the node offers every answer it gives or relays (:meth:`observe`);
+    * no answer within ``deadline + grace_s``: reward 0, a later answer is ignored;
     * at most ``max_pending`` decisions wait; beyond that the oldest gets reward 0;
-    * rewards are published **in EID order**: one whose answer came early waits for the
-      answers of the decisions before it (bounded by their deadline + grace). The learner pairs
-      EID n with n + 1 in windows; out of order, a slow (often late, so 0) reward would arrive
-      after its successor was trained and be lost — biasing the model towards slow actions;
-    * rewards are published in the background (JetStream acks), never on the scheduling path.
+    * rewards are published **in EID order**, in the background: the learner pairs EID n with n + 1,
+      and a late reward arriving after its successor was trained would be lost (a bias to slow actions).
     """
 
     def __init__(self, nc: Client, node: str, *, prefix: str = "faas", grace_s: float = 1.0,
                  max_pending: int = 10_000, sweep_period_s: float = 0.25,
                  clock: Callable[[], float] = time.monotonic, publish: bool = True) -> None:
-        """``publish`` False: decisions are still tracked (their headers go back with the answers)
-        but no reward is published -- the clients post them (NodeSettings.node_rewards)."""
+        """``publish`` False: decisions are tracked but the clients post the rewards (``node_rewards``)."""
         self.nc, self.node, self.publishing = nc, node, publish
         self.subjects = Subjects(prefix)
         self.reward_subject = self.subjects.reward(node)

@@ -92,9 +92,20 @@ def weights_from_bytes(agent: Any, data: bytes, check_obs_dim: bool = True) -> d
     return _open(from_bytes(data), agent.algorithm, obs_dim=obs_dim, n_actions=agent.n_actions)["state"]
 
 
+class WeightsCodec:
+    """An agent's get_weights()/set_weights() over its weights_state()/load_weights_state()."""
+
+    check_obs_dim = True
+
+    def get_weights(self) -> bytes:
+        return weights_to_bytes(self, self.weights_state())
+
+    def set_weights(self, b: bytes) -> None:
+        self.load_weights_state(weights_from_bytes(self, b, self.check_obs_dim))
+
+
 def save_checkpoint(path: str | Path, agent: Any, state: dict[str, Any]) -> None:
-    """Write state + dimensions + config + seed, atomically (a crash mid-save never leaves a
-    truncated model behind)."""
+    """Write state + dimensions + config + seed, atomically."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(path.name + ".tmp")
@@ -103,8 +114,7 @@ def save_checkpoint(path: str | Path, agent: Any, state: dict[str, Any]) -> None
 
 
 def load_checkpoint(path: str | Path, cls: type) -> tuple[Any, dict[str, Any]]:
-    """A new `cls` agent built with the checkpoint's dimensions, config and seed, and the
-    saved state for it to restore."""
+    """A new `cls` agent made from the checkpoint, and the saved state for it to restore."""
     payload = _open(from_bytes(Path(path).read_bytes()), cls.algorithm)
     config = config_from_dict(cls.config_class, payload["config"])
     return cls(payload["obs_dim"], payload["n_actions"], config, payload["seed"]), payload["state"]
@@ -133,8 +143,7 @@ def table_from_state(state: dict[str, Any], n_actions: int) -> dict[tuple, np.nd
 
 
 def check_action(agent: Any, action: Any) -> int:
-    """An action from outside (a broker message) as an int in range, or ValueError: a bad
-    experience is refused when it arrives, not when a later training step samples it."""
+    """An action from outside as an int in range, or ValueError (a bad experience is refused on arrival)."""
     index = int(action)
     if index != action or not 0 <= index < agent.n_actions:
         raise ValueError(f"{agent.algorithm}: action {action!r} is not in 0..{agent.n_actions - 1}")
@@ -142,8 +151,7 @@ def check_action(agent: Any, action: Any) -> int:
 
 
 def greedy_or_default(row: np.ndarray, default: int) -> int:
-    """The greedy action of a Q-row; where the default action ties for best (a row never
-    trained is all ties) the default wins, so an unseen state gets the safe answer, never 0."""
+    """The greedy action of a Q-row; the default wins ties, so an unseen state gets the safe answer."""
     default = min(max(int(default), 0), len(row) - 1)
     return default if row[default] >= row.max() else int(row.argmax())
 
@@ -161,9 +169,8 @@ def report_every(total_steps: int) -> int:
 
 
 def interact(agent: Agent, env: gym.Env, total_steps: int, seed: int, progress: Progress | None) -> dict[str, Any]:
-    """The environment loop every learn() shares: act with exploration, hand each
-    transition to agent.update(), reset on episode end. Returns namespaced metrics:
-    full lists for episodes, the mean of the last 100 values for everything update() reports."""
+    """The environment loop every learn() shares. Returns namespaced metrics: full lists for
+    episodes, the mean of the last 100 values for everything update() reports."""
     env.action_space.seed(seed)
     obs, _ = env.reset(seed=seed)
     returns: list[float] = []

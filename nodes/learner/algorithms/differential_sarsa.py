@@ -1,10 +1,6 @@
-"""P2PFaaS's learner model, done right: tabular SARSA with differential (average-reward)
-updates (Sutton & Barto, sec. 10.3), epsilon-greedy, trained on windows of contiguous EIDs.
-
-Two defects of the original are fixed: the average reward is incremented
-(avg_r += beta * delta) instead of assigned, and states are keyed by tuples of floats,
-so (1, 23) and (12, 3) are different states (the original concatenated "123" for both).
-"""
+"""P2PFaaS's learner model: tabular SARSA with differential (average-reward) updates (Sutton &
+Barto, sec. 10.3), epsilon-greedy, trained on windows of contiguous EIDs. Unlike P2PFaaS, avg_r is
+incremented (not assigned) and states are tuples of floats (not concatenated strings)."""
 
 from __future__ import annotations
 
@@ -21,6 +17,7 @@ import numpy as np
 from .agent import (
     MAX_PARAMETER,
     Progress,
+    WeightsCodec,
     check_action,
     greedy_or_default,
     interact,
@@ -28,8 +25,6 @@ from .agent import (
     save_checkpoint,
     table_from_state,
     table_to_state,
-    weights_from_bytes,
-    weights_to_bytes,
 )
 
 State = tuple[float, ...]
@@ -52,8 +47,7 @@ class DifferentialSarsaConfig:
     window_size: int = 5
     """Contiguous EIDs the learner service collects before calling train_window()."""
     default_action: int = 1
-    """The answer for a state never trained (and the winner of ties): P2PFaaS's 1, run here.
-    The original answered 0 (reject) there."""
+    """The answer for a state never trained (and the winner of ties): 1, run here."""
 
 
 def state_key(obs: Any) -> State:
@@ -81,12 +75,13 @@ def _coerce(kind: type, value: Any) -> Any:
     return out
 
 
-class DifferentialSarsa:
+class DifferentialSarsa(WeightsCodec):
     """Differential SARSA. `act(explore=True)` is P2PFaaS's /act, `train_window()` its
     /train_batch, `parameters()`/`set_parameters()`/`stats()`/`reset()` its /learner routes."""
 
     algorithm = "dsarsa"
     config_class = DifferentialSarsaConfig
+    check_obs_dim = False   # states may have any length
 
     def __init__(
         self, obs_dim: int = 0, n_actions: int = 2, config: DifferentialSarsaConfig | None = None, seed: int = 0
@@ -114,8 +109,7 @@ class DifferentialSarsa:
         return row
 
     def act(self, obs: Any, explore: bool = False) -> int:
-        """Greedy action; with explore, epsilon-greedy and epsilon decays (P2PFaaS's /act).
-        Read `epsilon` before the call for the value the decision used."""
+        """Greedy action; with explore, epsilon-greedy and epsilon decays (read `epsilon` before the call)."""
         row = self.q.get(state_key(obs))
         default = min(self.config.default_action, self.n_actions - 1)
         if explore:
@@ -138,11 +132,9 @@ class DifferentialSarsa:
         return delta
 
     def train_window(self, samples: Iterable[Any]) -> dict:
-        """Train on samples with `eid`, `state`, `action`, `reward` (mappings or objects such
-        as broker SchedulingExperience). Sorted by EID; sample i's successor is sample i+1
-        when its EID is eid_i + 1. A gap splits the window into runs trained separately, a
-        repeated EID is ignored. The last sample of a run has no successor, so it is not
-        trained: pass it again at the head of the next window to link windows."""
+        """Train on samples with `eid`, `state`, `action`, `reward` (mappings or objects), sorted
+        by EID; a gap splits the window into runs, a repeated EID is ignored. A run's last sample
+        has no successor and is not trained: pass it again at the head of the next window."""
         by_eid: dict[int, tuple[State, int, float]] = {}
         for sample in samples:  # parse all first: a bad sample refuses the window, untrained
             eid = int(_field(sample, "eid"))
@@ -167,9 +159,8 @@ class DifferentialSarsa:
         }
 
     def update(self, obs, action, reward, next_obs, done, truncated: bool = False) -> dict:
-        """One transition of a stream; the next action arrives with the next transition, so
-        the update waits for it (as in SarsaLambda.update). Terminated: Q(s',.) = 0; truncated
-        or a stream that does not continue: bootstrap with the epsilon-greedy expectation."""
+        """One transition; its update waits for the next action (next transition). Terminated:
+        Q(s',.) = 0; truncated or not continued: bootstrap with the epsilon-greedy expectation."""
         state, next_state, action = state_key(obs), state_key(next_obs), check_action(self, action)
         deltas = []
         if self.pending is not None:
@@ -203,8 +194,7 @@ class DifferentialSarsa:
         return {"actions_n": self.n_actions, **dataclasses.asdict(self.config)}
 
     def set_parameters(self, values: Mapping[str, Any]) -> dict[str, Any]:
-        """Change hyper-parameters at run time (values may be strings); unknown names or
-        bad values raise ValueError and change nothing. Returns the new parameters."""
+        """Change hyper-parameters (strings allowed); ValueError changes nothing. Returns the new parameters."""
         kinds = {f.name: type(f.default) for f in dataclasses.fields(DifferentialSarsaConfig)}
         unknown = set(values) - set(kinds) - {"actions_n"}
         if unknown:
@@ -237,38 +227,26 @@ class DifferentialSarsa:
 
     # -- weights and checkpoints ------------------------------------------------------
 
-    def _state(self) -> dict:
+    def weights_state(self) -> dict:
         return {**table_to_state(self.q, self.n_actions), "average_reward": float(self.average_reward),
                 "epsilon": float(self.epsilon)}
 
-    def _load_state(self, state: dict) -> None:
+    def load_weights_state(self, state: dict) -> None:
         self.q = table_from_state(state, self.n_actions)
         self.average_reward = float(state["average_reward"])
         self.epsilon = float(state["epsilon"])
         self.pending = None
 
-    def weights_state(self) -> dict:
-        return self._state()
-
-    def load_weights_state(self, state: dict) -> None:
-        self._load_state(state)
-
-    def get_weights(self) -> bytes:
-        return weights_to_bytes(self, self._state())
-
-    def set_weights(self, b: bytes) -> None:
-        self._load_state(weights_from_bytes(self, b, check_obs_dim=False))  # states may have any length
-
     def save(self, path: str | Path) -> None:
         """Q-table, average reward, epsilon and counters; a pending transition is not saved."""
         counters = {"inferences": self.inferences, "trained_items": self.trained_items, "windows": self.windows,
                     "eid_last_trained": self.eid_last_trained}
-        save_checkpoint(path, self, {**self._state(), **counters})
+        save_checkpoint(path, self, {**self.weights_state(), **counters})
 
     @classmethod
     def load(cls, path: str | Path) -> DifferentialSarsa:
         agent, state = load_checkpoint(path, cls)
-        agent._load_state(state)
+        agent.load_weights_state(state)
         agent.inferences, agent.trained_items = state["inferences"], state["trained_items"]
         agent.windows, agent.eid_last_trained = state["windows"], state["eid_last_trained"]
         return agent

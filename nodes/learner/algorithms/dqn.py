@@ -16,13 +16,12 @@ from torch import nn
 from .agent import (
     IncompatibleWeights,
     Progress,
+    WeightsCodec,
     check_action,
     interact,
     linear_schedule,
     load_checkpoint,
     save_checkpoint,
-    weights_from_bytes,
-    weights_to_bytes,
 )
 
 
@@ -45,8 +44,7 @@ class DQNConfig:
     end_e: float = 0.05
     """Exploration epsilon once the schedule has run out."""
     exploration_steps: int = 10_000
-    """Transitions over which epsilon falls linearly from start_e to end_e (absolute,
-    because online learning has no known horizon)."""
+    """Transitions over which epsilon falls from start_e to end_e (online learning has no horizon)."""
     learning_starts: int = 1_000
     """Transitions collected before the first gradient step."""
     train_frequency: int = 1
@@ -58,8 +56,6 @@ class DQNConfig:
 
 
 class QNetwork(nn.Module):
-    """An MLP from an observation to one Q-value per action."""
-
     def __init__(self, obs_dim: int, n_actions: int, hidden_sizes: tuple[int, ...] = (64, 64)):
         super().__init__()
         layers: list[nn.Module] = []
@@ -106,7 +102,7 @@ class ReplayBuffer:
         )
 
 
-class DoubleDQN:
+class DoubleDQN(WeightsCodec):
     """Double DQN agent; `update()` takes one transition, `learn()` drives a Gymnasium env."""
 
     algorithm = "dqn"
@@ -135,8 +131,7 @@ class DoubleDQN:
         return greedy_action(self.q_network, obs)
 
     def update(self, obs, action, reward, next_obs, done, truncated: bool = False) -> dict:
-        """Store one transition and train when the schedule says so. `done` means terminated
-        (no bootstrap); a truncated transition still bootstraps from next_obs."""
+        """Store one transition and train when due; `done` (terminated) does not bootstrap, truncated does."""
         c = self.config
         self.buffer.add(obs, check_action(self, action), float(reward), next_obs, bool(done))
         self.global_step += 1
@@ -177,12 +172,6 @@ class DoubleDQN:
     def weights_state(self) -> dict:
         """What acting needs (get_weights() serialises it, portable files store it)."""
         return {"q_network": self.q_network.state_dict(), "global_step": self.global_step}
-
-    def get_weights(self) -> bytes:
-        return weights_to_bytes(self, self.weights_state())
-
-    def set_weights(self, b: bytes) -> None:
-        self.load_weights_state(weights_from_bytes(self, b))
 
     def load_weights_state(self, state: dict) -> None:
         try:

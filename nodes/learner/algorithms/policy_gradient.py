@@ -14,12 +14,11 @@ from torch import nn
 from .agent import (
     IncompatibleWeights,
     Progress,
+    WeightsCodec,
     check_action,
     interact,
     load_checkpoint,
     save_checkpoint,
-    weights_from_bytes,
-    weights_to_bytes,
 )
 
 
@@ -88,7 +87,7 @@ class ActorCritic(nn.Module):
         return log_probs.gather(1, actions.unsqueeze(1)).squeeze(1), entropy, self.value(obs)
 
 
-class PPO:
+class PPO(WeightsCodec):
     """PPO agent; `update()` buffers transitions and trains when a rollout is complete."""
 
     algorithm = "pg"
@@ -115,8 +114,7 @@ class PPO:
         return int(logits.argmax(dim=1).item())
 
     def update(self, obs, action, reward, next_obs, done, truncated: bool = False) -> dict:
-        """Buffer one transition; train on the rollout once it holds num_steps. `done` means
-        terminated (no bootstrap); truncated ends the episode but bootstraps from next_obs."""
+        """Buffer one transition, train once the rollout holds num_steps; truncated still bootstraps."""
         self.rollout.append((
             np.asarray(obs, dtype=np.float32).reshape(self.obs_dim), check_action(self, action), float(reward),
             np.asarray(next_obs, dtype=np.float32).reshape(self.obs_dim), bool(done), bool(done or truncated),
@@ -125,9 +123,8 @@ class PPO:
         return self._train_rollout() if len(self.rollout) >= self.config.num_steps else {}
 
     def _advantages(self, obs, rewards, next_obs, terminated, ended) -> tuple[torch.Tensor, torch.Tensor]:
-        """GAE over the rollout. Every transition bootstraps from its own next_obs, and the
-        lambda-chain carries on only where the next transition starts where this one ended
-        (transitions from a broker may come from interleaved or truncated episodes)."""
+        """GAE over the rollout; the lambda-chain carries on only where the next transition starts
+        where this one ended (a broker's transitions may come from interleaved episodes)."""
         c, n = self.config, len(rewards)
         with torch.no_grad():
             values, next_values = self.network.value(obs), self.network.value(next_obs)
@@ -207,12 +204,6 @@ class PPO:
     def weights_state(self) -> dict:
         """What acting needs (get_weights() serialises it, portable files store it)."""
         return {"network": self.network.state_dict()}
-
-    def get_weights(self) -> bytes:
-        return weights_to_bytes(self, self.weights_state())
-
-    def set_weights(self, b: bytes) -> None:
-        self.load_weights_state(weights_from_bytes(self, b))
 
     def load_weights_state(self, state: dict) -> None:
         try:

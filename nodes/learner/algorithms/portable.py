@@ -1,9 +1,5 @@
-"""Trained models as portable files: a numpy ``.npz`` of the weights' arrays plus a JSON header
-(algorithm, sizes, hyper-parameters, seed and free-form metadata). Loading never unpickles.
-
-This is the format models ship in (inside the package) and ``train`` writes; the learner's own
-checkpoints keep the torch format of ``Agent.save`` (they also hold optimizers and replay state).
-"""
+"""Trained models as portable files, as they ship and as ``train`` writes them: a numpy ``.npz`` of
+the weights plus a JSON header; loading never unpickles. The learner's own checkpoints are torch's."""
 
 from __future__ import annotations
 

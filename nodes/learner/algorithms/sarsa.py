@@ -12,6 +12,7 @@ import numpy as np
 from .agent import (
     IncompatibleWeights,
     Progress,
+    WeightsCodec,
     check_action,
     greedy_or_default,
     interact,
@@ -20,8 +21,6 @@ from .agent import (
     save_checkpoint,
     table_from_state,
     table_to_state,
-    weights_from_bytes,
-    weights_to_bytes,
 )
 
 State = tuple[int, ...]
@@ -54,13 +53,11 @@ class SarsaConfig:
     initial_q: float = 0.0
     """Value of a state-action pair never updated (> 0 is optimistic exploration)."""
     default_action: int | None = None
-    """The answer for a state never trained (and the winner of ties): None = the middle action,
-    which is "keep" for -1/0/+1 and -4..+4 scaling actions."""
+    """The answer for an untrained state (and ties): None = the middle action, "keep" for scaling."""
 
 
 class Discretiser:
-    """Maps an observation to a tuple of bin indices, one per dimension: tuples of ints
-    compare element-wise, so two different cells can never share a key."""
+    """Maps an observation to a tuple of bin indices, so two different cells never share a key."""
 
     def __init__(self, obs_dim: int, bins, low, high):
         self.obs_dim = obs_dim
@@ -83,7 +80,7 @@ class Discretiser:
         return tuple(self.bins.tolist()), tuple(self.low.tolist()), tuple(self.high.tolist())
 
 
-class SarsaLambda:
+class SarsaLambda(WeightsCodec):
     """SARSA(lambda); `update()` takes transitions one by one, in stream order."""
 
     algorithm = "sarsa"
@@ -96,8 +93,7 @@ class SarsaLambda:
         self.rng = np.random.default_rng(seed)
         self.q: dict[State, np.ndarray] = {}
         self.traces: dict[State, np.ndarray] = {}
-        # SARSA needs the next action, which only arrives with the next transition: the last
-        # transition waits here as (state, action, reward, next_obs) until then.
+        # the last transition waits here until the next one brings the action SARSA needs
         self.pending: tuple[State, int, float, np.ndarray] | None = None
         self.global_step = 0
 
@@ -126,8 +122,7 @@ class SarsaLambda:
         return greedy_or_default(row, self.default_action)
 
     def _expected_value(self, state: State) -> float:
-        """Value of `state` under the epsilon-greedy policy: the bootstrap when the real next
-        action is unknown (truncation, or a stream that does not continue)."""
+        """Value of `state` under the epsilon-greedy policy: the bootstrap when the next action is unknown."""
         row, e = self._row(state), self.epsilon
         return float((1 - e) * row.max() + e * row.mean())
 
@@ -154,9 +149,8 @@ class SarsaLambda:
         return delta
 
     def update(self, obs, action, reward, next_obs, done, truncated: bool = False) -> dict:
-        """One transition. `done` means terminated (value 0 after it); truncated ends the
-        episode but bootstraps. If this transition does not start where the pending one
-        ended, the pending one is closed with an expected bootstrap and traces are cut."""
+        """One transition (`done`: terminated). If it does not start where the pending one ended,
+        that one is closed with an expected bootstrap and traces are cut."""
         action, reward = check_action(self, action), float(reward)
         state, next_obs = self.discretise(obs), np.array(next_obs, dtype=np.float32)
         deltas = []
@@ -186,11 +180,11 @@ class SarsaLambda:
 
     # -- weights and checkpoints ------------------------------------------------------
 
-    def _state(self) -> dict:
+    def weights_state(self) -> dict:
         cells = self.discretise.fingerprint()
         return {**table_to_state(self.q, self.n_actions), "global_step": self.global_step, "discretisation": cells}
 
-    def _load_state(self, state: dict) -> None:
+    def load_weights_state(self, state: dict) -> None:
         ours = self.discretise.fingerprint()
         if tuple(state["discretisation"]) != ours:
             raise IncompatibleWeights(f"sarsa: weights use discretisation {state['discretisation']}, this agent {ours}")
@@ -199,24 +193,12 @@ class SarsaLambda:
         self.pending = None
         self.global_step = int(state["global_step"])
 
-    def weights_state(self) -> dict:
-        return self._state()
-
-    def load_weights_state(self, state: dict) -> None:
-        self._load_state(state)
-
-    def get_weights(self) -> bytes:
-        return weights_to_bytes(self, self._state())
-
-    def set_weights(self, b: bytes) -> None:
-        self._load_state(weights_from_bytes(self, b))
-
     def save(self, path: str | Path) -> None:
         """Q-table and step counter; traces and a pending transition are not saved."""
-        save_checkpoint(path, self, self._state())
+        save_checkpoint(path, self, self.weights_state())
 
     @classmethod
     def load(cls, path: str | Path) -> SarsaLambda:
         agent, state = load_checkpoint(path, cls)
-        agent._load_state(state)
+        agent.load_weights_state(state)
         return agent
