@@ -1,6 +1,5 @@
-"""The ``p2pfaas`` command line: one app, its command groups mounted from the modules that hold
-them (cli_stack, cli_calls, cli_scaling, cli_auth, cli_images, cli_edge, cli_functions,
-cli_secrets, cli_deadletters), and the one-line summaries ``--help`` lists."""
+"""The ``p2pfaas`` command line: one app, the commands of the cli_* modules mounted on it, and the
+one-line summaries ``--help`` lists."""
 
 from __future__ import annotations
 

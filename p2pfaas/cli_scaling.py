@@ -13,8 +13,9 @@ from rich.console import Console
 
 from broker.errors import BrokerUnavailable
 from controller.names import known
-from p2pfaas.cli_common import (START_THE_STACK, _attach, _logging, _policy_name, _reported, _stack_identity,
-                                _stack_nats_url, command_group, console)
+from p2pfaas.cli_common import (START_THE_STACK, _attach, _logging, _policy_name, _reported, command_group, console,
+                                on_stack)
+from p2pfaas.cli_functions import DataDir, NatsUrl, Prefix
 
 eval_app = command_group("Experiments: run the real system on seeded workloads and compare with references.")
 train_app = command_group("Train models (saved under data/models by default).")
@@ -170,9 +171,7 @@ def controller_cmd(
     panic: Optional[bool] = typer.Option(None, "--panic/--no-panic", help="Raise the target between decisions when the load outgrows the pool (Knative's panic mode; default: for RL policies, which are trained with it)."),
     functions: bool = typer.Option(False, "--functions/--no-functions", help="Also scale every function that has a pool of its own, on every node, with its deployment's policy (`up` does)."),
     models_dir: Path = typer.Option(Path("data/models"), help="Where trained scaling models are looked up."),
-    nats_url: Optional[str] = typer.Option(None, help="NATS URL (default: from a running `p2pfaas up`)."),
-    data_dir: Path = typer.Option(Path("data"), help="Where `p2pfaas up` wrote endpoints.json."),
-    prefix: str = typer.Option("faas", help="Subject prefix."),
+    nats_url: Optional[str] = NatsUrl, data_dir: Path = DataDir, prefix: str = Prefix,
     verbose: bool = typer.Option(False, "--verbose", "-v", help="Log at INFO."),
 ) -> None:
     """Scale a pool live: telemetry in, scale commands and learning experiences out (Ctrl-C stops)."""
@@ -247,51 +246,40 @@ def farm_run(
     seed: int = typer.Option(0, help="Seed of the arrivals and service times."),
     speed: float = typer.Option(1.0, min=0.1, max=100.0, help="Time compression: >1 runs faster (rates x speed, service and deadlines / speed). The pool's control period and cold starts are not compressed, so QoS is comparable with the simulator only at 1."),
     fn: str = typer.Option("sleep", help="Function that plays a task (its payload is the service time)."),
-    nats_url: Optional[str] = typer.Option(None, help="NATS URL (default: from a running `p2pfaas up`)."),
-    data_dir: Path = typer.Option(Path("data"), help="Where `p2pfaas up` wrote endpoints.json."),
-    prefix: str = typer.Option("faas", help="Subject prefix."),
+    nats_url: Optional[str] = NatsUrl, data_dir: Path = DataDir, prefix: str = Prefix,
     json_out: Optional[Path] = typer.Option(None, "--json", help="Also write the QoS and the pool's figures here."),
 ) -> None:
     """Emit a scenario's tasks (Poisson arrivals, sampled service times, deadlines); report QoS and
     what the pool spent (worker-seconds, mean/max workers, scaling actions, deciding models)."""
     import orjson
 
-    from broker.connection import close_quietly, connect
     from controller.emitter import POOL_FIGURES, FarmEmitter, PoolMeter
     from p2pfaas.progress import WorkProgress
     from controller.scenario import ScenarioError, load_scenario
 
     with _reported(ScenarioError):
         sc = load_scenario(scenario)
-    url = _stack_nats_url(data_dir, nats_url)
-    _stack_identity(data_dir)
-
     running: dict = {}   # what a Ctrl-C leaves to report: the emitter's figures and the meter's
 
-    async def main():
-        nc = await connect(url, "farm-emitter")
-        try:
-            emitter = running["emitter"] = FarmEmitter(nc, node_id, sc, seed=seed, prefix=prefix, fn=fn, speed=speed)
-            async with PoolMeter(nc, node_id, pool, prefix=prefix) as meter:
-                running["meter"] = meter
-                with WorkProgress(console=console) as progress:
-                    bar = progress.add_task(f"{sc.name} -> {node_id}", total=1.0)
+    async def work(nc, subjects):
+        emitter = running["emitter"] = FarmEmitter(nc, node_id, sc, seed=seed, prefix=prefix, fn=fn, speed=speed)
+        async with PoolMeter(nc, node_id, pool, prefix=prefix) as meter:
+            running["meter"] = meter
+            with WorkProgress(console=console) as progress:
+                bar = progress.add_task(f"{sc.name} -> {node_id}", total=1.0)
 
-                    def update(fraction, report):
-                        progress.update(bar, completed=fraction,
-                                        description=f"{sc.name} -> {node_id}: {report.submitted} sent, {report.completed} done")
-                    await emitter.run(update)
-                    progress.update(bar, completed=1.0)
-        finally:
-            await close_quietly(nc)
+                def update(fraction, report):
+                    progress.update(bar, completed=fraction,
+                                    description=f"{sc.name} -> {node_id}: {report.submitted} sent, {report.completed} done")
+                await emitter.run(update)
+                progress.update(bar, completed=1.0)
 
-    with _reported(BrokerUnavailable, todo=START_THE_STACK):
-        try:
-            asyncio.run(main())
-        except KeyboardInterrupt:
-            if "meter" not in running:   # nothing sent yet
-                raise typer.Exit(130)
-            running["emitter"].report.interrupted = True   # (also when it came as the run was ending)
+    try:
+        on_stack(data_dir, nats_url, prefix, "farm-emitter", work)
+    except KeyboardInterrupt:
+        if "meter" not in running:   # nothing sent yet
+            raise typer.Exit(130)
+        running["emitter"].report.interrupted = True   # (also when it came as the run was ending)
     report, meter = running["emitter"].report, running["meter"]
     if report.interrupted:
         console.print(f"[yellow]interrupted{f' ({report.stopped_because})' if report.stopped_because else ''}:[/] "

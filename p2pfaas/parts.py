@@ -55,8 +55,6 @@ def run_part(start: Callable[[], Awaitable[Any]], stop: Callable[[Any], Awaitabl
 
 
 # -- the HTTP bridge, possibly as several processes on one port ----------------------------------
-# What a bridge process is handed at its start (broker.handoff), never in its environment nor on
-# its command line (docs/security.md)
 BRIDGE_NATS_ENV = "P2PFAAS_BRIDGE_NATS"   # the bridge's NATS identity inside a node's process (USER, PASSWORD)
 
 
@@ -79,11 +77,9 @@ class HttpBridgeOptions:
     nats_credentials: tuple[str, str] | None = None   # None: the process's own (P2PFAAS_NATS_USER/PASSWORD)
 
     def read_env(self, *, in_node: bool = False) -> "HttpBridgeOptions":
-        """These options with what ``up`` gives a bridge: the tokens and, inside a node's process
-        (``in_node``), the bridge's own NATS identity (``P2PFAAS_BRIDGE_NATS_USER/PASSWORD``), which
-        the process took at its start (:func:`broker.handoff.take`); callback hosts, TLS and
-        P2PFaaS's open ports from the environment. Inside a node the key's path then leaves the
-        environment, which the node's workers inherit."""
+        """These options with what ``up`` gives a bridge: its tokens (handed over) and, inside a node's
+        process (``in_node``), its own NATS identity; callback hosts, TLS and P2PFaaS's open ports from
+        the environment. Inside a node the TLS key's path then leaves the environment workers inherit."""
         env = os.environ
         credentials = credentials_from_env(BRIDGE_NATS_ENV) if in_node else None
         options = replace(
