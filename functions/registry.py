@@ -30,7 +30,7 @@ class FunctionRegistry:
                       env: dict[str, str] | None = None) -> FunctionSpec:
         """Register ``module:function`` (ValueError if it cannot be imported) or ``image:<ref>`` under
         ``name``. An ``async def`` or image function runs up to :data:`CONCURRENT` calls per worker, any
-        other one (CPU-bound) unless it sets ``p2pfaas_concurrency``; ``p2pfaas_retry_backoff_s``
+        other one call (CPU-bound) unless it sets ``p2pfaas_concurrency``; ``p2pfaas_retry_backoff_s``
         (seconds) sets the waits before the retries of a task whose worker died."""
 
         image = parse_image_reference(reference)

@@ -62,7 +62,7 @@ def invoke(
                 headers["Authorization"] = f"Bearer {store.operator_token()}"   # passes a required invoke token too
             outcome = inv.via_http(target, fn, payload, headers, timeout)
         elif via is Via.nats:
-            outcome = inv.run_nats(target, node_id, fn, payload, headers, timeout, client=client)
+            outcome = asyncio.run(inv.via_nats(target, node_id, fn, payload, headers, timeout, client=client))
         else:
             device = store.device(client) if store is not None else None   # `up` lets it in within a second
             outcome = inv.via_mqtt(target, node_id, fn, payload, timeout, client=client,

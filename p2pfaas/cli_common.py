@@ -161,7 +161,7 @@ def _sandbox(settings=None, **fields):
 
 
 def _engine_has(image: str, build: str) -> None:
-    """The Docker engine answers and has the workers' ``image`` (``build`` makes it), before anything starts."""
+    """The Docker engine answers and has the workers' ``image`` (``build`` makes it)."""
     from functions.image import check_engine
 
     with _reported(ValueError, todo="or use --runtime process"):

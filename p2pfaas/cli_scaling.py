@@ -13,8 +13,8 @@ from rich.console import Console
 
 from broker.errors import BrokerUnavailable
 from controller.names import known
-from p2pfaas.cli_common import (START_THE_STACK, _attach, _logging, _policy_name, _reported, command_group, console,
-                                on_stack)
+from p2pfaas.cli_common import (START_THE_STACK, _attach, _logging, _policy_name, _reported, command_group,
+                                console, on_stack)
 from p2pfaas.cli_functions import DataDir, NatsUrl, Prefix
 
 eval_app = command_group("Experiments: run the real system on seeded workloads and compare with references.")
@@ -22,13 +22,16 @@ train_app = command_group("Train models (saved under data/models by default).")
 farm_app = command_group("The farm: emit a scenario's tasks into a node.")
 
 
-def _with_progress_bars(run, width: int, total: int | None = None):
-    """Run an experiment coroutine ``run(advance)`` with one progress bar per phase."""
+def _evaluate(title: str, experiment, exp, nats_url: str | None, json_out: Optional[Path], bar_width: int,
+              width: int, total: int | None = None) -> None:
+    """Run ``experiment.run_experiment(exp)`` with one progress bar per phase, then print its table
+    (its HEADERS, rows() and caption()) and, if asked, write its JSON."""
     from rich.progress import BarColumn, MofNCompleteColumn, TextColumn, TimeElapsedColumn
+    from rich.table import Table
 
     from p2pfaas.progress import WorkProgress
 
-    progress = WorkProgress(TextColumn(f"{{task.description:<{width}}}"), BarColumn(), MofNCompleteColumn(),
+    progress = WorkProgress(TextColumn(f"{{task.description:<{bar_width}}}"), BarColumn(), MofNCompleteColumn(),
                             TimeElapsedColumn(), console=console)
     bars: dict[str, int] = {}
 
@@ -37,13 +40,9 @@ def _with_progress_bars(run, width: int, total: int | None = None):
             bars[name] = progress.add_task(name, total=total or phase_total)
         progress.update(bars[name], completed=done)
 
-    with progress:
-        return asyncio.run(run(advance))
-
-def _print_report(title: str, experiment, report, json_out: Optional[Path], width: int) -> None:
-    """The experiment's table (its HEADERS, rows() and caption()) and, if asked, its JSON."""
-    from rich.table import Table
-
+    todo = "check --nats-url (without it a private nats-server is started)"
+    with _reported(BrokerUnavailable, todo=todo), progress:
+        report = asyncio.run(experiment.run_experiment(exp, nats_url=nats_url, progress=advance))
     table = Table(title=title, caption=experiment.caption(report))
     for i, header in enumerate(experiment.HEADERS):
         table.add_column(header, no_wrap=True, justify="left" if i == 0 else "right")
@@ -81,11 +80,7 @@ def eval_p2p(
     if algorithm:
         with _reported(ValueError):
             exp.algorithms = [p2p.parse_algorithm(a) for a in algorithm]
-    total = len(p2p.poisson_arrivals(exp))
-    with _reported(BrokerUnavailable, todo="check --nats-url (without it a private nats-server is started)"):
-        report = _with_progress_bars(lambda advance: p2p.run_experiment(exp, nats_url=nats_url, progress=advance),
-                                     width=40, total=total)
-    _print_report("p2pfaas eval p2p", p2p, report, json_out, width=140)
+    _evaluate("p2pfaas eval p2p", p2p, exp, nats_url, json_out, 40, 140, total=len(p2p.poisson_arrivals(exp)))
 
 @eval_app.command("learning")
 def eval_learning(
@@ -105,10 +100,7 @@ def eval_learning(
     exp = learning.LearningExperiment(duration_s=duration, warmup_s=warmup, seed=seed, explore=not greedy)
     if power_of_n:
         exp.power_of_n = [[p.strip() for p in spec.split(",")] for spec in power_of_n]
-    with _reported(BrokerUnavailable, todo="check --nats-url (without it a private nats-server is started)"):
-        report = _with_progress_bars(lambda advance: learning.run_experiment(exp, nats_url=nats_url, progress=advance),
-                                     width=44)
-    _print_report("p2pfaas eval learning", learning, report, json_out, width=160)
+    _evaluate("p2pfaas eval learning", learning, exp, nats_url, json_out, 44, 160)
 
 def mount_scaling_commands() -> None:
     from controller.commands import eval_scaling, trace_sample, train_scaling

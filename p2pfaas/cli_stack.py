@@ -16,8 +16,8 @@ from broker.messages import NodeConfiguration
 from controller.names import known
 from nodes.settings import DEFAULT_WORKER_IMAGE
 from p2pfaas.cli_common import (MAX_PORT, START_THE_STACK, MqttChoice, Runtime, _attach, _engine_has, _fail,
-                                _failed_with, _functions, _importable, _logging, _policy_name, _reported, _sandbox,
-                                _until_signal, _usable_data_dir, console, serve_stack)
+                                _failed_with, _functions, _importable, _logging, _policy_name, _reported,
+                                _sandbox, _until_signal, _usable_data_dir, console, serve_stack)
 
 
 def up(

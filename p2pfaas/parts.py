@@ -1,6 +1,5 @@
-"""One part of the system as a process of its own (``p2pfaas node``, ``p2pfaas bridge ...``):
-started on the fast event loop, announced with a ``READY`` line on stdout (what a supervisor
-waits for), stopped on SIGINT/SIGTERM or when its parent ends, within a deadline."""
+"""One part of the system as a process of its own (``p2pfaas node``, ``bridge``): announced with a
+``READY`` line on stdout, stopped on SIGINT/SIGTERM or when its parent ends, within a deadline."""
 
 from __future__ import annotations
 
@@ -125,9 +124,8 @@ class HttpBridgeOptions:
 
 
 async def start_http_bridge(options: HttpBridgeOptions, door: "InProcessDoor | None" = None):
-    """Connect, serve, and (with ``processes`` > 1) start the other processes of this bridge;
-    returns what :func:`stop_http_bridge` needs. ``door``: the request door of the node this
-    process runs (``p2pfaas node --http-port``): direct calls skip a hop through nats-server."""
+    """Connect, serve, and start the other ``processes`` of this bridge; returns what
+    :func:`stop_http_bridge` needs. ``door``: the node this process runs takes direct calls there."""
     from broker.connection import connect
     from broker.http_bridge import HttpBridge
 

@@ -42,9 +42,8 @@ LET_IN_TIMEOUT_S = 10.0
 
 
 class Stack:
-    """nats-server (and Mosquitto) first, then the nodes (in parallel), the bridges and the controller;
-    stopped in the reverse order. The data dir's lock keeps a second ``up`` from ending the processes
-    of a live one, whose pid files would name them (docs/architecture.md)."""
+    """Brokers first, then the nodes (in parallel), the bridges and the controller; stopped in reverse.
+    The data dir's lock keeps a second ``up`` from ending a live one's processes (docs/architecture.md)."""
 
     def __init__(self, settings: StackSettings) -> None:
         self.settings = settings
@@ -200,8 +199,7 @@ class Stack:
 
     def _identity(self, user: str | None = None, *, node: str | None = None, http: bool = False,
                   mqtt: bool = False) -> dict[str, dict[str, str]]:
-        """A part's identity as ChildSpec arguments: ``env`` (no secret) and ``secrets`` (handed over at
-        its start, broker.handoff)."""
+        """A part's identity as ChildSpec arguments: ``env`` (no secret) and ``secrets`` (handed over)."""
         s, store = self.settings, self.auth
         env: dict[str, str] = {}
         if s.edge is not None:   # replies cross the hub only to the inboxes of the device they are meant for

@@ -1,7 +1,6 @@
-"""Supervised child processes: started, waited for, logged, restarted when they die, stopped in
-order with a deadline, and remembered in pid files so that a later run ends what a killed one left.
-Each child's stdin is a pipe we never write: our Python children end at its end of file, even
-after a kill -9 of ours. A child that exits asking for a fix (``ChildSpec.fix_exit_code``) is
+"""Supervised child processes: restarted when they die, stopped in order with a deadline, and kept in
+pid files for a later run to end. Each child's stdin is a pipe we never write (our Python children
+end at its end of file, even after a kill -9 of ours). A child that exits asking for a fix is
 reported once and started again when its files change, another part restarts, or after a long backoff."""
 
 from __future__ import annotations

@@ -1,6 +1,5 @@
-"""``p2pfaas eval learning``: the LearningScheduler against NoScheduler and PowerOfN on the real
-system (heterogeneous nodes, task types with their own deadlines, unbalanced Poisson load). Every
-algorithm sees the same seeded arrivals; the LearningScheduler is measured after an online warm-up
+"""``p2pfaas eval learning``: the LearningScheduler against NoScheduler and PowerOfN on heterogeneous
+nodes, the same seeded arrivals for all; the LearningScheduler is measured after an online warm-up
 on other arrivals, during which the nodes' learners train (docs/learning.md)."""
 
 from __future__ import annotations
