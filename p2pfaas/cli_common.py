@@ -176,11 +176,6 @@ def _stop_on_signal(stop: asyncio.Event) -> None:
         loop.add_signal_handler(sig, stop.set)
 
 
-async def _until_signal(stop: asyncio.Event) -> None:
-    _stop_on_signal(stop)
-    await stop.wait()
-
-
 def serve_stack(settings) -> None:
     """Start a stack (``up``, ``join``), print its endpoints, run until Ctrl-C, stop it within
     STOP_TIMEOUT_S (then kill what is left)."""

@@ -17,7 +17,7 @@ from controller.names import known
 from nodes.settings import DEFAULT_WORKER_IMAGE
 from p2pfaas.cli_common import (MAX_PORT, START_THE_STACK, MqttChoice, Runtime, _attach, _engine_has, _fail,
                                 _failed_with, _functions, _importable, _logging, _policy_name, _reported,
-                                _sandbox, _until_signal, _usable_data_dir, console, serve_stack)
+                                _sandbox, _stop_on_signal, _usable_data_dir, console, serve_stack)
 
 
 def up(
@@ -301,9 +301,10 @@ def learner(
 
     async def main() -> None:
         stop = asyncio.Event()
+        _stop_on_signal(stop)
         serving = asyncio.create_task(run_learner(settings, stop))
         console.print(f"learner for {', '.join(node_ids)} attached to {nats_url}; Ctrl-C to stop")
-        await asyncio.wait({serving, asyncio.create_task(_until_signal(stop))}, return_when=asyncio.FIRST_COMPLETED)
+        await asyncio.wait({serving, asyncio.create_task(stop.wait())}, return_when=asyncio.FIRST_COMPLETED)
         stop.set()
         await serving
 

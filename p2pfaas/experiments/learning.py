@@ -17,9 +17,7 @@ from broker.messages import NodeConfiguration
 from nodes.learner.client import RemotePolicy
 from nodes.settings import NodeSettings
 from p2pfaas.experiments.cluster import ExperimentCluster, Progress, Send, experiment_broker
-from p2pfaas.experiments.p2p import percentile
-
-Algorithm = tuple[str, list[str]]
+from p2pfaas.experiments.p2p import Algorithm, percentile
 
 
 @dataclass
