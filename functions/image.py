@@ -1,10 +1,6 @@
-"""Functions as container images, OpenFaaS style: ``--function name=image:<ref>``.
-
-The worker that first calls such a function starts one container of the image for itself
-(labelled with its prefix, node, pool and worker), forwards every payload to it over HTTP
-(the watchdog convention: POST, body in, body out, port ``$port``, default 8080) and
-removes the container when it exits. The engine is the one ``DOCKER_HOST`` names.
-"""
+"""Functions as container images, OpenFaaS style (``--function name=image:<ref>``): a worker starts
+one container of the image for itself at its first call, POSTs every payload to it (the watchdog
+convention: body in, body out, port ``$port``, default 8080) and removes it when it exits."""
 
 from __future__ import annotations
 
@@ -47,8 +43,7 @@ ENGINE_CHECK_TIMEOUT_S = 3.0
 
 def check_engine(image: str, build: str = "p2pfaas image build --target function") -> None:
     """The engine that would run ``image`` answers and has it, or ValueError saying what to do
-    (``build``: the command that makes it): checked when the function (or the pool) is added,
-    not at its first call (which answered 500 for ever)."""
+    (``build``: the command that makes it); checked when the function is added, not at its first call."""
     import docker
     from docker.errors import DockerException, ImageNotFound
 
@@ -111,13 +106,9 @@ def _free_port() -> int:
 
 
 class ImageFunction:
-    """The body of an image function: bytes in, bytes out, through this worker's container.
-
-    ``network``: ``host`` (default; the container listens on a free host port given as
-    ``$port``, as the OpenFaaS watchdogs honour it) or a Docker network name (the
-    container's 8080 is published on a free 127.0.0.1 port). A 4xx answer is the
-    caller's fault (400), anything else non-200 the function's (500).
-    """
+    """The body of an image function, through this worker's container. ``network``: ``host`` (it
+    listens on a free host port given as ``$port``) or a Docker network (its 8080 published on a free
+    127.0.0.1 port). A 4xx answer is the caller's fault (400), anything else non-200 the function's (500)."""
 
     def __init__(self, name: str, image: str, *, timeout_s: float = 60.0, start_timeout_s: float = 60.0,
                  network: str | None = None, environment: dict[str, str] | None = None) -> None:

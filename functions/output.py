@@ -1,7 +1,5 @@
-"""What a function prints, tagged with its name: in a worker process each line a function writes
-on stdout or stderr starts with ``[fn NAME] ``, so the node's log (where a worker's output goes)
-says whose it is and ``p2pfaas logs NAME`` finds it. Lines written outside any call (a module
-printing when imported, the worker's own) are left as they are."""
+"""What a function prints in a worker starts with ``[fn NAME] `` on each line, so the node's log says
+whose it is and ``p2pfaas logs NAME`` finds it; lines written outside any call are left as they are."""
 
 from __future__ import annotations
 

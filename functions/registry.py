@@ -1,9 +1,5 @@
-"""The function registry: what a node can run. A function is bytes in, bytes out.
-
-Add your own with a ``module:function`` reference (see docs/functions.md), e.g.
-``P2PFAAS_FUNCTIONS="resize=myapp.images:resize"`` or ``p2pfaas up --function``, or with a
-container image, ``--function wc=image:p2pfaas-fn-wordcount`` (docs/containers.md).
-"""
+"""The function registry: what a node can run, bytes in, bytes out: the built-ins, ``module:function``
+references (docs/functions.md) and container images, ``image:<ref>`` (docs/containers.md)."""
 
 from __future__ import annotations
 
@@ -32,13 +28,10 @@ class FunctionRegistry:
 
     def add_reference(self, name: str, reference: str, *, timeout_s: float = 30.0, requires_input: bool = False,
                       env: dict[str, str] | None = None) -> FunctionSpec:
-        """Register ``module:function`` (ValueError if it cannot be imported) or ``image:<ref>``
-        (a container image following the OpenFaaS watchdog convention) under ``name``.
-
-        An ``async def`` function runs up to :data:`CONCURRENT` calls per worker, and so does an
-        image function (its container does the work); any other is taken as CPU-bound (one call
-        per worker) unless it sets ``p2pfaas_concurrency``. ``p2pfaas_retry_backoff_s`` (seconds)
-        sets the waits before the retries of a task whose worker died."""
+        """Register ``module:function`` (ValueError if it cannot be imported) or ``image:<ref>`` under
+        ``name``. An ``async def`` or image function runs up to :data:`CONCURRENT` calls per worker, any
+        other one call (CPU-bound) unless it sets ``p2pfaas_concurrency``; ``p2pfaas_retry_backoff_s``
+        (seconds) sets the waits before the retries of a task whose worker died."""
 
         image = parse_image_reference(reference)
         if image is not None:  # the first call starts the container: allow for its cold start

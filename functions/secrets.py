@@ -1,10 +1,6 @@
-"""The deployment's secrets a function was given: ``functions.secret(name)``.
-
-A function deployed with ``secrets: [name, ...]`` runs in a pool of its own, whose worker
-processes are handed those values at their start (never through the environment, never on
-disk; docs/functions.md, "Secrets"). An image function's container finds them as files under
-``/var/openfaas/secrets/``, as OpenFaaS has them.
-"""
+"""The deployment's secrets a function was given, ``functions.secret(name)``: its pool's workers are
+handed them at their start, never through the environment or on disk (docs/functions.md, "Secrets");
+an image function's container finds them as files under ``/var/openfaas/secrets/``."""
 
 from __future__ import annotations
 

@@ -18,13 +18,9 @@ class FunctionInputError(ValueError):
 
 @dataclass(frozen=True, slots=True)
 class FunctionSpec:
-    """A function and how a worker process may run it.
-
-    ``concurrency``: calls one worker process runs at once — 1 for CPU-bound functions (each
-    call gets a whole worker), more for I/O-bound ones (threads) and ``async def`` ones (tasks).
-    ``inline``: trivial functions run on the worker's event loop itself, with no thread hop.
-    Whatever these say, a node never runs more than K calls at once.
-    """
+    """A function and how a worker process may run it. ``concurrency``: calls one worker runs at once,
+    1 for CPU-bound functions, more for I/O-bound (threads) and ``async def`` ones (tasks); ``inline``:
+    run on the worker's event loop, no thread hop. A node never runs more than K calls at once."""
 
     name: str
     body: FunctionBody

@@ -1,10 +1,7 @@
-"""A minimal OpenFaaS-style watchdog: serves one Python handler over HTTP, body in, body out.
-
-Standalone (standard library only), so a function image needs nothing but python3:
-``python3 watchdog.py`` serves ``$P2PFAAS_HANDLER`` (default ``handler:handle``) on ``$port``
-(OpenFaaS's variable, default 8080). ``GET /_/health`` answers 200 once the handler is loaded;
-a handler's ValueError is the caller's fault (400), anything else is the function's (500).
-"""
+"""A minimal OpenFaaS-style watchdog, standard library only (a function image needs just python3):
+serves ``$P2PFAAS_HANDLER`` (default ``handler:handle``) on ``$port`` (default 8080), body in, body
+out. ``GET /_/health`` answers 200 once the handler is loaded; a handler's ValueError is a 400,
+anything else a 500."""
 
 from __future__ import annotations
 

@@ -1,13 +1,12 @@
-"""The ``p2pfaas`` command line: one app, its command groups mounted from the modules that hold
-them (cli_stack, cli_calls, cli_scaling, cli_auth, cli_images, cli_edge, cli_functions,
-cli_secrets, cli_deadletters), and the one-line summaries ``--help`` lists."""
+"""The ``p2pfaas`` command line: one app, the commands of the cli_* modules mounted on it, and the
+one-line summaries ``--help`` lists."""
 
 from __future__ import annotations
 
 import typer
 
-from p2pfaas import (cli_auth, cli_calls, cli_deadletters, cli_functions, cli_images, cli_scaling, cli_secrets,
-                     cli_stack)
+from p2pfaas import (cli_auth, cli_calls, cli_deadletters, cli_edge, cli_functions, cli_images, cli_scaling,
+                     cli_secrets, cli_stack)
 from p2pfaas.cli_common import command_group
 
 app = command_group("p2pfaas: peer-to-peer Function-as-a-Service over NATS/JetStream and MQTT.")
@@ -38,36 +37,30 @@ def _run_by_hand(ctx: typer.Context,
     ctx.call_on_close(lambda: setattr(connection, "GIVE_UP_TURNED_AWAY_S", before))   # a CliRunner's process
 
 
-def _mount() -> None:
-    """Every command and group, in the order ``--help`` lists them."""
-    from p2pfaas import cli_edge
-
-    app.add_typer(cli_scaling.eval_app, name="eval")
-    for command in (cli_stack.up, cli_stack.node, cli_stack.bridge, cli_calls.invoke, cli_stack.learner):
-        app.command()(command)
-    app.add_typer(cli_auth.app, name="auth")
-    app.add_typer(cli_scaling.train_app, name="train")
-    app.add_typer(cli_scaling.farm_app, name="farm")
-    cli_scaling.mount_scaling_commands()
-    app.command("controller")(cli_scaling.controller_cmd)
-    app.command()(cli_calls.top)
-    app.add_typer(cli_images.app, name="image")
-    app.command("hub")(cli_edge.hub)
-    app.command("join")(cli_edge.join)
-    cli_auth.app.command("invite")(cli_edge.auth_invite)
-    cli_auth.app.command("revoke")(cli_edge.auth_revoke)
-    compose_app = command_group("compose.yaml's deployment: its identities.")
-    compose_app.command("init")(cli_edge.compose_init)
-    app.add_typer(compose_app, name="compose")
-    app.add_typer(cli_deadletters.app, name="dead-letters")
-    app.add_typer(cli_secrets.app, name="secret")
-    for name, command in (("deploy", cli_functions.deploy), ("list", cli_functions.list_functions),
-                          ("describe", cli_functions.describe), ("remove", cli_functions.remove),
-                          ("logs", cli_functions.logs)):
-        app.command(name)(command)
-
-
-_mount()
+# every command and group, in the order `--help` lists them
+app.add_typer(cli_scaling.eval_app, name="eval")
+for command in (cli_stack.up, cli_stack.node, cli_stack.bridge, cli_calls.invoke, cli_stack.learner):
+    app.command()(command)
+app.add_typer(cli_auth.app, name="auth")
+app.add_typer(cli_scaling.train_app, name="train")
+app.add_typer(cli_scaling.farm_app, name="farm")
+cli_scaling.mount_scaling_commands()
+app.command("controller")(cli_scaling.controller_cmd)
+app.command()(cli_calls.top)
+app.add_typer(cli_images.app, name="image")
+app.command("hub")(cli_edge.hub)
+app.command("join")(cli_edge.join)
+cli_auth.app.command("invite")(cli_edge.auth_invite)
+cli_auth.app.command("revoke")(cli_edge.auth_revoke)
+compose_app = command_group("compose.yaml's deployment: its identities.")
+compose_app.command("init")(cli_edge.compose_init)
+app.add_typer(compose_app, name="compose")
+app.add_typer(cli_deadletters.app, name="dead-letters")
+app.add_typer(cli_secrets.app, name="secret")
+for name, command in (("deploy", cli_functions.deploy), ("list", cli_functions.list_functions),
+                      ("describe", cli_functions.describe), ("remove", cli_functions.remove),
+                      ("logs", cli_functions.logs)):
+    app.command(name)(command)
 
 
 # What `--help` lists for each command and group: whole in 80 columns (click cuts a longer first

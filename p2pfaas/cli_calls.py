@@ -14,6 +14,7 @@ from rich.console import Console
 from broker.errors import BrokerUnavailable
 from p2pfaas.cli_common import (START_THE_STACK, _fail, _failed_with, _positive_seconds, _reported, _running_stack,
                                 _stack_identity, _stack_nats_url, console)
+from p2pfaas.cli_functions import DataDir, NatsUrl, Prefix
 
 
 class Via(str, Enum):
@@ -61,7 +62,7 @@ def invoke(
                 headers["Authorization"] = f"Bearer {store.operator_token()}"   # passes a required invoke token too
             outcome = inv.via_http(target, fn, payload, headers, timeout)
         elif via is Via.nats:
-            outcome = inv.run_nats(target, node_id, fn, payload, headers, timeout, client=client)
+            outcome = asyncio.run(inv.via_nats(target, node_id, fn, payload, headers, timeout, client=client))
         else:
             device = store.device(client) if store is not None else None   # `up` lets it in within a second
             outcome = inv.via_mqtt(target, node_id, fn, payload, timeout, client=client,
@@ -87,9 +88,7 @@ def _http_endpoint(data_dir: Path, node_id: str) -> str:
     return http[node_id]
 
 def top(
-    nats_url: Optional[str] = typer.Option(None, help="NATS URL (default: from a running `p2pfaas up`)."),
-    data_dir: Path = typer.Option(Path("data"), help="Where `p2pfaas up` wrote endpoints.json."),
-    prefix: str = typer.Option("faas", help="Subject prefix."),
+    nats_url: Optional[str] = NatsUrl, data_dir: Path = DataDir, prefix: str = Prefix,
     once: Optional[float] = typer.Option(None, callback=_positive_seconds, help="Watch this many seconds, print one snapshot and exit (2 or more shows every pool: one with a long control period sends a pulse every 2 s)."),
     interval: float = typer.Option(1.0, callback=_positive_seconds, help="Seconds between refreshes; when stdout is not a terminal (a file, a pipe), a plain snapshot is printed each time."),
 ) -> None:

@@ -1,6 +1,5 @@
-"""What every command of the CLI shares: the console, one-line errors, the data dir check,
-logging, function references, signals, running a stack until Ctrl-C, and attaching to a running
-stack (its endpoints, its NATS, its identities)."""
+"""What the CLI's commands share: one-line errors, the checks before a start, running a stack until
+Ctrl-C, and attaching to a running stack (its endpoints, its NATS, its identities)."""
 
 from __future__ import annotations
 
@@ -42,8 +41,7 @@ class Runtime(str, Enum):
 
 
 def command_group(help: str) -> typer.Typer:
-    """A command group whose help is click's plain text: wrapped to the terminal's width (80
-    columns in a file or a pipe) without cutting a flag's name, the same in a file as on screen."""
+    """Help as click's plain text: wrapped to the terminal (80 columns in a file) without cutting a flag."""
     return typer.Typer(help=help, no_args_is_help=True, add_completion=False, rich_markup_mode=None)
 
 
@@ -55,8 +53,8 @@ def _fail(message: str) -> NoReturn:
 
 
 def _failed_with(exc: Exception) -> NoReturn:
-    """:func:`_fail` for an error caught broadly: ours say what happened (and an unreachable broker
-    what to do); another's keeps its class name (a bare TimeoutError says nothing alone)."""
+    """:func:`_fail` for an error caught broadly; another's than ours keeps its class name (a bare
+    TimeoutError says nothing alone)."""
     if isinstance(exc, FaasError) and str(exc):
         todo = "; is its `p2pfaas up` running? (else give --nats-url)" if isinstance(exc, BrokerUnavailable) else ""
         _fail(f"{exc}{todo}")
@@ -135,12 +133,9 @@ for spec in sys.argv[1:]:
 
 
 def _importable(functions: list[tuple[str, str]], sandbox=None) -> None:
-    """Every --function reference imports and names a callable (an image: its engine answers and
-    has it), checked before anything starts
-    (nats-server used to start, then the node died with its traceback). In a child process, as
-    a worker imports it: with the current directory on sys.path (a node is `python -m`, the
-    `p2pfaas` script is not), in the workers' ``sandbox`` (nodes/sandbox.py) when they have one,
-    and without importing the user's modules into ``up`` itself."""
+    """Every --function reference imports and names a callable (an image: its engine has it), checked
+    before anything starts, in a child process as a worker imports it: the current directory on
+    sys.path, in the workers' ``sandbox``, and without importing the user's modules into ``up``."""
     if not functions:
         return
     try:
@@ -155,17 +150,30 @@ def _importable(functions: list[tuple[str, str]], sandbox=None) -> None:
         _fail(lines[-1] if lines else f"checking the --function references failed (exit code {done.returncode})")
 
 
+def _sandbox(settings=None, **fields):
+    """The workers' sandbox (nodes/sandbox.py) of ``settings`` (or NodeSettings(**fields)): a worker
+    user that cannot run the workers is said before anything starts."""
+    from nodes.sandbox import decide
+    from nodes.settings import NodeSettings
+
+    with _reported(ValueError):
+        return decide(settings or NodeSettings(**fields))
+
+
+def _engine_has(image: str, build: str) -> None:
+    """The Docker engine answers and has the workers' ``image`` (``build`` makes it)."""
+    from functions.image import check_engine
+
+    with _reported(ValueError, todo="or use --runtime process"):
+        check_engine(image, build=build)
+
+
 def _stop_on_signal(stop: asyncio.Event) -> None:
     """SIGINT/SIGTERM set ``stop`` from now on (asyncio.run's own SIGINT handling would cancel
     whatever runs, and a cancellation swallowed on its way is a stop request lost)."""
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
-
-
-async def _until_signal(stop: asyncio.Event) -> None:
-    _stop_on_signal(stop)
-    await stop.wait()
 
 
 def serve_stack(settings) -> None:
@@ -176,9 +184,7 @@ def serve_stack(settings) -> None:
 
     async def main() -> None:
         stop = asyncio.Event()
-        # from the start: a Ctrl-C while the stack starts (or just after it wrote its endpoints) is
-        # kept and honoured once the start is over -- it was lost in that window, and up ran on
-        _stop_on_signal(stop)
+        _stop_on_signal(stop)   # a Ctrl-C while the stack starts is honoured once the start is over
         with console.status("starting p2pfaas ..."):
             stack = Stack(settings)
             # e.g. a policy with no trained model, a part that fails, an identity file broken by hand
@@ -228,9 +234,8 @@ def _positive_seconds(value: Optional[float]) -> Optional[float]:
     return value
 
 def _running_stack(data_dir: Path, flag: str) -> dict:
-    """The endpoints the ``up`` running on ``data_dir`` wrote; without them, ``flag`` is needed.
-    Never a default URL: it reached whatever listened there (the machine's own NATS on 4222,
-    another stack) and showed its state, or none, as if it were this stack's."""
+    """The endpoints the ``up`` running on ``data_dir`` wrote; without them, ``flag`` is needed (never
+    a default URL: whatever listened there, another stack's NATS say, would pass for this stack)."""
     from p2pfaas.stack_settings import read_endpoints
 
     known = read_endpoints(data_dir)
@@ -243,11 +248,9 @@ def _stack_nats_url(data_dir: Path, nats_url: Optional[str]) -> str:
     return nats_url or _running_stack(data_dir, "--nats-url")["nats_url"]
 
 def _attach(data_dir: Path, nats_url: Optional[str]):
-    """The NATS a part (node, bridge, learner, controller) attaches to and the stack's identity
-    store: ``nats_url``, else the one of the `up` running on ``data_dir`` (the default was
-    nats://127.0.0.1:4222, the machine's shared broker, not the user's stack). Run by hand, a
-    part acts as that stack's operator (:func:`_stack_identity`); one `up` started was given its
-    URL and its own identity, and another data dir's files must not replace them."""
+    """The NATS a part attaches to (``nats_url``, else the one of the `up` on ``data_dir``) and the
+    stack's identity store. Run by hand, a part acts as that stack's operator; one `up` started
+    has its own identity, which another data dir's files must not replace."""
     from broker.lifecycle import parent_pipe_watched
 
     url = _stack_nats_url(data_dir, nats_url)

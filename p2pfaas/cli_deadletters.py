@@ -12,13 +12,10 @@ import orjson
 import typer
 
 from p2pfaas.cli_common import _fail, _reported, command_group, console, on_stack
+from p2pfaas.cli_functions import DataDir, NatsUrl, Prefix
 
 app = command_group("Dead letters: the async tasks a node would not run again. List, show, redrive them.")
 SHOWN_BYTES = 2048   # of a payload, by `show` (--json has it whole)
-
-NatsUrl = typer.Option(None, help="NATS URL (default: from a running `p2pfaas up`).")
-DataDir = typer.Option(Path("data"), help="Where `p2pfaas up` wrote endpoints.json.")
-Prefix = typer.Option("faas", help="Subject prefix.")
 
 
 def _run(data_dir: Path, nats_url: Optional[str], prefix: str, work):

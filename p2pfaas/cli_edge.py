@@ -13,7 +13,8 @@ from broker.edge import LEAF_PORT
 from broker.errors import BrokerUnavailable, DataDirInUse
 from broker.messages import NodeConfiguration
 from p2pfaas.cli_common import (MAX_PORT, STOP_TIMEOUT_S, MqttChoice, Runtime, _fail, _functions, _importable,
-                                _logging, _reported, _stop_on_signal, _usable_data_dir, console, serve_stack)
+                                _logging, _reported, _sandbox, _stop_on_signal, _usable_data_dir, console,
+                                serve_stack)
 
 INVITATION_FILE = "invitation.json"   # under DATA_DIR/edge: what `join` was given, for its next start
 
@@ -143,8 +144,6 @@ def join(
     listener. It keeps serving its callers when the hub or the link is down. Ctrl-C stops it."""
     from broker import handoff
     from broker.edge import Invitation
-    from nodes.sandbox import decide as decide_sandbox
-    from nodes.settings import NodeSettings
     from p2pfaas.edge import address_towards
     from p2pfaas.stack_settings import StackSettings
 
@@ -163,7 +162,7 @@ def join(
             edge.save(kept)
     with _reported(ValueError):
         functions = _functions(function)
-        sandbox = decide_sandbox(NodeSettings(data_dir=data_dir, functions=functions)) if runtime is Runtime.process else None
+    sandbox = _sandbox(data_dir=data_dir, functions=functions) if runtime is Runtime.process else None
     _importable(functions, sandbox)
     settings = StackSettings(
         nodes=1, host=host or address_towards(edge.hubs[0]), http_port=http_port, nats_port=0, mqtt=mqtt.value,

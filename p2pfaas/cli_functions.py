@@ -1,7 +1,6 @@
-"""``p2pfaas deploy | list | describe | remove``: the deployment's functions, as faas-cli has them
-(docs/compat.md). A deploy or a removal goes to one node (``--node``) and reaches every node
-through the catalogue (nodes/catalogue.py); the command returns once every node that is up says so.
-``deploy -f stack.yml`` deploys the functions of a faas-cli-like stack file."""
+"""``p2pfaas deploy | list | describe | remove | logs``: the deployment's functions, as faas-cli has them
+(docs/compat.md). A deploy or a removal goes to one node and reaches every node through the
+catalogue (nodes/catalogue.py); the command returns once every node that is up says so."""
 
 from __future__ import annotations
 

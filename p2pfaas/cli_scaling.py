@@ -13,21 +13,25 @@ from rich.console import Console
 
 from broker.errors import BrokerUnavailable
 from controller.names import known
-from p2pfaas.cli_common import (START_THE_STACK, _attach, _logging, _policy_name, _reported, _stack_identity,
-                                _stack_nats_url, command_group, console)
+from p2pfaas.cli_common import (START_THE_STACK, _attach, _logging, _policy_name, _reported, command_group,
+                                console, on_stack)
+from p2pfaas.cli_functions import DataDir, NatsUrl, Prefix
 
 eval_app = command_group("Experiments: run the real system on seeded workloads and compare with references.")
 train_app = command_group("Train models (saved under data/models by default).")
 farm_app = command_group("The farm: emit a scenario's tasks into a node.")
 
 
-def _with_progress_bars(run, width: int, total: int | None = None):
-    """Run an experiment coroutine ``run(advance)`` with one progress bar per phase."""
+def _evaluate(title: str, experiment, exp, nats_url: str | None, json_out: Optional[Path], bar_width: int,
+              width: int, total: int | None = None) -> None:
+    """Run ``experiment.run_experiment(exp)`` with one progress bar per phase, then print its table
+    (its HEADERS, rows() and caption()) and, if asked, write its JSON."""
     from rich.progress import BarColumn, MofNCompleteColumn, TextColumn, TimeElapsedColumn
+    from rich.table import Table
 
     from p2pfaas.progress import WorkProgress
 
-    progress = WorkProgress(TextColumn(f"{{task.description:<{width}}}"), BarColumn(), MofNCompleteColumn(),
+    progress = WorkProgress(TextColumn(f"{{task.description:<{bar_width}}}"), BarColumn(), MofNCompleteColumn(),
                             TimeElapsedColumn(), console=console)
     bars: dict[str, int] = {}
 
@@ -36,13 +40,9 @@ def _with_progress_bars(run, width: int, total: int | None = None):
             bars[name] = progress.add_task(name, total=total or phase_total)
         progress.update(bars[name], completed=done)
 
-    with progress:
-        return asyncio.run(run(advance))
-
-def _print_report(title: str, experiment, report, json_out: Optional[Path], width: int) -> None:
-    """The experiment's table (its HEADERS, rows() and caption()) and, if asked, its JSON."""
-    from rich.table import Table
-
+    todo = "check --nats-url (without it a private nats-server is started)"
+    with _reported(BrokerUnavailable, todo=todo), progress:
+        report = asyncio.run(experiment.run_experiment(exp, nats_url=nats_url, progress=advance))
     table = Table(title=title, caption=experiment.caption(report))
     for i, header in enumerate(experiment.HEADERS):
         table.add_column(header, no_wrap=True, justify="left" if i == 0 else "right")
@@ -80,11 +80,7 @@ def eval_p2p(
     if algorithm:
         with _reported(ValueError):
             exp.algorithms = [p2p.parse_algorithm(a) for a in algorithm]
-    total = len(p2p.poisson_arrivals(exp))
-    with _reported(BrokerUnavailable, todo="check --nats-url (without it a private nats-server is started)"):
-        report = _with_progress_bars(lambda advance: p2p.run_experiment(exp, nats_url=nats_url, progress=advance),
-                                     width=40, total=total)
-    _print_report("p2pfaas eval p2p", p2p, report, json_out, width=140)
+    _evaluate("p2pfaas eval p2p", p2p, exp, nats_url, json_out, 40, 140, total=len(p2p.poisson_arrivals(exp)))
 
 @eval_app.command("learning")
 def eval_learning(
@@ -104,10 +100,7 @@ def eval_learning(
     exp = learning.LearningExperiment(duration_s=duration, warmup_s=warmup, seed=seed, explore=not greedy)
     if power_of_n:
         exp.power_of_n = [[p.strip() for p in spec.split(",")] for spec in power_of_n]
-    with _reported(BrokerUnavailable, todo="check --nats-url (without it a private nats-server is started)"):
-        report = _with_progress_bars(lambda advance: learning.run_experiment(exp, nats_url=nats_url, progress=advance),
-                                     width=44)
-    _print_report("p2pfaas eval learning", learning, report, json_out, width=160)
+    _evaluate("p2pfaas eval learning", learning, exp, nats_url, json_out, 44, 160)
 
 def mount_scaling_commands() -> None:
     from controller.commands import eval_scaling, trace_sample, train_scaling
@@ -170,9 +163,7 @@ def controller_cmd(
     panic: Optional[bool] = typer.Option(None, "--panic/--no-panic", help="Raise the target between decisions when the load outgrows the pool (Knative's panic mode; default: for RL policies, which are trained with it)."),
     functions: bool = typer.Option(False, "--functions/--no-functions", help="Also scale every function that has a pool of its own, on every node, with its deployment's policy (`up` does)."),
     models_dir: Path = typer.Option(Path("data/models"), help="Where trained scaling models are looked up."),
-    nats_url: Optional[str] = typer.Option(None, help="NATS URL (default: from a running `p2pfaas up`)."),
-    data_dir: Path = typer.Option(Path("data"), help="Where `p2pfaas up` wrote endpoints.json."),
-    prefix: str = typer.Option("faas", help="Subject prefix."),
+    nats_url: Optional[str] = NatsUrl, data_dir: Path = DataDir, prefix: str = Prefix,
     verbose: bool = typer.Option(False, "--verbose", "-v", help="Log at INFO."),
 ) -> None:
     """Scale a pool live: telemetry in, scale commands and learning experiences out (Ctrl-C stops)."""
@@ -247,51 +238,40 @@ def farm_run(
     seed: int = typer.Option(0, help="Seed of the arrivals and service times."),
     speed: float = typer.Option(1.0, min=0.1, max=100.0, help="Time compression: >1 runs faster (rates x speed, service and deadlines / speed). The pool's control period and cold starts are not compressed, so QoS is comparable with the simulator only at 1."),
     fn: str = typer.Option("sleep", help="Function that plays a task (its payload is the service time)."),
-    nats_url: Optional[str] = typer.Option(None, help="NATS URL (default: from a running `p2pfaas up`)."),
-    data_dir: Path = typer.Option(Path("data"), help="Where `p2pfaas up` wrote endpoints.json."),
-    prefix: str = typer.Option("faas", help="Subject prefix."),
+    nats_url: Optional[str] = NatsUrl, data_dir: Path = DataDir, prefix: str = Prefix,
     json_out: Optional[Path] = typer.Option(None, "--json", help="Also write the QoS and the pool's figures here."),
 ) -> None:
     """Emit a scenario's tasks (Poisson arrivals, sampled service times, deadlines); report QoS and
     what the pool spent (worker-seconds, mean/max workers, scaling actions, deciding models)."""
     import orjson
 
-    from broker.connection import close_quietly, connect
     from controller.emitter import POOL_FIGURES, FarmEmitter, PoolMeter
     from p2pfaas.progress import WorkProgress
     from controller.scenario import ScenarioError, load_scenario
 
     with _reported(ScenarioError):
         sc = load_scenario(scenario)
-    url = _stack_nats_url(data_dir, nats_url)
-    _stack_identity(data_dir)
-
     running: dict = {}   # what a Ctrl-C leaves to report: the emitter's figures and the meter's
 
-    async def main():
-        nc = await connect(url, "farm-emitter")
-        try:
-            emitter = running["emitter"] = FarmEmitter(nc, node_id, sc, seed=seed, prefix=prefix, fn=fn, speed=speed)
-            async with PoolMeter(nc, node_id, pool, prefix=prefix) as meter:
-                running["meter"] = meter
-                with WorkProgress(console=console) as progress:
-                    bar = progress.add_task(f"{sc.name} -> {node_id}", total=1.0)
+    async def work(nc, subjects):
+        emitter = running["emitter"] = FarmEmitter(nc, node_id, sc, seed=seed, prefix=prefix, fn=fn, speed=speed)
+        async with PoolMeter(nc, node_id, pool, prefix=prefix) as meter:
+            running["meter"] = meter
+            with WorkProgress(console=console) as progress:
+                bar = progress.add_task(f"{sc.name} -> {node_id}", total=1.0)
 
-                    def update(fraction, report):
-                        progress.update(bar, completed=fraction,
-                                        description=f"{sc.name} -> {node_id}: {report.submitted} sent, {report.completed} done")
-                    await emitter.run(update)
-                    progress.update(bar, completed=1.0)
-        finally:
-            await close_quietly(nc)
+                def update(fraction, report):
+                    progress.update(bar, completed=fraction,
+                                    description=f"{sc.name} -> {node_id}: {report.submitted} sent, {report.completed} done")
+                await emitter.run(update)
+                progress.update(bar, completed=1.0)
 
-    with _reported(BrokerUnavailable, todo=START_THE_STACK):
-        try:
-            asyncio.run(main())
-        except KeyboardInterrupt:
-            if "meter" not in running:   # nothing sent yet
-                raise typer.Exit(130)
-            running["emitter"].report.interrupted = True   # (also when it came as the run was ending)
+    try:
+        on_stack(data_dir, nats_url, prefix, "farm-emitter", work)
+    except KeyboardInterrupt:
+        if "meter" not in running:   # nothing sent yet
+            raise typer.Exit(130)
+        running["emitter"].report.interrupted = True   # (also when it came as the run was ending)
     report, meter = running["emitter"].report, running["meter"]
     if report.interrupted:
         console.print(f"[yellow]interrupted{f' ({report.stopped_because})' if report.stopped_because else ''}:[/] "

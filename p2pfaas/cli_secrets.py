@@ -1,7 +1,5 @@
 """``p2pfaas secret create | update | list | remove``: the deployment's secrets, as faas-cli has
-them. A value comes from ``--from-literal``, ``--from-file`` or standard input, never from an
-argument a process listing would show unless given so; it is sealed by the node that takes it
-(broker/secrets.py) and never printed back."""
+them; a value is sealed by the node that takes it (broker/secrets.py) and never printed back."""
 
 from __future__ import annotations
 

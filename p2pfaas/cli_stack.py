@@ -15,9 +15,9 @@ from broker.errors import BrokerUnavailable
 from broker.messages import NodeConfiguration
 from controller.names import known
 from nodes.settings import DEFAULT_WORKER_IMAGE
-from p2pfaas.cli_common import (MAX_PORT, START_THE_STACK, MqttChoice, Runtime, _attach, _fail, _failed_with,
-                                _functions, _importable, _logging, _policy_name, _reported, _until_signal,
-                                _usable_data_dir, console, serve_stack)
+from p2pfaas.cli_common import (MAX_PORT, START_THE_STACK, MqttChoice, Runtime, _attach, _engine_has, _fail,
+                                _failed_with, _functions, _importable, _logging, _policy_name, _reported,
+                                _sandbox, _stop_on_signal, _usable_data_dir, console, serve_stack)
 
 
 def up(
@@ -73,19 +73,12 @@ def up(
         functions = _functions(function)
     controller = _policy_name(controller, "--controller", off=True)
     sandbox = None
-    if runtime is Runtime.process:   # a worker user that cannot run the workers, said before anything starts
-        from nodes.sandbox import decide as decide_sandbox
-        from nodes.settings import NodeSettings
-
-        with _reported(ValueError):
-            sandbox = decide_sandbox(NodeSettings(data_dir=data_dir, functions=functions, worker_user=worker_user,
-                                                  worker_writable=worker_writable))
+    if runtime is Runtime.process:
+        sandbox = _sandbox(data_dir=data_dir, functions=functions, worker_user=worker_user,
+                           worker_writable=worker_writable)
     _importable(functions, sandbox)
-    if runtime is Runtime.docker:   # the engine and the workers' image, before anything starts
-        from functions.image import check_engine
-
-        with _reported(ValueError, todo="or use --runtime process"):
-            check_engine(worker_image, build="p2pfaas image build")
+    if runtime is Runtime.docker:
+        _engine_has(worker_image, "p2pfaas image build")
     settings = StackSettings(
         nodes=nodes, http_port=http_port, nats_url=nats_url, nats_port=nats_port, mqtt=mqtt.value,
         mqtt_url=mqtt_url, mqtt_port=mqtt_port, data_dir=data_dir, runtime=runtime.value, worker_image=worker_image,
@@ -158,15 +151,9 @@ def node(
         raise typer.BadParameter(str(exc)) from None
     store = None
     if settings_file is None:   # `up` checked its own before starting us (and named its NATS)
-        sandbox = None
-        if settings.runtime == "process":
-            from nodes.sandbox import decide as decide_sandbox
-            with _reported(ValueError):   # a worker user that cannot run the workers
-                sandbox = decide_sandbox(settings)
-        elif settings.runtime == "docker":   # the engine and the workers' image, before anything starts
-            from functions.image import check_engine
-            with _reported(ValueError, todo="or use --runtime process"):
-                check_engine(settings.docker_image, build="p2pfaas image build --target worker")
+        sandbox = _sandbox(settings) if settings.runtime == "process" else None
+        if settings.runtime == "docker":
+            _engine_has(settings.docker_image, "p2pfaas image build --target worker")
         _importable(settings.functions, sandbox)
         url, store = _attach(settings.data_dir, nats_url or os.environ.get("P2PFAAS_NATS_URL"))
         settings = settings.model_copy(update={"nats_url": url})
@@ -320,9 +307,10 @@ def learner(
 
     async def main() -> None:
         stop = asyncio.Event()
+        _stop_on_signal(stop)
         serving = asyncio.create_task(run_learner(settings, stop))
         console.print(f"learner for {', '.join(node_ids)} attached to {nats_url}; Ctrl-C to stop")
-        await asyncio.wait({serving, asyncio.create_task(_until_signal(stop))}, return_when=asyncio.FIRST_COMPLETED)
+        await asyncio.wait({serving, asyncio.create_task(stop.wait())}, return_when=asyncio.FIRST_COMPLETED)
         stop.set()
         await serving
 

@@ -1,10 +1,7 @@
-"""``p2pfaas compose init``: the identities of compose.yaml's services, in the model of ``up``
-(``broker/auth.py``): one NATS user per node, its workers, the bridges, the controller, the
-operator; a password for the MQTT bridge on Mosquitto and for each device. Written under
-``compose/secrets/`` (git-ignored, 0700) as one env file per service, which compose.yaml hands
-each service (``env_file``), and ``compose/nats/accounts.conf`` (bcrypt hashes only), which every
-NATS server includes: no service, and nobody else, connects to NATS without an identity.
-Made once and kept: running it again changes nothing but what is missing."""
+"""``p2pfaas compose init``: the identities of compose.yaml's services, as ``up`` has them, in
+``compose/secrets/`` (git-ignored, 0700) as one env file per service (compose.yaml's ``env_file``)
+and ``compose/nats/accounts.conf`` (bcrypt hashes only), which every NATS server includes. Made
+once and kept: running it again adds only what is missing."""
 
 from __future__ import annotations
 

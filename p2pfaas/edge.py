@@ -1,11 +1,7 @@
-"""Several machines (docs/edge.md): ``p2pfaas hub`` runs the hub, ``p2pfaas auth invite`` /
-``revoke`` manage the machines that may join it, ``p2pfaas join`` starts a device.
-
-The hub is a nats-server that devices reach over mutual TLS as leaf nodes (``broker.edge``), its
-identities in ``<hub-dir>/auth``: one leaf user per invited device, with what its machine may say
-to the others. An invitation or a revocation is applied while the hub runs: its configuration is
-rewritten and reloaded (nobody is disconnected), and a revoked device's live link is dropped.
-"""
+"""Several machines (docs/edge.md): the hub is a nats-server that devices reach over mutual TLS as
+leaf nodes, one leaf user per invited device (``<hub-dir>/auth``). An invitation or a revocation
+is applied while the hub runs: its configuration is rewritten and reloaded (nobody is
+disconnected), and a revoked device's live link is dropped."""
 
 from __future__ import annotations
 
@@ -177,9 +173,8 @@ def read_hub(data_dir: Path) -> dict:
 
 
 def invite(data_dir: Path, device: str, group: str, hub_urls: list[str]) -> Invitation:
-    """An invitation for ``device`` (its leaf identity made, or shown, and a client certificate
-    signed): returns once a running hub lets it in. ``hub_urls``: where the device dials (default:
-    the running hub's)."""
+    """An invitation for ``device`` (its leaf identity and a client certificate), returned once a
+    running hub lets it in. ``hub_urls``: where the device dials (default: the running hub's)."""
     check_node(device)
     store = AuthStore(data_dir / "auth")
     urls = hub_urls or read_hub(data_dir).get("leaf_urls") or []

@@ -1,6 +1,5 @@
 """Container health checks (compose.yaml): ``python -m p2pfaas.healthcheck node ID`` asks the node
-over NATS (P2PFAAS_* environment, with the container's own identity: P2PFAAS_NATS_USER/PASSWORD);
-``... http URL`` GETs a bridge's /healthz. Exit 0 healthy, 1 not."""
+over NATS (P2PFAAS_* environment), ``... http URL`` GETs a bridge's /healthz. Exit 0 healthy, 1 not."""
 
 from __future__ import annotations
 
@@ -15,8 +14,7 @@ TIMEOUT_S = 3.0
 
 
 async def node_answers(node: str) -> bool:
-    """The node answers its info request, and the answer says it is well (broker.control.node_health:
-    not an error, its async intake pulling, no answer waiting to be stored)."""
+    """The node answers its info request, and the answer says it is well (broker.control.node_health)."""
     import nats
 
     from broker.connection import credentials_from_env

@@ -1,10 +1,7 @@
-"""Container images built from this repository: the worker and node images (Dockerfile),
-the example function image, and a registry-free Debian base image (debootstrap).
-
-The build context is assembled here, not read from the work tree: sources only, plus what
-this machine's pip relies on (its CA bundle, a local CPU wheel of torch), never written
-into the repository. Images are tagged ``latest`` and by the hash of their sources.
-"""
+"""Container images built from this repository: worker and node (Dockerfile), the example function,
+and a registry-free Debian base (debootstrap). The build context is assembled here: sources only,
+plus this machine's pip CA bundle and torch wheel, never written into the repository. Images are
+tagged ``latest`` and by the hash of their sources."""
 
 from __future__ import annotations
 
@@ -33,7 +30,6 @@ SOURCE_FILES = ("Dockerfile", "pyproject.toml", "README.md", "mosquitto.conf", "
                 "docker/env.sh", "docker/worker-requirements.txt", "docker/wheels/README.md")
 TARGETS = {"worker": "p2pfaas-worker", "node": "p2pfaas"}
 EXAMPLE_FUNCTION = "wordcount"
-EXAMPLE_FUNCTION_IMAGE = "p2pfaas-fn-wordcount"
 DEFAULT_BASE = "python:3.11-slim"
 TORCH_WHEEL = re.compile(r"^torch-2\.13\.0\+cpu-.*\.whl$")
 Progress = Callable[[str], None]
@@ -134,16 +130,20 @@ def build_image(client: docker.DockerClient, target: str = "worker", options: Bu
     return tagged
 
 
+def _on_engine(client: docker.DockerClient, ref: str) -> bool:
+    try:
+        client.images.get(ref)
+        return True
+    except ImageNotFound:
+        return False
+
+
 def ensure_image(client: docker.DockerClient, target: str = "worker", options: BuildOptions | None = None,
                  progress: Progress | None = None) -> str:
     """The content-tagged image of the current sources, built only when the engine lacks it."""
     options = options or BuildOptions()
     _, tagged = image_tags(target, options)
-    try:
-        client.images.get(tagged)
-        return tagged
-    except ImageNotFound:
-        return build_image(client, target, options, progress)
+    return tagged if _on_engine(client, tagged) else build_image(client, target, options, progress)
 
 
 def build_function_image(client: docker.DockerClient, name: str = EXAMPLE_FUNCTION, base: str = DEFAULT_BASE,
@@ -155,11 +155,8 @@ def build_function_image(client: docker.DockerClient, name: str = EXAMPLE_FUNCTI
         raise ValueError(f"no function image {name!r} under {folder}")
     paths = [root / "functions" / "watchdog.py", *_source_paths(root, [f"functions/images/{name}"], [])]
     tag = f"p2pfaas-fn-{name}:{sources_digest(paths, root, extra=base)}"
-    try:
-        client.images.get(tag)
+    if _on_engine(client, tag):
         return tag
-    except ImageNotFound:
-        pass
     with _context_tar(root, paths, {}) as context:
         image_id = _stream_build(client, progress, fileobj=context, custom_context=True, tag=tag,
                                  dockerfile=f"functions/images/{name}/Dockerfile", buildargs={"BASE": base})
@@ -227,11 +224,8 @@ def debootstrap_rootfs(cache_dir: Path, suite: str = "bookworm", progress: Progr
 
 def import_base_image(client: docker.DockerClient, name: str, cache_dir: Path, progress: Progress | None = None) -> str:
     """``name`` on the engine, imported from the cached debootstrap tar when missing."""
-    try:
-        client.images.get(name)
+    if _on_engine(client, name):
         return name
-    except ImageNotFound:
-        pass
     tarball = debootstrap_rootfs(cache_dir, progress=progress)
     repository, _, tag = name.partition(":")
     # from the file (sent with its length): the SDK's chunked stream upload is refused by dockerd 20.10

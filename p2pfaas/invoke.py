@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import os
 import threading
 import time
@@ -94,7 +93,3 @@ def via_mqtt(mqtt_url: str, node: str, fn: str, data: bytes, timeout_s: float, p
     finally:
         c.disconnect()
         c.loop_stop()
-
-
-def run_nats(*args, **kwargs) -> Outcome:
-    return asyncio.run(via_nats(*args, **kwargs))

@@ -1,6 +1,5 @@
-"""One part of the system as a process of its own (``p2pfaas node``, ``p2pfaas bridge ...``):
-started on the fast event loop, announced with a ``READY`` line on stdout (what a supervisor
-waits for), stopped on SIGINT/SIGTERM or when its parent ends, within a deadline."""
+"""One part of the system as a process of its own (``p2pfaas node``, ``bridge``): announced with a
+``READY`` line on stdout, stopped on SIGINT/SIGTERM or when its parent ends, within a deadline."""
 
 from __future__ import annotations
 
@@ -58,8 +57,6 @@ def run_part(start: Callable[[], Awaitable[Any]], stop: Callable[[Any], Awaitabl
 
 
 # -- the HTTP bridge, possibly as several processes on one port ----------------------------------
-# What a bridge process is handed at its start (broker.handoff), never in its environment nor on
-# its command line (docs/security.md)
 BRIDGE_NATS_ENV = "P2PFAAS_BRIDGE_NATS"   # the bridge's NATS identity inside a node's process (USER, PASSWORD)
 
 
@@ -101,10 +98,8 @@ class HttpBridgeSettings(BaseSettings):
         return (self.tls_cert, self.tls_key) if self.tls_cert else None
 
     def with_secrets(self, *, in_node: bool = False) -> "HttpBridgeSettings":
-        """These settings with what ``up`` hands a bridge: the tokens and, inside a node's process
-        (``in_node``), the bridge's own NATS identity (``P2PFAAS_BRIDGE_NATS_USER/PASSWORD``), which
-        the process took at its start (:func:`broker.handoff.take`). Inside a node the key's path
-        then leaves the environment, which the node's workers inherit."""
+        """These settings with the tokens handed over and, inside a node's process (``in_node``), the
+        bridge's own NATS identity; there the TLS key's path then leaves the environment workers inherit."""
         if in_node:
             os.environ.pop("P2PFAAS_TLS_KEY", None)
         return self.model_copy(update={
@@ -143,9 +138,8 @@ class HttpBridgeSettings(BaseSettings):
 
 
 async def start_http_bridge(options: HttpBridgeSettings, door: "InProcessDoor | None" = None):
-    """Connect, serve, and (with ``processes`` > 1) start the other processes of this bridge;
-    returns what :func:`stop_http_bridge` needs. ``door``: the request door of the node this
-    process runs (``p2pfaas node --http-port``): direct calls skip a hop through nats-server."""
+    """Connect, serve, and start the other ``processes`` of this bridge; returns what
+    :func:`stop_http_bridge` needs. ``door``: the node this process runs takes direct calls there."""
     from broker.connection import connect
     from broker.http_bridge import HttpBridge
 

@@ -1,9 +1,6 @@
-"""Progress of long work, on a terminal and in a log: rich's bars on a terminal; into a file, a
-pipe or CI (where a bar is drawn only at the end, so `farm run > log` said nothing for minutes)
-a plain timestamped line per task when it starts, every ``every_s`` seconds, and when it ends.
-
-It takes the part of rich's ``Progress`` the commands use: ``add_task`` and ``update``.
-"""
+"""Progress of long work: rich's bars on a terminal; into a file, a pipe or CI (where a bar is drawn
+only at the end) a timestamped line per task when it starts, every ``every_s`` seconds, and when it
+ends. It takes the part of rich's ``Progress`` the commands use: ``add_task`` and ``update``."""
 
 from __future__ import annotations
 

@@ -1,6 +1,5 @@
-"""The stack launcher behind ``p2pfaas up``: brokers, nodes, bridges and the controller, each a
-supervised process. Ports: each default port is used when free, otherwise a free one is picked
-and reported. Everything started here is stopped here (children also end with us)."""
+"""The stack behind ``p2pfaas up``: brokers, nodes, bridges and the controller, each a supervised
+process; a busy default port is replaced by a free one, and said."""
 
 from __future__ import annotations
 
@@ -43,13 +42,8 @@ LET_IN_TIMEOUT_S = 10.0
 
 
 class Stack:
-    """``p2pfaas up``: every part a supervised process of its own (docs/architecture.md).
-
-    nats-server (and Mosquitto) first, then the nodes (in parallel), the bridges and the
-    controller; each is restarted when it dies, and stopped in the reverse order. Pid files
-    under ``<data-dir>/run`` let the next ``up`` end what a killed one left behind; the data
-    dir's lock (``run/up.lock``) keeps a second ``up`` from ending the processes of a live one.
-    """
+    """Brokers first, then the nodes (in parallel), the bridges and the controller; stopped in reverse.
+    The data dir's lock keeps a second ``up`` from ending a live one's processes (docs/architecture.md)."""
 
     def __init__(self, settings: StackSettings) -> None:
         self.settings = settings
@@ -159,8 +153,7 @@ class Stack:
         for i, (node, port) in enumerate(zip(settings, ports)):
             path = run_dir / f"node-{node.node_id}.json"
             path.write_text(node.model_dump_json())
-            # each node serves its HTTP bridge from its own process: a direct call skips one hop
-            # through nats-server (docs/data-plane.md, "Processes")
+            # each node serves its HTTP bridge from its own process (docs/data-plane.md, "Processes")
             argv = ["node", "--settings", str(path), "--http-host", s.node_host(i), "--http-port", str(port),
                     "--http-processes", str(s.http_processes)]
             if s.p2pfaas_ports:
@@ -206,15 +199,12 @@ class Stack:
 
     def _identity(self, user: str | None = None, *, node: str | None = None, http: bool = False,
                   mqtt: bool = False) -> dict[str, dict[str, str]]:
-        """What gives a part its identity, as ChildSpec arguments: ``env`` (settings that are no
-        secret) and ``secrets`` (handed over at its start: broker.handoff; nothing in an insecure
-        stack)."""
+        """A part's identity as ChildSpec arguments: ``env`` (no secret) and ``secrets`` (handed over)."""
         s, store = self.settings, self.auth
         env: dict[str, str] = {}
         if s.edge is not None:   # replies cross the hub only to the inboxes of the device they are meant for
             env["P2PFAAS_INBOX_PREFIX"] = inbox_prefix(s.edge.device)
-        # what up was given by hand (a foreign broker's identity, say) reaches its parts as an
-        # environment did, but handed over; the stack's own identities take its place below
+        # what up was given by hand (a foreign broker's identity, say), unless the stack has its own
         secrets = {name: value for name in SECRET_NAMES if (value := handoff.get(name))}
         if self.tls is not None:
             env["P2PFAAS_TLS_CA"] = str(self.tls.ca)
@@ -248,9 +238,9 @@ class Stack:
 
     async def _reload_on_new_identities(self, store: AuthStore, seen: float, mqtt_url: str | None,
                                         period_s: float = 0.25) -> None:
-        """A device or node added with ``p2pfaas auth`` while we run (or start): the brokers learn it
-        at once (configuration rewritten, then reloaded with SIGHUP; nobody is disconnected). Once
-        a new device's MQTT connection is accepted, the store says so (``auth device`` waits)."""
+        """A device or node added with ``p2pfaas auth`` while we run: the brokers' configuration is
+        rewritten and reloaded (SIGHUP; nobody is disconnected); once a new device's MQTT connection
+        is accepted, the store says so (``auth device`` waits for it)."""
         known = set(store.devices())
         store.mark_applied(seen)
         while True:
@@ -292,10 +282,9 @@ class Stack:
         log.warning("device %s: the MQTT broker still refuses it %g s after the reload", user, LET_IN_TIMEOUT_S)
 
     async def _heal_store(self, server: NatsServer, period_s: float = HEAL_PERIOD_S) -> None:
-        """After its disk was full, nats-server keeps failing the writes of the streams that hit
-        it even once there is room again (the store's write error is kept until a restart). When
-        its log says a write failed and the disk has room again, it is restarted: a clean stop on
-        the same store; clients reconnect and carry on (docs/security.md, "A full disk")."""
+        """nats-server keeps failing a stream's writes after its disk was full, even once there is
+        room again: when its log says a write failed and the disk has room, it is restarted on the
+        same store; clients reconnect and carry on (docs/security.md, "A full disk")."""
         path, store = self.supervisor.log_dir / "nats-server.log", server.data_dir
         offset = path.stat().st_size if path.exists() else 0
         failing_since: float | None = None
@@ -353,10 +342,8 @@ class Stack:
 
 
 def log_to_stderr(argv: list[str]) -> list[str]:
-    """nats-server's command line without its ``-l FILE``: it then logs on stderr, which the
-    supervisor appends to DATA_DIR/logs/nats-server.log, where ``up`` says the logs are, with
-    whatever it prints before its log is open (with -l that file stayed empty and the log went
-    to DATA_DIR/nats/nats-server.log)."""
+    """nats-server's command line without its ``-l FILE``: it logs on stderr, which the supervisor
+    appends to DATA_DIR/logs/nats-server.log with whatever it prints before its log is open."""
     if "-l" not in argv:
         return argv
     i = argv.index("-l")

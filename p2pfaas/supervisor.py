@@ -1,16 +1,7 @@
-"""Supervised child processes: started, waited for, logged, restarted when they die, stopped in
-order with a deadline, and remembered in pid files so that a later run ends what a killed one
-left behind.
-
-Every child gets a pipe as stdin that we never write (``broker.lifecycle``): our own Python
-children end when they read its end of file, so nothing outlives ``p2pfaas up``, not even after
-a kill -9; the brokers also get the parent-death signal.
-
-A child of ours that exits with code 2 (``ChildSpec.fix_exit_code``) said, in one line, that the
-user must fix something (a broken file of a node's): it is reported once and started again when its files change, when another
-part was restarted (the broker it could not reach may be back), or after a long backoff --
-not every 10 s for ever, repeating the same line.
-"""
+"""Supervised child processes: restarted when they die, stopped in order with a deadline, and kept in
+pid files for a later run to end. Each child's stdin is a pipe we never write (our Python children
+end at its end of file, even after a kill -9 of ours). A child that exits asking for a fix is
+reported once and started again when its files change, another part restarts, or after a long backoff."""
 
 from __future__ import annotations
 
@@ -106,8 +97,8 @@ class Supervisor:
         return child
 
     async def _spawn(self, child: Child) -> None:
-        """Start the child and wait until it is ready. When this raises, the process it started
-        has been ended: a half-started child must not run on unsupervised."""
+        """Start the child and wait until it is ready; when this raises, the process it started has
+        been ended (a half-started child must not run on unsupervised)."""
         spec = child.spec
         self.log_dir.mkdir(parents=True, exist_ok=True)
         log_path = self.log_dir / f"{spec.name}.log"
@@ -167,10 +158,9 @@ class Supervisor:
                 return
 
     async def _watch(self, child: Child) -> None:
-        """Restart a child that dies (unless we are stopping), with a growing backoff when it
-        keeps dying at once. A restart that fails, whatever the error (it never got ready, no
-        process or pid file could be made: EAGAIN, a full disk), is tried again after the next
-        backoff: if this task ended, the part would stay down and nobody would be told."""
+        """Restart a child that dies (unless we are stopping), with a growing backoff when it keeps
+        dying at once. A restart that fails, whatever the error (EAGAIN, a full disk), is tried again
+        after the next backoff: if this task ended, the part would stay down unnoticed."""
         quick_deaths = 0
         while True:
             still_wanted()
@@ -257,19 +247,12 @@ class Supervisor:
         """Children waiting for the user, with the line each gave (for a status display)."""
         return {name: c.needs_fix for name, c in self.children.items() if c.needs_fix is not None}
 
-    async def stop(self, names: list[str]) -> None:
-        """Stop these children in this order (each bounded by its stop timeout)."""
-        self._stopping = True
-        for name in names:
-            child = self.children.get(name)
-            if child is not None:
-                await self._terminate(child)
-
     async def stop_all(self, order: list[str]) -> None:
-        """``order`` first, then any other child, then their watchers."""
+        """Stop ``order`` first, then any other child (each within its stop timeout), then their watchers."""
         self._stopping = True
         rest = [n for n in self.children if n not in order]
-        await self.stop([n for n in order if n in self.children] + rest)
+        for name in [n for n in order if n in self.children] + rest:
+            await self._terminate(self.children[name])
         for child in self.children.values():
             for task in (child.watcher, child.drain):
                 if task is not None:
@@ -368,9 +351,8 @@ def _tail(path: Path, size: int = 2000) -> str:
 
 
 async def _copy_to(stream: asyncio.StreamReader, path: Path) -> None:
-    """Keep reading a child's stdout into its log to its end, in chunks whatever the length of
-    its lines (``readline`` fails on one over 64 KiB). A pipe nobody reads blocks the child, and
-    on Python 3.11 ``wait()`` returns only once the pipe is read to its end: a log that cannot be
+    """Read a child's stdout into its log to its end, in chunks (``readline`` fails on a line over
+    64 KiB). A pipe nobody reads blocks the child (and on 3.11 its ``wait()``): a log that cannot be
     written (a full disk) loses that output, never the reading."""
     try:
         out = _open_log(path, buffering=0)   # unbuffered: a failed write leaves nothing pending

@@ -1,5 +1,5 @@
-"""``p2pfaas top``: a live view of nodes (heartbeats), pools (telemetry, and pulses between
-control periods) and who scales them (scale commands: the policy and the model version deciding)."""
+"""``p2pfaas top``: a live view of nodes (heartbeats), pools (telemetry, and pulses between control
+periods) and who scales them (scale commands)."""
 
 from __future__ import annotations
 
@@ -70,11 +70,9 @@ def _table(title: str, *columns: str) -> Table:
 
 async def watch(nats_url: str, prefix: str = "faas", *, refresh_s: float = 1.0, duration_s: float | None = None,
                 live: bool = True, out: Console | None = None) -> TopView:
-    """Follow heartbeats and telemetry; with ``duration_s`` stop after that long (``--once``).
-
-    ``live``: every ``refresh_s``, redraw one screen on ``out`` when it is a terminal, else print
-    a timestamped snapshot (a live screen on a file or pipe is drawn only when it stops, so
-    ``top > file`` ended by a signal wrote nothing at all). Not ``live``: just collect."""
+    """Follow heartbeats and telemetry, for ``duration_s`` if given; ``live``: every ``refresh_s``, redraw
+    the screen, or print a timestamped snapshot on a file or pipe (where a live screen is drawn only
+    when it stops). Not ``live``: just collect."""
     subjects = Subjects(prefix)
     view = TopView()
     out = out or Console()

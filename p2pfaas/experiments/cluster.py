@@ -37,8 +37,7 @@ class Send:
 
 @contextlib.asynccontextmanager
 async def experiment_broker(nats_url: str | None, data_dir: Path | None) -> AsyncIterator[tuple[str, Path]]:
-    """(NATS URL, data directory) of a run: a private nats-server and a temporary
-    directory unless they are given."""
+    """(NATS URL, data directory) of a run: a private nats-server and a temporary one unless given."""
     with contextlib.ExitStack() as tmp:
         if data_dir is None:
             data_dir = Path(tmp.enter_context(tempfile.TemporaryDirectory(prefix="p2pfaas-eval-")))

@@ -1,10 +1,6 @@
-"""``p2pfaas eval learning``: the LearningScheduler against NoScheduler and PowerOfN on the real
-system — heterogeneous nodes (K, speed), task types with their own deadlines, unbalanced Poisson load.
-
-Every algorithm sees the same seeded arrivals; the LearningScheduler is measured after an online
-warm-up on other arrivals of the same workload, during which the nodes' learners train from the
-closed-loop rewards (docs/learning.md).
-"""
+"""``p2pfaas eval learning``: the LearningScheduler against NoScheduler and PowerOfN on heterogeneous
+nodes, the same seeded arrivals for all; the LearningScheduler is measured after an online warm-up
+on other arrivals, during which the nodes' learners train (docs/learning.md)."""
 
 from __future__ import annotations
 
@@ -21,9 +17,7 @@ from broker.messages import NodeConfiguration
 from nodes.learner.client import RemotePolicy
 from nodes.settings import NodeSettings
 from p2pfaas.experiments.cluster import ExperimentCluster, Progress, Send, experiment_broker
-from p2pfaas.experiments.p2p import percentile
-
-Algorithm = tuple[str, list[str]]
+from p2pfaas.experiments.p2p import Algorithm, percentile
 
 
 @dataclass
@@ -131,11 +125,10 @@ def outcome_of(exp: LearningExperiment, name: str, arrivals: list[Arrival],
         if answer.rejected:
             rejected += 1
             continue
-        res = answer
-        forwarded += res.hops > 0
-        if res.status == 200:
+        forwarded += answer.hops > 0
+        if answer.status == 200:
             latencies.append(latency)
-            if res.timings.total_s <= exp.task_types[a.task_type].deadline_s:
+            if answer.timings.total_s <= exp.task_types[a.task_type].deadline_s:
                 met += 1
                 met_by_type[a.task_type][0] += 1
     served = len(latencies)
@@ -159,10 +152,6 @@ class LearningRun(ExperimentCluster):
 
     async def configure_all(self, algorithm: Algorithm) -> str:
         return await self.configure({node_id: algorithm for node_id in self.ids})
-
-    async def set_learner_parameters(self, values: dict) -> None:
-        for node_id in self.ids:
-            await RemotePolicy(self.nc, node_id, prefix=self.prefix, timeout_s=5).set_parameters(values)
 
     async def drive_arrivals(self, arrivals: list[Arrival], tag: str, label: str,
                              progress: Progress | None) -> list[tuple[Answer | None, float]]:
@@ -203,7 +192,8 @@ async def run_experiment(exp: LearningExperiment, *, nats_url: str | None = None
             for run_no, algorithm in enumerate(baselines):
                 name = await run.configure_all(algorithm)
                 outcomes.append(outcome_of(exp, name, arrivals, await run.drive_arrivals(arrivals, f"r{run_no}", name, progress)))
-            await run.set_learner_parameters(exp.learner_parameters)
+            for node_id in run.ids:
+                await RemotePolicy(run.nc, node_id, prefix=prefix, timeout_s=5).set_parameters(exp.learner_parameters)
             exploring = (learning[0], [*learning[1][:2], "true"])
             await run.configure_all(exploring)
             await run.drive_arrivals(warmup, "warm", "warm-up: LearningScheduler exploring", progress)

@@ -1,12 +1,7 @@
-"""A seeded simulation of ``eval learning``'s heterogeneous nodes, to train the scheduling model
-that ships with the package (``p2pfaas train scheduling``) in seconds instead of live minutes.
-
-Same workload (``LearningExperiment``), same state (``encode_room_state``: free slots here and at
-each peer, as a probe sees them), same actions and reward (deadline met) as the live
-LearningScheduler; nodes are loss systems of K slots whose executions last ``1 / speed`` times
-longer. Each node has its own differential SARSA table, trained on consecutive EIDs as the
-learner does. Deterministic for a seed.
-"""
+"""A seeded simulation of ``eval learning``'s nodes, to train the shipped scheduling model
+(``p2pfaas train scheduling``) in seconds instead of live minutes: the live LearningScheduler's
+workload, state, actions and reward; nodes are loss systems of K slots whose executions last
+``1 / speed`` times longer; each node's differential SARSA table learns on consecutive EIDs."""
 
 from __future__ import annotations
 

@@ -1,10 +1,7 @@
-"""``p2pfaas eval p2p``: P2P scheduling algorithms against the Erlang-B bounds, on the real system.
-
-n nodes with K slots and no queue, Poisson arrivals with exponential service
-times (the ``sleep`` function), one hot node. Every algorithm sees the same
-seeded arrivals; its rejection rate is set next to Erlang-B(K, A_i) (each node
-alone, NoScheduler's expected value) and Erlang-B(nK, sum A_i) (the pooled bound).
-"""
+"""``p2pfaas eval p2p``: P2P scheduling algorithms against the Erlang-B bounds, on the real system:
+n nodes with K slots and no queue, one hot node, the same seeded Poisson arrivals of exponential
+service times for every algorithm. Its rejection rate is set next to Erlang-B(K, A_i) (each node
+alone: NoScheduler's expected value) and Erlang-B(nK, sum A_i) (the pooled bound)."""
 
 from __future__ import annotations
 
@@ -125,8 +122,6 @@ def percentile(values: list[float], q: float) -> float:
         return float("nan")
     ordered = sorted(values)
     return ordered[min(len(ordered) - 1, max(0, math.ceil(q * len(ordered)) - 1))]
-
-
 
 
 class P2PRun(ExperimentCluster):
