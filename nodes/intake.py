@@ -43,14 +43,12 @@ from broker.fastpath import delivery, pull_subject
 from broker.streams import async_stream, ensure_shared_streams
 from broker.subjects import Subjects
 from broker.lifecycle import still_wanted
-from nodes.settings import machine_memory
+from nodes.settings import memory_share
 
 log = logging.getLogger(__name__)
 
 BATCH = 256             # messages per pull request
 HOLD_LIMIT = 10_000     # messages held at once (running, queued in memory, being answered)
-HOLD_MEMORY_SHARE = 16  # ... holding at most 1/16 of the machine's memory in inputs
-HOLD_BYTES_MIN = 64 * 1024 * 1024
 PULL_EXPIRES_S = 1.0    # an open pull request ends after this (nats-server answers 408)
 PULL_GRACE_S = 2.0      # no word on a pull request by its expiry plus this: JetStream is away
 CONSUMER_DELETED = "409 Consumer Deleted"   # nats-server's word to an open pull request
@@ -81,7 +79,7 @@ class AsyncIntake:
         self.ack_wait_s, self._take, self._budget = ack_wait_s, take, budget
         self.held: dict[str, Msg] = {}          # by delivery (its ack subject)
         self.held_bytes = 0                     # their inputs
-        self.bytes_limit = hold_bytes or max(HOLD_BYTES_MIN, machine_memory() // HOLD_MEMORY_SHARE)
+        self.bytes_limit = hold_bytes or memory_share()
         self.healthy = False
         self._room = asyncio.Event()
         self._tasks: list[asyncio.Task] = []
@@ -156,11 +154,7 @@ class AsyncIntake:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
         self._tasks.clear()
-        if self._sub is not None:
-            try:
-                await self._sub.unsubscribe()
-            except Exception as exc:  # the connection may already be gone
-                log.debug("intake unsubscribe: %s", exc)
+        await self._forget()
         self.healthy = False
 
     def hold(self, msg: Msg) -> None:
@@ -242,8 +236,8 @@ class AsyncIntake:
         return False
 
     async def _forget(self) -> None:
-        """Drop the subscription of a consumer that is gone; what is held stays held (the new
-        consumer delivers it again and the service swaps the delivery it acknowledges)."""
+        """Drop the subscription; what is held stays held (a consumer made again delivers it again and
+        the service swaps the delivery it acknowledges)."""
         sub, self._sub = self._sub, None
         if sub is not None:
             try:

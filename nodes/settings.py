@@ -233,6 +233,11 @@ def machine_memory() -> int:
         return 4 * 1024 ** 3
 
 
+def memory_share() -> int:
+    """Bytes of inputs an in-memory backlog may hold: 1/16 of the machine's memory, at least 64 MiB."""
+    return max(64 * ONE_MIB, machine_memory() // 16)
+
+
 def pool_functions(settings: NodeSettings, pool: str) -> tuple[list[tuple[str, str]], dict[str, dict[str, str]]]:
     """The user functions (name, reference) a worker of ``pool`` loads, and their variables: a
     dedicated pool's own; the main pool every other one. A worker never imports the code of a

@@ -25,8 +25,6 @@ from nodes.scheduler.forward import forwardable_peers, run_locally
 
 _NODE_ID = re.compile(r"[A-Za-z0-9_-]{1,64}")
 
-CANNOT_SCHEDULE = codes.CANNOT_SCHEDULE  # P2PFaaS "cannot schedule" (HTTP 500), not a load rejection
-
 
 def _is_ip(text: str) -> bool:
     try:
@@ -80,7 +78,7 @@ class RoundRobinWithMasterScheduler(SchedulingAlgorithm):
         if self.is_master:
             if not request.external:
                 return Reject("the round-robin master only dispatches requests from its slaves",
-                              code=CANNOT_SCHEDULE)
+                              code=codes.CANNOT_SCHEDULE)   # HTTP 500, not a load rejection
             return self._deal(request, view)
         master = view.resolve(self.master)
         if request.external or master == view.node_id:

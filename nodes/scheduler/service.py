@@ -29,13 +29,12 @@ from nodes.scheduler.algorithms import build_algorithm, decide, forced_algorithm
 from nodes.scheduler.base import Decision, Execute, Forward, Reject, SchedulingAlgorithm, complete_now
 from nodes.scheduler.forward import run_locally
 from nodes.scheduler.view import NodeView
-from nodes.settings import NodeSettings, machine_memory
+from nodes.settings import NodeSettings, memory_share
 from nodes.worker import DEFAULT_POOL
 
 log = logging.getLogger(__name__)
 
 MAX_WAITING = 100_000    # calls a pool keeps in memory whatever the algorithm says (NoScheduler without loss)
-QUEUE_MEMORY_SHARE = 16  # direct calls waiting in memory hold at most 1/16 of the machine's memory in inputs
 
 
 class SchedulerService:
@@ -59,7 +58,7 @@ class SchedulerService:
         self._deciding = Tasks(f"{self.node_id}: a call failed while being decided", log)
         self._carrying = Tasks(f"{self.node_id}: a call failed while being carried out", log)
         self._stopping_at: float | None = None   # loop time the node began to stop
-        self.queue_bytes_max = queue_memory_limit()
+        self.queue_bytes_max = memory_share()   # of the direct calls waiting
 
     # -- lifecycle ----------------------------------------------------------------------
     async def start(self) -> None:
@@ -113,7 +112,7 @@ class SchedulerService:
             except Exception as exc:
                 return self._answer_later(self._undecided(call, exc))
             return self.carry_out(call, decision)
-        self._spawn(self._decide_and_carry_out(call, algorithm))   # it probes or asks the learner
+        self._deciding.spawn(self._decide_and_carry_out(call, algorithm))   # it probes or asks the learner
 
     def _describe(self, algorithm: SchedulingAlgorithm) -> str:
         """``algorithm.describe()``, computed once per algorithm installed (it is on every call's path)."""
@@ -190,10 +189,6 @@ class SchedulerService:
         pool.submit(call)
 
     # -- helpers ------------------------------------------------------------------------
-    def _spawn(self, coro) -> None:
-        """A decision that has to wait (it probes, or asks the learner): cancelled at the stop."""
-        self._deciding.spawn(coro)
-
     def _answer_later(self, coro) -> None:
         """What a decision leaves to do that has to wait (a forward, an answer to publish): a task
         that the node's stop waits for, never cancels (it would leave its call unanswered)."""
@@ -201,7 +196,3 @@ class SchedulerService:
 
     def _count_forward(self, peer: str) -> None:
         self.forwards[peer] = self.forwards.get(peer, 0) + 1
-
-
-def queue_memory_limit() -> int:
-    return max(64 * 1024 * 1024, machine_memory() // QUEUE_MEMORY_SHARE)
