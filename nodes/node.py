@@ -83,8 +83,7 @@ class Node:
         self._lock: int | None = None
 
     async def start(self) -> "Node":
-        # one node process per node directory: a second one (``p2pfaas node`` run twice by hand)
-        # would end this one's workers as strays of a previous run and share its state
+        # one node process per node directory: a second would end our workers as strays and share our state
         self._lock = hold_data_dir(self.settings.node_dir, NODE_LOCK, f"node {self.settings.node_id}",
                                    "--data-dir or --node-id")
         strays = end_strays(self.settings.run_dir)
@@ -206,8 +205,8 @@ class Node:
 
     # -- pools made and removed at run time (a function's own: nodes/deployments.py) ------
     async def add_pool(self, name: str) -> WorkerPool:
-        """A pool of ``settings.pools`` that does not run yet: its dispatcher, workers, telemetry
-        and scale commands; its functions' calls go to it from now on."""
+        """Start a pool of ``settings.pools`` (dispatcher, workers, telemetry, scale commands); its
+        functions' calls go to it from now on."""
         assert self.scheduler is not None
         self._dispatchers[name] = self._new_dispatcher(name)
         pool = await self._start_pool(name)
@@ -263,9 +262,8 @@ class Node:
                 await sub.unsubscribe()
 
     def _on_reconnected(self) -> None:
-        """Back on the broker after an outage: calls (or their outcomes) that were on the wire
-        when it went are found and run again or answered (Dispatcher.reconcile); the scheduler
-        checks the async calls it receives again for answers already stored."""
+        """Back on the broker: calls (or outcomes) on the wire when it went are found and run again or
+        answered (Dispatcher.reconcile); async calls received again are checked for stored answers."""
         at = time.time()
         if self.ingress is not None:
             self.ingress.reconnected()

@@ -1,8 +1,4 @@
-"""P2PFaaS ``RoundRobinWithMasterScheduler [isMaster, master, loss]``.
-
-Slaves send every client request to the master; the master deals the requests
-it receives round robin over the alive nodes (its peers and itself).
-"""
+"""P2PFaaS ``RoundRobinWithMasterScheduler [isMaster, master, loss]``."""
 
 from __future__ import annotations
 
@@ -35,19 +31,11 @@ def _is_ip(text: str) -> bool:
 
 
 class RoundRobinWithMasterScheduler(SchedulingAlgorithm):
-    """Centralised round robin, the baseline of the P2PFaaS experiments.
-
-    * slave, client request: forward to the master (run here if the master is
-      not alive: better late than lost);
-    * slave, forwarded request: run here;
-    * master, client request: reject (the master only dispatches);
-    * master, forwarded request: the next node of ``peers() + [itself]`` in
-      round-robin order, skipping nodes already on the request's path.
-
-    ``loss`` rejects a request that should run here when there is no room.
-    The master is named by node id or, as in P2PFaaS, by its IP address (the view maps it
-    to the node advertising it).
-    """
+    """Centralised round robin, the baseline of the P2PFaaS experiments. A slave forwards client
+    requests to the master (runs them here if it is not alive) and runs forwarded ones; the master
+    rejects client requests and deals forwarded ones to the next node of ``peers() + [itself]``,
+    skipping nodes on the request's path. ``loss`` rejects what should run here without room.
+    The master is named by node id or, as in P2PFaaS, by IP address (the view resolves it)."""
 
     name = "RoundRobinWithMasterScheduler"
     instant = True
