@@ -23,9 +23,8 @@ def unrun_reason(call: Call, now: float, takes_s: float) -> tuple[str, str]:
 
 
 class DropSummary:
-    """Calls not run because their callers stopped waiting, said in one log line every
-    ``every_s`` at most (under overload there are many a second); what comes inside a window is
-    said when it ends. The metrics count every call."""
+    """One log line every ``every_s`` at most (under overload there are many a second); what comes
+    inside a window is said when it ends. The metrics count every call."""
 
     def __init__(self, node: str, every_s: float) -> None:
         self.node, self.every_s = node, every_s

@@ -1,13 +1,7 @@
-"""Carrying out a Forward: a request/reply to the peer's ``<prefix>.<peer>.forward...`` subject.
-
-The peer runs the call and answers this node, which relays the answer with its own timings
-in front (P2PFaaS's per-hop lists, origin first). A peer with nobody listening means the call
-runs here after all; a peer that goes away mid-call (``<prefix>.<peer>.gone``) or stays silent
-past the call's timeout fails a direct call at once, and sends an async one round again.
-A node that stops gracefully waits for what it forwarded as for what it runs (``stop(grace_s)``).
-The call's timeout bounds its execution, not its wait in the peer's queue: a peer that holds a
-forwarded call says so every few seconds (:data:`PROCESSING`), and the limit counts from its last word.
-"""
+"""Carrying out a Forward: a request to ``<prefix>.<peer>.forward...``; the answer is relayed with this
+node's timings in front (P2PFaaS's per-hop lists). Nobody listening: the call runs here; a peer gone or
+silent fails a direct call, sends an async one round again. The call's timeout bounds its execution, not
+its wait in the peer's queue: the limit counts from the peer's last :data:`PROCESSING` notice."""
 
 from __future__ import annotations
 
@@ -47,17 +41,13 @@ PROCESSING = "102"          # X-P2pfaas-Status of an empty reply: "still holding
 
 
 def processing_notice() -> dict[str, str]:
-    """Headers of the empty message a node sends on a forward's reply subject every
-    ``Timings.forward_notice_every_s`` while it holds the call (queued or running), and when it
-    starts it late: the node waiting for it counts the call's limit from then, so a call may wait
-    in a peer's queue as long as in its own, and a forward that hears nothing for
-    ``forward_silent_after_s`` is known lost."""
+    """Headers of the empty message sent on a forward's reply subject every ``forward_notice_every_s``
+    while the call is held here (and when it starts late): the origin counts the call's limit from then."""
     return {H.STATUS: PROCESSING}
 
 
 def due_notices(calls: Iterable[Call], now: float, every_s: float) -> list[str]:
-    """Reply subjects of the forwarded calls held here (a peer waits for each) that were silent
-    for ``every_s``: the peer counts its limit from the notice, not from sending it."""
+    """Reply subjects of the forwarded calls held here silent for ``every_s`` (now marked noticed)."""
     due = []
     for call in calls:
         if call.notices and call.reply and now - (call.noticed_at or call.arrival) >= every_s:
@@ -93,8 +83,7 @@ class Forwarder:
                  run_here: Callable[[Call], Awaitable[None]], on_forward: Callable[[str], None],
                  peers: PeerSource | None = None, timings: Timings = Timings()) -> None:
         self.node, self.nc, self.subjects, self.inbox, self.answerer = node, nc, subjects, inbox, answerer
-        # a forward whose peer sent neither its answer nor a notice for this long was lost in transit
-        # (with a broker of the cluster, both nodes up): it fails then, not at its timeout (an hour for sleep)
+        # a forward that heard neither answer nor notice this long was lost in transit: it fails then
         self.silent_after_s = timings.forward_silent_after_s
         self._run_here, self._on_forward = run_here, on_forward
         self.peers = peers
@@ -108,8 +97,7 @@ class Forwarder:
         self._sub = None
 
     def silence_limit(self, call: Call) -> float:
-        """How long a forward may hear nothing from its peer: the call's timeout plus the grace, at
-        most ``silent_after_s`` (the peer notices that it still holds the call)."""
+        """How long a forward may hear nothing: its timeout plus the grace, at most ``silent_after_s``."""
         return min(call.timeout_s + FORWARD_GRACE_S, self.silent_after_s)
 
     async def start(self) -> "Forwarder":
@@ -117,9 +105,8 @@ class Forwarder:
         return self
 
     async def stop(self, grace_s: float = 0.0) -> None:
-        """The node is stopping: what it forwarded gets ``grace_s`` to come back and be relayed, as
-        what it runs gets to finish (its peers run these calls). What is still out then is answered:
-        a direct call 503, an async one handed back to be delivered again."""
+        """What was forwarded gets ``grace_s`` to come back and be relayed; what is still out then is
+        answered: a direct call 503, an async one handed back to be delivered again."""
         with contextlib.suppress(TimeoutError):
             async with asyncio.timeout(grace_s if not self.nc.is_closed else 0):   # closed: nothing will come
                 while self.pending or self._over_http or self._relaying:
@@ -159,9 +146,8 @@ class Forwarder:
         self._back.set()
 
     async def _forward_over_http(self, call: Call, peer: str, base: str) -> None:
-        """The whole exchange is bounded as a NATS forward is (httpx's timeout bounds each read: an
-        answer trickling in held the call for as long as bytes kept coming). A machine that
-        cannot carry it (refused, reset, silent) is not chosen again until it shows up."""
+        """The whole exchange is bounded (httpx's timeout bounds each read only). A machine that cannot
+        carry it (refused, reset, silent) is not chosen again until it shows up."""
         assert self.peers is not None
         limit = call.timeout_s + FORWARD_GRACE_S
         try:
@@ -245,8 +231,7 @@ class Forwarder:
             self._back.set()
 
     async def _processing(self, pending: Pending) -> None:
-        """The peer still holds the call (queued, or started only now): its limit counts from now,
-        so a forward queued there past its timeout plus the grace is not failed while it runs."""
+        """The peer still holds the call (queued, or started only now): its limit counts from now."""
         call = pending.call
         if pending.timer is not None:
             pending.timer.cancel()
@@ -280,8 +265,7 @@ class Forwarder:
             await listener(gone.node)
 
     def peer_removed(self, peer: str) -> None:
-        """Discovery forgot ``peer`` (silent for its removal periods: dead, or cut off without a
-        word): what was forwarded to it fails now, not at the call's timeout."""
+        """Discovery forgot ``peer`` (dead, or cut off): what was forwarded to it fails now."""
         if any(p.peer == peer for p in self.pending.values()):
             task = asyncio.get_running_loop().create_task(
                 self._fail_peer(peer, f"peer {peer} stopped answering heartbeats during the call (removed by discovery)"))
@@ -294,8 +278,7 @@ class Forwarder:
             await self._failed(pending, reason)
 
     async def _failed(self, pending: Pending, reason: str) -> None:
-        """Counted once as forward_failed (it was twice for a direct call, and an async one also as
-        a worker lost)."""
+        """Counted once, as forward_failed."""
         call = pending.call
         if call.is_async:  # delivered again: decided anew (maybe here, maybe another peer)
             return await self.answerer.lost(call, reason, "forward_failed")

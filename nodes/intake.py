@@ -1,28 +1,8 @@
-"""The node's durable intake: its async calls, pulled in batches from the shared async stream.
-
-Each message is held (unacknowledged, kept alive with ``in_progress``) until its answer is
-stored, so a node that dies mid-call loses nothing: JetStream delivers the message again.
-The consumer is durable (``node-<id>``, filter ``<prefix>.async.<id>.>``) with explicit acks.
-nats-server delivers a call without limit; the service counts the deliveries
-(``num_delivered``) and dead-letters the one numbered ``max_deliver`` instead of running it.
-A limit kept by nats-server itself stopped delivering a call whose deliveries were used up,
-even those that never reached the node (sent while it was reconnecting to another server of a
-cluster): the call stayed in the stream for ever, unrun and unanswered, ``/result`` "pending".
-
-Pulling: one pull request at a time (``batch`` messages, expiring after ``PULL_EXPIRES_S``)
-stays open on the consumer, and its messages arrive on a subscription with a callback, each
-taken as it comes. A pull asks only for what the node can take (its ``budget`` less what it
-holds): a backlog waits in the stream, where it is durable and costs the node nothing, and each
-answer stored makes room for the next call. (nats-py's ``fetch`` reads a batch with one task, uuid and timer per
-message and ends at the first pause; a task costs here about what taking the call does.)
-
-A consumer deleted under a running node (``nats consumer rm``, a JetStream store restored
-without it, the stream made again) is made again with the same settings: it delivers every
-call still stored (deliver policy "all"; the work queue keeps only unacknowledged ones), and
-the service's duplicate guard drops those already answered. A stream deleted under it (``nats
-stream rm``, a JetStream store lost) is made again first, with the settings of
-:func:`broker.streams.ensure_shared_streams`.
-"""
+"""The node's durable intake: its async calls, pulled from the shared async stream by its durable
+consumer (``node-<id>``, explicit acks). Each message is held, kept alive with ``in_progress``, until its
+answer is stored, so a node that dies mid-call loses nothing. One pull request at a time asks only for
+what the node can take: a backlog waits in the stream, durable and free. A consumer or stream deleted
+under the node is made again (the service's duplicate guard drops calls delivered again already answered)."""
 
 from __future__ import annotations
 
@@ -43,14 +23,12 @@ from broker.fastpath import delivery, pull_subject
 from broker.streams import async_stream, ensure_shared_streams
 from broker.subjects import Subjects
 from broker.lifecycle import still_wanted
-from nodes.settings import machine_memory
+from nodes.settings import memory_share
 
 log = logging.getLogger(__name__)
 
 BATCH = 256             # messages per pull request
 HOLD_LIMIT = 10_000     # messages held at once (running, queued in memory, being answered)
-HOLD_MEMORY_SHARE = 16  # ... holding at most 1/16 of the machine's memory in inputs
-HOLD_BYTES_MIN = 64 * 1024 * 1024
 PULL_EXPIRES_S = 1.0    # an open pull request ends after this (nats-server answers 408)
 PULL_GRACE_S = 2.0      # no word on a pull request by its expiry plus this: JetStream is away
 CONSUMER_DELETED = "409 Consumer Deleted"   # nats-server's word to an open pull request
@@ -65,7 +43,9 @@ def consumer_name(node: str) -> str:
 
 
 def consumer_config(node: str, subjects: Subjects, ack_wait_s: float) -> ConsumerConfig:
-    """The node's durable intake consumer (max_deliver unlimited: the service counts, see above)."""
+    """max_deliver unlimited: the service counts ``num_delivered`` and dead-letters the one numbered
+    ``max_deliver``; nats-server's limit also counted deliveries lost while the node reconnected, and
+    such a call stayed in the stream for ever, unrun and unanswered."""
     return ConsumerConfig(durable_name=consumer_name(node), ack_policy=AckPolicy.EXPLICIT, ack_wait=ack_wait_s,
                           max_deliver=-1, max_ack_pending=HOLD_LIMIT, filter_subject=subjects.async_of(node))
 
@@ -81,7 +61,7 @@ class AsyncIntake:
         self.ack_wait_s, self._take, self._budget = ack_wait_s, take, budget
         self.held: dict[str, Msg] = {}          # by delivery (its ack subject)
         self.held_bytes = 0                     # their inputs
-        self.bytes_limit = hold_bytes or max(HOLD_BYTES_MIN, machine_memory() // HOLD_MEMORY_SHARE)
+        self.bytes_limit = hold_bytes or memory_share()
         self.healthy = False
         self._room = asyncio.Event()
         self._tasks: list[asyncio.Task] = []
@@ -111,8 +91,7 @@ class AsyncIntake:
         self._ended.set()
 
     async def _bound(self) -> None:
-        """Bind, retrying until JetStream takes it (it may be busy: a loaded machine, a leader
-        election, a sweeper of another node still holding our calls)."""
+        """Bind, retrying until JetStream takes it (a loaded machine, a leader election, a sweeper...)."""
         delay = 0.2
         while self._sub is None:
             still_wanted()
@@ -134,8 +113,7 @@ class AsyncIntake:
         except NotFoundError as exc:
             if exc.err_code != STREAM_NOT_FOUND:
                 raise
-            # the stream itself is gone (`nats stream rm`, a JetStream store lost): no async call
-            # could be stored again until a node restart made it, so make it as at start
+            # the stream is gone (`nats stream rm`, a store lost): no async call could be stored: make it
             log.warning("%s: async stream %s is gone (with the calls stored in it); making it again",
                         self.node, stream)
             await ensure_shared_streams(self.js, self.subjects)
@@ -156,11 +134,7 @@ class AsyncIntake:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
         self._tasks.clear()
-        if self._sub is not None:
-            try:
-                await self._sub.unsubscribe()
-            except Exception as exc:  # the connection may already be gone
-                log.debug("intake unsubscribe: %s", exc)
+        await self._forget()
         self.healthy = False
 
     def hold(self, msg: Msg) -> None:
@@ -207,8 +181,7 @@ class AsyncIntake:
             except Exception as exc:  # not connected (reconnecting)
                 problem = str(exc)
             if await self._consumer_gone(problem):
-                # pulling again would be refused for ever, and the sweepers would take us for
-                # a node that never existed: make the consumer again, as at start
+                # pulling again would be refused for ever (and sweepers take us for an unknown node)
                 log.warning("%s: async intake consumer %s is gone (%s); making it again",
                             self.node, consumer_name(self.node), problem)
                 self.healthy = False
@@ -222,10 +195,8 @@ class AsyncIntake:
             await asyncio.sleep(0.5)
 
     async def _consumer_gone(self, problem: str) -> bool:
-        """Whether a refused pull means our consumer no longer exists. nats-server says so to an
-        open pull request; a later one finds nobody on the pull subject (no responders), as when
-        JetStream itself is away, so then JetStream is asked. A pull with no answer at all is a
-        broker blip: no question is sent into an outage."""
+        """Whether a refused pull means our consumer no longer exists: nats-server says so to an open
+        pull; no responders is ambiguous (JetStream away too), so JetStream is asked; silence is a blip."""
         if problem.startswith(CONSUMER_DELETED):
             return True
         if not problem.startswith(NO_RESPONDERS):
@@ -242,8 +213,8 @@ class AsyncIntake:
         return False
 
     async def _forget(self) -> None:
-        """Drop the subscription of a consumer that is gone; what is held stays held (the new
-        consumer delivers it again and the service swaps the delivery it acknowledges)."""
+        """Drop the subscription; what is held stays held (a consumer made again delivers it again and
+        the service swaps the delivery it acknowledges)."""
         sub, self._sub = self._sub, None
         if sub is not None:
             try:

@@ -76,7 +76,6 @@ class Node:
         self.discovery: DiscoveryService | None = None
         self.learner: LearnerService | None = None
         self._peers = peers
-        self._subs: list = []
         self._unlisten = lambda: None
         self._reconciling: set[asyncio.Task] = set()
         self.control: NodeControl | None = None
@@ -84,8 +83,7 @@ class Node:
         self._lock: int | None = None
 
     async def start(self) -> "Node":
-        # one node process per node directory: a second one (``p2pfaas node`` run twice by hand)
-        # would end this one's workers as strays of a previous run and share its state
+        # one node process per node directory: a second would end our workers as strays and share our state
         self._lock = hold_data_dir(self.settings.node_dir, NODE_LOCK, f"node {self.settings.node_id}",
                                    "--data-dir or --node-id")
         strays = end_strays(self.settings.run_dir)
@@ -102,7 +100,9 @@ class Node:
         answerer = Answerer(self.settings.node_id, self.nc, self.subjects, self.metrics, self.stats.get, self.inbox,
                             registry=self.registry, retry_backoff_s=self.settings.retry_backoff_s,
                             ip=self.settings.machine_ip, timings=self.settings.timings)
-        dispatchers = self._start_dispatchers(answerer)
+        self._answerer, dispatchers = answerer, self._dispatchers
+        for name in (DEFAULT_POOL, *self.settings.pools):
+            dispatchers[name] = self._new_dispatcher(name)
         peers = self._peers
         if peers is None:
             self.discovery = peers = DiscoveryService(self.settings, self.nc, self.current_load,
@@ -117,7 +117,8 @@ class Node:
                                          scheduler.schedule, alive=view.peers)
         if self.discovery:   # a peer that falls silent: what was forwarded to it fails then, not at its timeout
             self.discovery.on_removed.append(scheduler.forwarder.peer_removed)
-        await self._start_pools()
+        for name in list(self._dispatchers):
+            await self._start_pool(name)
         await scheduler.start()
         await ingress.start()
         self.store_check = StoreCheck(self.settings.node_id, self.nc, self.subjects,
@@ -145,10 +146,6 @@ class Node:
             await self.store_check.stop()
         if self.discovery:  # silence first: peers stop choosing us within suspect_after periods
             await self.discovery.stop()
-        for sub in self._subs:
-            with contextlib.suppress(Exception):
-                await sub.unsubscribe()
-        self._subs.clear()
         if self.control:
             await self.control.stop()
         if self.deployments.catalogue is not None:
@@ -184,14 +181,8 @@ class Node:
         await self.stop()
 
     # -- worker pools ---------------------------------------------------------
-    def _start_dispatchers(self, answerer: Answerer) -> dict[str, Dispatcher]:
-        """One dispatcher per pool: the main one with K slots, dedicated ones with a slot per worker."""
-        self._answerer = answerer
-        for name in (DEFAULT_POOL, *self.settings.pools):
-            self._dispatchers[name] = self._new_dispatcher(name)
-        return self._dispatchers
-
     def _new_dispatcher(self, name: str) -> Dispatcher:
+        """The main pool's has K slots; a dedicated pool's a slot per worker."""
         assert self.nc is not None and self.inbox is not None and self._answerer is not None
         main = name == DEFAULT_POOL
         self.stats[name] = PoolStats(self.settings.node_id, name)
@@ -200,10 +191,6 @@ class Node:
                           kill_worker=lambda worker: self.pools[name].kill(worker),
                           unreachable=lambda worker: self.pools[name].unreachable(worker),
                           wake=None if main else lambda: self.pools[name].wake(), timings=self.settings.timings)
-
-    async def _start_pools(self) -> None:
-        for name in list(self._dispatchers):
-            await self._start_pool(name)
 
     async def _start_pool(self, name: str) -> WorkerPool:
         pool = WorkerPool(self.settings, self._dispatchers[name], name, self.metrics)
@@ -218,8 +205,8 @@ class Node:
 
     # -- pools made and removed at run time (a function's own: nodes/deployments.py) ------
     async def add_pool(self, name: str) -> WorkerPool:
-        """A pool of ``settings.pools`` that does not run yet: its dispatcher, workers, telemetry
-        and scale commands; its functions' calls go to it from now on."""
+        """Start a pool of ``settings.pools`` (dispatcher, workers, telemetry, scale commands); its
+        functions' calls go to it from now on."""
         assert self.scheduler is not None
         self._dispatchers[name] = self._new_dispatcher(name)
         pool = await self._start_pool(name)
@@ -275,9 +262,8 @@ class Node:
                 await sub.unsubscribe()
 
     def _on_reconnected(self) -> None:
-        """Back on the broker after an outage: calls (or their outcomes) that were on the wire
-        when it went are found and run again or answered (Dispatcher.reconcile); the scheduler
-        checks the async calls it receives again for answers already stored."""
+        """Back on the broker: calls (or outcomes) on the wire when it went are found and run again or
+        answered (Dispatcher.reconcile); async calls received again are checked for stored answers."""
         at = time.time()
         if self.ingress is not None:
             self.ingress.reconnected()
@@ -351,7 +337,3 @@ class Node:
             self.ingress.intake.wake()
         if self.pool:
             self.metrics.workers.labels(node=self.settings.node_id, state="target").set(self.pool.target)
-
-async def run_node(settings: NodeSettings, stop: asyncio.Event) -> None:
-    async with Node(settings):
-        await stop.wait()

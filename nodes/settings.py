@@ -28,11 +28,8 @@ DEFAULT_WORKER_IMAGE = "p2pfaas-worker:latest"   # `p2pfaas image build` makes i
 
 
 class PoolSpec(BaseModel):
-    """A dedicated, autoscaled worker pool for some functions (the farm of DESIGN.md §6).
-
-    Its tasks are always queued (no admission control): the controller keeps its
-    QoS by scaling between ``min`` and ``max`` workers.
-    """
+    """A dedicated, autoscaled worker pool for some functions (the farm of DESIGN.md §6): its tasks
+    are always queued (no admission control); the controller keeps its QoS by scaling min..max."""
 
     model_config = ConfigDict(extra="forbid")
 
@@ -75,9 +72,8 @@ class FunctionOptions(BaseModel):
 
 
 class Timings(BaseModel):
-    """How long a node waits before it concludes something (defaults for production; tests shorten
-    them). ``forward_*`` must be the same on every node of a cluster: a peer notices at its own
-    ``forward_notice_every_s``, the origin judges silence by its own ``forward_silent_after_s``."""
+    """How long a node waits before it concludes something. ``forward_*`` must be the same on every
+    node: a peer notices at its own ``forward_notice_every_s``, the origin judges by its own silence."""
 
     model_config = ConfigDict(extra="forbid")
 
@@ -96,11 +92,10 @@ class Timings(BaseModel):
 
 
 class NodeSettings(BaseSettings):
-    """Every field also comes from the environment as ``P2PFAAS_<FIELD>`` (JSON for lists, maps
-    and models; ``P2PFAAS_SEEDS`` and ``P2PFAAS_FUNCTIONS`` comma-separated, as the CLI takes
-    them; ``P2PFAAS_TIMINGS__STOP_GRACE_S`` for one field of a model). What is given explicitly
-    wins over the environment, which wins over the defaults; a worker gets its node's settings
-    whole (``model_validate_json``), never from its environment."""
+    """Every field also comes from ``P2PFAAS_<FIELD>`` (JSON for lists, maps and models; SEEDS and
+    FUNCTIONS comma-separated as the CLI takes them; ``P2PFAAS_TIMINGS__STOP_GRACE_S`` for one field
+    of a model). Explicit values win over the environment, which wins over the defaults; a worker
+    gets its node's settings whole (``model_validate_json``), never from its environment."""
 
     model_config = SettingsConfigDict(env_prefix="P2PFAAS_", env_ignore_empty=True, extra="forbid",
                                       env_nested_delimiter="__")
@@ -113,32 +108,30 @@ class NodeSettings(BaseSettings):
     max_payload_bytes: int = Field(default=ONE_MIB, ge=1)
     runtime: Literal["process", "inprocess", "docker"] = "process"
     docker_image: str = DEFAULT_WORKER_IMAGE      # runtime "docker": the workers' image (docs/containers.md)
-    # runtime "docker": the network worker containers join: the host's, or the Docker network the
-    # node itself is on (compose's), where its NATS URL resolves
+    # runtime "docker": the workers' network: the host's, or the node's (compose's: its NATS URL resolves there)
     docker_network: str = Field(default="host", pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")
-    # processes of the main pool: K at most this (None: from the machine's cores and memory,
-    # nodes.pool.machine_worker_limit); K beyond it bounds the calls running at once, not processes
+    # main pool processes: K at most this (None: nodes.pool.machine_worker_limit, from cores and memory);
+    # K beyond it bounds the calls running at once, not processes
     worker_processes_max: int | None = Field(default=None, ge=1, le=1024)
-    # runtime "process": the user worker processes run as, a name or uid; "auto": nobody when the
-    # node runs as root (if nobody can run them), else the node's own (docs/security.md)
+    # runtime "process": the workers' user, a name or uid; "auto": nobody when the node runs as root
+    # (if nobody can run them), else the node's own (docs/security.md)
     worker_user: str = Field(default="auto", pattern=r"^[A-Za-z0-9_.][A-Za-z0-9_.-]{0,31}$")
     worker_writable: list[Path] = Field(default_factory=list)   # where functions may write besides the temp dirs
     ack_wait_s: float = Field(default=10.0, gt=0)   # a silent worker's task is redelivered after this
     max_deliver: int = Field(default=4, ge=2)       # counted by the node: this delivery is not run, it dead-letters
     # a task whose worker died is delivered again after these seconds (the n-th retry waits the n-th,
-    # the last repeats); a function's own (``p2pfaas_retry_backoff_s``) wins
+    # the last repeats); a function's own ``p2pfaas_retry_backoff_s`` wins
     retry_backoff_s: list[PositiveFloat] = Field(default_factory=lambda: [1.0, 2.0, 4.0], min_length=1)
-    # bytes async calls may hold in memory, pulled and not yet answered (None: a share of the
-    # machine's memory, at least 64 MiB; nodes/intake.py)
+    # bytes async calls pulled and not yet answered may hold (None: 1/16 of the memory, at least 64 MiB)
     intake_hold_bytes: int | None = Field(default=None, ge=1)
     timings: Timings = Timings()
     unknown_node_after_s: float = Field(default=60.0, gt=0)   # async calls to a node never seen: refused after
-    # a device of a hub (docs/edge.md): its streams hold its own calls only; one stored here for
-    # another device's node is refused (after unknown_node_after_s), never kept
+    # a device of a hub (docs/edge.md): its streams hold its own calls only; one for another device's
+    # node is refused (after unknown_node_after_s), never kept
     edge: bool = False
     functions: Annotated[list[tuple[str, str]], NoDecode] = Field(default_factory=list)  # user (name, module:function)
-    # the environment variables of deployed functions (envVars), by function: a worker process
-    # sets those of every function it loads, an image function's container gets its own
+    # deployed functions' envVars by function: a worker process sets those of every function it
+    # loads, an image function's container gets its own
     function_env: dict[str, dict[str, str]] = Field(default_factory=dict)
     function_options: dict[str, FunctionOptions] = Field(default_factory=dict)   # by function
     initial: NodeConfiguration = NodeConfiguration()
@@ -164,12 +157,11 @@ class NodeSettings(BaseSettings):
     machine_poll_timeout_s: float = Field(default=5.0, gt=0)
     machine_dead_polls: int = Field(default=20, ge=1)                 # failed polls before a machine is dead
     init_servers: list[str] = Field(default_factory=list)             # IPs of P2PFaaS machines to start from
-    # LearningScheduler: the node publishes a deadline reward for each decision it took. Turn it off
-    # when clients post the rewards (P2PFaaS's benchmark client with -learning); either way an EID
-    # is trained once: the first reward stored for it counts (docs/compat.md)
+    # LearningScheduler: the node publishes a deadline reward per decision; off when clients post them
+    # (P2PFaaS's benchmark client with -learning); an EID's first stored reward counts (docs/compat.md)
     node_rewards: bool = True
-    # LearningScheduler rewards (docs/learning.md): the QoS deadline of each task type, seconds;
-    # a request met it when answered 200 within that total time; unlisted types get task_deadline_s
+    # LearningScheduler rewards (docs/learning.md): each task type's QoS deadline, s (met: answered 200
+    # within it); unlisted types get task_deadline_s
     task_type_deadlines: dict[int, PositiveFloat] = Field(default_factory=dict)
     task_deadline_s: float = Field(default=1.0, gt=0)
 
@@ -233,10 +225,14 @@ def machine_memory() -> int:
         return 4 * 1024 ** 3
 
 
+def memory_share() -> int:
+    """Bytes of inputs an in-memory backlog may hold: 1/16 of the machine's memory, at least 64 MiB."""
+    return max(64 * ONE_MIB, machine_memory() // 16)
+
+
 def pool_functions(settings: NodeSettings, pool: str) -> tuple[list[tuple[str, str]], dict[str, dict[str, str]]]:
-    """The user functions (name, reference) a worker of ``pool`` loads, and their variables: a
-    dedicated pool's own; the main pool every other one. A worker never imports the code of a
-    function that has a pool of its own elsewhere, so that function's secrets stay out of reach."""
+    """The user functions (name, reference) and variables a worker of ``pool`` loads: a dedicated
+    pool's own, the main pool every other one (so a function's secrets stay in its own pool)."""
     spec = settings.pools.get(pool)
     if spec is not None:
         wanted = set(spec.functions)

@@ -1,11 +1,6 @@
-"""Asking a pool's workers which of their calls they still run.
-
-A call (or its outcome) can be lost in transit while the node stays connected: its worker's
-NATS server died with the message in its buffers and the worker reconnected elsewhere; or the
-node's own connection dropped. The dispatcher asks the workers after a broker outage
-(:meth:`~nodes.dispatch.Dispatcher.reconcile`) and, for calls running long, every
-``Timings.worker_check_after_s``: a lost call is found then, not at the function's timeout (an hour for ``sleep``).
-"""
+"""Asking a pool's workers which of their calls they still run: a call (or its outcome) can be lost in
+transit (a worker's NATS server died with it buffered, or the node's connection dropped). Asked after a
+broker outage (``Dispatcher.reconcile``) and for calls running past ``Timings.worker_check_after_s``."""
 
 from __future__ import annotations
 
@@ -40,8 +35,7 @@ class WorkerChecks:
         self._checked_at = 0.0
 
     def long_calls(self, running: Iterable[Call], now: float) -> dict[str, list[Call]]:
-        """Calls running longer than ``after_s``, by worker, at most every ``after_s`` and
-        never twice at once for one worker (:meth:`while_checking`)."""
+        """Calls running past ``after_s``, by worker: at most every ``after_s``, one check per worker at once."""
         if now - self._checked_at < self.after_s:
             return {}
         self._checked_at = now
@@ -56,9 +50,8 @@ class WorkerChecks:
             self.checking.discard(worker)
 
     async def status(self, worker: str, ids: list[int], tries: int, alive: Callable[[], bool]) -> WorkerStatus | None:
-        """The worker's answer through the node's inbox (the outcomes it sends again come on the
-        same subscription first, so they are counted before its answer is read); None if it never
-        answers, or answers what cannot be read."""
+        """The worker's answer through the node's inbox, after the outcomes it sends again (same
+        subscription); None if it never answers, or answers what cannot be read."""
         reply = await self.inbox.ask(self.subjects.worker_status(self.node, worker), encode(WorkerStatusRequest(ids=ids)),
                                      timeout_s=STATUS_TIMEOUT_S, tries=tries, wanted=alive)
         if reply is None:

@@ -1,8 +1,4 @@
-"""P2PFaaS ``RoundRobinWithMasterScheduler [isMaster, master, loss]``.
-
-Slaves send every client request to the master; the master deals the requests
-it receives round robin over the alive nodes (its peers and itself).
-"""
+"""P2PFaaS ``RoundRobinWithMasterScheduler [isMaster, master, loss]``."""
 
 from __future__ import annotations
 
@@ -25,8 +21,6 @@ from nodes.scheduler.forward import forwardable_peers, run_locally
 
 _NODE_ID = re.compile(r"[A-Za-z0-9_-]{1,64}")
 
-CANNOT_SCHEDULE = codes.CANNOT_SCHEDULE  # P2PFaaS "cannot schedule" (HTTP 500), not a load rejection
-
 
 def _is_ip(text: str) -> bool:
     try:
@@ -37,19 +31,11 @@ def _is_ip(text: str) -> bool:
 
 
 class RoundRobinWithMasterScheduler(SchedulingAlgorithm):
-    """Centralised round robin, the baseline of the P2PFaaS experiments.
-
-    * slave, client request: forward to the master (run here if the master is
-      not alive: better late than lost);
-    * slave, forwarded request: run here;
-    * master, client request: reject (the master only dispatches);
-    * master, forwarded request: the next node of ``peers() + [itself]`` in
-      round-robin order, skipping nodes already on the request's path.
-
-    ``loss`` rejects a request that should run here when there is no room.
-    The master is named by node id or, as in P2PFaaS, by its IP address (the view maps it
-    to the node advertising it).
-    """
+    """Centralised round robin, the baseline of the P2PFaaS experiments. A slave forwards client
+    requests to the master (runs them here if it is not alive) and runs forwarded ones; the master
+    rejects client requests and deals forwarded ones to the next node of ``peers() + [itself]``,
+    skipping nodes on the request's path. ``loss`` rejects what should run here without room.
+    The master is named by node id or, as in P2PFaaS, by IP address (the view resolves it)."""
 
     name = "RoundRobinWithMasterScheduler"
     instant = True
@@ -80,7 +66,7 @@ class RoundRobinWithMasterScheduler(SchedulingAlgorithm):
         if self.is_master:
             if not request.external:
                 return Reject("the round-robin master only dispatches requests from its slaves",
-                              code=CANNOT_SCHEDULE)
+                              code=codes.CANNOT_SCHEDULE)   # HTTP 500, not a load rejection
             return self._deal(request, view)
         master = view.resolve(self.master)
         if request.external or master == view.node_id:

@@ -1,10 +1,5 @@
-"""The scheduler service: a call taken in by the ingress, decided by the node's algorithm and carried out.
-
-``decide(algorithm, request, view) -> Decision`` (Execute, Forward or Reject), then: Execute
-queues it on a pool's :class:`~nodes.dispatch.Dispatcher` (K slots and a bounded queue, counted
-exactly), Forward hands it to the :class:`~nodes.forwarding.Forwarder`, Reject answers at once
-through the :class:`~nodes.answering.Answerer`. The calls come from :mod:`nodes.ingress`.
-"""
+"""The scheduler service: a call from the ingress is decided by the node's algorithm, then Execute queues
+it on a pool's Dispatcher, Forward hands it to the Forwarder, Reject answers it through the Answerer."""
 
 from __future__ import annotations
 
@@ -29,13 +24,12 @@ from nodes.scheduler.algorithms import build_algorithm, decide, forced_algorithm
 from nodes.scheduler.base import Decision, Execute, Forward, Reject, SchedulingAlgorithm, complete_now
 from nodes.scheduler.forward import run_locally
 from nodes.scheduler.view import NodeView
-from nodes.settings import NodeSettings, machine_memory
+from nodes.settings import NodeSettings, memory_share
 from nodes.worker import DEFAULT_POOL
 
 log = logging.getLogger(__name__)
 
 MAX_WAITING = 100_000    # calls a pool keeps in memory whatever the algorithm says (NoScheduler without loss)
-QUEUE_MEMORY_SHARE = 16  # direct calls waiting in memory hold at most 1/16 of the machine's memory in inputs
 
 
 class SchedulerService:
@@ -59,15 +53,14 @@ class SchedulerService:
         self._deciding = Tasks(f"{self.node_id}: a call failed while being decided", log)
         self._carrying = Tasks(f"{self.node_id}: a call failed while being carried out", log)
         self._stopping_at: float | None = None   # loop time the node began to stop
-        self.queue_bytes_max = queue_memory_limit()
+        self.queue_bytes_max = memory_share()   # of the direct calls waiting
 
     # -- lifecycle ----------------------------------------------------------------------
     async def start(self) -> None:
         await self.forwarder.start()
 
     async def stop_deciding(self) -> None:
-        """After the ingress stopped: decisions still waiting (a probe) are cancelled, what was
-        decided (a forward being sent, an answer being published) is given a moment to go out."""
+        """After the ingress stopped: probing decisions are cancelled, decided calls get a moment to go out."""
         self._stopping_at = asyncio.get_running_loop().time()
         self._deciding.cancel()
         await asyncio.gather(*self._deciding, return_exceptions=True)
@@ -95,8 +88,7 @@ class SchedulerService:
 
     # -- deciding -----------------------------------------------------------------------
     def schedule(self, call: Call) -> None:
-        """Decide and carry the decision out; an algorithm that has to wait (it probes, or asks the
-        learner) decides in a task of its own."""
+        """Decide and carry the decision out (in a task of its own if the algorithm has to wait)."""
         request = call.request
         dedicated = self.pool_of.get(call.fn)
         if dedicated is not None and not request.force_reject:
@@ -113,7 +105,7 @@ class SchedulerService:
             except Exception as exc:
                 return self._answer_later(self._undecided(call, exc))
             return self.carry_out(call, decision)
-        self._spawn(self._decide_and_carry_out(call, algorithm))   # it probes or asks the learner
+        self._deciding.spawn(self._decide_and_carry_out(call, algorithm))   # it probes or asks the learner
 
     def _describe(self, algorithm: SchedulingAlgorithm) -> str:
         """``algorithm.describe()``, computed once per algorithm installed (it is on every call's path)."""
@@ -129,9 +121,8 @@ class SchedulerService:
         self.carry_out(call, decision)
 
     async def _undecided(self, call: Call, exc: Exception) -> None:
-        """The algorithm raised instead of deciding (a bug in it, a learner's answer it could not
-        read): the call is refused now, "cannot schedule" (400, HTTP 500). Left undecided, a direct
-        caller waited for its own timeout and an async call was held, kept alive, for ever."""
+        """The algorithm raised (a bug, an unreadable learner answer): the call is refused now, "cannot
+        schedule" (400, HTTP 500), not held undecided until its caller gives up (an async one for ever)."""
         log.debug("%s: %s raised deciding %s", self.node_id, call.scheduler, call.key, exc_info=exc)
         call.scheduled_at = time.time()
         await self.answerer.refused(call, codes.CANNOT_SCHEDULE, codes.STATUS[codes.CANNOT_SCHEDULE],
@@ -150,8 +141,7 @@ class SchedulerService:
             return self._answer_later(self.forwarder.forward(call, decision.peer))
         assert isinstance(decision, Reject)
         if call.is_async and decision.code == codes.CANNOT_SCHEDULE:
-            # accepted async work is never refused because others came first: it waits for a slot
-            # in the pool's async lane (the intake pulled it because there was room for it)
+            # accepted async work is never refused because others came first: it waits in the async lane
             return self._execute(call, Execute(probing_s=decision.probing_s), self.main)
         # P2PFaaS: 401 deliberately rejected -> HTTP 503; 400 cannot schedule (overload) -> HTTP 500
         self._answer_later(self.answerer.refused(call, decision.code, codes.STATUS.get(decision.code, 500),
@@ -162,10 +152,8 @@ class SchedulerService:
         self.carry_out(call, run_locally(self.view, loss=True, probing_s=call.probing_s))
 
     async def _sender_gone(self, node: str) -> None:
-        """``node`` went away (it died, or stopped after answering its callers itself): the calls it
-        forwarded here that still wait in a queue are dropped, not run. Their answers had nowhere to
-        go, they held queue places (calls of live callers were refused meanwhile), and an async one,
-        delivered again at its origin, ran twice."""
+        """``node`` went away: the calls it forwarded here that still wait in a queue are dropped, not
+        run (their answers have nowhere to go, and an async one is delivered again at its origin)."""
         def from_it(call: Call) -> bool:
             return call.request.external and call.request.peers[-1:] == (node,)
 
@@ -190,18 +178,10 @@ class SchedulerService:
         pool.submit(call)
 
     # -- helpers ------------------------------------------------------------------------
-    def _spawn(self, coro) -> None:
-        """A decision that has to wait (it probes, or asks the learner): cancelled at the stop."""
-        self._deciding.spawn(coro)
-
     def _answer_later(self, coro) -> None:
-        """What a decision leaves to do that has to wait (a forward, an answer to publish): a task
-        that the node's stop waits for, never cancels (it would leave its call unanswered)."""
+        """What a decision leaves to do (a forward, an answer to publish): the stop waits for it, never
+        cancels it (that would leave its call unanswered)."""
         self._carrying.spawn(coro)
 
     def _count_forward(self, peer: str) -> None:
         self.forwards[peer] = self.forwards.get(peer, 0) + 1
-
-
-def queue_memory_limit() -> int:
-    return max(64 * 1024 * 1024, machine_memory() // QUEUE_MEMORY_SHARE)
