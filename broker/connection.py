@@ -33,11 +33,9 @@ Event = Literal["publish_refused", "disconnected", "reconnected"]
 _listeners: "weakref.WeakKeyDictionary[Client, dict[str, list[Callable[..., None]]]]" = weakref.WeakKeyDictionary()
 
 
-# A first connect that is turned away (nothing listens there, an unknown host, an identity the
-# broker refuses) gives up after this many seconds, every server of its list tried; None: it
-# retries until its deadline (2 x connect_timeout_s), as the parts `up` starts do while their
-# broker (re)starts. The command line sets it for commands run by hand: a user waited 10 s to
-# be told that nothing listens.
+# A first connect turned away (nothing listens, an unknown host, a refused identity) gives up after
+# this many seconds; None: it retries until its deadline (2 x connect_timeout_s), as the parts `up`
+# starts do while their broker (re)starts. The command line sets it for commands run by hand.
 GIVE_UP_TURNED_AWAY_S: float | None = None
 
 
@@ -46,10 +44,8 @@ _NO_HEADERS: Mapping[str, str] = {}
 
 
 async def listen(nc: Client, subject: str, handler: Handler, queue: str = "") -> Subscription:
-    """``handler(subject, reply, data, headers)`` for each message on ``subject``: from the read loop,
-    the headers read only when asked (a :class:`NatsClient`, as every connection :func:`connect`
-    makes), or through nats-py's own subscription (any other client). The request path's doors
-    and replies listen this way: the handler must not block (it spawns what has to wait)."""
+    """``handler(subject, reply, data, headers)`` for each message on ``subject``, from the read loop
+    on a :class:`NatsClient` (else nats-py's subscription): the handler must not block."""
     if isinstance(nc, NatsClient):
         return await nc.subscribe_lean(subject, lambda subj, reply, data, block: handler(
             subj, reply, data, HeaderBlock(block) if block else _NO_HEADERS), queue=queue)
@@ -60,9 +56,8 @@ async def listen(nc: Client, subject: str, handler: Handler, queue: str = "") ->
 
 
 def on_event(nc: Client, event: Event, listener: Callable[..., None]) -> Callable[[], None]:
-    """Call ``listener`` on ``event`` of a connection made by :func:`connect`: ``publish_refused``
-    (with the subject: a permissions violation, which the server reports asynchronously),
-    ``disconnected`` and ``reconnected`` (no argument). Returns the function that removes it."""
+    """Call ``listener`` on ``event`` of a connection made by :func:`connect` (``publish_refused`` with the
+    refused subject, the others with no argument); returns the function that removes it."""
     listeners = _listeners.setdefault(nc, {}).setdefault(event, [])
     listeners.append(listener)
     return lambda: listener in listeners and listeners.remove(listener)
@@ -118,22 +113,19 @@ async def request(nc: Client, subject: str, payload: bytes = b"", *, timeout_s: 
 
 
 def credentials_from_env(prefix: str = "P2PFAAS_NATS") -> tuple[str, str] | None:
-    """(user, password) named ``P2PFAAS_NATS_USER`` / ``P2PFAAS_NATS_PASSWORD``: handed to this
-    process at its start (how ``up`` gives every part its identity, :mod:`broker.handoff`) or, run
-    by hand, in its environment; None when there are none."""
+    """(user, password) from ``P2PFAAS_NATS_USER`` / ``_PASSWORD`` (handed over at start, :mod:`broker.handoff`,
+    or in the environment); None when there are none."""
     user, password = handoff.get(f"{prefix}_USER"), handoff.get(f"{prefix}_PASSWORD")
     return (user, password) if user and password else None
 
 
 async def connect(url: str | list[str], name: str, *, connect_timeout_s: float = 5.0,
                   credentials: tuple[str, str] | None = None, tls_ca: str | None = None) -> Client:
-    """Connect (reconnecting forever afterwards); BrokerUnavailable if the first attempt fails:
-    within 2 x ``connect_timeout_s``, or :data:`GIVE_UP_TURNED_AWAY_S` once turned away.
+    """Connect (reconnecting forever afterwards); BrokerUnavailable if the first attempt fails within
+    2 x ``connect_timeout_s`` (or :data:`GIVE_UP_TURNED_AWAY_S` once turned away). ``url`` may list a
+    cluster's servers; ``tls_ca`` (default ``P2PFAAS_TLS_CA``) is the CA file, else the PEM handed as
+    ``P2PFAAS_TLS_CA_PEM`` (a worker, which may not read the data dir)."""
 
-    ``url`` may be a list: more servers of the same cluster, tried in turn. ``credentials``
-    (user, password) default to the process's own (:func:`credentials_from_env`); ``tls_ca``
-    (default ``P2PFAAS_TLS_CA``) is the CA file that signed the server's certificate, or else the
-    CA itself (PEM) handed as ``P2PFAAS_TLS_CA_PEM`` (a worker, which may not read the data dir)."""
     credentials = credentials or credentials_from_env()
     tls_ca = tls_ca or os.environ.get("P2PFAAS_TLS_CA")
     options: dict = {}

@@ -78,5 +78,3 @@ def is_true(value: str | None) -> bool:
 
 # request headers a caller may set (the HTTP bridge passes exactly these on)
 CALLER_HEADERS = (BYPASS, FORWARD, REJECT, TRACING_ID, TASK_TYPE, TIMEOUT, DEADLINE, WAIT)
-# answer headers that reach the caller (HTTP response headers)
-TIMING_LISTS = (TIMING_TOTAL, TIMING_SCHEDULING, TIMING_PROBING)

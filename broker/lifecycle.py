@@ -1,10 +1,6 @@
-"""How every p2pfaas process starts and ends: on the fastest event loop, with a stop that has a
-deadline, and tied to the process that started it.
-
-A child started by ``p2pfaas up`` or by a node gets a pipe as its stdin that the parent never
-writes (``P2PFAAS_PARENT_PIPE=1``): end of file there means the parent is gone, however it
-ended (kill -9 included) -- a sure sign, unlike the parent-death signal, which Linux sends when
-the *thread* that started the child ends.
+"""How every p2pfaas process starts and ends: on the fastest event loop, with a stop that has a deadline,
+and tied to its parent by a stdin pipe the parent never writes (``P2PFAAS_PARENT_PIPE=1``): end of file
+means the parent is gone, even by kill -9 (the parent-death signal follows the parent's *thread*).
 """
 
 from __future__ import annotations
@@ -36,10 +32,8 @@ def run_loop(main):
 
 
 class OnItsLoop:
-    """A mixin for objects that live on one event loop: ``self.loop`` is that loop, looked up
-    once. CPython 3.11's ``asyncio.get_running_loop()`` makes a ``getpid`` system call on every
-    use; the request path used it for every call in the dispatcher, for every stored answer and
-    four times per async call in ``FaasClient`` (about 2 % of the node's CPU under load)."""
+    """A mixin for objects that live on one event loop: ``self.loop`` is that loop, looked up once
+    (CPython 3.11's ``asyncio.get_running_loop()`` makes a ``getpid`` system call on every use)."""
 
     _loop: asyncio.AbstractEventLoop | None = None
 
@@ -82,11 +76,9 @@ class Tasks:
 
 
 def still_wanted() -> None:
-    """Raise CancelledError if the running task was asked to stop. Called at the top of every turn
-    of a long-lived loop: Python 3.11's ``asyncio.wait_for``, which nats-py's requests, flushes and
-    JetStream calls use, returns normally when the cancellation comes as its future completes -- the
-    loop would then run on and whoever stops it wait for ever. ``Task.cancelling()`` still counts
-    the request (only ``uncancel`` clears it, which asyncio.timeout and TaskGroup call on their way out)."""
+    """Raise CancelledError if the running task was asked to stop; called at the top of every turn of a
+    long-lived loop, since Python 3.11's ``asyncio.wait_for`` (in nats-py) can swallow a cancellation
+    that comes as its future completes, while ``Task.cancelling()`` still counts it."""
     task = asyncio.current_task()
     if task is not None and task.cancelling():
         raise asyncio.CancelledError
@@ -154,10 +146,9 @@ UP_LOCK = Path("run") / "up.lock"
 
 def hold_data_dir(data_dir: "os.PathLike[str] | str", lock: Path = UP_LOCK, owner: str = "`p2pfaas up`",
                   flag: str = "--data-dir") -> int:
-    """Take the exclusive lock of ``data_dir`` (``lock``, ``run/up.lock`` by default, our pid in it) for as long as
-    the returned descriptor is open. The kernel lets it go when we end, however we end (kill -9
-    included), so a stale file never blocks anyone; our children do not inherit it (closed on
-    exec). Raises :class:`DataDirInUse` naming the holder's pid when a live process has it."""
+    """Take the exclusive lock of ``data_dir`` (``lock``, our pid in it) while the returned descriptor is open;
+    the kernel drops it when we end (kill -9 included), and children do not inherit it (closed on exec).
+    Raises :class:`DataDirInUse` naming the holder's pid when a live process has it."""
     path = Path(data_dir) / lock
     path.parent.mkdir(parents=True, exist_ok=True)
     fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
@@ -224,8 +215,7 @@ def _start_time(pid: int) -> str | None:
 
 
 def write_pid_file(path: "os.PathLike[str] | str", pid: int) -> None:
-    """Remember a child: its pid and start time (a later, unrelated process with the same pid is
-    never mistaken for it)."""
+    """Remember a child: its pid and start time (a later process with the same pid is never taken for it)."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(f"{pid} {_start_time(pid) or 0}\n")

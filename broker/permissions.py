@@ -4,15 +4,12 @@ Mosquitto's password and ACL files, written from the identities of :mod:`broker.
 from __future__ import annotations
 
 import json
-import logging
 import os
 import subprocess
 from pathlib import Path
 
 from broker.auth import BCRYPT_ROUNDS, BRIDGE, CONTROLLER, OPERATOR, SYSTEM, AuthStore, Credentials
 from broker.lifecycle import write_whole
-
-log = logging.getLogger(__name__)
 
 FULL_JS = "$JS.API.>"
 JS_DENIED = ["$JS.API.STREAM.DELETE.>", "$JS.API.STREAM.PURGE.>"]   # streams are the operators'
@@ -39,10 +36,8 @@ def node_permissions(node: str) -> dict:
 
 
 def worker_permissions(node: str) -> dict:
-    """A worker runs user code: it only answers on reply inboxes -- its node's call, and a direct
-    call's caller (nodes/worker.py) -- and says when its node died. It asks nothing, so it reads no
-    inbox: ``_INBOX.>`` would show user code every reply in the account (other calls' outputs,
-    control answers) and the inbox names to forge answers to."""
+    """A worker runs user code: it only answers on reply inboxes and says when its node died. It reads
+    no inbox: ``_INBOX.>`` would show user code every reply in the account, and names to forge answers to."""
     return _permissions(publish=["_INBOX.>", f"*.{node}.gone"],
                         subscribe=[f"*.{node}.worker.>", f"*.membership.*.{node}", f"*.{node}.gone"])
 
@@ -58,9 +53,8 @@ def bridge_permissions() -> dict:
 
 
 def controller_permissions() -> dict:
-    """A controller scales pools, feeds the learner experiences and seeds a scaling model with its
-    shipped weights (``weights.set``, which also rolls it back); it never changes a model's
-    hyper-parameters nor resets one."""
+    """A controller scales pools, feeds the learner and seeds a scaling model's weights (``weights.set``);
+    it never changes a model's hyper-parameters nor resets one."""
     readers = [f"*.*.learner.*.{verb}" for verb in ("act", "weights.get", "weights.set", "stats", "parameters.get")]
     return _permissions(publish=["*.*.scale.*", "*.*.experience.*", *readers, "*.*.info", FULL_JS, *JS_RUNTIME],
                         deny=JS_DENIED)
@@ -83,10 +77,8 @@ def _user(creds: Credentials, permissions: dict | None, **extra) -> dict:
     return user
 
 
-# request topics of another shape than <p>/<node>/request/<fn>/<client>/<req>: 1 to 4 levels after
-# "request" but 3 (a level short, levels too many) are mapped onto the node's async subjects as well,
-# so the node's intake refuses them (logged, counted, a rejection on <p>/reject/invalid): a device's
-# mistake is never lost in silence (a shape with no level after "request" is not a request topic)
+# request topics of another shape than <p>/<node>/request/<fn>/<client>/<req> are mapped onto the
+# node's async subjects as well, so its intake refuses them on <p>/reject/invalid, never in silence
 MALFORMED_REQUEST_LEVELS = (1, 2, 4, 5, 6)
 
 
@@ -135,8 +127,7 @@ def nats_accounts(store: AuthStore | None, nodes: list[str]) -> str:
 
 def hub_accounts(store: AuthStore) -> str:
     """The ``accounts`` block of a hub: FAAS with the operator and one user per invited device
-    (``broker.edge.leaf_permissions``: what its machine may say to the others), and the system
-    account. No device connects here over MQTT and nothing is stored: those stay on the devices."""
+    (``broker.edge.leaf_permissions``), and the system account; no MQTT, nothing stored."""
     from broker.edge import leaf_permissions, leaf_user
 
     users = [_user(store.service(OPERATOR), None)]

@@ -1,9 +1,6 @@
-"""The live feed behind ``/ui``: heartbeats, pool telemetry, scale decisions and learner activity
-from NATS, kept for a few minutes and fanned out to every open dashboard page.
-
-It runs only while a page is open (the first page subscribes, the last one to leave
-unsubscribes), so nobody pays for it when nobody watches. Every event is encoded once, as
-``{"type": ..., "at": <unix s>, "data": {...}}``; docs/dashboard.md lists the types.
+"""The live feed behind ``/ui``: heartbeats, pool telemetry, scale decisions and learner activity from
+NATS, kept for a few minutes and fanned out to every open page; subscribed only while a page is open.
+Every event is encoded once, as ``{"type": ..., "at": <unix s>, "data": {...}}`` (docs/dashboard.md).
 """
 
 from __future__ import annotations
@@ -153,7 +150,7 @@ class DashboardFeed:
         self.history: deque[tuple[float, str]] = deque(maxlen=max_events)
         self.nodes: dict[str, NodeTrack] = {}
         # (node, pool) -> when its telemetry was last seen, and its newest scale target and when:
-        # both forgotten after history_s, as nodes are (pools come and go with functions and nodes)
+        # both forgotten after history_s, as nodes are
         self.pools: dict[tuple[str, str], float] = {}
         self.targets: dict[tuple[str, str], tuple[int, float]] = {}
         self.forwards = ForwardWindow()

@@ -1,14 +1,8 @@
-"""The HTTP edge in front of every bridge port: uvicorn's httptools protocol with what it lacks.
-
-The edge's invariant (docs/security.md, "HTTP edge"): every open connection holds one slot of its
-client's address and one of its bridge process, never more than ``CLIENT_CONNECTION_LIMIT`` and
-``CONNECTION_LIMIT``; a connection beyond either is answered a small 503 and closed before a byte of
-it is read. A request's head (request line and headers) is counted as its bytes arrive and never
-holds more than ``HEAD_LIMIT`` bytes (one pipelined behind another in the same read: less than twice
-that) or ``HEADER_COUNT_LIMIT`` headers: beyond, 431 (414 when the URL is what is too long) and the
-connection is closed. A connection that stays silent, or whose
-head or body comes too slowly, is cut. Every refusal and cut is counted by reason (``p2pfaas_http_refused_total``) and logged
-at most once per ``LOG_EVERY_S`` per reason.
+"""The HTTP edge in front of every bridge port: uvicorn's httptools protocol with what it lacks
+(docs/security.md, "HTTP edge"). Each connection holds a slot of its client address and of its process;
+beyond either limit it gets a small 503 before a byte is read. A request's head is counted as it arrives
+(beyond ``HEAD_LIMIT`` bytes or ``HEADER_COUNT_LIMIT`` headers: 431, or 414 for the URL); a silent or
+slow connection is cut. Each refusal and cut is counted by reason and logged at most every ``LOG_EVERY_S``.
 """
 
 from __future__ import annotations
@@ -244,8 +238,7 @@ def _guarded_protocol():
             self.data_received(view[room:])
 
         def _feed(self, data) -> None:
-            """uvicorn's data_received, with its refusals made by the edge (counted, logged at most every
-            LOG_EVERY_S: uvicorn logs one line per invalid request)."""
+            """uvicorn's data_received, with its refusals made (counted, logged sparingly) by the edge."""
             self._unset_keepalive_if_required()
             try:
                 self.parser.feed_data(data)
@@ -325,12 +318,9 @@ def edge_websocket(edge: Edge):
 
 
 class _OneWrite:
-    """A response's transport that writes its status line and headers together with the body that
-    follows them: uvicorn writes the two in two system calls, and the client wakes up for each (a
-    direct call's latency, bench/invoke_path.py row 2). The first write is held; the next one
-    leaves with it at once, or, when no body follows in this turn of the loop, it leaves alone at
-    the end of the turn. Everything but ``write`` is the connection's own; what is held is written
-    before the connection closes."""
+    """A response's transport that writes its head with the body that follows it in one system call
+    (uvicorn writes two, and the client wakes for each): the first write is held until the next one
+    or the end of this turn of the loop. Everything but ``write`` is the connection's own."""
 
     __slots__ = ("_transport", "_loop", "_held")
 

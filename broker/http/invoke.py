@@ -1,9 +1,6 @@
 """Invocation over HTTP: ``/function/{fn}`` (direct), ``/async-function/{fn}`` and ``/result/{id}``.
-
-The direct call is the hot path, so it is served by a plain ASGI handler in front of the
-framework (:class:`FastInvoke`): read the body, one NATS request to the node, copy the
-node's P2PFaaS headers onto the response. The FastAPI routes of the same paths exist for
-the OpenAPI docs and for servers without the fast path; both call :func:`direct_call`.
+The direct call, the hot path, is a plain ASGI handler in front of the framework (:class:`FastInvoke`);
+the FastAPI routes of the same paths serve the OpenAPI docs. Both call :func:`direct_call`.
 """
 
 from __future__ import annotations
@@ -72,9 +69,8 @@ async def faas_error(request: Request, exc: FaasError) -> JSONResponse:
 
 
 def port_app(title: str, hello: str) -> FastAPI:
-    """The app of one of P2PFaaS's other ports (discovery, learner): ``GET /`` answers ``hello``
-    (the same on every node, as its clients compare it); errors as on the main port (a node that
-    does not answer is 503, a body too large 413, a missing token 401)."""
+    """The app of one of P2PFaaS's other ports (discovery, learner): ``GET /`` answers ``hello`` (the same
+    on every node, as its clients compare it); errors as on the main port."""
     app = FastAPI(title=title, version=VERSION)
     app.add_exception_handler(FaasError, faas_error)   # type: ignore[arg-type]
 
@@ -170,11 +166,9 @@ async def _send(send, status: int, body: bytes, headers: list[tuple[bytes, bytes
 
 
 async def call_state(bridge: Bridge, call_id: str) -> tuple[Answer | None, bool]:
-    """Async call ``call_id``'s stored answer, and whether its task is still stored (waiting or
-    running), read from JetStream: every bridge process (``--http-processes``, a restarted
-    bridge) answers the same. Both are asked at once. The node stores the answer before it
-    removes the task, so when neither is found the answer is asked again: a task removed since
-    the first look has its answer stored by then, and a call that exists is never "unknown"."""
+    """Async call ``call_id``'s stored answer, and whether its task is still stored, read from JetStream
+    (every bridge process answers the same). The node stores the answer before it removes the task, so
+    when neither is found the answer is asked again: a call that exists is never "unknown"."""
     faas, client = bridge.faas, bridge.client_id
     found = await asyncio.gather(faas.stored_answer(client, call_id), faas.stored_call(client, call_id),
                                  return_exceptions=True)   # both end before a failure is raised

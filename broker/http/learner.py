@@ -1,15 +1,7 @@
-"""P2PFaaS's learner API over HTTP (docs/learner.md, docs/compat.md), in two shapes:
-
-* :func:`learner_router` -- ``/learner/*`` on the node's main port, p2pfaas's own JSON
-  (``LearnerStats``, ``LearnerWeights``, strict 400s);
-* :func:`learner_app` -- the original learner service's API on its own port (19020): ``/act``,
-  ``/train``, ``/train_batch`` and ``/learner/{parameters,stats,weights,reset}`` with P2PFaaS's
-  bodies, so its clients (the benchmark client with ``-learning``) train the node's model.
-
-Both go through :class:`LearnerGateway`: act and the model's controls are request/reply with the
-node's learner; train and train_batch store samples on the node's durable reward stream, each
-with the message id ``reward.<node>.<eid>``, so a sample is counted once whoever sends it (the
-node's own deadline reward or a client's).
+"""P2PFaaS's learner API over HTTP (docs/learner.md, docs/compat.md): :func:`learner_router` (``/learner/*``
+on the node's main port, p2pfaas's own JSON) and :func:`learner_app` (the original service's API and
+bodies on its own port, 19020). Samples are stored on the node's reward stream with the message id
+``reward.<node>.<eid>``, so each is counted once whoever sends it.
 """
 
 from __future__ import annotations
@@ -273,9 +265,8 @@ def p2pfaas_error(response: Response) -> Response:
 
 
 def p2pfaas_weights(weights: dict[str, Any]) -> dict[str, Any]:
-    """A Q-table model as P2PFaaS's learner shows it: ``actions_map`` (action -> column),
-    ``states_map`` (state -> row; states as ``"f1,f2,..."``, not concatenated) and ``table``.
-    Other models (networks) keep p2pfaas's ``LearnerWeights`` JSON."""
+    """A Q-table model as P2PFaaS's learner shows it (``actions_map``, ``states_map`` with states as
+    ``"f1,f2,..."``, ``table``); other models keep p2pfaas's ``LearnerWeights`` JSON."""
     if weights.get("algorithm") != "dsarsa":
         return weights
     import torch   # only here: reading a table needs torch's loader, the bridge otherwise does not

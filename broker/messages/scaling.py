@@ -12,9 +12,7 @@ from broker.messages.base import Contract, FiniteFloat
 class PoolTelemetry(Contract):
     """One control-period sample of a worker pool, on ``faas.<node>.telemetry.<pool>``.
 
-    The simulator produces exactly this too, so the autoscaling environment has
-    the same observation whether it runs offline or on the live system.
-    """
+    The simulator produces the same, so the autoscaling environment observes alike offline and live."""
 
     node: str
     pool: str
