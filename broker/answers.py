@@ -47,8 +47,7 @@ def context_headers(*, scheduler: str, executed_by: str, scheduling: Sequence[fl
                     queueing_s: float, transit_s: float = 0.0, forwards: int = 0, peers: Sequence[str] = (),
                     peer_ips: Sequence[str] = (), learning: LearningDecision | None = None,
                     retry_after_s: float | None = None, cold_start_s: float = 0.0) -> dict[str, str]:
-    """The headers of :func:`answer_headers` known before the function runs (all but the status,
-    the total time and the execution time): what a node hands the worker that answers for it."""
+    """The headers of :func:`answer_headers` known before the function runs (for the answering worker)."""
     out = {H.VERSION: VERSION, H.SCHEDULER: scheduler,
            H.TIMING_SCHEDULING: orjson.dumps([round(s, 6) for s in scheduling]).decode(),
            H.TIMING_QUEUEING: seconds_text(queueing_s)}
@@ -131,8 +130,7 @@ def _finite(value: float) -> float:
 
 
 def status_of(text: str | None, default: int = 200) -> int:
-    """An answer's ``X-P2pfaas-Status`` (or a peer's status code) as an HTTP status: what an HTTP server
-    cannot send (not digits, outside 100-599) is 500."""
+    """An answer's ``X-P2pfaas-Status`` as an HTTP status: 500 for what is not one (not 100-599)."""
     if text is None:
         return default
     text = str(text)
@@ -141,8 +139,7 @@ def status_of(text: str | None, default: int = 200) -> int:
 
 @dataclass(frozen=True, slots=True)
 class Answer:
-    """One answer: ``status`` (200 ok, 4xx/5xx as the HTTP bridge answers), ``headers`` (the
-    P2PFaaS response headers) and ``body`` (the output, or the JSON error ``{code, message}``)."""
+    """One answer: ``status``, ``headers`` (P2PFaaS's) and ``body`` (the output, or ``{code, message}``)."""
 
     status: int
     body: bytes = b""
@@ -313,6 +310,5 @@ def input_limit(max_payload: int, configured: int | None = None) -> int:
 
 
 def output_limit(max_payload: int) -> int:
-    """Largest output an answer may carry on a connection whose broker takes ``max_payload`` bytes:
-    room for the headers, and for a stored answer's base64 inside its JSON (3/4 of the rest)."""
+    """Largest output an answer may carry: room for the headers and a stored answer's base64."""
     return max(0, (max_payload - HEADER_ROOM) * 3 // 4)

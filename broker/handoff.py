@@ -33,8 +33,7 @@ _held: dict[str, str] = {}
 
 
 def take() -> None:
-    """At the start of a process that holds secrets: make it not dumpable, read what its parent
-    handed it, and move any secret of its environment into its memory."""
+    """At a secret holder's start: not dumpable, read the handoff, move env secrets into memory."""
     not_dumpable()
     fd = os.environ.pop(HANDOFF_FD_ENV, None)
     if fd:
@@ -69,8 +68,7 @@ def hold(**values: str) -> None:
 
 
 def handoff_fd(values: Mapping[str, str]) -> int:
-    """A descriptor (not inheritable) to pass a child (``pass_fds``) holding ``values``; the caller
-    closes it once the child has started."""
+    """A non-inheritable descriptor holding ``values`` for a child; the caller closes it after start."""
     fd = os.memfd_create("p2pfaas-handoff", os.MFD_CLOEXEC)
     try:
         data = orjson.dumps(dict(values))

@@ -45,9 +45,18 @@ class OnItsLoop:
         return loop
 
 
+class StartStop:
+    """A mixin: ``async with`` starts the object (it is what ``start()`` returns) and stops it."""
+
+    async def __aenter__(self):
+        return await self.start()
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.stop()
+
+
 class Tasks:
-    """Tasks a service spawns and holds (asyncio keeps only weak references to them), each one's
-    failure logged as ``what`` -- never lost in a task nobody awaits."""
+    """Tasks a service holds (asyncio keeps only weak references), each failure logged as ``what``."""
 
     def __init__(self, what: str, logger: logging.Logger) -> None:
         self.what, self.logger = what, logger
@@ -110,8 +119,7 @@ def parent_gone() -> bool:
 
 
 def on_parent_gone(callback: Callable[[], None]) -> bool:
-    """Call ``callback`` (once) in the running loop when our parent ends; False when this process
-    was not started with a parent pipe (run by hand: nothing to watch)."""
+    """Call ``callback`` once when our parent ends; False without a parent pipe to watch."""
     if not parent_pipe_watched():
         return False
     loop = asyncio.get_running_loop()
@@ -130,8 +138,7 @@ def on_parent_gone(callback: Callable[[], None]) -> bool:
 
 
 def child_env(**extra: str) -> dict[str, str]:
-    """The environment of a child we start: ours less any secret (they go through
-    :mod:`broker.handoff`), a parent pipe, and ``extra``."""
+    """A child's environment: ours less any secret (see :mod:`broker.handoff`), a parent pipe, ``extra``."""
     from broker.handoff import HANDOFF_FD_ENV, SECRET_NAMES
 
     if SECRET_NAMES & extra.keys():
@@ -226,8 +233,7 @@ def remove_pid_file(path: "os.PathLike[str] | str") -> None:
 
 
 def end_strays(directory: "os.PathLike[str] | str", grace_s: float = 3.0) -> list[int]:
-    """End every process a pid file under ``directory`` names that is still the same process:
-    SIGTERM, then SIGKILL after ``grace_s``. Returns the pids that were still running."""
+    """SIGTERM (then SIGKILL) every still-running process a pid file under ``directory`` names."""
     alive: list[int] = []
     for path in sorted(Path(directory).rglob("*.pid")):
         try:

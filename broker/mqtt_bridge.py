@@ -34,7 +34,7 @@ from broker import headers as H
 from broker.answers import input_limit
 from broker.codec import encode
 from broker.errors import InvalidSubject, InvalidToken
-from broker.lifecycle import still_wanted
+from broker.lifecycle import StartStop, still_wanted
 from broker.mqtt_client import default_client_id, mqtt_tls, parse_mqtt_url
 from broker.messages import Rejection
 from broker.streams import ensure_shared_streams, results_stream
@@ -47,8 +47,7 @@ ANSWERS_CONSUMER = "mqtt-bridge"      # shared by every bridge of a prefix
 ANSWER_FETCH_S = 1.0     # a pull waits at most this long (and a stop for the last one)
 ANSWER_BATCH = 64
 SESSION_EXPIRY_S = 7 * 24 * 3600   # how long Mosquitto keeps the bridge's queue while it is away
-# the NATS client is closing (the bridge is being stopped): a request is left unacknowledged,
-# and Mosquitto sends it again to the bridge's next connection (its persistent session)
+# the NATS client is closing: a request is left unacknowledged, for Mosquitto to send again later
 CLOSING = (ConnectionClosedError, ConnectionDrainingError)
 
 
@@ -57,7 +56,7 @@ def _topic_of(message: mqtt.MQTTMessage) -> str:
     return message._topic.decode("utf-8", "replace")
 
 
-class MqttBridge:
+class MqttBridge(StartStop):
     def __init__(self, nc: Client, mqtt_url: str, *, prefix: str = "faas", client_id: str | None = None,
                  max_payload_bytes: int = 1024 * 1024, credentials: tuple[str, str] | None = None) -> None:
         self.nc = nc
@@ -76,8 +75,7 @@ class MqttBridge:
         self._answers: asyncio.Task | None = None
         self._answers_sub = None
         self._stopping = asyncio.Event()
-        # MQTT v5: the subscription sees a request's retain flag as published, and retained
-        # messages are not replayed when the bridge subscribes again (each would run again)
+        # MQTT v5: a request's retain flag seen as published; retained ones not replayed on resubscribing
         self._mqtt = mqtt.Client(mqtt.CallbackAPIVersion.VERSION2, client_id=client_id or default_client_id(prefix),
                                  protocol=mqtt.MQTTv5)
         self._mqtt.manual_ack_set(True)
@@ -135,8 +133,7 @@ class MqttBridge:
         return self
 
     async def stop(self) -> None:
-        # answers first, gracefully: a pull cancelled mid-flight would leave the server a pull
-        # request whose answers nobody reads, held back until their ack wait (30 s) ends
+        # answers first, gracefully: a cancelled pull's answers would be held back until their ack wait
         self._stopping.set()
         if self._answers is not None:
             await asyncio.wait([self._answers], timeout=ANSWER_FETCH_S + 2.0)
@@ -148,12 +145,6 @@ class MqttBridge:
                 await self._answers_sub.unsubscribe()
         self._mqtt.disconnect()
         await asyncio.to_thread(self._mqtt.loop_stop)
-
-    async def __aenter__(self) -> "MqttBridge":
-        return await self.start()
-
-    async def __aexit__(self, *exc: object) -> None:
-        await self.stop()
 
     # -- device -> NATS -----------------------------------------------------------
     async def _pump(self) -> None:
@@ -220,8 +211,7 @@ class MqttBridge:
             await self._reject(inv.client, inv.request_id, inv.fn, 400,
                                "retained requests are refused (publish requests with retain off)")
             return self._ack(message, "retained")
-        # nats-server counts the headers in its max_payload and closes a connection that sends more:
-        # the store would fail for ever (and drop the bridge's connection each time)
+        # nats-server counts headers in its max_payload and closes a connection that sends more
         limit = input_limit(self.nc.max_payload, self.max_payload_bytes)
         if len(message.payload) > limit:
             await self._reject(inv.client, inv.request_id, inv.fn, 413,
@@ -237,8 +227,7 @@ class MqttBridge:
 
     async def _store(self, subject: str, data: bytes, headers: dict[str, str] | None = None,
                      stream: str | None = None) -> None:
-        """Store on JetStream, retrying while it is down (a message id makes a retried store harmless);
-        the device's message stays unacknowledged meanwhile."""
+        """Store on JetStream, retrying while it is down; the device's message stays unacknowledged."""
         for attempt in itertools.count():
             try:
                 await self.js.publish(subject, data, headers=headers, timeout=5.0, stream=stream)

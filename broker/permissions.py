@@ -139,8 +139,7 @@ def hub_accounts(store: AuthStore) -> str:
 
 # -- Mosquitto -----------------------------------------------------------------------------------
 def mosquitto_files(store: AuthStore, prefix: str, directory: Path) -> tuple[Path, Path]:
-    """Password file and ACL for Mosquitto: the bridge may do anything; a device only publishes
-    its own requests and reads its own answers (``%u`` is its user name)."""
+    """Mosquitto's password file and ACL: the bridge may do anything, a device only its own."""
     # private, as auth/ is: the password file holds every password in clear until it is hashed
     directory.mkdir(parents=True, exist_ok=True, mode=0o700)
     os.chmod(directory, 0o700)

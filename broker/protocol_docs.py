@@ -87,8 +87,7 @@ def _type(schema: dict) -> str:
 
 
 def _commented(module) -> list[tuple[str, str, str]]:
-    """(constant, value, meaning) of a module of constants, read from its source: a constant's own
-    comment, else the comment block above the run of constants it stands in."""
+    """(constant, value, meaning) of a module of constants, read from its comments."""
     out, block, in_block = [], "", False
     for line in inspect.getsource(module).splitlines():
         if line.startswith("#"):

@@ -20,8 +20,7 @@ RESULT_MAX_AGE_S = 3600.0
 DEADLETTER_MAX_AGE_S = 7 * 24 * 3600.0
 EXPERIENCE_MAX_AGE_S = 7 * 24 * 3600.0
 JETSTREAM_READY_TIMEOUT_S = 30.0  # a fresh NATS cluster elects its JetStream leader first
-# Bounds: a full intake refuses new work (the publisher gets an error and keeps its message);
-# full answer/dead-letter/experience streams drop their oldest entries.
+# Bounds: a full intake refuses new work; full answer, dead-letter, experience streams drop their oldest
 MIB = 1024 * 1024
 ASYNC_MAX_BYTES = 512 * MIB
 ASYNC_MAX_MSGS = 1_000_000
@@ -82,8 +81,7 @@ JETSTREAM_WAIT_S = 15.0   # JetStream's API answered by nobody (starting, or acc
 
 
 async def _ensure(js: JetStreamContext, config: StreamConfig, share: float) -> None:
-    """``_ensure_once``, again while JetStream's API has no responder (nats-server reloading its
-    accounts, JetStream starting)."""
+    """``_ensure_once``, again while JetStream's API has no responder (accounts reloading, starting)."""
     loop = asyncio.get_running_loop()
     deadline = loop.time() + JETSTREAM_WAIT_S
     while True:
@@ -197,8 +195,7 @@ async def ensure_node_streams(js: JetStreamContext, subjects: Subjects, node: st
 
 
 async def when_jetstream_ready(action, timeout_s: float = JETSTREAM_READY_TIMEOUT_S) -> None:
-    """Run ``action`` (stream provisioning), retrying while a clustered JetStream answers 503 (no meta
-    leader elected yet)."""
+    """Run ``action``, retrying while a clustered JetStream has no meta leader yet (503)."""
     loop = asyncio.get_running_loop()
     deadline = loop.time() + timeout_s
     while True:

@@ -18,8 +18,7 @@ DEFAULT_GROUP = "default"
 
 
 def group_token(group: str) -> str:
-    """The subject token of a P2PFaaS group name (any text there): itself when it is a valid
-    token, else a digest of it; the empty name is the default group."""
+    """The subject token of a P2PFaaS group name: itself if a valid token, else a digest."""
     if not group:
         return DEFAULT_GROUP
     if TOKEN_RE.match(group):

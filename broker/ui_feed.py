@@ -115,8 +115,7 @@ class LearningCounts:
 
 
 class FeedClient:
-    """One open page: a bounded queue of encoded events. A page too slow to keep up gets None
-    (then nothing more): it should reconnect and start from a fresh snapshot."""
+    """One open page's bounded queue of events; a page too slow gets None: it should reconnect."""
 
     def __init__(self, size: int) -> None:
         self.queue: asyncio.Queue[str | None] = asyncio.Queue(size)
@@ -149,8 +148,7 @@ class DashboardFeed:
         self.clock = clock
         self.history: deque[tuple[float, str]] = deque(maxlen=max_events)
         self.nodes: dict[str, NodeTrack] = {}
-        # (node, pool) -> when its telemetry was last seen, and its newest scale target and when:
-        # both forgotten after history_s, as nodes are
+        # (node, pool) -> its telemetry's last time; -> its newest scale target and when (kept history_s)
         self.pools: dict[tuple[str, str], float] = {}
         self.targets: dict[tuple[str, str], tuple[int, float]] = {}
         self.forwards = ForwardWindow()

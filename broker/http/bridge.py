@@ -21,8 +21,7 @@ from broker.subjects import Subjects, check_token
 
 
 class Bridge:
-    """What the routers share: the node's NATS client and subjects, the limits, who may do what,
-    the metrics and the background tasks. :class:`broker.http_bridge.HttpBridge` adds the apps."""
+    """What the routers share: NATS client, subjects, limits, who may do what, metrics, tasks."""
 
     def __init__(self, nc: Client, node: str, *, prefix: str = "faas", max_payload_bytes: int = 1024 * 1024,
                  invoke_timeout_s: float = 60.0, control_timeout_s: float = 3.0, operator_token: str | None = None,
@@ -79,9 +78,8 @@ class Bridge:
 
     # -- shared by the routers --------------------------------------------------------------
     async def authorize_p2pfaas_change(self, request: Request) -> None:
-        """State changes on P2PFaaS's own discovery and learner ports (a machine registering,
-        rewards, a reset): as open as in P2PFaaS when ``p2pfaas_open`` (its clients carry no token:
-        keep those ports on a trusted network), else the operator token as everywhere else."""
+        """State changes on P2PFaaS's own discovery and learner ports: open when ``p2pfaas_open`` (its
+        clients carry no token), else the operator token as everywhere else."""
         if not self.p2pfaas_open:
             await self.require_operator(request)
 

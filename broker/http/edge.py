@@ -53,8 +53,7 @@ def _response(status: int, phrase: str, text: str, extra: bytes = b"") -> bytes:
 
 
 class Edge:
-    """The connection slots of one bridge process's servers, and the count and log of what they
-    refused or cut. Limits are fixed when serving starts (the constants, and the open-file limit)."""
+    """One bridge process's connection slots, and the count and log of what they refused or cut."""
 
     def __init__(self, refused=None) -> None:
         files = _raise_file_limit(2 * CONNECTION_LIMIT)
@@ -118,8 +117,7 @@ class Edge:
 
 
 def _raise_file_limit(wanted: int) -> int:
-    """The process's soft limit of open files, raised towards ``wanted`` (up to the hard limit) when
-    lower: each connection is an open file, and a refused accept is a client left hanging."""
+    """The soft limit of open files, raised towards ``wanted`` (each connection is one)."""
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     if soft != resource.RLIM_INFINITY and soft < wanted:
         new = wanted if hard == resource.RLIM_INFINITY else min(wanted, hard)
@@ -134,8 +132,7 @@ class _TooManyHeaders(Exception):
 
 
 def _guarded_protocol():
-    """uvicorn's httptools protocol with what it lacks: the edge (the module's docstring), a deadline
-    for a request's headers (from the first byte or from the connection) and for its body."""
+    """uvicorn's httptools protocol with the edge and deadlines for a request's head and body."""
     if importlib.util.find_spec("httptools") is None:
         return "h11"
     import httptools

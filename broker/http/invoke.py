@@ -26,8 +26,7 @@ from broker.subjects import TOKEN_RE, check_token
 log = logging.getLogger(__name__)
 
 FUNCTION_PATH = "/function/"
-# an async call whose store got no acknowledgement (JetStream electing a leader after a server
-# died, a restart) is tried again this long before the caller gets 503 "not accepted"
+# an async call's store without acknowledgement is tried again this long before 503 "not accepted"
 SUBMIT_PATIENCE_S = 6.0
 _CALLER = {name.lower().encode(): name for name in H.CALLER_HEADERS}
 _OCTETS = (b"content-type", b"application/octet-stream")
@@ -60,8 +59,7 @@ def error(status: int, message: str, **headers: str) -> JSONResponse:
 
 
 async def faas_error(request: Request, exc: FaasError) -> JSONResponse:
-    """Every app's one handler of p2pfaas's errors: their HTTP status and ``{code, message}``
-    (503 with Retry-After, 401 with the Bearer challenge)."""
+    """Every app's handler of p2pfaas's errors: their HTTP status and ``{code, message}``."""
     headers = {H.RETRY_AFTER: "1"} if exc.http_status == 503 else {}
     if exc.http_status == 401:
         headers = {"WWW-Authenticate": "Bearer"}
@@ -182,8 +180,7 @@ async def call_state(bridge: Bridge, call_id: str) -> tuple[Answer | None, bool]
 
 
 async def deliver_callback(bridge: Bridge, fut: "asyncio.Future[Answer]", call_id: str, url: str) -> None:
-    """POST the answer of async call ``call_id`` to ``url`` when it comes (a call without a
-    callback gets no task: its answer waits in the results stream for ``/result/{id}``)."""
+    """POST the answer of async call ``call_id`` to ``url`` when it comes."""
     loop = asyncio.get_running_loop()
     deadline = loop.time() + CALLBACK_WAIT_S
     try:

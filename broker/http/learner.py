@@ -256,8 +256,7 @@ def learner_app(bridge: "Bridge") -> FastAPI:
 
 
 def p2pfaas_error(response: Response) -> Response:
-    """P2PFaaS's learner answered every refusal 500; p2pfaas keeps its JSON reason in the body
-    (503 stays 503: nobody answered, try again)."""
+    """P2PFaaS's learner answered every refusal 500 (503 stays: nobody answered, try again)."""
     if response.status_code in (200, 503):
         return response
     response.status_code = 500

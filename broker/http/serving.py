@@ -1,12 +1,5 @@
-"""Serving the HTTP bridge: uvicorn inside our own event loop, with its fastest parser, behind an
-edge that no one client can exhaust.
-
-Measured in bench/invoke_path.py: uvicorn with httptools on uvloop, the app's direct-call
-fast path in front of FastAPI. A bridge may run as several processes on one port
-(``SO_REUSEPORT``: the kernel spreads connections over them); each process has its own
-NATS connection. ``p2pfaas bridge http --processes N`` and ``p2pfaas up`` use this.
-
-The edge that no one client can exhaust is broker/http/edge.py.
+"""Serving the HTTP bridge: uvicorn (httptools) inside our own event loop, behind the edge that no one
+client can exhaust (broker/http/edge.py). Several bridge processes may share a port (``SO_REUSEPORT``).
 """
 
 from __future__ import annotations
