@@ -1,6 +1,5 @@
-"""Answers as callers see them: an HTTP-like status, the P2PFaaS headers and a body (errors: the JSON
-``{code, message}``). A direct call's NATS reply is this shape; an async answer (a stored ``Result`` or
-``Rejection``) is rendered into it, so every caller reads both alike."""
+"""Answers as callers see them: an HTTP-like status, the P2PFaaS headers and a body (errors: ``{code,
+message}``); a direct reply has this shape, a stored async answer is rendered into it."""
 
 from __future__ import annotations
 
@@ -32,8 +31,7 @@ def answer_headers(*, status: int, scheduler: str, executed_by: str, hops: Seque
                    execution_s: float, queueing_s: float, transit_s: float = 0.0, forwards: int = 0,
                    peers: Sequence[str] = (), peer_ips: Sequence[str] = (), learning: LearningDecision | None = None,
                    retry_after_s: float | None = None, cold_start_s: float = 0.0) -> dict[str, str]:
-    """The P2PFaaS response headers of one answer; ``hops`` holds one entry per node, origin first. As
-    P2PFaaS: the probing list only when some node probed or forwarded, the peers lists only when forwarded."""
+    """P2PFaaS's response headers of an answer; ``hops``: one entry per node, origin first."""
     out = {H.STATUS: str(status), H.TIMING_TOTAL: orjson.dumps([round(h.total_s, 6) for h in hops]).decode(),
            H.TIMING_EXECUTION: seconds_text(execution_s)}
     out.update(context_headers(scheduler=scheduler, executed_by=executed_by, scheduling=[h.scheduling_s for h in hops],
@@ -75,8 +73,7 @@ _EXECUTION_LINE = f"\r\n{H.TIMING_EXECUTION}: ".encode()
 
 
 def direct_block(ctx: DirectAnswer, status: int, execution_s: float) -> bytes:
-    """The header block of a direct call's answer: ``ctx.headers`` (the node's side) with the status and the
-    times the worker measured; the headers of :func:`answer_headers`, written in one pass (hot path)."""
+    """A direct answer's header block: ``ctx.headers`` plus status and times, in one pass."""
     total = orjson.dumps([round(max(0.0, time.time() - ctx.arrival), 6)])
     return header_block(b"%s: %d\r\n%s%s%s%s%s\r\n" % (_STATUS_NAME, status, ctx.headers.encode(), _TOTAL_LINE, total,
                                                        _EXECUTION_LINE, seconds_text(execution_s).encode()))
@@ -303,8 +300,7 @@ HEADER_ROOM = 64 * 1024   # of a broker's max_payload, kept for the headers a me
 
 
 def input_limit(max_payload: int, configured: int | None = None) -> int:
-    """Largest function input (at most ``configured``) on a broker that takes ``max_payload`` bytes, leaving
-    room for the headers every hop adds: nats-server counts them and closes a connection that sends more."""
+    """Largest input on a broker taking ``max_payload`` bytes, leaving room for the headers."""
     limit = max(0, max_payload - HEADER_ROOM)
     return limit if configured is None else min(configured, limit)
 

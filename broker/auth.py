@@ -1,8 +1,5 @@
-"""Identities and their secrets: one model for NATS, MQTT and HTTP (rules: docs/security.md,
-broker/permissions.py). Services and operators are NATS users of account FAAS, devices MQTT-only users
-of account DEVICES, HTTP state changes need the operator's bearer token. The secrets live in
-``<data-dir>/auth`` (a 0700 directory of 0600 files), made on first use.
-"""
+"""Identities and their secrets, one model for NATS, MQTT and HTTP (rules: docs/security.md): services
+are NATS users of account FAAS, devices MQTT-only users of DEVICES; secrets live in ``<data-dir>/auth``."""
 
 from __future__ import annotations
 

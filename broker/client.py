@@ -4,9 +4,6 @@
         answer = await faas.invoke("n1", "fib", b"25")          # direct: nothing is stored
         await faas.submit("n1", "fib", b"25", "r1")             # async: stored once, then run
         answer = await faas.expect("r1")                        # ... its result, when it comes
-
-A direct call fails fast (NodeUnavailable: no node, no connection, node or connection gone mid-call;
-NotPermitted: the broker refuses it).
 """
 
 from __future__ import annotations
@@ -47,8 +44,7 @@ InProcessDoor = Callable[[str, str, bytes, bytes], bool]
 
 
 def new_request_id() -> str:
-    """32 hex digits, unique: this process's 64 random bits, then a counter. Ids are names, not secrets:
-    who may read an answer is the broker's permissions on its subject (docs/security.md)."""
+    """32 hex digits, unique (random start, a counter): names, not secrets (docs/security.md)."""
     return f"{_ids_prefix}{next(_ids):016x}"
 
 
@@ -113,7 +109,7 @@ class FaasClient(OnItsLoop, StartStop):
     # -- direct calls -----------------------------------------------------------------
     async def invoke(self, node: str, fn: str, payload: bytes, *, req: str | None = None,
                      headers: dict[str, str] | None = None, timeout_s: float = 60.0) -> Answer:
-        """Call ``fn`` on ``node``; its answer (any status), asyncio.TimeoutError or NodeUnavailable."""
+        """``fn`` on ``node``: its answer (any status); asyncio.TimeoutError, NodeUnavailable, NotPermitted."""
         if not self.nc.is_connected:
             raise NodeUnavailable(f"not connected to NATS: cannot reach node {node}")
         self._check_size(payload)
@@ -140,9 +136,8 @@ class FaasClient(OnItsLoop, StartStop):
             self._calls.pop(token, None)
 
     def open_door(self, node: str, door: "InProcessDoor") -> None:
-        """Hand direct calls to ``node``, which runs in this process, to ``door`` (one hop less through
-        nats-server); the answer still comes on this client's inbox. Only code running both parts
-        opens a door: any other client goes through the broker and its permissions."""
+        """Hand direct calls to ``node``, running in this process, to ``door`` (one hop less); answers still
+        come on our inbox. Only code running both parts opens one: others go through the broker's rights."""
         self._doors[node] = door
 
     def _check_size(self, payload: bytes) -> None:
@@ -195,8 +190,7 @@ class FaasClient(OnItsLoop, StartStop):
     # -- async calls --------------------------------------------------------------------
     async def submit(self, node: str, fn: str, payload: bytes, req: str, headers: dict[str, str] | None = None,
                      timeout_s: float = 5.0, retry_for_s: float = 0.0) -> None:
-        """Durably store the call (returns once JetStream has it; answer: :meth:`expect`). A store not
-        acknowledged is tried again for up to ``retry_for_s`` with the same message id (never doubled)."""
+        """Store the call durably (retried ``retry_for_s``, never doubled); answer: :meth:`expect`."""
         self._check_size(payload)
         subject = self.subjects.async_request(node, fn, self.client, req)
         hdrs = {H.MSG_ID: f"{self.client}.{req}", H.SENT_AT: repr(time.time())}
@@ -309,8 +303,7 @@ def _request_block(headers: dict[str, str] | None, timeout_s: float) -> bytes:
 
 
 def _say_wait(headers: dict[str, str], timeout_s: float) -> None:
-    """X-P2pfaas-Wait-Seconds (a call still queued when its caller stopped waiting is not run): ``timeout_s``,
-    or the caller's own value when shorter (one that is no number is left for the node to refuse)."""
+    """X-P2pfaas-Wait-Seconds: ``timeout_s``, or the caller's own value when shorter."""
     if not math.isfinite(timeout_s):
         return
     asked = headers.get(H.WAIT)

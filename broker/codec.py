@@ -46,8 +46,7 @@ def decode_update(current: M, data: bytes) -> M:
 
 
 def frame(message: BaseModel | dict, payload: bytes) -> bytes:
-    """``message`` and raw ``payload`` in one body: length, JSON, payload. ``message`` may be a contract's
-    JSON document as a dict, from values the sender validated itself; the receiver decodes the contract."""
+    """``message`` (a contract, or its JSON as a dict) and raw ``payload`` in one body."""
     meta = orjson.dumps(message) if isinstance(message, dict) else encode(message)
     return len(meta).to_bytes(_LENGTH, "big") + meta + payload
 
@@ -61,8 +60,7 @@ def unframe(contract: type[M], data: bytes) -> tuple[M, bytes]:
 
 
 def split_by_size(items: Sequence[T], sizes: Sequence[int], limit: int) -> Iterator[list[T]]:
-    """``items`` in runs whose payloads (``sizes``, plus :data:`ENTRY_ROOM` each for their JSON) fit
-    ``limit``, in order; an item too large alone still gets a run of its own (the broker refuses it)."""
+    """``items`` in order, in runs whose ``sizes`` (+ ENTRY_ROOM each) fit ``limit``."""
     run: list[T] = []
     used = 0
     for item, size in zip(items, sizes):

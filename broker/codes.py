@@ -1,6 +1,5 @@
-"""P2PFaaS's error catalogue (its ``errors/reply_errors.go``): the ``code`` of every ``{code, message}``
-error body says which failure, as P2PFaaS's clients parse it; the HTTP status each is answered with, what kind.
-"""
+"""P2PFaaS's error catalogue (its ``errors/reply_errors.go``): the ``code`` of an error body says which
+failure, as P2PFaaS's clients parse it; the HTTP status it is answered with says what kind."""
 
 from __future__ import annotations
 

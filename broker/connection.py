@@ -33,9 +33,8 @@ Event = Literal["publish_refused", "disconnected", "reconnected"]
 _listeners: "weakref.WeakKeyDictionary[Client, dict[str, list[Callable[..., None]]]]" = weakref.WeakKeyDictionary()
 
 
-# A first connect turned away (nothing listens, an unknown host, a refused identity) gives up after
-# this many seconds; None: it retries until its deadline (2 x connect_timeout_s), as the parts `up`
-# starts do while their broker (re)starts. The command line sets it for commands run by hand.
+# A first connect turned away (nothing listens, a refused identity) gives up after this many seconds;
+# None: it retries until its deadline, as parts of `up` do while their broker (re)starts.
 GIVE_UP_TURNED_AWAY_S: float | None = None
 
 
@@ -44,8 +43,7 @@ _NO_HEADERS: Mapping[str, str] = {}
 
 
 async def listen(nc: Client, subject: str, handler: Handler, queue: str = "") -> Subscription:
-    """``handler(subject, reply, data, headers)`` for each message on ``subject``, from the read loop
-    on a :class:`NatsClient` (else nats-py's subscription): the handler must not block."""
+    """``handler(subject, reply, data, headers)`` for each message, from the read loop: never block."""
     if isinstance(nc, NatsClient):
         return await nc.subscribe_lean(subject, lambda subj, reply, data, block: handler(
             subj, reply, data, HeaderBlock(block) if block else _NO_HEADERS), queue=queue)
@@ -56,16 +54,14 @@ async def listen(nc: Client, subject: str, handler: Handler, queue: str = "") ->
 
 
 def on_event(nc: Client, event: Event, listener: Callable[..., None]) -> Callable[[], None]:
-    """Call ``listener`` on ``event`` of a connection made by :func:`connect` (``publish_refused`` with the
-    refused subject, the others with no argument); returns the function that removes it."""
+    """Call ``listener`` on ``event`` of a connection; returns the function that removes it."""
     listeners = _listeners.setdefault(nc, {}).setdefault(event, [])
     listeners.append(listener)
     return lambda: listener in listeners and listeners.remove(listener)
 
 
 def on_publish_refused(nc: Client, listener: Callable[[str], None]) -> Callable[[], None]:
-    """Call ``listener(subject)`` whenever the broker refuses a publish of ``nc`` (a request would
-    otherwise wait for its timeout)."""
+    """Call ``listener(subject)`` whenever the broker refuses a publish of ``nc``."""
     return on_event(nc, "publish_refused", listener)
 
 
@@ -87,8 +83,7 @@ def _publish_refused(nc: Client | None, exc: Exception) -> None:
 
 async def request(nc: Client, subject: str, payload: bytes = b"", *, timeout_s: float,
                   headers: dict[str, str] | None = None) -> Msg:
-    """``nc.request`` that fails at once with :class:`NotPermitted` when the broker refuses the
-    publish, instead of waiting out ``timeout_s`` for an answer that cannot come."""
+    """``nc.request`` that fails at once (:class:`NotPermitted`) when the broker refuses the publish."""
     loop = asyncio.get_running_loop()
     refused: asyncio.Future[None] = loop.create_future()
 
@@ -113,8 +108,7 @@ async def request(nc: Client, subject: str, payload: bytes = b"", *, timeout_s: 
 
 
 def credentials_from_env(prefix: str = "P2PFAAS_NATS") -> tuple[str, str] | None:
-    """(user, password) from ``P2PFAAS_NATS_USER`` / ``_PASSWORD`` (handed over at start, :mod:`broker.handoff`,
-    or in the environment); None when there are none."""
+    """(user, password) handed over at start (:mod:`broker.handoff`) or in the env; else None."""
     user, password = handoff.get(f"{prefix}_USER"), handoff.get(f"{prefix}_PASSWORD")
     return (user, password) if user and password else None
 
@@ -205,15 +199,13 @@ async def connect(url: str | list[str], name: str, *, connect_timeout_s: float =
 
 
 def _turned_away(exc: Exception) -> bool:
-    """An answer that asking again at once will not change: connection refused (nothing listens),
-    an unknown host, an identity the broker refuses. A slow broker's timeout is not one."""
+    """Asking again at once will not change it: refused, unknown host, refused identity."""
     return (isinstance(exc, (ConnectionRefusedError, socket.gaierror, nats_errors.AuthorizationError))
             or "authorization violation" in str(exc).lower())
 
 
 async def close_quietly(nc: Client, *subs, timeout_s: float = 5.0) -> None:
-    """Unsubscribe and drain, within ``timeout_s``; a broker that is already gone is not an error
-    at shutdown (and is not waited for: a closed or reconnecting connection is just closed)."""
+    """Unsubscribe and drain within ``timeout_s``; a broker already gone is no error at shutdown."""
     if nc.is_closed:
         return
     if nc.is_connected:

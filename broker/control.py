@@ -1,8 +1,5 @@
-"""Control-plane request/reply: nodes serve it as the endpoints of a NATS service (``nats micro ls``
-finds them), bridges and tools ask. A reply carries ``X-P2pfaas-Status``; an error reply also the NATS
-services' ``Nats-Service-Error(-Code)`` headers and ``{code, message}``. A handler is
-``async (body) -> body`` and raises :class:`ControlError` (or ``ContractError``, a 400) to refuse.
-"""
+"""Control-plane request/reply: nodes serve it as a NATS service's endpoints, bridges and tools ask. Replies
+carry ``X-P2pfaas-Status``; a handler raises :class:`ControlError` (or ``ContractError``: 400) to refuse."""
 
 from __future__ import annotations
 
@@ -94,8 +91,7 @@ async def control_request(nc: Client, subject: str, body: bytes = b"", timeout_s
 
 
 def node_health(node: str, status: int, body: bytes) -> tuple[dict, str | None]:
-    """A node's answer on its info subject, judged: (its info, None) when healthy, else (what could be
-    read, why not). The bridge's ``/healthz`` and the containers' health check both ask this."""
+    """A node's info answer judged: (info, None) when healthy, else (info, why not)."""
     try:
         info = orjson.loads(body) if body else {}
     except orjson.JSONDecodeError:

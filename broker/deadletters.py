@@ -1,7 +1,5 @@
-"""Dead letters: the async tasks a node would not run again, kept with their cause, intake subject and
-headers (nodes/answering.py). A redrive stores a task again under a new request id ``<id>-r<seq>`` (the
-old call was answered already, and a node drops a task whose key has an answer), then removes the letter.
-"""
+"""Dead letters: the async tasks a node would not run again (nodes/answering.py); a redrive stores one again
+under a new request id ``<id>-r<seq>`` (its old call was answered already), then removes the letter."""
 
 from __future__ import annotations
 
@@ -91,8 +89,7 @@ async def dead_letter(js: JetStreamContext, subjects: Subjects, seq: int) -> Dea
 
 async def redrive(js: JetStreamContext, subjects: Subjects, letter: DeadLetter, *,
                   to_node: str | None = None) -> tuple[str, str]:
-    """Store ``letter``'s task again in the intake of ``to_node`` (default: its own), then remove the
-    letter; returns (the new call key, the node). Its message id, the new key, makes a retry harmless."""
+    """Store ``letter``'s task again (in ``to_node``'s intake), remove it: (new key, node)."""
     if not letter.subject:
         raise DeadLetterError(f"dead letter {letter.seq} has no intake subject kept (dead-lettered by an "
                               "older node): it cannot be redriven")

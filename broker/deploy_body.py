@@ -1,8 +1,5 @@
-"""A function's deployment as OpenFaaS users write it (a deploy body, a faas-cli ``stack.yml`` entry)
-read into a :class:`~broker.messages.FunctionDeployment` (docs/compat.md): the scaling labels and the
-watchdog's ``exec_timeout`` and ``max_inflight`` are honoured too; a key asking for what is not done
-here is refused with the reason, never dropped.
-"""
+"""A function's deployment as OpenFaaS users write it (deploy body, faas-cli ``stack.yml``) read into a
+:class:`~broker.messages.FunctionDeployment`; what is not done here is refused with its reason."""
 
 from __future__ import annotations
 

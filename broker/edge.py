@@ -1,8 +1,5 @@
-"""Several machines: a hub and the devices that join it (docs/edge.md). Each device's nats-server is a
-mutual-TLS *leaf node* of the hub with its own JetStream domain. Only what nodes on different machines
-say to each other crosses the link, enforced twice: by the device's user at the hub
-(``leaf_permissions``) and by the deny lists of the device's own remote (``LOCAL_ONLY``).
-"""
+"""Several machines: a hub and the devices that join it as mutual-TLS leaf nodes (docs/edge.md). Only what
+nodes say to each other crosses a link: ``leaf_permissions`` at the hub, ``LOCAL_ONLY`` at the device."""
 
 from __future__ import annotations
 
@@ -76,8 +73,7 @@ def leaf_permissions(device: str, group: str) -> dict:
 
 
 def leaf_remote(invitation: Invitation, files: Path) -> str:
-    """The device's ``leafnodes`` block: one remote (account FAAS) to every hub server, mutual TLS,
-    and its own deny lists; its CA, certificate and key are written under ``files`` (0600)."""
+    """The device's ``leafnodes`` block, its TLS files written under ``files`` (0600)."""
     files.mkdir(parents=True, exist_ok=True, mode=0o700)
     paths = {}
     for name, pem in (("hub-ca.pem", invitation.ca), ("device.pem", invitation.cert), ("device-key.pem", invitation.key)):

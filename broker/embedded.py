@@ -1,6 +1,5 @@
-"""Embedded brokers: a real nats-server (JetStream, optional MQTT listener) and mosquitto, as child
-processes that die with their parent (PR_SET_PDEATHSIG), on the port asked for or, when it is busy, on a
-free one (``notes`` says so)."""
+"""Embedded brokers, nats-server and mosquitto, as child processes that die with their parent
+(PR_SET_PDEATHSIG), on the port asked for or, when it is busy, a free one (``notes`` says so)."""
 
 from __future__ import annotations
 
@@ -122,8 +121,7 @@ class NatsServer(ManagedProcess):
     host: str = "127.0.0.1"
     max_payload: int = 8 * 1024 * 1024
     name: str = "nats-server"
-    # NATS cluster (None: standalone). JetStream then runs clustered: server names must be unique
-    # (ours include the client port) and streams wait for a meta leader (a few seconds after start).
+    # NATS cluster (None: standalone): server names must be unique (ours hold the client port)
     cluster_port: int | None = None
     routes: list[str] = field(default_factory=list)   # nats-route://host:port of the others (self is ignored)
     cluster_name: str = "p2pfaas"
@@ -131,8 +129,7 @@ class NatsServer(ManagedProcess):
     accounts: str | None = None
     tls: tuple[str, str] | None = None   # (certificate, key) files: clients and MQTT over TLS
     max_store_bytes: int | None = None   # JetStream's file store limit (None: nats-server's, 75 % of the free disk)
-    # several machines (broker/edge.py): a hub listens for its devices' leaf connections (mutual TLS
-    # against ``leaf_ca``); a device is a leaf of its hubs (``leaf_remotes``) with its own JetStream domain
+    # several machines (broker/edge.py): a hub's leaf listener (mutual TLS), a device's ``leaf_remotes``
     server_name: str | None = None       # None: p2pfaas-<client port>
     jetstream: bool = True
     jetstream_domain: str | None = None
@@ -290,8 +287,7 @@ class Mosquitto(ManagedProcess):
 
 
 def nats_cluster(size: int, data_dir: Path, host: str = "127.0.0.1", name: str = "p2pfaas") -> list[NatsServer]:
-    """``size`` servers (not started) that form one cluster on free ports, each routing to all; start
-    them all, then wait for JetStream's meta leader (the node retries stream creation until then)."""
+    """``size`` servers (not started) that form one cluster on free ports."""
     cluster_ports: set[int] = set()
     while len(cluster_ports) < size:
         cluster_ports.add(free_port(host))

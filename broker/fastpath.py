@@ -1,8 +1,5 @@
-"""Every override of nats-py's internals (the pinned version, pyproject.toml), in one place: the request
-path's fast path, got through :func:`broker.connection.connect`. Each gives nats-py's result for any input
-and has a contract test (tests/broker/test_fastpath.py) that fails when nats-py changes under it; what
-they save is in bench/README.md.
-"""
+"""Every override of nats-py's internals (the pinned version), in one place: the request path's fast path.
+Each gives nats-py's result for any input and has a contract test (tests/broker/test_fastpath.py)."""
 
 from __future__ import annotations
 
@@ -39,9 +36,8 @@ class NatsClient(Client):
         self._ps = MessageParser(self)
 
     async def subscribe_lean(self, subject: str, handler: LeanHandler, queue: str = "") -> Subscription:
-        """Messages go straight to ``handler(subject, reply, data, headers)`` (``headers``: the raw block,
-        b"" when none), called from the read loop: no ``Msg``, no queue, no task. The handler must not
-        block or await; what it raises is logged. Reconnects, unsubscribe and drain work as usual."""
+        """Messages go straight to ``handler(subject, reply, data, raw header block or b"")`` from the read
+        loop (no Msg, queue or task): it must not block or await; what it raises is logged."""
         sub = await self.subscribe(subject, queue=queue, cb=_never_called)
         self._lean[sub._id] = handler
         return sub
@@ -192,8 +188,7 @@ class DeliveryInfo(NamedTuple):
 
 
 def delivery_info(reply: str) -> DeliveryInfo:
-    """The :class:`DeliveryInfo` of a JetStream reply subject (both of nats-server's formats);
-    nats-py's NotJSMessageError for a subject that is not one."""
+    """The :class:`DeliveryInfo` of a JetStream reply subject (either format), as nats-py reads it."""
     tokens = Msg.Metadata._get_metadata_fields(reply)
     if len(tokens) == _V1_TOKENS:
         return DeliveryInfo(int(tokens[5]), int(tokens[4]), int(tokens[7]) / 1e9)
@@ -207,8 +202,7 @@ def delivery(nc: Client, subject: str, reply: str, data: bytes, headers: Mapping
 
 
 def ack_now(msg: Msg) -> None:
-    """``await msg.ack()`` without a coroutine (nats-py's errors: not a JetStream message, already
-    acknowledged); the acknowledgement leaves with whatever else this turn of the loop sends."""
+    """``await msg.ack()`` without a coroutine (with nats-py's errors), sent with this turn's writes."""
     msg._check_reply()
     nc = msg._client
     if not isinstance(nc, NatsClient):
@@ -218,15 +212,13 @@ def ack_now(msg: Msg) -> None:
 
 
 def pull_subject(js: JetStreamContext, stream: str, durable: str) -> str:
-    """The subject a pull request for ``durable`` of ``stream`` goes to (nats-py's ``fetch``
-    sends its own there), under the context's API prefix (a JetStream domain's included)."""
+    """The subject a pull request for ``durable`` of ``stream`` goes to, under the API prefix."""
     return f"{js._prefix}.CONSUMER.MSG.NEXT.{stream}.{durable}"
 
 
 def store_error(data: bytes, headers: Mapping[str, str]) -> Exception | None:
-    """What a JetStream publish acknowledgement means, as nats-py's ``js.publish`` would raise it
-    (None: stored; a duplicate stored before counts as stored): a store sent with :meth:`NatsClient.send`
-    and a reply subject of our own reads its answer with this."""
+    """A JetStream publish acknowledgement as nats-py's ``js.publish`` would raise it (None: stored, or a
+    duplicate stored before), for a store sent with :meth:`NatsClient.send` to a reply subject of ours."""
     if not data:
         if headers.get(H.NATS_STATUS) == "503":
             return NoStreamResponseError()   # no stream takes this subject, or JetStream is away

@@ -1,8 +1,5 @@
-"""Secrets handed to a process when it starts, never through its environment: ``/proc/<pid>/environ``
-shows the *initial* environment for the process's whole life. A parent writes a child's secrets to a
-memfd whose number it names in ``P2PFAAS_HANDOFF_FD``; the child reads it once (:func:`take`), moves
-secrets of its own environment into memory, and makes itself not dumpable (docs/security.md).
-"""
+"""Secrets handed to a process when it starts, never through its environment (``/proc/<pid>/environ`` keeps
+the initial one for life): a memfd named by ``P2PFAAS_HANDOFF_FD``, read once by :func:`take`."""
 
 from __future__ import annotations
 
@@ -83,8 +80,7 @@ def handoff_fd(values: Mapping[str, str]) -> int:
 
 
 def not_dumpable() -> None:
-    """prctl(PR_SET_DUMPABLE, 0): our /proc files become root's, so our own user's processes can no
-    longer read our memory nor ptrace us. Reset by execve: every process holding secrets calls it."""
+    """prctl(PR_SET_DUMPABLE, 0): no reading our memory, no ptrace. Reset by execve."""
     try:
         libc = ctypes.CDLL(None, use_errno=True)
         if libc.prctl(PR_SET_DUMPABLE, 0, 0, 0, 0) != 0:

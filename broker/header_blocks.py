@@ -1,7 +1,5 @@
-"""NATS header blocks as they travel: written from a dict or ahead of time from lines, and read eagerly
-or only when asked, as nats-py would for the same bytes (tests/broker/test_connection.py) but without
-its per-character checks of every name on every message (bench/README.md).
-"""
+"""NATS header blocks as they travel, written and read as nats-py would for the same bytes
+(tests/broker/test_connection.py), without its per-character checks of every name."""
 
 from __future__ import annotations
 
@@ -90,8 +88,7 @@ def parse_header_block(block: bytes) -> dict[str, str] | None:
 
 
 class HeaderBlock(Mapping[str, str]):
-    """A message's headers read only when asked: ``get(name)`` finds one header in the bytes (the
-    status of an answer), anything else parses the whole block, once."""
+    """A message's headers read only when asked: one by ``get``, else all, once."""
 
     __slots__ = ("_block", "_parsed")
 
@@ -109,8 +106,6 @@ class HeaderBlock(Mapping[str, str]):
             self._parsed = parse_header_block(self._block) or {}
         return self._parsed
 
-    _all = parsed
-
     def get(self, name: str, default: str | None = None) -> str | None:   # type: ignore[override]
         """``Mapping.get``, from the bytes when the name occurs once in an all-ASCII block, else parsed."""
         if self._parsed is None:
@@ -123,19 +118,19 @@ class HeaderBlock(Mapping[str, str]):
                 end = block.find(b"\r\n", start)
                 if end >= 0:
                     return block[start:end].decode().strip(_WS)
-        return self._all().get(name, default)
+        return self.parsed().get(name, default)
 
     def __getitem__(self, name: str) -> str:
-        return self._all()[name]
+        return self.parsed()[name]
 
     def __iter__(self) -> Iterator[str]:
-        return iter(self._all())
+        return iter(self.parsed())
 
     def __len__(self) -> int:
-        return len(self._all())
+        return len(self.parsed())
 
     def __bool__(self) -> bool:   # a block is only made for a message that has one (no parse to say so)
         return bool(self._block)
 
     def __repr__(self) -> str:
-        return repr(self._all())
+        return repr(self.parsed())

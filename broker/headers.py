@@ -1,8 +1,5 @@
-"""Header names on the wire (P2PFaaS-compatible where P2PFaaS has one), every one of them.
-
-A direct call's answer carries the same headers over NATS as over HTTP: the node writes
-them once, the HTTP bridge passes them through (docs/architecture.md).
-"""
+"""Header names on the wire (P2PFaaS-compatible where P2PFaaS has one): a direct call's answer carries the
+same headers over NATS as over HTTP (the HTTP bridge passes them through)."""
 
 VERSION = "X-P2pfaas-Version"                 # the answering node's p2pfaas version
 SCHEDULER = "X-P2pfaas-Scheduler"             # the algorithm that decided, with its parameters

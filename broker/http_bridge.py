@@ -1,8 +1,5 @@
-"""The HTTP bridge: P2PFaaS's REST APIs translated to NATS subjects (it imports nothing from nodes/).
-``HttpBridge.app`` is the scheduler API (:18080: the direct-call fast path in front of the FastAPI
-``api``); ``discovery_app`` and ``learner_app`` are P2PFaaS's discovery (19000) and learner (19020)
-APIs, served by the same process on their own ports (docs/compat.md).
-"""
+"""The HTTP bridge: P2PFaaS's REST APIs on NATS subjects (nothing from nodes/): the scheduler API (:18080),
+and the discovery (19000) and learner (19020) APIs on their own ports (docs/compat.md)."""
 
 from __future__ import annotations
 

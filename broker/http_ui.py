@@ -1,7 +1,5 @@
-"""The live dashboard on the HTTP bridge: ``GET /ui`` (files in broker/ui/), ``/ui/live`` (a WebSocket fed
-by :class:`~broker.ui_feed.DashboardFeed`) and the operator controls, each a validated request/reply or
-publish on the node's subjects.
-"""
+"""The live dashboard on the HTTP bridge: ``GET /ui`` (files in broker/ui/), ``/ui/live`` (a WebSocket of
+:class:`~broker.ui_feed.DashboardFeed`) and the operator controls, validated before they go to a node."""
 
 from __future__ import annotations
 
@@ -174,8 +172,7 @@ class Dashboard:
 
     async def _control(self, subject: Callable[[], str], contract: type[BaseModel] | None = None,
                        body: bytes = b"") -> Response:
-        """Validate the node token and (for a change) the body here, so a bad request never reaches a node;
-        the body goes on as sent (defaults filled in here would overwrite the settings left out)."""
+        """Validate the node and the body here; the body goes on as sent (no defaults filled in)."""
         try:
             target = subject()
             if contract is not None:

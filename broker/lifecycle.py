@@ -1,7 +1,5 @@
-"""How every p2pfaas process starts and ends: on the fastest event loop, with a stop that has a deadline,
-and tied to its parent by a stdin pipe the parent never writes (``P2PFAAS_PARENT_PIPE=1``): end of file
-means the parent is gone, even by kill -9 (the parent-death signal follows the parent's *thread*).
-"""
+"""How every p2pfaas process starts and ends: the fastest event loop, a stop with a deadline, and a stdin
+pipe its parent never writes (``P2PFAAS_PARENT_PIPE=1``): end of file means the parent is gone."""
 
 from __future__ import annotations
 
@@ -32,8 +30,7 @@ def run_loop(main):
 
 
 class OnItsLoop:
-    """A mixin for objects that live on one event loop: ``self.loop`` is that loop, looked up once
-    (CPython 3.11's ``asyncio.get_running_loop()`` makes a ``getpid`` system call on every use)."""
+    """A mixin: ``self.loop``, looked up once (CPython 3.11's lookup makes a system call)."""
 
     _loop: asyncio.AbstractEventLoop | None = None
 
@@ -153,9 +150,8 @@ UP_LOCK = Path("run") / "up.lock"
 
 def hold_data_dir(data_dir: "os.PathLike[str] | str", lock: Path = UP_LOCK, owner: str = "`p2pfaas up`",
                   flag: str = "--data-dir") -> int:
-    """Take the exclusive lock of ``data_dir`` (``lock``, our pid in it) while the returned descriptor is open;
-    the kernel drops it when we end (kill -9 included), and children do not inherit it (closed on exec).
-    Raises :class:`DataDirInUse` naming the holder's pid when a live process has it."""
+    """Take ``data_dir``'s exclusive ``lock`` (our pid in it) while the returned descriptor is open (dropped
+    when we end, even by kill -9; not inherited); :class:`DataDirInUse` names a live holder's pid."""
     path = Path(data_dir) / lock
     path.parent.mkdir(parents=True, exist_ok=True)
     fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
@@ -191,8 +187,7 @@ def data_dir_held(data_dir: "os.PathLike[str] | str", lock: Path = UP_LOCK) -> b
 
 # -- state files ------------------------------------------------------------------------------
 def write_whole(path: Path, data: bytes) -> None:
-    """``data`` as the whole of ``path``: written to a temporary file beside it, flushed to the
-    disk, then renamed over it. A crash or a full disk (OSError) leaves the old content whole."""
+    """``data`` as the whole of ``path`` (temporary file, fsync, rename): a crash leaves the old."""
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:

@@ -1,10 +1,6 @@
-"""The MQTT bridge: Mosquitto (devices) <-> NATS/JetStream, with the topics of nats-server's own MQTT
-listener (``faas/n1/request/fib/dev1/r1`` -> ``faas.async.n1.fib.dev1.r1``). Nothing a device was promised
-is lost: a QoS 1 request is acked to Mosquitto only once JetStream stored it (Mosquitto redelivers to the
-persistent session); answers come from a durable consumer that bridges side by side share, acked once
-Mosquitto took them; what is refused is answered on the reject topic, never dropped in silence.
-paho's network thread hands messages to asyncio in one place (``_on_message``).
-"""
+"""The MQTT bridge: Mosquitto (devices) <-> NATS/JetStream, with nats-server's MQTT topics. A request is acked
+to Mosquitto only once stored; answers come from a durable consumer, acked once Mosquitto took them;
+refusals go to the reject topic. paho's thread hands messages to asyncio only in ``_on_message``."""
 
 from __future__ import annotations
 
@@ -159,9 +155,8 @@ class MqttBridge(StartStop):
                 await self._failed(message, exc)
 
     async def _failed(self, message: mqtt.MQTTMessage, exc: Exception) -> None:
-        """Refuse (500) and ack a request the bridge failed on: unacked, Mosquitto resends it only to a
-        new connection, so its device would wait for ever. The refusal is stored like every answer
-        (its message id keeps it the only one), else sent straight to the device."""
+        """Refuse (500) and ack a request the bridge failed on (unacked, Mosquitto resends it only to a new
+        connection: its device would wait for ever); stored like every answer, else sent to the device."""
         topic = _topic_of(message)
         if isinstance(exc, CLOSING):
             log.warning("MQTT bridge: request on %s not stored, the NATS connection is closing (%r); "
@@ -262,8 +257,7 @@ class MqttBridge(StartStop):
 
     # -- NATS -> devices ------------------------------------------------------------
     async def _answers_consumer(self, since: datetime | None = None):
-        """The durable consumer of answers (results and rejects), new on the first start (no replay);
-        made again from ``since`` (last seen working), with its stream, if deleted under the bridge."""
+        """The durable answers consumer, new at first start, remade from ``since`` if deleted."""
         stream = results_stream(self.subjects)
         await ensure_shared_streams(self.js, self.subjects)
         config = ConsumerConfig(durable_name=ANSWERS_CONSUMER, ack_policy=AckPolicy.EXPLICIT, ack_wait=30.0,

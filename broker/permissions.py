@@ -26,8 +26,7 @@ def _permissions(publish: list[str], subscribe: list[str] | None = None, deny: l
 
 
 def node_permissions(node: str) -> dict:
-    """A node: its own subjects (but not the commands meant for it), answers, forwards and probes
-    to peers, its own membership and dead letters, JetStream without deleting streams."""
+    """A node: its own subjects (not its commands), answers, forwards, probes, JetStream."""
     return _permissions(
         publish=[f"*.{node}.>", f"*.membership.*.{node}", f"*.storecheck.{node}", "*.result.>", "*.reject.>",
                  "*.async.>", "*.*.forward.>", "*.*.load", f"*.deadletter.{node}.>", FUNCTION_CATALOGUE, FULL_JS,
@@ -43,8 +42,7 @@ def worker_permissions(node: str) -> dict:
 
 
 def bridge_permissions() -> dict:
-    """The HTTP and MQTT bridges: calls, and the control requests of the routes they serve (the
-    state-changing ones only for the operator token's holder, checked by the HTTP bridge)."""
+    """The bridges: calls, and the control requests of the routes they serve."""
     return _permissions(
         publish=["*.*.request.>", "*.async.>", "*.*.config.>", "*.*.load", "*.*.info", "*.*.metrics", "*.*.peers",
                  "*.*.discovery.>", "*.*.functions.*", "*.*.forward.>",
@@ -53,8 +51,7 @@ def bridge_permissions() -> dict:
 
 
 def controller_permissions() -> dict:
-    """A controller scales pools, feeds the learner and seeds a scaling model's weights (``weights.set``);
-    it never changes a model's hyper-parameters nor resets one."""
+    """A controller scales pools, feeds the learner, sets a model's weights; no more."""
     readers = [f"*.*.learner.*.{verb}" for verb in ("act", "weights.get", "weights.set", "stats", "parameters.get")]
     return _permissions(publish=["*.*.scale.*", "*.*.experience.*", *readers, "*.*.info", FULL_JS, *JS_RUNTIME],
                         deny=JS_DENIED)
@@ -92,8 +89,7 @@ def device_request_mappings() -> dict[str, str]:
 
 
 def nats_accounts(store: AuthStore | None, nodes: list[str]) -> str:
-    """The ``accounts`` block of the embedded nats-server. Without a store: one open deployment
-    (no_auth_user), as the tests' own servers run; with one: every identity with its permissions."""
+    """The embedded nats-server's ``accounts``; without a store one open deployment (tests)."""
     devices_account = {
         "jetstream": "enabled",
         # a device's request topic <p>/<node>/request/<fn>/<client>/<req> becomes the durable subject
@@ -126,8 +122,7 @@ def nats_accounts(store: AuthStore | None, nodes: list[str]) -> str:
 
 
 def hub_accounts(store: AuthStore) -> str:
-    """The ``accounts`` block of a hub: FAAS with the operator and one user per invited device
-    (``broker.edge.leaf_permissions``), and the system account; no MQTT, nothing stored."""
+    """A hub's ``accounts``: FAAS with the operator and each invited device's user, and SYS."""
     from broker.edge import leaf_permissions, leaf_user
 
     users = [_user(store.service(OPERATOR), None)]

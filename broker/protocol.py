@@ -1,7 +1,5 @@
-"""The wire protocol in one table: every subject of a deployment, its messaging pattern, who sends and
-who receives, and the contract of what it carries and of what answers it. It ties together the modules
-that define each part; broker/protocol_docs.py writes docs/protocol.md and docs/asyncapi.yaml from it.
-"""
+"""The wire protocol in one table: every subject, its pattern, who sends and receives, and the contracts
+of what it carries and what answers it (broker/protocol_docs.py writes the docs from it)."""
 
 from __future__ import annotations
 
@@ -20,7 +18,6 @@ from broker.messages import (
     WorkerStatus, WorkerStatusRequest,
 )
 from broker.subjects import DEFAULT_PREFIX, Subjects
-
 
 
 @dataclass(frozen=True)

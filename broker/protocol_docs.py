@@ -1,6 +1,5 @@
-"""docs/protocol.md and docs/asyncapi.yaml, written from broker/protocol.py's table and the modules
-it ties together: ``python -m broker.protocol_docs`` writes them, ``--check`` says when they are
-stale (and exits 1)."""
+"""``python -m broker.protocol_docs`` writes docs/protocol.md and docs/asyncapi.yaml from broker/protocol.py;
+``--check`` exits 1 when they are stale."""
 
 from __future__ import annotations
 

@@ -1,8 +1,5 @@
-"""The deployment's secrets (OpenFaaS's ``/system/secrets``): the JetStream key-value bucket
-``<PREFIX>_SECRETS``, each value sealed with AES-GCM under the deployment's secrets key
-(``P2PFAAS_SECRETS_KEY``, handed to nodes only): the broker and its backups see ciphertext
-(docs/security.md, "Secrets").
-"""
+"""The deployment's secrets (OpenFaaS's ``/system/secrets``): a JetStream key-value bucket, each value sealed
+with AES-GCM under the secrets key only nodes hold (docs/security.md, "Secrets")."""
 
 from __future__ import annotations
 

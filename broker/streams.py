@@ -121,8 +121,7 @@ async def _ensure_once(js: JetStreamContext, config: StreamConfig, share: float)
 
 
 async def _fitted(js: JetStreamContext, make, config: StreamConfig, share: float, current: StreamConfig | None) -> None:
-    """``make(config)``; if the store cannot reserve ``config.max_bytes``, the stream takes ``share`` of the
-    largest size it can (found by halving), at least MIN_STREAM_BYTES and what it already has."""
+    """``make(config)``; with no room for ``max_bytes``, ``share`` of the largest size that fits."""
     wanted = config.max_bytes
     try:
         await make(config)
@@ -212,8 +211,7 @@ async def when_jetstream_ready(action, timeout_s: float = JETSTREAM_READY_TIMEOU
 
 class StreamRemaker:
     """A store failed: if its stream is gone (``nats stream rm``, a store restored without it), the shared
-    streams are made again. A missing stream may show as silence, so JetStream is asked, at most every
-    ``period_s``."""
+    streams are made again. A missing stream may look like silence: JetStream is asked every ``period_s``."""
 
     def __init__(self, js: JetStreamContext, subjects: Subjects, who: str, period_s: float = 10.0) -> None:
         self.js, self.subjects, self.who, self.period_s = js, subjects, who, period_s

@@ -94,8 +94,7 @@ Kind = Literal["request", "forward", "async"]
 
 @dataclass(frozen=True, slots=True)
 class Invocation:
-    """A parsed invocation subject: ``<prefix>.<node>.(request|forward).<fn>.<client>.<req>``
-    (direct: request/reply) or ``<prefix>.async.<node>.<fn>.<client>.<req>`` (durable)."""
+    """A parsed ``<prefix>.<node>.(request|forward).<fn>.<client>.<req>`` or ``.async.`` subject."""
 
     node: str
     kind: Kind
@@ -149,8 +148,7 @@ class Subjects:
         return f"{self.prefix}.async.*.*.{check_token(client, 'client')}.{check_token(req, 'request id')}"
 
     def stored_async_of(self, token: str) -> str:
-        """The async calls stored for ``token`` read off a stored subject: it may name no valid node
-        (calls no node will take, which the sweeper refuses), but holds no dot or wildcard."""
+        """The async calls stored for a node token read off a subject (maybe no valid node)."""
         if not token or any(c in token for c in ".*> \t\r\n"):
             raise InvalidToken(f"not a subject token: {token!r}")
         return f"{self.prefix}.async.{token}.>"

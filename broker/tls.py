@@ -1,6 +1,5 @@
-"""TLS for ``up --tls`` and between machines: the deployment's own CA (made once under
-``<data-dir>/tls`` unless the operator brings one), the server certificate it signs for every broker and
-bridge, and client certificates for devices joining a hub (mutual TLS on the leaf connection)."""
+"""TLS for ``up --tls`` and between machines: the deployment's own CA (under ``<data-dir>/tls``), the server
+certificate it signs for every broker and bridge, and client certificates for devices joining a hub."""
 
 from __future__ import annotations
 
@@ -24,8 +23,7 @@ class TlsFiles:
 
 def ensure_certificates(directory: Path, hosts: list[str], ca: Path | None = None,
                         ca_key: Path | None = None) -> TlsFiles:
-    """The CA (made here unless ``ca``/``ca_key`` are given) and a server certificate for ``hosts``
-    (names or IP addresses), reused when they exist and still cover those hosts."""
+    """The CA (unless given) and a server certificate for ``hosts``, reused while valid."""
     from cryptography import x509
     from cryptography.hazmat.primitives import hashes, serialization
     from cryptography.hazmat.primitives.asymmetric import ec

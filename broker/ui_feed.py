@@ -1,7 +1,5 @@
-"""The live feed behind ``/ui``: heartbeats, pool telemetry, scale decisions and learner activity from
-NATS, kept for a few minutes and fanned out to every open page; subscribed only while a page is open.
-Every event is encoded once, as ``{"type": ..., "at": <unix s>, "data": {...}}`` (docs/dashboard.md).
-"""
+"""The live feed behind ``/ui``: heartbeats, telemetry, scale decisions, learner activity, kept a few minutes
+and sent to every open page as ``{"type", "at", "data"}`` events (docs/dashboard.md)."""
 
 from __future__ import annotations
 

@@ -1,9 +1,6 @@
-"""The HTTP edge in front of every bridge port: uvicorn's httptools protocol with what it lacks
-(docs/security.md, "HTTP edge"). Each connection holds a slot of its client address and of its process;
-beyond either limit it gets a small 503 before a byte is read. A request's head is counted as it arrives
-(beyond ``HEAD_LIMIT`` bytes or ``HEADER_COUNT_LIMIT`` headers: 431, or 414 for the URL); a silent or
-slow connection is cut. Each refusal and cut is counted by reason and logged at most every ``LOG_EVERY_S``.
-"""
+"""The HTTP edge in front of every bridge port (docs/security.md, "HTTP edge"): per-client and per-process
+connection slots (beyond: 503 before a byte is read), bounded request heads (431/414), cut slow
+connections; each refusal counted by reason and logged at most every ``LOG_EVERY_S``."""
 
 from __future__ import annotations
 
@@ -252,8 +249,7 @@ def _guarded_protocol():
                     self._refuse(400, "Bad Request", "Invalid HTTP request received.", "invalid")
 
         def _refuse(self, status: int, phrase: str, text: str, reason: str) -> None:
-            """Answer ``status`` and close; what the client still sends is dropped meanwhile. A response
-            still being written for an earlier (pipelined) request is cut instead: nothing may follow it."""
+            """Answer ``status`` and close (a pipelined response being written is cut instead)."""
             self._head_room = -1
             self.edge.note(reason, self._client)
             transport = self.transport
@@ -315,9 +311,8 @@ def edge_websocket(edge: Edge):
 
 
 class _OneWrite:
-    """A response's transport that writes its head with the body that follows it in one system call
-    (uvicorn writes two, and the client wakes for each): the first write is held until the next one
-    or the end of this turn of the loop. Everything but ``write`` is the connection's own."""
+    """A response's transport writing its head with the body that follows in one system call (uvicorn's two
+    wake the client twice): the first write waits for the next or the end of this turn of the loop."""
 
     __slots__ = ("_transport", "_loop", "_held")
 

@@ -1,7 +1,5 @@
-"""Invocation over HTTP: ``/function/{fn}`` (direct), ``/async-function/{fn}`` and ``/result/{id}``.
-The direct call, the hot path, is a plain ASGI handler in front of the framework (:class:`FastInvoke`);
-the FastAPI routes of the same paths serve the OpenAPI docs. Both call :func:`direct_call`.
-"""
+"""Invocation over HTTP: ``/function/{fn}`` (direct; the hot path, :class:`FastInvoke` in front of the
+framework), ``/async-function/{fn}`` and ``/result/{id}``."""
 
 from __future__ import annotations
 
@@ -67,8 +65,7 @@ async def faas_error(request: Request, exc: FaasError) -> JSONResponse:
 
 
 def port_app(title: str, hello: str) -> FastAPI:
-    """The app of one of P2PFaaS's other ports (discovery, learner): ``GET /`` answers ``hello`` (the same
-    on every node, as its clients compare it); errors as on the main port."""
+    """The app of another P2PFaaS port: ``GET /`` answers ``hello``; errors as on the main port."""
     app = FastAPI(title=title, version=VERSION)
     app.add_exception_handler(FaasError, faas_error)   # type: ignore[arg-type]
 

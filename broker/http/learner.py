@@ -1,8 +1,5 @@
-"""P2PFaaS's learner API over HTTP (docs/learner.md, docs/compat.md): :func:`learner_router` (``/learner/*``
-on the node's main port, p2pfaas's own JSON) and :func:`learner_app` (the original service's API and
-bodies on its own port, 19020). Samples are stored on the node's reward stream with the message id
-``reward.<node>.<eid>``, so each is counted once whoever sends it.
-"""
+"""P2PFaaS's learner API over HTTP (docs/learner.md): ``/learner/*`` on the main port in p2pfaas's JSON, and
+the original service's API on its own port (19020). Samples are stored once per ``reward.<node>.<eid>``."""
 
 from __future__ import annotations
 
@@ -105,8 +102,7 @@ class LearnerGateway:
 
 
 def p2pfaas_sample(entry: Any) -> LearnerTrainSample:
-    """A sample as P2PFaaS's clients send it: ``eid`` and ``action`` may be text (``"17"``,
-    ``"1.000000"``), the state ``"a,b"``; other keys are ignored. ContractError if unusable."""
+    """A sample as P2PFaaS's clients send it (``eid``, ``action`` may be text)."""
     if not isinstance(entry, dict):
         raise ContractError(f"a sample must be a JSON object with {', '.join(SAMPLE_FIELDS)}")
     fields = {k: entry[k] for k in SAMPLE_FIELDS if k in entry}
@@ -264,8 +260,7 @@ def p2pfaas_error(response: Response) -> Response:
 
 
 def p2pfaas_weights(weights: dict[str, Any]) -> dict[str, Any]:
-    """A Q-table model as P2PFaaS's learner shows it (``actions_map``, ``states_map`` with states as
-    ``"f1,f2,..."``, ``table``); other models keep p2pfaas's ``LearnerWeights`` JSON."""
+    """A Q-table model as P2PFaaS shows it; other models keep ``LearnerWeights``."""
     if weights.get("algorithm") != "dsarsa":
         return weights
     import torch   # only here: reading a table needs torch's loader, the bridge otherwise does not

@@ -1,7 +1,5 @@
-"""OpenFaaS's management routes (``/system/*``) and P2PFaaS's ``/monitoring/scale-delay/{fn}``, served
-from the node's function registry and pools (docs/compat.md), each one request/reply on
-``faas.<node>.functions.*``; every change, and the list of secrets, needs ``changes_state``.
-"""
+"""OpenFaaS's management routes (``/system/*``) and P2PFaaS's ``/monitoring/scale-delay/{fn}``, each one
+request/reply on ``faas.<node>.functions.*`` (docs/compat.md)."""
 
 from __future__ import annotations
 

@@ -1,7 +1,5 @@
-"""``POST /peer/function/{fn}``: an original P2PFaaS node forwards a job to this node. Its
-``PeerJobRequest`` becomes a forward on ``faas.<node>.forward...``; the answer goes back as P2PFaaS's
-``PeerJobResponse`` (``peers_list``: the executor first, this node last).
-"""
+"""``POST /peer/function/{fn}``: an original P2PFaaS node forwards a job, as a forward on
+``faas.<node>.forward...``, answered as P2PFaaS's ``PeerJobResponse``."""
 
 from __future__ import annotations
 

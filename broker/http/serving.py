@@ -39,9 +39,8 @@ def listening_socket(host: str, port: int, reuse_port: bool) -> socket.socket:
 async def serve_in_loop(bridge: "Bridge", apps: list[tuple[object, str, int, bool]],
                         started: asyncio.Event | None = None, *, reuse_port: bool = False,
                         tls: tuple[str, str] | None = None) -> None:
-    """Serve each ``(app, host, port, lifespan)`` until ``bridge.shutdown()``; the app with the
-    lifespan (the scheduler API) starts and stops the bridge's NATS client. ``tls``: (certificate,
-    key) files: HTTPS only. The servers share one edge: a client's slots count on every port."""
+    """Serve each ``(app, host, port, lifespan)`` until ``bridge.shutdown()`` (the lifespan app starts and
+    stops the bridge's NATS client); ``tls``: HTTPS only. One edge: a client's slots count on every port."""
     edge = bridge.http_edge = Edge(refused=bridge.http_refused)
     if isinstance(HTTP_IMPLEMENTATION, str):   # no httptools: h11 and uvicorn's own limits
         http, ws, limit = HTTP_IMPLEMENTATION, "auto", edge.limit

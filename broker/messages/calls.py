@@ -177,8 +177,7 @@ class WorkerStatusRequest(Contract):
 
 
 class WorkerStatus(Contract):
-    """The calls of a :class:`WorkerStatusRequest` the worker still runs; the others it never got
-    or finished (their outcomes were sent again just before this answer)."""
+    """The calls of a :class:`WorkerStatusRequest` the worker still runs (the others' outcomes sent again)."""
 
     running: list[int] = Field(default_factory=list)
 

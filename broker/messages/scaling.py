@@ -94,8 +94,7 @@ class SchedulingExperience(Contract):
 
     @property
     def msg_id(self) -> str:
-        """Its JetStream message id: the reward stream keeps the first sample per EID, whoever
-        sends it (the node's deadline reward or a client's), so none is counted twice."""
+        """Its JetStream message id: the reward stream keeps one sample per EID, whoever sends it."""
         return f"reward.{self.node}.{self.eid}"
 
 
