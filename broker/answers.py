@@ -1,10 +1,5 @@
-"""Answers as callers see them: an HTTP-like status, the P2PFaaS headers and a body.
-
-A direct call's NATS reply *is* this shape: the node writes the headers once and the HTTP
-bridge passes them on. An async answer (a ``Result``/``Rejection`` JSON on the result and
-reject subjects) is rendered into the same shape, so every caller reads both alike.
-Errors carry the JSON body ``{code, message}`` (P2PFaaS's catalogue in ``code``).
-"""
+"""Answers as callers see them: an HTTP-like status, the P2PFaaS headers and a body (errors: ``{code,
+message}``); a direct reply has this shape, a stored async answer is rendered into it."""
 
 from __future__ import annotations
 
@@ -36,10 +31,7 @@ def answer_headers(*, status: int, scheduler: str, executed_by: str, hops: Seque
                    execution_s: float, queueing_s: float, transit_s: float = 0.0, forwards: int = 0,
                    peers: Sequence[str] = (), peer_ips: Sequence[str] = (), learning: LearningDecision | None = None,
                    retry_after_s: float | None = None, cold_start_s: float = 0.0) -> dict[str, str]:
-    """The P2PFaaS response headers of one answer; ``hops`` holds one entry per node, origin first.
-
-    As P2PFaaS: the probing list only when some node probed or the call was forwarded; the peers
-    lists (JSON arrays of ids and IPs, origin first) only for a forwarded call."""
+    """P2PFaaS's response headers of an answer; ``hops``: one entry per node, origin first."""
     out = {H.STATUS: str(status), H.TIMING_TOTAL: orjson.dumps([round(h.total_s, 6) for h in hops]).decode(),
            H.TIMING_EXECUTION: seconds_text(execution_s)}
     out.update(context_headers(scheduler=scheduler, executed_by=executed_by, scheduling=[h.scheduling_s for h in hops],
@@ -53,8 +45,7 @@ def context_headers(*, scheduler: str, executed_by: str, scheduling: Sequence[fl
                     queueing_s: float, transit_s: float = 0.0, forwards: int = 0, peers: Sequence[str] = (),
                     peer_ips: Sequence[str] = (), learning: LearningDecision | None = None,
                     retry_after_s: float | None = None, cold_start_s: float = 0.0) -> dict[str, str]:
-    """The headers of :func:`answer_headers` known before the function runs (all but the status,
-    the total time and the execution time): what a node hands the worker that answers for it."""
+    """The headers of :func:`answer_headers` known before the function runs (for the answering worker)."""
     out = {H.VERSION: VERSION, H.SCHEDULER: scheduler,
            H.TIMING_SCHEDULING: orjson.dumps([round(s, 6) for s in scheduling]).decode(),
            H.TIMING_QUEUEING: seconds_text(queueing_s)}
@@ -82,10 +73,7 @@ _EXECUTION_LINE = f"\r\n{H.TIMING_EXECUTION}: ".encode()
 
 
 def direct_block(ctx: DirectAnswer, status: int, execution_s: float) -> bytes:
-    """The header block of a direct call's answer: the node's side, rendered when it dispatched
-    the call (``ctx.headers``), with the status, the total time and the execution time the worker
-    measured. The same headers as :func:`answer_headers` (tests/broker/test_answers.py), written
-    in one pass: it is on every direct call's path (bench/README.md)."""
+    """A direct answer's header block: ``ctx.headers`` plus status and times, in one pass."""
     total = orjson.dumps([round(max(0.0, time.time() - ctx.arrival), 6)])
     return header_block(b"%s: %d\r\n%s%s%s%s%s\r\n" % (_STATUS_NAME, status, ctx.headers.encode(), _TOTAL_LINE, total,
                                                        _EXECUTION_LINE, seconds_text(execution_s).encode()))
@@ -127,8 +115,7 @@ def _float_list(text: str | None) -> list[float]:
 
 
 def _float(text: str | None) -> float:
-    """A timing header's seconds; 0 for what is not a finite number (a peer's garbage is not
-    a reason to lose its answer)."""
+    """A timing header's seconds; 0 for what is not a finite number (not a reason to lose the answer)."""
     try:
         return _finite(float(text)) if text else 0.0
     except (TypeError, ValueError):
@@ -140,9 +127,7 @@ def _finite(value: float) -> float:
 
 
 def status_of(text: str | None, default: int = 200) -> int:
-    """An answer's ``X-P2pfaas-Status`` (or a peer's status code) as an HTTP status: what is not
-    one (not digits, outside 100-599) is 500 -- an HTTP server cannot send it, and a caller
-    must still get an answer."""
+    """An answer's ``X-P2pfaas-Status`` as an HTTP status: 500 for what is not one (not 100-599)."""
     if text is None:
         return default
     text = str(text)
@@ -151,8 +136,7 @@ def status_of(text: str | None, default: int = 200) -> int:
 
 @dataclass(frozen=True, slots=True)
 class Answer:
-    """One answer: ``status`` (200 ok, 4xx/5xx as the HTTP bridge answers), ``headers`` (the
-    P2PFaaS response headers) and ``body`` (the output, or the JSON error ``{code, message}``)."""
+    """One answer: ``status``, ``headers`` (P2PFaaS's) and ``body`` (the output, or ``{code, message}``)."""
 
     status: int
     body: bytes = b""
@@ -279,8 +263,7 @@ class Answer:
 
 
 class _ResultHeaders(Mapping[str, str]):
-    """The P2PFaaS headers of a stored result, rendered when first read: a caller that only
-    wants the output (a device, the farm emitter) does not pay for them."""
+    """The P2PFaaS headers of a stored result, rendered when first read (most callers want only the output)."""
 
     __slots__ = ("_result", "_headers")
 
@@ -317,15 +300,11 @@ HEADER_ROOM = 64 * 1024   # of a broker's max_payload, kept for the headers a me
 
 
 def input_limit(max_payload: int, configured: int | None = None) -> int:
-    """Largest function input a call may carry on a broker that takes ``max_payload`` bytes: the
-    rest is room for the headers every hop adds (bridge, node, peer, worker). nats-server counts
-    headers in max_payload and closes a connection that sends more: an input that fits alone but
-    not with its headers cost the bridge its NATS connection for good. At most ``configured``."""
+    """Largest input on a broker taking ``max_payload`` bytes, leaving room for the headers."""
     limit = max(0, max_payload - HEADER_ROOM)
     return limit if configured is None else min(configured, limit)
 
 
 def output_limit(max_payload: int) -> int:
-    """Largest output an answer may carry on a connection whose broker takes ``max_payload`` bytes:
-    room for the headers, and for a stored answer's base64 inside its JSON (3/4 of the rest)."""
+    """Largest output an answer may carry: room for the headers and a stored answer's base64."""
     return max(0, (max_payload - HEADER_ROOM) * 3 // 4)

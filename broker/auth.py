@@ -1,22 +1,5 @@
-"""Identities and what each may do: one model for NATS, MQTT and HTTP (docs/security.md).
-
-Every client has an identity. Services — each node, its workers, the bridges, the controllers —
-and operators get NATS users with per-subject permissions in account FAAS; devices get users
-in account DEVICES that may only connect over MQTT, publish their own requests and read their
-own answers; HTTP state changes need the operator's bearer token. The secrets live in
-``<data-dir>/auth`` (a 0700 directory of 0600 files), made on first use.
-
-Rules (each tested by trying the forbidden thing, tests/broker/test_security.py):
-
-* a device publishes only requests whose ``<client>`` token is its own name, reads only its own
-  results and rejects;
-* only nodes publish results, rejects, forwards, membership, telemetry and rewards (each node
-  only its own membership, telemetry and rewards; the bridges forward P2PFaaS peers' jobs);
-  workers (user code) only answer on reply inboxes (their node, and a direct call's caller);
-* only controllers publish scale commands (and the bridges, for an operator's request);
-* only operators change configuration, schedulers, learner parameters and streams (over HTTP
-  with the operator token: the bridge checks it, then acts).
-"""
+"""Identities and their secrets, one model for NATS, MQTT and HTTP (rules: docs/security.md): services
+are NATS users of account FAAS, devices MQTT-only users of DEVICES; secrets live in ``<data-dir>/auth``."""
 
 from __future__ import annotations
 
@@ -39,27 +22,20 @@ OPERATOR = "operator"
 BRIDGE = "bridge"
 CONTROLLER = "controller"
 SYSTEM = "sys"   # a hub's system-account user (it drops a revoked device's live link)
-# names no device may take: the services' users (Mosquitto would give a device named "bridge" the
-# bridge's ACL; nats-server wants user names unique across accounts, so it would not start) and the
-# HTTP bridge's client token "http-<node>", whose results are every HTTP caller's
+# names no device may take: the services' users (a device "bridge" would get the bridge's ACL, and
+# nats-server wants unique user names) and the HTTP bridge's client "http-<node>" (every caller's results)
 SERVICE_NAMES = frozenset({OPERATOR, BRIDGE, CONTROLLER, SYSTEM})
 SERVICE_NAME_PREFIXES = ("node-", "worker-", "http-", "leaf-")
-# bcrypt's cost in the generated nats-server configuration. Every password here is drawn by
-# secrets.token_urlsafe(24) (192 random bits), so a leaked hash is out of reach of any guessing
-# whatever the cost; the cost is only paid by nats-server, once per connection, in the client's
-# read loop. At bcrypt's default of 10 (55 ms a check here) `up --k 64` spent seconds of both
-# cores on its workers' CONNECTs (read loops of 2-7 s logged) and again after every broker
-# restart; 4, bcrypt's least, is ~1 ms (bench/connect_storm.py).
+# bcrypt's cost in nats-server's configuration: the least, as every password has 192 random bits, and
+# nats-server pays it per CONNECT in its read loop (bench/connect_storm.py)
 BCRYPT_ROUNDS = 4
 APPLIED = "applied.json"   # what the running brokers have loaded (AuthStore.mark_applied)
 log = logging.getLogger(__name__)
 
 
 def mqtt_bridge_client_id(store: "AuthStore | None", prefix: str) -> str:
-    """The MQTT bridge's client id at Mosquitto: stable across restarts (Mosquitto keeps its
-    session's queue for it) and, in a secure stack, not guessable by a device. MQTT client ids are
-    not tied to users: a device connecting with the bridge's id throws the bridge off and takes its
-    session -- every device's requests stop. The id carries a digest of the bridge's password."""
+    """The MQTT bridge's client id: stable (Mosquitto keeps its session) and, in a secure stack, not
+    guessable (a device with the bridge's id would take its session): a digest of its password."""
     base = f"p2pfaas-bridge-{prefix}"
     if store is None:
         return base
@@ -68,8 +44,7 @@ def mqtt_bridge_client_id(store: "AuthStore | None", prefix: str) -> str:
 
 
 class AuthStoreError(ValueError):
-    """A secrets file that is not a JSON object of names to secrets (broken by hand): never
-    overwritten, it is fixed or removed by whoever broke it."""
+    """A secrets file that is not a JSON object of names to secrets: never overwritten."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -99,12 +74,8 @@ def worker_user(node: str) -> str:
 
 
 class AuthStore:
-    """The deployment's secrets under ``directory`` (made with safe permissions on first use).
-
-    Several processes may add identities at once (``p2pfaas auth device`` while ``up`` runs):
-    a change is made under an exclusive lock of the directory and written whole (a temporary
-    file renamed over the old one), so readers never see half a file and no writer loses
-    another's identity."""
+    """The deployment's secrets under ``directory``. Several processes may add identities at once: a
+    change is made under an exclusive lock and written whole, so no writer loses another's identity."""
 
     def __init__(self, directory: Path) -> None:
         self.directory = directory
@@ -138,8 +109,7 @@ class AuthStore:
         return data
 
     def _load(self, name: str) -> dict[str, str]:
-        """For readers: once a file was read, a copy broken later leaves its last good identities
-        in force (logged), so a running ``up`` keeps serving the identities it knows."""
+        """For readers: a file broken after it was read leaves its last good identities in force (logged)."""
         try:
             return self._read(name)
         except AuthStoreError as exc:
@@ -181,8 +151,7 @@ class AuthStore:
         return Credentials(name, self._get("devices.json", name))
 
     def devices(self) -> dict[str, str]:
-        """The devices let in: one whose name a service goes by (a file edited by hand, or made by
-        an older version) is left out and logged, never given the service's rights."""
+        """The devices let in: one named as a service is left out (logged), never given its rights."""
         devices = self._load("devices.json")
         for name in list(devices):
             try:
@@ -209,8 +178,7 @@ class AuthStore:
 
     # -- a hub's invited machines (docs/edge.md) -----------------------------------------------
     def invite(self, device: str, group: str) -> Credentials:
-        """The hub's identity of a device machine (its leaf connection): created, or shown when
-        it exists (its group is what the last invitation said)."""
+        """The hub's identity of a device machine's leaf connection (created, or shown when it exists)."""
         from broker.edge import leaf_user
 
         user = leaf_user(device)
@@ -252,8 +220,7 @@ class AuthStore:
         return max((f.stat().st_mtime for f in files if f.exists()), default=0.0)
 
     def mark_applied(self, changed_at: float) -> None:
-        """A running ``up``'s brokers let in the identities as of ``changed_at`` (they were reloaded
-        and a new device's connection was accepted): ``p2pfaas auth device`` waits for this."""
+        """The running brokers let in the identities as of ``changed_at`` (``p2pfaas auth device`` waits)."""
         write_whole(self.directory / APPLIED, json.dumps({"changed_at": changed_at}).encode())
 
     def applied_at(self) -> float:

@@ -1,16 +1,9 @@
-"""Calling functions over NATS: direct calls (request/reply) and durable async calls.
-
-Used by ``p2pfaas invoke --via nats``, the HTTP bridge, the farm emitter and the benchmarks::
+"""Calling functions over NATS: direct calls (request/reply) and durable async calls::
 
     async with FaasClient(nc, client="app1") as faas:
         answer = await faas.invoke("n1", "fib", b"25")          # direct: nothing is stored
         await faas.submit("n1", "fib", b"25", "r1")             # async: stored once, then run
         answer = await faas.expect("r1")                        # ... its result, when it comes
-
-A direct call fails fast: :class:`~broker.errors.NodeUnavailable` when no node listens, when
-the client has no broker connection, when the node goes away mid-call or the connection drops
-mid-call (its answer would go to an inbox nobody holds); :class:`~broker.errors.NotPermitted`
-when the broker refuses the request.
 """
 
 from __future__ import annotations
@@ -37,7 +30,7 @@ from broker.connection import listen, on_event, on_publish_refused
 from broker.fastpath import NatsClient, store_error
 from broker.header_blocks import encode_headers, header_block
 from broker.errors import BrokerUnavailable, ContractError, InvalidSubject, NodeUnavailable, NotPermitted, PayloadTooLarge
-from broker.lifecycle import OnItsLoop
+from broker.lifecycle import OnItsLoop, StartStop
 from broker.messages import NodeGone
 from broker.streams import async_stream, results_stream
 from broker.subjects import Subjects, check_token
@@ -46,15 +39,12 @@ __all__ = ["Answer", "FaasClient", "InProcessDoor", "new_request_id"]
 
 log = logging.getLogger(__name__)
 
-# A node's request door in this process: (subject, reply, payload, header block) -> taken? False
-# when it no longer takes calls (stopping): the call then goes over NATS.
+# A node's request door in this process: (subject, reply, payload, header block) -> taken (else: NATS)
 InProcessDoor = Callable[[str, str, bytes, bytes], bool]
 
 
 def new_request_id() -> str:
-    """32 hex digits, unique: this process's 64 random bits, then a counter. (os.urandom per id
-    was a getrandom system call per call: 5 % of a client's CPU under load.) Ids are names, not
-    secrets: who may read an answer is the broker's permissions on its subject (docs/security.md)."""
+    """32 hex digits, unique (random start, a counter): names, not secrets (docs/security.md)."""
     return f"{_ids_prefix}{next(_ids):016x}"
 
 
@@ -69,7 +59,7 @@ _new_id_prefix()
 os.register_at_fork(after_in_child=_new_id_prefix)
 
 
-class FaasClient(OnItsLoop):
+class FaasClient(OnItsLoop, StartStop):
     def __init__(self, nc: Client, client: str = "cli", prefix: str = "faas") -> None:
         self.nc = nc
         self.js = nc.jetstream()
@@ -116,17 +106,10 @@ class FaasClient(OnItsLoop):
         self._calls.clear()
         self._stores.clear()
 
-    async def __aenter__(self) -> "FaasClient":
-        return await self.start()
-
-    async def __aexit__(self, *exc: object) -> None:
-        await self.stop()
-
     # -- direct calls -----------------------------------------------------------------
     async def invoke(self, node: str, fn: str, payload: bytes, *, req: str | None = None,
                      headers: dict[str, str] | None = None, timeout_s: float = 60.0) -> Answer:
-        """Call ``fn`` on ``node`` and return its answer (any status); asyncio.TimeoutError
-        after ``timeout_s``, NodeUnavailable when the node cannot answer at all."""
+        """``fn`` on ``node``: its answer (any status); asyncio.TimeoutError, NodeUnavailable, NotPermitted."""
         if not self.nc.is_connected:
             raise NodeUnavailable(f"not connected to NATS: cannot reach node {node}")
         self._check_size(payload)
@@ -153,18 +136,12 @@ class FaasClient(OnItsLoop):
             self._calls.pop(token, None)
 
     def open_door(self, node: str, door: "InProcessDoor") -> None:
-        """Hand direct calls to ``node`` to ``door`` while it is open: the node runs in this very
-        process (``p2pfaas node --http-port``: the HTTP bridge inside the node's process, as
-        P2PFaaS's scheduler is its own :18080), so a call skips one hop through nats-server. The
-        door gets what would have gone over the wire (subject, reply subject, payload, header
-        block); the answer comes back on this client's inbox over NATS, as from a node elsewhere.
-        Only the code that runs both parts opens a door: any other client goes through the broker
-        and its permissions."""
+        """Hand direct calls to ``node``, running in this process, to ``door`` (one hop less); answers still
+        come on our inbox. Only code running both parts opens one: others go through the broker's rights."""
         self._doors[node] = door
 
     def _check_size(self, payload: bytes) -> None:
-        """An input that cannot travel with its headers is refused here: sent, nats-server would
-        close this client's connection (it counts headers in its max_payload)."""
+        """Refuse an input too large to travel with its headers: nats-server would close the connection."""
         limit = input_limit(self.nc.max_payload)
         if len(payload) > limit:
             raise PayloadTooLarge(f"payload of {len(payload)} bytes exceeds the limit of {limit} "
@@ -197,8 +174,7 @@ class FaasClient(OnItsLoop):
                 fut.set_exception(NodeUnavailable(f"node {node} went away during the call ({gone.reason or 'stopped'})"))
 
     def _on_disconnected(self) -> None:
-        """The broker connection dropped: answers to the calls in flight went to an inbox nobody
-        held meanwhile, so they fail now (as an HTTP call whose connection broke), not at their timeout."""
+        """Calls in flight fail now: their answers went to an inbox nobody held meanwhile."""
         for token, (fut, node, _) in list(self._calls.items()):
             if not fut.done():
                 del self._calls[token]
@@ -214,10 +190,7 @@ class FaasClient(OnItsLoop):
     # -- async calls --------------------------------------------------------------------
     async def submit(self, node: str, fn: str, payload: bytes, req: str, headers: dict[str, str] | None = None,
                      timeout_s: float = 5.0, retry_for_s: float = 0.0) -> None:
-        """Durably store the call (returns once JetStream has it); the answer comes on
-        ``<prefix>.result|reject.<client>.<req>`` (see :meth:`expect`). A store that got no
-        acknowledgement (JetStream electing a leader, a broker restarting) is tried again for up
-        to ``retry_for_s`` with the same message id (a store that did happen is not doubled)."""
+        """Store the call durably (retried ``retry_for_s``, never doubled); answer: :meth:`expect`."""
         self._check_size(payload)
         subject = self.subjects.async_request(node, fn, self.client, req)
         hdrs = {H.MSG_ID: f"{self.client}.{req}", H.SENT_AT: repr(time.time())}
@@ -235,8 +208,7 @@ class FaasClient(OnItsLoop):
                 await asyncio.sleep(0.25)
 
     async def _store(self, subject: str, payload: bytes, headers: dict[str, str], timeout_s: float) -> None:
-        """``js.publish`` through this client's inbox (a timer, not a task and a timeout per call);
-        the same errors: nats' TimeoutError, NoStreamResponseError, APIError."""
+        """``js.publish`` through this client's inbox, with its errors (a timer, not a task per call)."""
         token = f"s{next(self._tokens)}"
         loop = self.loop
         fut: asyncio.Future[tuple[bytes, Mapping[str, str]]] = loop.create_future()
@@ -291,8 +263,7 @@ class FaasClient(OnItsLoop):
             fut.set_exception(exc)
 
     async def stored_answer(self, client: str, req: str) -> Answer | None:
-        """A result/rejection kept in the results stream (bounded age), or None; BrokerUnavailable
-        when the stream cannot be read now (the HTTP bridge answers 503 with Retry-After)."""
+        """A result/rejection kept in the results stream, or None; BrokerUnavailable if unreadable now."""
         for kind, subject in (("result", self.subjects.result(client, req)),
                               ("reject", self.subjects.reject(client, req))):
             try:
@@ -306,8 +277,7 @@ class FaasClient(OnItsLoop):
         return None
 
     async def stored_call(self, client: str, req: str) -> bool:
-        """Whether async call ``req`` of ``client`` is still in the intake: waiting or running (the
-        node removes it once its answer is stored); BrokerUnavailable when the intake cannot be read now."""
+        """Whether async call ``req`` of ``client`` is still in the intake; BrokerUnavailable if unreadable."""
         try:
             await self.js.get_last_msg(async_stream(self.subjects), self.subjects.async_call(client, req))
         except NotFoundError:
@@ -323,8 +293,7 @@ _WAIT_LINE = f"{H.WAIT}: ".encode()
 
 
 def _request_block(headers: dict[str, str] | None, timeout_s: float) -> bytes:
-    """The header block of a direct call: when it was sent, how long this client waits (as
-    :func:`_say_wait` says) and the caller's own headers; written at once for a call without any."""
+    """The header block of a direct call: sent at, how long this client waits, the caller's headers."""
     if headers:
         hdrs = {H.SENT_AT: repr(time.time()), **headers}
         _say_wait(hdrs, timeout_s)
@@ -334,9 +303,7 @@ def _request_block(headers: dict[str, str] | None, timeout_s: float) -> bytes:
 
 
 def _say_wait(headers: dict[str, str], timeout_s: float) -> None:
-    """X-P2pfaas-Wait-Seconds: the node does not run a call still queued once its caller has stopped
-    waiting. This client waits ``timeout_s``; a caller's own value counts only when shorter (a
-    value that is not a number is left for the node to refuse, 400)."""
+    """X-P2pfaas-Wait-Seconds: ``timeout_s``, or the caller's own value when shorter."""
     if not math.isfinite(timeout_s):
         return
     asked = headers.get(H.WAIT)

@@ -21,8 +21,7 @@ def encode(message: BaseModel) -> bytes:
 
 
 def decode(contract: type[M], data: bytes) -> M:
-    """Parse ``data`` as ``contract``; ContractError with a readable reason otherwise.
-    (pydantic parses the JSON itself: half the cost of ``orjson.loads`` and a validation.)"""
+    """Parse ``data`` as ``contract``; ContractError with a readable reason otherwise."""
     try:
         return contract.model_validate_json(data)
     except ValidationError as exc:
@@ -36,8 +35,7 @@ def decode(contract: type[M], data: bytes) -> M:
 
 
 def decode_update(current: M, data: bytes) -> M:
-    """``current`` with the keys of the JSON object ``data`` replaced (P2PFaaS merges configuration
-    bodies: keys not sent keep their value); ContractError when the result is not a valid one."""
+    """``current`` with the keys of the JSON object ``data`` replaced (P2PFaaS merges configurations)."""
     try:
         sent = orjson.loads(data)
     except orjson.JSONDecodeError as exc:
@@ -48,10 +46,7 @@ def decode_update(current: M, data: bytes) -> M:
 
 
 def frame(message: BaseModel | dict, payload: bytes) -> bytes:
-    """``message`` and raw ``payload`` in one body: length, JSON, payload. ``message`` may be the
-    JSON document of a contract, written out by the sender from values it validated itself (on
-    the request path, where building the model to dump it again costs more than the call); the
-    receiver decodes it into the contract all the same."""
+    """``message`` (a contract, or its JSON as a dict) and raw ``payload`` in one body."""
     meta = orjson.dumps(message) if isinstance(message, dict) else encode(message)
     return len(meta).to_bytes(_LENGTH, "big") + meta + payload
 
@@ -65,10 +60,7 @@ def unframe(contract: type[M], data: bytes) -> tuple[M, bytes]:
 
 
 def split_by_size(items: Sequence[T], sizes: Sequence[int], limit: int) -> Iterator[list[T]]:
-    """``items`` in runs whose payloads (``sizes``, plus :data:`ENTRY_ROOM` each for their JSON)
-    fit ``limit``, in order; an item too large alone still gets a run of its own (the broker
-    refuses it, and its sender answers for it). A batch of calls, or of their outputs, that
-    would not fit one message goes as several."""
+    """``items`` in order, in runs whose ``sizes`` (+ ENTRY_ROOM each) fit ``limit``."""
     run: list[T] = []
     used = 0
     for item, size in zip(items, sizes):

@@ -1,9 +1,5 @@
-"""P2PFaaS's error catalogue: the ``code`` of every ``{code, message}`` error body, and the HTTP
-status each one is answered with (the original scheduler's ``errors/reply_errors.go``).
-
-The HTTP status says what kind of failure it is; the code says which one, as P2PFaaS's clients
-parse it (the benchmark client reads ``code`` of every 500).
-"""
+"""P2PFaaS's error catalogue (its ``errors/reply_errors.go``): the ``code`` of an error body says which
+failure, as P2PFaaS's clients parse it; the HTTP status it is answered with says what kind."""
 
 from __future__ import annotations
 

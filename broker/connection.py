@@ -33,11 +33,8 @@ Event = Literal["publish_refused", "disconnected", "reconnected"]
 _listeners: "weakref.WeakKeyDictionary[Client, dict[str, list[Callable[..., None]]]]" = weakref.WeakKeyDictionary()
 
 
-# A first connect that is turned away (nothing listens there, an unknown host, an identity the
-# broker refuses) gives up after this many seconds, every server of its list tried; None: it
-# retries until its deadline (2 x connect_timeout_s), as the parts `up` starts do while their
-# broker (re)starts. The command line sets it for commands run by hand: a user waited 10 s to
-# be told that nothing listens.
+# A first connect turned away (nothing listens, a refused identity) gives up after this many seconds;
+# None: it retries until its deadline, as parts of `up` do while their broker (re)starts.
 GIVE_UP_TURNED_AWAY_S: float | None = None
 
 
@@ -46,10 +43,7 @@ _NO_HEADERS: Mapping[str, str] = {}
 
 
 async def listen(nc: Client, subject: str, handler: Handler, queue: str = "") -> Subscription:
-    """``handler(subject, reply, data, headers)`` for each message on ``subject``: from the read loop,
-    the headers read only when asked (a :class:`NatsClient`, as every connection :func:`connect`
-    makes), or through nats-py's own subscription (any other client). The request path's doors
-    and replies listen this way: the handler must not block (it spawns what has to wait)."""
+    """``handler(subject, reply, data, headers)`` for each message, from the read loop: never block."""
     if isinstance(nc, NatsClient):
         return await nc.subscribe_lean(subject, lambda subj, reply, data, block: handler(
             subj, reply, data, HeaderBlock(block) if block else _NO_HEADERS), queue=queue)
@@ -60,17 +54,14 @@ async def listen(nc: Client, subject: str, handler: Handler, queue: str = "") ->
 
 
 def on_event(nc: Client, event: Event, listener: Callable[..., None]) -> Callable[[], None]:
-    """Call ``listener`` on ``event`` of a connection made by :func:`connect`: ``publish_refused``
-    (with the subject: a permissions violation, which the server reports asynchronously),
-    ``disconnected`` and ``reconnected`` (no argument). Returns the function that removes it."""
+    """Call ``listener`` on ``event`` of a connection; returns the function that removes it."""
     listeners = _listeners.setdefault(nc, {}).setdefault(event, [])
     listeners.append(listener)
     return lambda: listener in listeners and listeners.remove(listener)
 
 
 def on_publish_refused(nc: Client, listener: Callable[[str], None]) -> Callable[[], None]:
-    """Call ``listener(subject)`` whenever the broker refuses a publish of ``nc`` (a request would
-    otherwise wait for its timeout)."""
+    """Call ``listener(subject)`` whenever the broker refuses a publish of ``nc``."""
     return on_event(nc, "publish_refused", listener)
 
 
@@ -92,8 +83,7 @@ def _publish_refused(nc: Client | None, exc: Exception) -> None:
 
 async def request(nc: Client, subject: str, payload: bytes = b"", *, timeout_s: float,
                   headers: dict[str, str] | None = None) -> Msg:
-    """``nc.request`` that fails at once with :class:`NotPermitted` when the broker refuses the
-    publish, instead of waiting out ``timeout_s`` for an answer that cannot come."""
+    """``nc.request`` that fails at once (:class:`NotPermitted`) when the broker refuses the publish."""
     loop = asyncio.get_running_loop()
     refused: asyncio.Future[None] = loop.create_future()
 
@@ -118,22 +108,18 @@ async def request(nc: Client, subject: str, payload: bytes = b"", *, timeout_s: 
 
 
 def credentials_from_env(prefix: str = "P2PFAAS_NATS") -> tuple[str, str] | None:
-    """(user, password) named ``P2PFAAS_NATS_USER`` / ``P2PFAAS_NATS_PASSWORD``: handed to this
-    process at its start (how ``up`` gives every part its identity, :mod:`broker.handoff`) or, run
-    by hand, in its environment; None when there are none."""
+    """(user, password) handed over at start (:mod:`broker.handoff`) or in the env; else None."""
     user, password = handoff.get(f"{prefix}_USER"), handoff.get(f"{prefix}_PASSWORD")
     return (user, password) if user and password else None
 
 
 async def connect(url: str | list[str], name: str, *, connect_timeout_s: float = 5.0,
                   credentials: tuple[str, str] | None = None, tls_ca: str | None = None) -> Client:
-    """Connect (reconnecting forever afterwards); BrokerUnavailable if the first attempt fails:
-    within 2 x ``connect_timeout_s``, or :data:`GIVE_UP_TURNED_AWAY_S` once turned away.
+    """Connect (reconnecting forever afterwards); BrokerUnavailable if the first attempt fails within
+    2 x ``connect_timeout_s`` (or :data:`GIVE_UP_TURNED_AWAY_S` once turned away). ``url`` may list a
+    cluster's servers; ``tls_ca`` (default ``P2PFAAS_TLS_CA``) is the CA file, else the PEM handed as
+    ``P2PFAAS_TLS_CA_PEM`` (a worker, which may not read the data dir)."""
 
-    ``url`` may be a list: more servers of the same cluster, tried in turn. ``credentials``
-    (user, password) default to the process's own (:func:`credentials_from_env`); ``tls_ca``
-    (default ``P2PFAAS_TLS_CA``) is the CA file that signed the server's certificate, or else the
-    CA itself (PEM) handed as ``P2PFAAS_TLS_CA_PEM`` (a worker, which may not read the data dir)."""
     credentials = credentials or credentials_from_env()
     tls_ca = tls_ca or os.environ.get("P2PFAAS_TLS_CA")
     options: dict = {}
@@ -159,8 +145,7 @@ async def connect(url: str | list[str], name: str, *, connect_timeout_s: float =
             if _turned_away(exc):
                 refusal[:] = [exc]
             log.debug("nats %s: %s", name, exc)
-            # nats-server closes the connection after its -ERR: a retry's read may see only the
-            # reset (the -ERR discarded with the socket), which is the same refusal
+            # nats-server closes the connection after its -ERR: a retry may see only the reset
             if (patience is not None and refusal and loop.time() - started >= patience
                     and (refusal[0] is exc or isinstance(exc, (ConnectionResetError, BrokenPipeError)))
                     and not turned_away.done()):
@@ -177,8 +162,7 @@ async def connect(url: str | list[str], name: str, *, connect_timeout_s: float =
         log.info("nats %s: reconnected", name)
         _notify(connection[0] if connection else None, "reconnected")
 
-    # nats-py retries a failed first connect forever when reconnects are on: bound it, so an
-    # unreachable broker is a clear error and not a hang (and one that turns us away, a quick one)
+    # nats-py retries a failed first connect forever when reconnects are on: bound it
     nc = NatsClient()
     connecting = asyncio.ensure_future(nc.connect(
         url,
@@ -215,15 +199,13 @@ async def connect(url: str | list[str], name: str, *, connect_timeout_s: float =
 
 
 def _turned_away(exc: Exception) -> bool:
-    """An answer that asking again at once will not change: connection refused (nothing listens),
-    an unknown host, an identity the broker refuses. A slow broker's timeout is not one."""
+    """Asking again at once will not change it: refused, unknown host, refused identity."""
     return (isinstance(exc, (ConnectionRefusedError, socket.gaierror, nats_errors.AuthorizationError))
             or "authorization violation" in str(exc).lower())
 
 
 async def close_quietly(nc: Client, *subs, timeout_s: float = 5.0) -> None:
-    """Unsubscribe and drain, within ``timeout_s``; a broker that is already gone is not an error
-    at shutdown (and is not waited for: a closed or reconnecting connection is just closed)."""
+    """Unsubscribe and drain within ``timeout_s``; a broker already gone is no error at shutdown."""
     if nc.is_closed:
         return
     if nc.is_connected:

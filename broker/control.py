@@ -1,12 +1,5 @@
-"""Control-plane request/reply in one place: nodes serve it, bridges and tools ask.
-
-A node's control subjects are the endpoints of a NATS service (``nats.micro``): the ``nats`` CLI
-finds them (``nats micro ls``, ``nats micro info p2pfaas-node``) and counts their requests. A
-reply carries ``X-P2pfaas-Status`` (HTTP-like); an error reply also carries the NATS services'
-standard ``Nats-Service-Error`` and ``Nats-Service-Error-Code`` headers and the JSON body
-``{code, message}``. A handler is ``async (body) -> body`` and raises :class:`ControlError`
-(or ``ContractError``, a 400) to refuse.
-"""
+"""Control-plane request/reply: nodes serve it as a NATS service's endpoints, bridges and tools ask. Replies
+carry ``X-P2pfaas-Status``; a handler raises :class:`ControlError` (or ``ContractError``: 400) to refuse."""
 
 from __future__ import annotations
 
@@ -30,9 +23,6 @@ from broker.errors import ContractError, NodeUnavailable
 
 log = logging.getLogger(__name__)
 
-SERVICE_ERROR = H.SERVICE_ERROR
-SERVICE_ERROR_CODE = H.SERVICE_ERROR_CODE
-
 Handler = Callable[[bytes], Awaitable[bytes]]
 
 
@@ -43,8 +33,7 @@ class ControlError(Exception):
 
 
 class ControlServer:
-    """Serves control subjects as the endpoints of one NATS service named ``name``;
-    ``refused(subject, message)`` is told about every refusal."""
+    """Serves control subjects as the endpoints of one NATS service; ``refused`` hears every refusal."""
 
     def __init__(self, nc: Client, refused: Callable[[str, str], None] = lambda subject, message: None, *,
                  name: str = "p2pfaas-control", description: str = "", metadata: dict[str, str] | None = None) -> None:
@@ -63,18 +52,18 @@ class ControlServer:
                 message = exc.message if isinstance(exc, ControlError) else str(exc)
                 self._refused(subject, message)
                 body = error_body(codes.for_status(status), message)
-                headers = {H.STATUS: str(status), SERVICE_ERROR: message[:200].replace("\n", " "),
-                           SERVICE_ERROR_CODE: str(status)}
+                headers = {H.STATUS: str(status), H.SERVICE_ERROR: message[:200].replace("\n", " "),
+                           H.SERVICE_ERROR_CODE: str(status)}
             except OSError as exc:   # a full disk, a read-only data dir: the asker hears which, not "internal error"
                 message = f"the node could not write its state: {exc.strerror or exc}" + (
                     f" ({exc.filename})" if exc.filename else "")
                 log.error("control request on %s failed: %s", subject, message)
                 status, body = 500, error_body(codes.GENERIC, message)
-                headers = {H.STATUS: "500", SERVICE_ERROR: message[:200], SERVICE_ERROR_CODE: "500"}
+                headers = {H.STATUS: "500", H.SERVICE_ERROR: message[:200], H.SERVICE_ERROR_CODE: "500"}
             except Exception as exc:  # a bug must answer too, never leave the caller waiting
                 log.exception("control request on %s failed", subject)
                 status, body = 500, error_body(codes.GENERIC, f"internal error: {type(exc).__name__}")
-                headers = {H.STATUS: "500", SERVICE_ERROR: "internal error", SERVICE_ERROR_CODE: "500"}
+                headers = {H.STATUS: "500", H.SERVICE_ERROR: "internal error", H.SERVICE_ERROR_CODE: "500"}
             with contextlib.suppress(ValueError):   # a publish without a reply subject: served, not answered
                 await request.respond(body, headers=headers)
 
@@ -102,10 +91,7 @@ async def control_request(nc: Client, subject: str, body: bytes = b"", timeout_s
 
 
 def node_health(node: str, status: int, body: bytes) -> tuple[dict, str | None]:
-    """A node's answer on its info subject, judged: (its info, None) when healthy, else (what
-    could be read, why not). An error answer is unhealthy (a node whose info handler fails is
-    not well), and so is one whose async intake cannot pull or whose answers wait to be stored.
-    The bridge's ``/healthz`` and the containers' health check (p2pfaas.healthcheck) both ask this."""
+    """A node's info answer judged: (info, None) when healthy, else (info, why not)."""
     try:
         info = orjson.loads(body) if body else {}
     except orjson.JSONDecodeError:

@@ -1,13 +1,5 @@
-"""Dead letters: the async tasks a node would not run again (delivered ``max_deliver`` times, each
-one lost with its worker), kept in the dead-letter stream with their cause, their intake subject
-and headers (nodes/answering.py). List them, show one, redrive them (docs/architecture.md).
-
-A redrive stores the task again in a node's intake (its own or another's) under a new request id,
-``<id>-r<seq>``, then removes it from the stream: its caller's old call was answered already
-(500, "dead-lettered"), and a node drops a task whose key has an answer. The redriven one is
-answered once, on the result subject of the new id, where its client listens too (an MQTT device
-on ``faas/result/<client>/#``, an HTTP caller at ``/result/<new id>``).
-"""
+"""Dead letters: the async tasks a node would not run again (nodes/answering.py); a redrive stores one again
+under a new request id ``<id>-r<seq>`` (its old call was answered already), then removes the letter."""
 
 from __future__ import annotations
 
@@ -95,22 +87,16 @@ async def dead_letter(js: JetStreamContext, subjects: Subjects, seq: int) -> Dea
         raise DeadLetterError(f"no dead letter {seq} (redriven or removed already, or never one)") from None
 
 
-def redriven_id(letter: DeadLetter) -> str:
-    suffix = f"-r{letter.seq}"
-    return letter.request_id[:REQUEST_ID_MAX - len(suffix)] + suffix
-
-
 async def redrive(js: JetStreamContext, subjects: Subjects, letter: DeadLetter, *,
                   to_node: str | None = None) -> tuple[str, str]:
-    """Store ``letter``'s task again in the intake of ``to_node`` (default: the node it was meant
-    for), then remove the letter; returns (the new call key, the node). Stored once however often
-    this is retried: its message id is the new key."""
+    """Store ``letter``'s task again (in ``to_node``'s intake), remove it: (new key, node)."""
     if not letter.subject:
         raise DeadLetterError(f"dead letter {letter.seq} has no intake subject kept (dead-lettered by an "
                               "older node): it cannot be redriven")
     target = subjects.parse_invocation(letter.subject)
     node = check_node(to_node) if to_node else target.node
-    new_id = redriven_id(letter)
+    suffix = f"-r{letter.seq}"
+    new_id = letter.request_id[:REQUEST_ID_MAX - len(suffix)] + suffix
     key = f"{letter.client}.{new_id}"
     headers = {k: v for k, v in letter.headers.items()   # not the dead-letter store's own (Nats-Expected-Stream)
                if k not in (H.DEAD_LETTER_REASON, H.DEAD_LETTER_SUBJECT, H.DEAD_LETTER_AT)

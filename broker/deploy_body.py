@@ -1,13 +1,5 @@
-"""A function's deployment as OpenFaaS users write it -- the gateway's deploy body, a faas-cli
-``stack.yml`` entry -- read into a :class:`~broker.messages.FunctionDeployment` (docs/compat.md).
-
-Honoured: ``service``, ``image`` (or p2pfaas's ``reference``), ``envVars``, ``envProcess``,
-``labels``, ``annotations``, ``secrets``, ``limits`` (``memory``, ``cpu``); the scaling labels
-``com.openfaas.scale.{min,max,zero,zero-duration}``; the watchdog's ``exec_timeout`` and
-``max_inflight`` variables as the function's timeout and concurrency (they stay in its environment
-too, for an image's watchdog); and p2pfaas's own ``timeout``, ``concurrency``, ``scaling``. A key
-that asks for what is not done here is refused with the reason, never dropped.
-"""
+"""A function's deployment as OpenFaaS users write it (deploy body, faas-cli ``stack.yml``) read into a
+:class:`~broker.messages.FunctionDeployment`; what is not done here is refused with its reason."""
 
 from __future__ import annotations
 
@@ -54,8 +46,7 @@ def cpus(text: Any) -> float:
 
 
 def duration_s(text: Any) -> float:
-    """Go's durations as the watchdog and OpenFaaS's labels write them (``15m``, ``30s``,
-    ``500ms``), or plain seconds."""
+    """Go's durations as the watchdog and OpenFaaS's labels write them (``15m``, ``500ms``), or seconds."""
     found = _DURATION.match(str(text))
     if not found:
         raise DeployBodyError(f"duration {text!r} must look like 30s, 15m, 500ms or a number of seconds")
@@ -94,8 +85,7 @@ def _scaling(sent: dict, labels: dict[str, str]) -> dict | None:
 
 
 def deployment_fields(sent: Any) -> dict[str, Any]:
-    """The FunctionDeployment fields of an OpenFaaS (or P2PFaaS-wrapped) deploy body; DeployBodyError
-    says what is wrong."""
+    """The FunctionDeployment fields of an OpenFaaS (or P2PFaaS-wrapped) deploy body, or DeployBodyError."""
     if isinstance(sent, dict) and isinstance(sent.get("openfaas_service"), dict):
         sent = sent["openfaas_service"]
     if not isinstance(sent, dict):

@@ -1,17 +1,5 @@
-"""Several machines: a hub and the devices that join it (docs/edge.md).
-
-Every device runs its own nats-server as a *leaf node* of the hub: an outbound TLS connection
-(mutual: the device shows a certificate the hub's CA signed, and a password), its own JetStream
-domain (its streams stay on it), its MQTT listener. What crosses a leaf connection is only what
-nodes on different machines say to each other; the rest stays on the device, enforced twice:
-by the permissions of the device's user at the hub (``leaf_permissions``), which nats-server
-also hands to the leaf, and by the deny lists of the device's own remote (``LOCAL_ONLY``).
-
-A device is invited by the hub's operator (``p2pfaas auth invite``): an :class:`Invitation`
-file holds what it needs and no more (the hub's URLs and CA, its leaf user and password, its
-client certificate and key). Its own identities (node, workers, bridges, operator) are made on
-the device and never leave it.
-"""
+"""Several machines: a hub and the devices that join it as mutual-TLS leaf nodes (docs/edge.md). Only what
+nodes say to each other crosses a link: ``leaf_permissions`` at the hub, ``LOCAL_ONLY`` at the device."""
 
 from __future__ import annotations
 
@@ -28,7 +16,6 @@ from broker.subjects import DEFAULT_GROUP, check_node, group_token
 INVITATION_VERSION = 1
 LEAF_PORT = 7422                 # nats-server's leaf node port
 PING_INTERVAL = "2s"             # a cut link is noticed in 4-8 s, not nats-server's default minutes
-PING_MAX = 2
 LEAF_RECONNECT = "1s"            # a device redials its hub every second while the link is down
 LEAF_PREFIX = "leaf-"            # the hub's user of device <d> is leaf-<d>
 
@@ -76,10 +63,7 @@ def inbox_prefix(device: str) -> str:
 
 
 def leaf_permissions(device: str, group: str) -> dict:
-    """The hub's user of ``device``: what its machine may say to the others (publish) and hear from
-    them (subscribe). A forward, a direct call, a load probe to any node and their answers; its own
-    heartbeats within its group, its goodbye and telemetry; everyone's goodbyes, its group's
-    heartbeats, the calls and probes addressed to it, the replies to its own inboxes."""
+    """The hub's user of ``device``: what its machine may say to the others and hear from them."""
     g = group_token(group)
     return {"publish": {"allow": ["*.*.forward.>", "*.*.request.>", "*.*.load", f"*.membership.{g}.{device}",
                                   f"*.{device}.gone", f"*.{device}.telemetry.*", "_INBOX.>"]},
@@ -89,9 +73,7 @@ def leaf_permissions(device: str, group: str) -> dict:
 
 
 def leaf_remote(invitation: Invitation, files: Path) -> str:
-    """The device's ``leafnodes`` block: one remote (account FAAS) to every hub server, mutual
-    TLS, and the device's own deny lists. ``files``: where its CA, certificate and key are
-    written (0600)."""
+    """The device's ``leafnodes`` block, its TLS files written under ``files`` (0600)."""
     files.mkdir(parents=True, exist_ok=True, mode=0o700)
     paths = {}
     for name, pem in (("hub-ca.pem", invitation.ca), ("device.pem", invitation.cert), ("device-key.pem", invitation.key)):

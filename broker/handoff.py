@@ -1,17 +1,5 @@
-"""Secrets handed to a process when it starts, never through its environment.
-
-``/proc/<pid>/environ`` shows a process's *initial* environment for its whole life (removing a
-variable from ``os.environ`` does not change it), to anyone allowed to read it. So a parent
-(``up``, a node starting its workers or its bridge's other processes) writes a child's secrets
-to an anonymous memory file (memfd), hands the child only its descriptor and names its number in
-``P2PFAAS_HANDOFF_FD``; the child reads it once at its start (:func:`take`) and closes it.
-
-A secret exported by a person who runs a part by hand (``P2PFAAS_NATS_PASSWORD=... p2pfaas
-node``) is taken the same way: moved out of ``os.environ`` into this process's memory, so the
-children it starts never get it. Every process that holds secrets also makes itself not
-dumpable: its ``/proc/<pid>/{environ,mem,fd,...}`` then belong to root and other processes of
-its user may not read or ptrace it (docs/security.md).
-"""
+"""Secrets handed to a process when it starts, never through its environment (``/proc/<pid>/environ`` keeps
+the initial one for life): a memfd named by ``P2PFAAS_HANDOFF_FD``, read once by :func:`take`."""
 
 from __future__ import annotations
 
@@ -42,8 +30,7 @@ _held: dict[str, str] = {}
 
 
 def take() -> None:
-    """At the start of a process that holds secrets: make it not dumpable, read what its parent
-    handed it, and move any secret of its environment into its memory."""
+    """At a secret holder's start: not dumpable, read the handoff, move env secrets into memory."""
     not_dumpable()
     fd = os.environ.pop(HANDOFF_FD_ENV, None)
     if fd:
@@ -68,21 +55,17 @@ def _read_handoff(fd: int) -> dict[str, str]:
 
 
 def get(name: str) -> str | None:
-    """A handed value, else the environment's (a process that did not :func:`take`, e.g. a node
-    a test runs in its own process)."""
+    """A handed value, else the environment's (a process that did not :func:`take`)."""
     return _held.get(name) or os.environ.get(name) or None
 
 
 def hold(**values: str) -> None:
-    """Keep these values as if they had been handed to us (e.g. a stack's identity found in its
-    data dir by a part run by hand)."""
+    """Keep these values as if they had been handed to us."""
     _held.update(values)
 
 
 def handoff_fd(values: Mapping[str, str]) -> int:
-    """A descriptor to hand a child (``pass_fds``) holding ``values``, read from its start. Not
-    inheritable: only a child that is passed it gets it. The caller closes it once the child
-    has started."""
+    """A non-inheritable descriptor holding ``values`` for a child; the caller closes it after start."""
     fd = os.memfd_create("p2pfaas-handoff", os.MFD_CLOEXEC)
     try:
         data = orjson.dumps(dict(values))
@@ -97,9 +80,7 @@ def handoff_fd(values: Mapping[str, str]) -> int:
 
 
 def not_dumpable() -> None:
-    """prctl(PR_SET_DUMPABLE, 0): our /proc files become root's, and processes of our own user can
-    no longer read our environment or memory, nor ptrace us. Reset by execve, so every process
-    that holds secrets calls it itself."""
+    """prctl(PR_SET_DUMPABLE, 0): no reading our memory, no ptrace. Reset by execve."""
     try:
         libc = ctypes.CDLL(None, use_errno=True)
         if libc.prctl(PR_SET_DUMPABLE, 0, 0, 0, 0) != 0:

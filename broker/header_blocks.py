@@ -1,10 +1,5 @@
-"""NATS header blocks as they travel: written from a dict or ahead of time from lines, and read
-eagerly or only when asked (what nats-py gives for the same bytes, tests/broker/test_connection.py).
-
-A direct call's answer carries P2PFaaS's ten headers; nats-py's reader tests every character of
-every name and its writer checks every name on every publish: the worker writing them and the
-caller reading them spent some 20-30 µs each per call (bench/README.md).
-"""
+"""NATS header blocks as they travel, written and read as nats-py would for the same bytes
+(tests/broker/test_connection.py), without its per-character checks of every name."""
 
 from __future__ import annotations
 
@@ -21,8 +16,7 @@ _NAMES_MAX = 1024
 
 
 def encode_headers(headers: dict) -> bytes:
-    """nats-py's header block for ``headers`` (empty names skipped, a bad name BadHeaderError, CR
-    and LF in a value made spaces), with each name's check and encoding done once."""
+    """nats-py's header block for ``headers``, each name's check and encoding done once."""
     return _START + header_text(headers).encode() + _CRLF_
 
 
@@ -32,8 +26,7 @@ def header_block(lines: bytes) -> bytes:
 
 
 def header_text(headers: dict) -> str:
-    """``Name: value`` CRLF for each header, as nats-py writes them (see :func:`encode_headers`):
-    the lines of a block rendered ahead of its message (a direct answer's node side)."""
+    """``Name: value`` CRLF for each header, as nats-py writes them: a block rendered ahead."""
     parts = []
     for name, value in headers.items():
         prefix = _NAMES.get(name)
@@ -66,8 +59,7 @@ def parse_header_lines(raw: bytes) -> dict[str, str]:
 
 
 def parse_header_block(block: bytes) -> dict[str, str] | None:
-    """What nats-py's ``_process_headers`` makes of a message's header block (its inline status as
-    ``Status`` and ``Description``), without a coroutine: for readers called in the read loop."""
+    """nats-py's ``_process_headers`` of a header block, without a coroutine (read loop)."""
     if not block:
         return None
     hdr: dict[str, str] | None = None
@@ -96,10 +88,7 @@ def parse_header_block(block: bytes) -> dict[str, str] | None:
 
 
 class HeaderBlock(Mapping[str, str]):
-    """A message's headers read only when asked: ``get(name)`` finds one header in the bytes (the
-    status of an answer), anything else parses the whole block, once. A caller that
-    only wants the status and the output (``p2pfaas invoke``, a farm emitter, an application)
-    does not pay for P2PFaaS's ten headers; the HTTP bridge, which passes them all on, does."""
+    """A message's headers read only when asked: one by ``get``, else all, once."""
 
     __slots__ = ("_block", "_parsed")
 
@@ -117,11 +106,8 @@ class HeaderBlock(Mapping[str, str]):
             self._parsed = parse_header_block(self._block) or {}
         return self._parsed
 
-    _all = parsed
-
     def get(self, name: str, default: str | None = None) -> str | None:   # type: ignore[override]
-        """``Mapping.get`` without parsing the rest where the bytes leave no doubt: the name occurs
-        once, at the start of a line, in an all-ASCII block; otherwise the whole block is read."""
+        """``Mapping.get``, from the bytes when the name occurs once in an all-ASCII block, else parsed."""
         if self._parsed is None:
             block, key = self._block, name.encode()
             at = block.find(b"\r\n" + key + b":")
@@ -132,19 +118,19 @@ class HeaderBlock(Mapping[str, str]):
                 end = block.find(b"\r\n", start)
                 if end >= 0:
                     return block[start:end].decode().strip(_WS)
-        return self._all().get(name, default)
+        return self.parsed().get(name, default)
 
     def __getitem__(self, name: str) -> str:
-        return self._all()[name]
+        return self.parsed()[name]
 
     def __iter__(self) -> Iterator[str]:
-        return iter(self._all())
+        return iter(self.parsed())
 
     def __len__(self) -> int:
-        return len(self._all())
+        return len(self.parsed())
 
     def __bool__(self) -> bool:   # a block is only made for a message that has one (no parse to say so)
         return bool(self._block)
 
     def __repr__(self) -> str:
-        return repr(self._all())
+        return repr(self.parsed())

@@ -1,8 +1,5 @@
-"""Header names on the wire (P2PFaaS-compatible where P2PFaaS has one), every one of them.
-
-A direct call's answer carries the same headers over NATS as over HTTP: the node writes
-them once, the HTTP bridge passes them through (docs/architecture.md).
-"""
+"""Header names on the wire (P2PFaaS-compatible where P2PFaaS has one): a direct call's answer carries the
+same headers over NATS as over HTTP (the HTTP bridge passes them through)."""
 
 VERSION = "X-P2pfaas-Version"                 # the answering node's p2pfaas version
 SCHEDULER = "X-P2pfaas-Scheduler"             # the algorithm that decided, with its parameters
@@ -78,5 +75,3 @@ def is_true(value: str | None) -> bool:
 
 # request headers a caller may set (the HTTP bridge passes exactly these on)
 CALLER_HEADERS = (BYPASS, FORWARD, REJECT, TRACING_ID, TASK_TYPE, TIMEOUT, DEADLINE, WAIT)
-# answer headers that reach the caller (HTTP response headers)
-TIMING_LISTS = (TIMING_TOTAL, TIMING_SCHEDULING, TIMING_PROBING)

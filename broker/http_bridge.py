@@ -1,19 +1,11 @@
-"""The HTTP bridge: P2PFaaS's REST APIs translated to NATS subjects.
-
-It imports nothing from nodes/: every route is a publish or a request/reply on the node's
-subjects, so a node can run anywhere its NATS reaches. ``HttpBridge.app`` is the ASGI entry of
-the scheduler API (default :18080: the direct-call fast path in front of the FastAPI app ``api``,
-which holds the routers, one exception handler and the lifespan that starts and stops the
-bridge's NATS client). ``discovery_app`` and ``learner_app`` are P2PFaaS's discovery (19000)
-and learner (19020) APIs, served by the same process on their own ports (docs/compat.md).
-"""
+"""The HTTP bridge: P2PFaaS's REST APIs on NATS subjects (nothing from nodes/): the scheduler API (:18080),
+and the discovery (19000) and learner (19020) APIs on their own ports (docs/compat.md)."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
 import time
-from typing import Collection
 
 from fastapi import FastAPI
 from nats.aio.client import Client
@@ -25,7 +17,6 @@ from broker.http.control import control_router
 from broker.http.invoke import FastInvoke, faas_error, invoke_router
 from broker.http.discovery import discovery_app
 from broker.http.learner import learner_app, learner_router
-from broker.http.limits import HttpLimits
 from broker.http.openfaas import openfaas_router
 from broker.http.peer import peer_router
 from broker.http.serving import serve_in_loop
@@ -35,15 +26,9 @@ from broker.http_ui import dashboard_router
 class HttpBridge(Bridge):
     """The app for one node; ``serve()`` runs it under uvicorn inside the caller's loop."""
 
-    def __init__(self, nc: Client, node: str, *, prefix: str = "faas", max_payload_bytes: int = 1024 * 1024,
-                 invoke_timeout_s: float = 60.0, control_timeout_s: float = 3.0, operator_token: str | None = None,
-                 invoke_token: str | None = None, callback_hosts: Collection[str] = (), p2pfaas_open: bool = False,
-                 limits: HttpLimits = HttpLimits()) -> None:
-        """The arguments are :class:`Bridge`'s."""
-        super().__init__(nc, node, prefix=prefix, max_payload_bytes=max_payload_bytes,
-                         invoke_timeout_s=invoke_timeout_s, control_timeout_s=control_timeout_s,
-                         operator_token=operator_token, invoke_token=invoke_token,
-                         callback_hosts=callback_hosts, p2pfaas_open=p2pfaas_open, limits=limits)
+    def __init__(self, nc: Client, node: str, **options) -> None:
+        """The options are :class:`Bridge`'s."""
+        super().__init__(nc, node, **options)
         self.api = self._build_api()
         self.app = FastInvoke(self.api, self)
         self.discovery_app = discovery_app(self)
@@ -53,8 +38,7 @@ class HttpBridge(Bridge):
     async def serve(self, host: str, port: int, started: asyncio.Event | None = None, *,
                     reuse_port: bool = False, discovery_port: int | None = None,
                     learner_port: int | None = None, tls: tuple[str, str] | None = None) -> None:
-        """Serve the scheduler API on ``port`` (and the discovery and learner APIs on theirs, when
-        given) until :meth:`shutdown`."""
+        """Serve the scheduler API on ``port`` (the discovery and learner APIs on theirs) until shutdown."""
         apps = [(self.app, port, True)]
         apps += [(app, p, False) for app, p in ((self.discovery_app, discovery_port), (self.learner_app, learner_port))
                  if p is not None]
@@ -87,8 +71,7 @@ class HttpBridge(Bridge):
 
 
 class RequestMetrics:
-    """Counts and times every framework-served request per route template, as a plain ASGI
-    middleware (Starlette's ``@app.middleware("http")`` costs ~4x more per request)."""
+    """Counts and times framework-served requests per route (a plain, cheaper ASGI middleware)."""
 
     def __init__(self, app, bridge: Bridge) -> None:
         self.app, self.bridge = app, bridge

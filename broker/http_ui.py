@@ -1,9 +1,5 @@
-"""The live dashboard on the HTTP bridge: ``GET /ui`` (one page, no build step, files in broker/ui/),
-``/ui/live`` (a WebSocket fed by :class:`~broker.ui_feed.DashboardFeed`) and the operator controls.
-
-Mount it with ``app.include_router(dashboard_router(nc, subjects, node))``. Like the bridge, it
-only translates: every control is a validated request/reply or publish on the node's subjects.
-"""
+"""The live dashboard on the HTTP bridge: ``GET /ui`` (files in broker/ui/), ``/ui/live`` (a WebSocket of
+:class:`~broker.ui_feed.DashboardFeed`) and the operator controls, validated before they go to a node."""
 
 from __future__ import annotations
 
@@ -36,7 +32,6 @@ STATIC_TYPES = {
     "dashboard.js": "text/javascript", "dashboard.css": "text/css",
     "vendor/uPlot.iife.min.js": "text/javascript", "vendor/uPlot.min.css": "text/css",
 }
-STATUS_HEADER = H.STATUS   # the status of a node's control answer (as the bridge reads it)
 MANUAL_POLICY = "manual"             # ScaleCommand.policy of a hand-made scaling decision
 WS_TRY_AGAIN_LATER = 1013
 
@@ -84,7 +79,7 @@ class Dashboard:
             return error(503, f"nobody answered on {subject}")
         except NotPermitted as exc:
             return error(500, str(exc))
-        status = int((msg.headers or {}).get(STATUS_HEADER, 200))
+        status = int((msg.headers or {}).get(H.STATUS, 200))
         return Response(msg.data, status_code=status, media_type="application/json")
 
     def hello(self) -> str:
@@ -177,9 +172,7 @@ class Dashboard:
 
     async def _control(self, subject: Callable[[], str], contract: type[BaseModel] | None = None,
                        body: bytes = b"") -> Response:
-        """Validate the node token and (for a change) the body here, so a bad request never reaches a node.
-        The body goes on as sent: the node merges its keys into what it has, and defaults filled in
-        here would overwrite the settings the caller left out."""
+        """Validate the node and the body here; the body goes on as sent (no defaults filled in)."""
         try:
             target = subject()
             if contract is not None:

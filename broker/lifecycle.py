@@ -1,11 +1,5 @@
-"""How every p2pfaas process starts and ends: on the fastest event loop, with a stop that has a
-deadline, and tied to the process that started it.
-
-A child started by ``p2pfaas up`` or by a node gets a pipe as its stdin that the parent never
-writes (``P2PFAAS_PARENT_PIPE=1``): end of file there means the parent is gone, however it
-ended (kill -9 included) -- a sure sign, unlike the parent-death signal, which Linux sends when
-the *thread* that started the child ends.
-"""
+"""How every p2pfaas process starts and ends: the fastest event loop, a stop with a deadline, and a stdin
+pipe its parent never writes (``P2PFAAS_PARENT_PIPE=1``): end of file means the parent is gone."""
 
 from __future__ import annotations
 
@@ -36,10 +30,7 @@ def run_loop(main):
 
 
 class OnItsLoop:
-    """A mixin for objects that live on one event loop: ``self.loop`` is that loop, looked up
-    once. CPython 3.11's ``asyncio.get_running_loop()`` makes a ``getpid`` system call on every
-    use; the request path used it for every call in the dispatcher, for every stored answer and
-    four times per async call in ``FaasClient`` (about 2 % of the node's CPU under load)."""
+    """A mixin: ``self.loop``, looked up once (CPython 3.11's lookup makes a system call)."""
 
     _loop: asyncio.AbstractEventLoop | None = None
 
@@ -51,9 +42,18 @@ class OnItsLoop:
         return loop
 
 
+class StartStop:
+    """A mixin: ``async with`` starts the object (it is what ``start()`` returns) and stops it."""
+
+    async def __aenter__(self):
+        return await self.start()
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.stop()
+
+
 class Tasks:
-    """Tasks a service spawns and holds (asyncio keeps only weak references to them), each one's
-    failure logged as ``what`` -- never lost in a task nobody awaits."""
+    """Tasks a service holds (asyncio keeps only weak references), each failure logged as ``what``."""
 
     def __init__(self, what: str, logger: logging.Logger) -> None:
         self.what, self.logger = what, logger
@@ -82,11 +82,9 @@ class Tasks:
 
 
 def still_wanted() -> None:
-    """Raise CancelledError if the running task was asked to stop. Called at the top of every turn
-    of a long-lived loop: Python 3.11's ``asyncio.wait_for``, which nats-py's requests, flushes and
-    JetStream calls use, returns normally when the cancellation comes as its future completes -- the
-    loop would then run on and whoever stops it wait for ever. ``Task.cancelling()`` still counts
-    the request (only ``uncancel`` clears it, which asyncio.timeout and TaskGroup call on their way out)."""
+    """Raise CancelledError if the running task was asked to stop; called at the top of every turn of a
+    long-lived loop, since Python 3.11's ``asyncio.wait_for`` (in nats-py) can swallow a cancellation
+    that comes as its future completes, while ``Task.cancelling()`` still counts it."""
     task = asyncio.current_task()
     if task is not None and task.cancelling():
         raise asyncio.CancelledError
@@ -118,8 +116,7 @@ def parent_gone() -> bool:
 
 
 def on_parent_gone(callback: Callable[[], None]) -> bool:
-    """Call ``callback`` (once) in the running loop when our parent ends; False when this process
-    was not started with a parent pipe (run by hand: nothing to watch)."""
+    """Call ``callback`` once when our parent ends; False without a parent pipe to watch."""
     if not parent_pipe_watched():
         return False
     loop = asyncio.get_running_loop()
@@ -138,8 +135,7 @@ def on_parent_gone(callback: Callable[[], None]) -> bool:
 
 
 def child_env(**extra: str) -> dict[str, str]:
-    """The environment of a child we start: ours less any secret (they go through
-    :mod:`broker.handoff`), a parent pipe, and ``extra``."""
+    """A child's environment: ours less any secret (see :mod:`broker.handoff`), a parent pipe, ``extra``."""
     from broker.handoff import HANDOFF_FD_ENV, SECRET_NAMES
 
     if SECRET_NAMES & extra.keys():
@@ -154,10 +150,8 @@ UP_LOCK = Path("run") / "up.lock"
 
 def hold_data_dir(data_dir: "os.PathLike[str] | str", lock: Path = UP_LOCK, owner: str = "`p2pfaas up`",
                   flag: str = "--data-dir") -> int:
-    """Take the exclusive lock of ``data_dir`` (``lock``, ``run/up.lock`` by default, our pid in it) for as long as
-    the returned descriptor is open. The kernel lets it go when we end, however we end (kill -9
-    included), so a stale file never blocks anyone; our children do not inherit it (closed on
-    exec). Raises :class:`DataDirInUse` naming the holder's pid when a live process has it."""
+    """Take ``data_dir``'s exclusive ``lock`` (our pid in it) while the returned descriptor is open (dropped
+    when we end, even by kill -9; not inherited); :class:`DataDirInUse` names a live holder's pid."""
     path = Path(data_dir) / lock
     path.parent.mkdir(parents=True, exist_ok=True)
     fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
@@ -193,8 +187,7 @@ def data_dir_held(data_dir: "os.PathLike[str] | str", lock: Path = UP_LOCK) -> b
 
 # -- state files ------------------------------------------------------------------------------
 def write_whole(path: Path, data: bytes) -> None:
-    """``data`` as the whole of ``path``: written to a temporary file beside it, flushed to the
-    disk, then renamed over it. A crash or a full disk (OSError) leaves the old content whole."""
+    """``data`` as the whole of ``path`` (temporary file, fsync, rename): a crash leaves the old."""
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
@@ -224,8 +217,7 @@ def _start_time(pid: int) -> str | None:
 
 
 def write_pid_file(path: "os.PathLike[str] | str", pid: int) -> None:
-    """Remember a child: its pid and start time (a later, unrelated process with the same pid is
-    never mistaken for it)."""
+    """Remember a child: its pid and start time (a later process with the same pid is never taken for it)."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(f"{pid} {_start_time(pid) or 0}\n")
@@ -236,8 +228,7 @@ def remove_pid_file(path: "os.PathLike[str] | str") -> None:
 
 
 def end_strays(directory: "os.PathLike[str] | str", grace_s: float = 3.0) -> list[int]:
-    """End every process a pid file under ``directory`` names that is still the same process:
-    SIGTERM, then SIGKILL after ``grace_s``. Returns the pids that were still running."""
+    """SIGTERM (then SIGKILL) every still-running process a pid file under ``directory`` names."""
     alive: list[int] = []
     for path in sorted(Path(directory).rglob("*.pid")):
         try:

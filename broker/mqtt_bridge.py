@@ -1,25 +1,6 @@
-"""The MQTT bridge: Mosquitto (devices) <-> NATS/JetStream, with the same topics as
-nats-server's own MQTT listener (``faas/n1/request/fib/dev1/r1`` -> ``faas.async.n1.fib.dev1.r1``).
-
-Nothing a device was promised is lost:
-
-* a device's QoS 1 request is acknowledged to Mosquitto only after JetStream stored it (paho
-  manual ack; a store that fails is retried), so a bridge crash loses nothing: Mosquitto
-  redelivers to the bridge's persistent session;
-* answers come from a durable JetStream consumer of the results stream, acknowledged only
-  once Mosquitto took them: answers produced while the bridge was down are delivered when it
-  is back. Bridges side by side (each with its own client id) share that consumer, so each
-  answer goes out once; a request seen by two of them is stored once (its message id);
-* a retained request is refused (it would run again for every new session), a malformed
-  topic or an oversized payload (over the bridge's limit, or over what the NATS server takes
-  in one message) is answered on the reject topic, never dropped in silence; a request the
-  bridge fails on in a way it does not expect (a bug, an unexpected broker error) is refused
-  500 on the reject topic, logged and counted (``outcome="failed"``), and acknowledged; an
-  answer that can be no MQTT topic (a wildcard in a token) is dropped with a warning, not
-  redelivered for ever, and one that fails to go out comes again without stopping the others.
-
-paho's network thread hands messages to asyncio in one place (``_on_message``).
-"""
+"""The MQTT bridge: Mosquitto (devices) <-> NATS/JetStream, with nats-server's MQTT topics. A request is acked
+to Mosquitto only once stored; answers come from a durable consumer, acked once Mosquitto took them;
+refusals go to the reject topic. paho's thread hands messages to asyncio only in ``_on_message``."""
 
 from __future__ import annotations
 
@@ -49,7 +30,7 @@ from broker import headers as H
 from broker.answers import input_limit
 from broker.codec import encode
 from broker.errors import InvalidSubject, InvalidToken
-from broker.lifecycle import still_wanted
+from broker.lifecycle import StartStop, still_wanted
 from broker.mqtt_client import default_client_id, mqtt_tls, parse_mqtt_url
 from broker.messages import Rejection
 from broker.streams import ensure_shared_streams, results_stream
@@ -62,8 +43,7 @@ ANSWERS_CONSUMER = "mqtt-bridge"      # shared by every bridge of a prefix
 ANSWER_FETCH_S = 1.0     # a pull waits at most this long (and a stop for the last one)
 ANSWER_BATCH = 64
 SESSION_EXPIRY_S = 7 * 24 * 3600   # how long Mosquitto keeps the bridge's queue while it is away
-# the NATS client is closing (the bridge is being stopped): a request is left unacknowledged,
-# and Mosquitto sends it again to the bridge's next connection (its persistent session)
+# the NATS client is closing: a request is left unacknowledged, for Mosquitto to send again later
 CLOSING = (ConnectionClosedError, ConnectionDrainingError)
 
 
@@ -72,7 +52,7 @@ def _topic_of(message: mqtt.MQTTMessage) -> str:
     return message._topic.decode("utf-8", "replace")
 
 
-class MqttBridge:
+class MqttBridge(StartStop):
     def __init__(self, nc: Client, mqtt_url: str, *, prefix: str = "faas", client_id: str | None = None,
                  max_payload_bytes: int = 1024 * 1024, credentials: tuple[str, str] | None = None) -> None:
         self.nc = nc
@@ -91,8 +71,7 @@ class MqttBridge:
         self._answers: asyncio.Task | None = None
         self._answers_sub = None
         self._stopping = asyncio.Event()
-        # MQTT v5: the subscription sees a request's retain flag as published, and retained
-        # messages are not replayed when the bridge subscribes again (each would run again)
+        # MQTT v5: a request's retain flag seen as published; retained ones not replayed on resubscribing
         self._mqtt = mqtt.Client(mqtt.CallbackAPIVersion.VERSION2, client_id=client_id or default_client_id(prefix),
                                  protocol=mqtt.MQTTv5)
         self._mqtt.manual_ack_set(True)
@@ -150,8 +129,7 @@ class MqttBridge:
         return self
 
     async def stop(self) -> None:
-        # answers first, gracefully: a pull cancelled mid-flight would leave the server a pull
-        # request whose answers nobody reads, held back until their ack wait (30 s) ends
+        # answers first, gracefully: a cancelled pull's answers would be held back until their ack wait
         self._stopping.set()
         if self._answers is not None:
             await asyncio.wait([self._answers], timeout=ANSWER_FETCH_S + 2.0)
@@ -163,12 +141,6 @@ class MqttBridge:
                 await self._answers_sub.unsubscribe()
         self._mqtt.disconnect()
         await asyncio.to_thread(self._mqtt.loop_stop)
-
-    async def __aenter__(self) -> "MqttBridge":
-        return await self.start()
-
-    async def __aexit__(self, *exc: object) -> None:
-        await self.stop()
 
     # -- device -> NATS -----------------------------------------------------------
     async def _pump(self) -> None:
@@ -183,11 +155,8 @@ class MqttBridge:
                 await self._failed(message, exc)
 
     async def _failed(self, message: mqtt.MQTTMessage, exc: Exception) -> None:
-        """A request the bridge failed on unexpectedly is refused (500) and acknowledged. Left
-        unacknowledged, it would not come again while the bridge stays connected (Mosquitto
-        resends only to a new connection): its device would wait for ever, and it would hold one
-        of the bridge's in-flight slots at Mosquitto. The refusal is stored like every answer (its
-        message id keeps it the only answer), else, when that fails too, sent straight to the device."""
+        """Refuse (500) and ack a request the bridge failed on (unacked, Mosquitto resends it only to a new
+        connection: its device would wait for ever); stored like every answer, else sent to the device."""
         topic = _topic_of(message)
         if isinstance(exc, CLOSING):
             log.warning("MQTT bridge: request on %s not stored, the NATS connection is closing (%r); "
@@ -228,9 +197,8 @@ class MqttBridge:
             await self._reject_raw(topic, 400, f"malformed topic {topic!r}: {exc}")
             return self._ack(message, "invalid")
         if message.retain and not message.payload:
-            # the clearing of a retained request (ours, below, comes back to us as retained with
-            # retain-as-published): nothing to run and nothing to answer -- answering it would clear
-            # it again, and the broker and the bridge would ping-pong for ever
+            # the clearing of a retained request (ours, below, comes back with retain-as-published):
+            # answering it would clear it again, and broker and bridge would ping-pong for ever
             return self._ack(message, "retain_cleared")
         if message.retain:
             # a retained request would run again for every new session: refuse it, and clear it
@@ -238,8 +206,7 @@ class MqttBridge:
             await self._reject(inv.client, inv.request_id, inv.fn, 400,
                                "retained requests are refused (publish requests with retain off)")
             return self._ack(message, "retained")
-        # nats-server counts the headers in its max_payload and closes a connection that sends more:
-        # the store would fail for ever (and drop the bridge's connection each time)
+        # nats-server counts headers in its max_payload and closes a connection that sends more
         limit = input_limit(self.nc.max_payload, self.max_payload_bytes)
         if len(message.payload) > limit:
             await self._reject(inv.client, inv.request_id, inv.fn, 413,
@@ -255,9 +222,7 @@ class MqttBridge:
 
     async def _store(self, subject: str, data: bytes, headers: dict[str, str] | None = None,
                      stream: str | None = None) -> None:
-        """Store on JetStream, patiently: while it is electing a leader or down, the device's message
-        stays unacknowledged and the store is tried again (a message id makes a retry of a store
-        that did happen harmless). A request and a rejection alike: neither is ever dropped."""
+        """Store on JetStream, retrying while it is down; the device's message stays unacknowledged."""
         for attempt in itertools.count():
             try:
                 await self.js.publish(subject, data, headers=headers, timeout=5.0, stream=stream)
@@ -292,10 +257,7 @@ class MqttBridge:
 
     # -- NATS -> devices ------------------------------------------------------------
     async def _answers_consumer(self, since: datetime | None = None):
-        """The durable consumer of answers (results and rejects); made new on the first start, so a
-        first bridge does not replay the last hour. Made again from ``since`` (when it was last
-        seen working) if it was deleted under the bridge, so the answers stored meanwhile still
-        reach their devices; its stream too, if that is gone (as the node's intake does)."""
+        """The durable answers consumer, new at first start, remade from ``since`` if deleted."""
         stream = results_stream(self.subjects)
         await ensure_shared_streams(self.js, self.subjects)
         config = ConsumerConfig(durable_name=ANSWERS_CONSUMER, ack_policy=AckPolicy.EXPLICIT, ack_wait=30.0,
@@ -311,8 +273,7 @@ class MqttBridge:
         return await self.js.pull_subscribe_bind(durable=ANSWERS_CONSUMER, stream=stream)
 
     async def _answers_gone(self) -> bool:
-        """Whether a failed fetch means the answers consumer (or its stream) no longer exists:
-        JetStream says "not found". JetStream away or busy is the usual retry."""
+        """Whether the answers consumer (or its stream) is gone: JetStream says "not found"."""
         try:
             await self.js.consumer_info(results_stream(self.subjects), ANSWERS_CONSUMER, timeout=1.0)
         except NotFoundError:
@@ -345,8 +306,7 @@ class MqttBridge:
                 raise
             except Exception as exc:  # JetStream blip: try again
                 if await self._answers_gone():
-                    # `nats consumer rm`, `nats stream rm`, a store lost: fetching again would fail for
-                    # ever and no device would get an answer until a restart
+                    # `nats consumer rm`, `nats stream rm`, a store lost: fetching would fail for ever
                     log.warning("MQTT bridge: answers consumer %s is gone (%s); making it again", ANSWERS_CONSUMER, exc)
                     try:
                         sub = await self._remake_answers(seen_at)
@@ -361,8 +321,7 @@ class MqttBridge:
             seen_at = started
             outcomes = await asyncio.gather(*(self._to_mqtt(msg) for msg in msgs), return_exceptions=True)
             for msg, outcome in zip(msgs, outcomes):
-                # one answer that fails (an ack the connection lost) must not end this loop: it
-                # would end silently, and no device would get an answer until a restart
+                # one failed answer (an ack the connection lost) must not end this loop silently
                 if isinstance(outcome, Exception):
                     log.warning("MQTT bridge: answer on %s not handed over (%r); it comes again", msg.subject, outcome)
                     self.messages.labels("to_mqtt", "error").inc()
@@ -374,8 +333,7 @@ class MqttBridge:
         try:
             info = self._mqtt.publish(to_mqtt(msg.subject), msg.data, qos=1)
         except ValueError as exc:
-            # no MQTT topic (a '+' or '#' in a token, from a publisher that does not check its
-            # tokens): it never will be, so it is dropped with its reason, not redelivered for ever
+            # no MQTT topic (a '+' or '#' in a token): dropped with its reason, not redelivered for ever
             log.warning("MQTT bridge: answer on %s dropped: %s", msg.subject, exc)
             self.messages.labels("to_mqtt", "not_a_topic").inc()
             return await msg.term()

@@ -34,8 +34,7 @@ def mqtt_tls(client: mqtt.Client, url: str, ca: str | None) -> None:
 
 
 def mqtt_accepts(url: str, user: str, password: str, ca: str | None = None, timeout_s: float = 2.0) -> bool:
-    """Whether the MQTT broker at ``url`` lets ``user`` in now (one CONNECT with a clean session,
-    then a DISCONNECT): what a device will meet. Blocking; False on any refusal or failure."""
+    """Whether the broker lets ``user`` in now (one CONNECT); blocking, False on failure."""
     host, port = parse_mqtt_url(url)
     client = mqtt.Client(mqtt.CallbackAPIVersion.VERSION2, client_id=f"p2pfaas-check-{os.urandom(6).hex()}",
                          protocol=mqtt.MQTTv311, clean_session=True)

@@ -4,15 +4,12 @@ Mosquitto's password and ACL files, written from the identities of :mod:`broker.
 from __future__ import annotations
 
 import json
-import logging
 import os
 import subprocess
 from pathlib import Path
 
 from broker.auth import BCRYPT_ROUNDS, BRIDGE, CONTROLLER, OPERATOR, SYSTEM, AuthStore, Credentials
 from broker.lifecycle import write_whole
-
-log = logging.getLogger(__name__)
 
 FULL_JS = "$JS.API.>"
 JS_DENIED = ["$JS.API.STREAM.DELETE.>", "$JS.API.STREAM.PURGE.>"]   # streams are the operators'
@@ -29,8 +26,7 @@ def _permissions(publish: list[str], subscribe: list[str] | None = None, deny: l
 
 
 def node_permissions(node: str) -> dict:
-    """A node: its own subjects (but not the commands meant for it), answers, forwards and probes
-    to peers, its own membership and dead letters, JetStream without deleting streams."""
+    """A node: its own subjects (not its commands), answers, forwards, probes, JetStream."""
     return _permissions(
         publish=[f"*.{node}.>", f"*.membership.*.{node}", f"*.storecheck.{node}", "*.result.>", "*.reject.>",
                  "*.async.>", "*.*.forward.>", "*.*.load", f"*.deadletter.{node}.>", FUNCTION_CATALOGUE, FULL_JS,
@@ -39,17 +35,14 @@ def node_permissions(node: str) -> dict:
 
 
 def worker_permissions(node: str) -> dict:
-    """A worker runs user code: it only answers on reply inboxes -- its node's call, and a direct
-    call's caller (nodes/worker.py) -- and says when its node died. It asks nothing, so it reads no
-    inbox: ``_INBOX.>`` would show user code every reply in the account (other calls' outputs,
-    control answers) and the inbox names to forge answers to."""
+    """A worker runs user code: it only answers on reply inboxes and says when its node died. It reads
+    no inbox: ``_INBOX.>`` would show user code every reply in the account, and names to forge answers to."""
     return _permissions(publish=["_INBOX.>", f"*.{node}.gone"],
                         subscribe=[f"*.{node}.worker.>", f"*.membership.*.{node}", f"*.{node}.gone"])
 
 
 def bridge_permissions() -> dict:
-    """The HTTP and MQTT bridges: calls, and the control requests of the routes they serve (the
-    state-changing ones only for the operator token's holder, checked by the HTTP bridge)."""
+    """The bridges: calls, and the control requests of the routes they serve."""
     return _permissions(
         publish=["*.*.request.>", "*.async.>", "*.*.config.>", "*.*.load", "*.*.info", "*.*.metrics", "*.*.peers",
                  "*.*.discovery.>", "*.*.functions.*", "*.*.forward.>",
@@ -58,9 +51,7 @@ def bridge_permissions() -> dict:
 
 
 def controller_permissions() -> dict:
-    """A controller scales pools, feeds the learner experiences and seeds a scaling model with its
-    shipped weights (``weights.set``, which also rolls it back); it never changes a model's
-    hyper-parameters nor resets one."""
+    """A controller scales pools, feeds the learner, sets a model's weights; no more."""
     readers = [f"*.*.learner.*.{verb}" for verb in ("act", "weights.get", "weights.set", "stats", "parameters.get")]
     return _permissions(publish=["*.*.scale.*", "*.*.experience.*", *readers, "*.*.info", FULL_JS, *JS_RUNTIME],
                         deny=JS_DENIED)
@@ -83,10 +74,8 @@ def _user(creds: Credentials, permissions: dict | None, **extra) -> dict:
     return user
 
 
-# request topics of another shape than <p>/<node>/request/<fn>/<client>/<req>: 1 to 4 levels after
-# "request" but 3 (a level short, levels too many) are mapped onto the node's async subjects as well,
-# so the node's intake refuses them (logged, counted, a rejection on <p>/reject/invalid): a device's
-# mistake is never lost in silence (a shape with no level after "request" is not a request topic)
+# request topics of another shape than <p>/<node>/request/<fn>/<client>/<req> are mapped onto the
+# node's async subjects as well, so its intake refuses them on <p>/reject/invalid, never in silence
 MALFORMED_REQUEST_LEVELS = (1, 2, 4, 5, 6)
 
 
@@ -100,8 +89,7 @@ def device_request_mappings() -> dict[str, str]:
 
 
 def nats_accounts(store: AuthStore | None, nodes: list[str]) -> str:
-    """The ``accounts`` block of the embedded nats-server. Without a store: one open deployment
-    (no_auth_user), as the tests' own servers run; with one: every identity with its permissions."""
+    """The embedded nats-server's ``accounts``; without a store one open deployment (tests)."""
     devices_account = {
         "jetstream": "enabled",
         # a device's request topic <p>/<node>/request/<fn>/<client>/<req> becomes the durable subject
@@ -134,9 +122,7 @@ def nats_accounts(store: AuthStore | None, nodes: list[str]) -> str:
 
 
 def hub_accounts(store: AuthStore) -> str:
-    """The ``accounts`` block of a hub: FAAS with the operator and one user per invited device
-    (``broker.edge.leaf_permissions``: what its machine may say to the others), and the system
-    account. No device connects here over MQTT and nothing is stored: those stay on the devices."""
+    """A hub's ``accounts``: FAAS with the operator and each invited device's user, and SYS."""
     from broker.edge import leaf_permissions, leaf_user
 
     users = [_user(store.service(OPERATOR), None)]
@@ -148,8 +134,7 @@ def hub_accounts(store: AuthStore) -> str:
 
 # -- Mosquitto -----------------------------------------------------------------------------------
 def mosquitto_files(store: AuthStore, prefix: str, directory: Path) -> tuple[Path, Path]:
-    """Password file and ACL for Mosquitto: the bridge may do anything; a device only publishes
-    its own requests and reads its own answers (``%u`` is its user name)."""
+    """Mosquitto's password file and ACL: the bridge may do anything, a device only its own."""
     # private, as auth/ is: the password file holds every password in clear until it is hashed
     directory.mkdir(parents=True, exist_ok=True, mode=0o700)
     os.chmod(directory, 0o700)

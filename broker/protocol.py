@@ -1,13 +1,5 @@
-"""The wire protocol in one table: every subject of a deployment, its messaging pattern, who sends
-and who receives, and the contract of what it carries and of what answers it.
-
-The parts stay where they are used from: subjects are built by :mod:`broker.subjects`, headers
-named in :mod:`broker.headers`, error codes in :mod:`broker.codes`, payloads are the contracts of
-:mod:`broker.messages`, streams are defined in :mod:`broker.streams`. This module ties them
-together; broker/protocol_docs.py writes docs/protocol.md and docs/asyncapi.yaml from it
-(``python -m broker.protocol_docs``; tests/broker/test_protocol.py fails when either is stale or
-when a channel names a subject that Subjects does not parse).
-"""
+"""The wire protocol in one table: every subject, its pattern, who sends and receives, and the contracts
+of what it carries and what answers it (broker/protocol_docs.py writes the docs from it)."""
 
 from __future__ import annotations
 
@@ -26,7 +18,6 @@ from broker.messages import (
     WorkerStatus, WorkerStatusRequest,
 )
 from broker.subjects import DEFAULT_PREFIX, Subjects
-
 
 
 @dataclass(frozen=True)

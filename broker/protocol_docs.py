@@ -1,6 +1,5 @@
-"""docs/protocol.md and docs/asyncapi.yaml, written from broker/protocol.py's table and the modules
-it ties together: ``python -m broker.protocol_docs`` writes them, ``--check`` says when they are
-stale (and exits 1)."""
+"""``python -m broker.protocol_docs`` writes docs/protocol.md and docs/asyncapi.yaml from broker/protocol.py;
+``--check`` exits 1 when they are stale."""
 
 from __future__ import annotations
 
@@ -87,8 +86,7 @@ def _type(schema: dict) -> str:
 
 
 def _commented(module) -> list[tuple[str, str, str]]:
-    """(constant, value, meaning) of a module of constants, read from its source: a constant's own
-    comment, else the comment block above the run of constants it stands in."""
+    """(constant, value, meaning) of a module of constants, read from its comments."""
     out, block, in_block = [], "", False
     for line in inspect.getsource(module).splitlines():
         if line.startswith("#"):

@@ -1,10 +1,5 @@
-"""The deployment's secrets (OpenFaaS's ``/system/secrets``, ``p2pfaas secret``): a JetStream
-key-value bucket, ``<PREFIX>_SECRETS``, one key per secret, each value sealed with AES-GCM under
-the deployment's secrets key (``P2PFAAS_SECRETS_KEY``, made by ``up`` in ``data/auth`` and handed
-to its nodes, never in an environment). The broker's store, its backups and anyone allowed to
-read the bucket see ciphertext; only a node opens a value, for the workers of a function whose
-deployment lists it (docs/security.md, "Secrets").
-"""
+"""The deployment's secrets (OpenFaaS's ``/system/secrets``): a JetStream key-value bucket, each value sealed
+with AES-GCM under the secrets key only nodes hold (docs/security.md, "Secrets")."""
 
 from __future__ import annotations
 

@@ -1,9 +1,5 @@
-"""JetStream stream provisioning: names, subjects and limits of every durable stream.
-
-Only asynchronous work is stored: the async intake (one store per task), the answers
-someone will come back for, dead letters and learning experiences. Direct calls never
-touch JetStream. Idempotent: whoever needs a stream ensures it; the first creates it.
-"""
+"""JetStream stream provisioning: names, subjects and limits of every durable stream. Only async work is
+stored (intake, answers, dead letters, experiences), never direct calls. Whoever needs a stream ensures it."""
 
 from __future__ import annotations
 
@@ -24,17 +20,15 @@ RESULT_MAX_AGE_S = 3600.0
 DEADLETTER_MAX_AGE_S = 7 * 24 * 3600.0
 EXPERIENCE_MAX_AGE_S = 7 * 24 * 3600.0
 JETSTREAM_READY_TIMEOUT_S = 30.0  # a fresh NATS cluster elects its JetStream leader first
-# Bounds: a full intake refuses new work (the publisher gets an error and keeps its message);
-# full answer/dead-letter/experience streams drop their oldest entries.
+# Bounds: a full intake refuses new work; full answer, dead-letter, experience streams drop their oldest
 MIB = 1024 * 1024
 ASYNC_MAX_BYTES = 512 * MIB
 ASYNC_MAX_MSGS = 1_000_000
 RESULT_MAX_BYTES = 512 * MIB
 DEADLETTER_MAX_BYTES = 128 * MIB
 EXPERIENCE_MAX_BYTES = 256 * MIB
-# On a store too small for these (nats-server reserves a stream's max_bytes when it is made:
-# error 10047), a stream takes this share of the room the store still has (docs/security.md):
-# the intake and the answers a third each, dead letters and each node's experiences an eighth
+# On a store too small for these (nats-server reserves a stream's max_bytes when it is made: error
+# 10047), a stream takes this share of the room the store still has (docs/security.md)
 ASYNC_SHARE, RESULT_SHARE, DEADLETTER_SHARE, EXPERIENCE_SHARE = 1 / 3, 1 / 3, 1 / 8, 1 / 8
 STORE_CHECK_SHARE = 1 / 64
 MIN_STREAM_BYTES = MIB
@@ -87,9 +81,7 @@ JETSTREAM_WAIT_S = 15.0   # JetStream's API answered by nobody (starting, or acc
 
 
 async def _ensure(js: JetStreamContext, config: StreamConfig, share: float) -> None:
-    """``_ensure_once``, again while JetStream's API has no responder: nats-server answers nobody for
-    a moment while it reloads its accounts (a device enrolled while ``up`` starts: the MQTT bridge
-    died of it, and ``up`` with it) or while JetStream starts."""
+    """``_ensure_once``, again while JetStream's API has no responder (accounts reloading, starting)."""
     loop = asyncio.get_running_loop()
     deadline = loop.time() + JETSTREAM_WAIT_S
     while True:
@@ -103,10 +95,8 @@ async def _ensure(js: JetStreamContext, config: StreamConfig, share: float) -> N
 
 
 async def _ensure_once(js: JetStreamContext, config: StreamConfig, share: float) -> None:
-    """Create the stream, or bring an existing one to ``config``. An existing stream that already
-    has it is left alone: adding it again would make nats-server reserve its ``max_bytes`` a
-    second time (error 10047 on a small disk) and every node and learner ensures the streams.
-    When the store has no room for ``max_bytes``, the stream gets ``share`` of the room it has."""
+    """Create the stream, or bring an existing one to ``config`` (one that has it is left alone: adding
+    it again would reserve its ``max_bytes`` twice). With no room for ``max_bytes``, it gets ``share``."""
     config.num_replicas = config.num_replicas or stream_replicas()
     current: StreamConfig | None = None
     try:
@@ -131,9 +121,7 @@ async def _ensure_once(js: JetStreamContext, config: StreamConfig, share: float)
 
 
 async def _fitted(js: JetStreamContext, make, config: StreamConfig, share: float, current: StreamConfig | None) -> None:
-    """``make(config)`` (add or update); if the store cannot reserve ``config.max_bytes``, the
-    largest size it can is found by halving, and the stream takes ``share`` of it (at least
-    MIN_STREAM_BYTES, and never less than it already has)."""
+    """``make(config)``; with no room for ``max_bytes``, ``share`` of the largest size that fits."""
     wanted = config.max_bytes
     try:
         await make(config)
@@ -170,8 +158,7 @@ def _same(current, wanted) -> bool:
 
 
 def shared_streams(subjects: Subjects) -> list[tuple[StreamConfig, float]]:
-    """The async intake, the answers, the dead letters and the store check (shared by every
-    node), each with its share of a store too small for its ``max_bytes``."""
+    """The streams every node shares, each with its share of a store too small for its ``max_bytes``."""
     return [
         (StreamConfig(name=async_stream(subjects), subjects=[subjects.all_async()], storage=StorageType.FILE,
                       retention=RetentionPolicy.WORK_QUEUE, duplicate_window=DUPLICATE_WINDOW_S,
@@ -207,11 +194,7 @@ async def ensure_node_streams(js: JetStreamContext, subjects: Subjects, node: st
 
 
 async def when_jetstream_ready(action, timeout_s: float = JETSTREAM_READY_TIMEOUT_S) -> None:
-    """Run ``action`` (stream provisioning), retrying while JetStream is not available yet.
-
-    A clustered nats-server answers "JetStream system temporarily unavailable"
-    (HTTP-like 503) until its meta leader is elected; a single server never does.
-    """
+    """Run ``action``, retrying while a clustered JetStream has no meta leader yet (503)."""
     loop = asyncio.get_running_loop()
     deadline = loop.time() + timeout_s
     while True:
@@ -227,10 +210,8 @@ async def when_jetstream_ready(action, timeout_s: float = JETSTREAM_READY_TIMEOU
 
 
 class StreamRemaker:
-    """A store failed: if its stream is gone (an operator's ``nats stream rm``, a JetStream store
-    restored without it), the shared streams are made again as at start. Else answers waited for
-    ever until a node or the MQTT bridge restarted. No stream answers with "no responders", or
-    with silence when a caller listens on the subject: JetStream is asked, at most every ``period_s``."""
+    """A store failed: if its stream is gone (``nats stream rm``, a store restored without it), the shared
+    streams are made again. A missing stream may look like silence: JetStream is asked every ``period_s``."""
 
     def __init__(self, js: JetStreamContext, subjects: Subjects, who: str, period_s: float = 10.0) -> None:
         self.js, self.subjects, self.who, self.period_s = js, subjects, who, period_s

@@ -1,8 +1,5 @@
-"""Subjects and topics: built and parsed here and nowhere else.
-
-NATS uses ``.`` between tokens, MQTT uses ``/``; :func:`to_mqtt` and
-:func:`from_mqtt` apply the same mapping nats-server's MQTT listener does.
-"""
+"""Subjects and topics: built and parsed here and nowhere else. NATS uses ``.`` between tokens, MQTT
+``/``; :func:`to_mqtt` and :func:`from_mqtt` apply the mapping nats-server's MQTT listener does."""
 
 from __future__ import annotations
 
@@ -14,16 +11,14 @@ from typing import Literal
 from broker.errors import InvalidSubject, InvalidToken
 
 TOKEN_RE = re.compile(r"^[A-Za-z0-9_-]{1,64}\Z")   # \Z: "$" would also match before a final newline
-# second-level tokens of shared subjects: a node with one of these names would
-# collide with them (and its streams could not be created)
+# second-level tokens of shared subjects: a node so named would collide with them (and with their streams)
 RESERVED_NODE_IDS = frozenset({"result", "reject", "membership", "deadletter", "async", "storecheck"})
 DEFAULT_PREFIX = "faas"
 DEFAULT_GROUP = "default"
 
 
 def group_token(group: str) -> str:
-    """The subject token of a P2PFaaS group name (any text there): itself when it is a valid
-    token, else a digest of it; the empty name is the default group."""
+    """The subject token of a P2PFaaS group name: itself if a valid token, else a digest."""
     if not group:
         return DEFAULT_GROUP
     if TOKEN_RE.match(group):
@@ -53,8 +48,7 @@ def check_node(value: str) -> str:
 
 
 def machine_token(ip: str) -> str:
-    """The token naming a P2PFaaS machine known by its IP address (``http-10-0-0-5``): its id in
-    peers lists and subjects, since an IP is no token."""
+    """The token naming a P2PFaaS machine known by its IP address (``http-10-0-0-5``): an IP is no token."""
     return "http-" + re.sub(r"[^A-Za-z0-9_-]", "-", ip)[:59]
 
 
@@ -100,8 +94,7 @@ Kind = Literal["request", "forward", "async"]
 
 @dataclass(frozen=True, slots=True)
 class Invocation:
-    """A parsed invocation subject: ``<prefix>.<node>.(request|forward).<fn>.<client>.<req>``
-    (direct: request/reply) or ``<prefix>.async.<node>.<fn>.<client>.<req>`` (durable)."""
+    """A parsed ``<prefix>.<node>.(request|forward).<fn>.<client>.<req>`` or ``.async.`` subject."""
 
     node: str
     kind: Kind
@@ -151,14 +144,11 @@ class Subjects:
         return f"{self.prefix}.async.>"
 
     def async_call(self, client: str, req: str) -> str:
-        """The async call ``req`` of ``client`` as stored in the intake, whatever its node and
-        function (a filter to look it up by: its caller knows no more than these two)."""
+        """The async call ``req`` of ``client`` as stored in the intake, whatever its node and function."""
         return f"{self.prefix}.async.*.*.{check_token(client, 'client')}.{check_token(req, 'request id')}"
 
     def stored_async_of(self, token: str) -> str:
-        """The async calls stored for the node token ``token`` as read off a stored subject -- one
-        that may name no valid node (reserved, too long, odd characters: calls no node will ever
-        take, which the sweeper refuses). A subject's token holds no dot or wildcard."""
+        """The async calls stored for a node token read off a subject (maybe no valid node)."""
         if not token or any(c in token for c in ".*> \t\r\n"):
             raise InvalidToken(f"not a subject token: {token!r}")
         return f"{self.prefix}.async.{token}.>"
@@ -227,8 +217,7 @@ class Subjects:
         return self._join(node, "worker", check_token(worker, "worker"), "status")
 
     def gone(self, node: str) -> str:
-        """Published when a node stops (by the node, or by its workers when it died): callers
-        waiting on it fail at once instead of at their timeout."""
+        """Published when a node stops (or its workers saw it die): callers waiting on it fail at once."""
         return self._join(node, "gone")
 
     def all_gone(self) -> str:

@@ -1,8 +1,5 @@
-"""TLS for ``up --tls`` and between machines: a certificate authority of the deployment's own
-(made once under ``<data-dir>/tls``, unless the operator brings one), a server certificate it
-signed, used by nats-server (clients, its MQTT listener, a hub's leaf listener), Mosquitto and
-the HTTP bridges, and client certificates for the devices joining a hub (mutual TLS on the leaf
-connection). Clients verify servers against the CA (``P2PFAAS_TLS_CA``)."""
+"""TLS for ``up --tls`` and between machines: the deployment's own CA (under ``<data-dir>/tls``), the server
+certificate it signs for every broker and bridge, and client certificates for devices joining a hub."""
 
 from __future__ import annotations
 
@@ -24,14 +21,9 @@ class TlsFiles:
     key: Path
 
 
-def _write_private(path: Path, data: bytes) -> None:
-    write_whole(path, data)   # 0600 from its first byte (not readable by others until a chmod)
-
-
 def ensure_certificates(directory: Path, hosts: list[str], ca: Path | None = None,
                         ca_key: Path | None = None) -> TlsFiles:
-    """The CA (made here unless ``ca``/``ca_key`` are given) and a server certificate for ``hosts``
-    (names or IP addresses), reused when they exist and still cover those hosts."""
+    """The CA (unless given) and a server certificate for ``hosts``, reused while valid."""
     from cryptography import x509
     from cryptography.hazmat.primitives import hashes, serialization
     from cryptography.hazmat.primitives.asymmetric import ec
@@ -55,7 +47,7 @@ def ensure_certificates(directory: Path, hosts: list[str], ca: Path | None = Non
                 .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
                 .sign(key, hashes.SHA256()))
         ca_path.write_bytes(cert.public_bytes(pem))
-        _write_private(ca_key_path, key.private_bytes(**private))
+        write_whole(ca_key_path, key.private_bytes(**private))   # 0600 from its first byte
     ca_cert = x509.load_pem_x509_certificate(ca_path.read_bytes())
     ca_key_obj = serialization.load_pem_private_key(ca_key_path.read_bytes(), password=None)
 
@@ -78,13 +70,12 @@ def ensure_certificates(directory: Path, hosts: list[str], ca: Path | None = Non
             .add_extension(x509.SubjectAlternativeName(names), critical=False)
             .sign(ca_key_obj, hashes.SHA256()))
     cert_path.write_bytes(cert.public_bytes(pem))
-    _write_private(key_path, key.private_bytes(**private))
+    write_whole(key_path, key.private_bytes(**private))
     return TlsFiles(ca_path, cert_path, key_path)
 
 
 def client_certificate(files: TlsFiles, name: str, ca_key: Path | None = None) -> tuple[bytes, bytes]:
-    """A client certificate for ``name`` (a device joining a hub), signed by the CA of ``files``:
-    (certificate, key) in PEM. Nothing is kept here: the device holds its key."""
+    """A client certificate for device ``name`` signed by the CA: (certificate, key) in PEM."""
     from cryptography import x509
     from cryptography.hazmat.primitives import hashes, serialization
     from cryptography.hazmat.primitives.asymmetric import ec

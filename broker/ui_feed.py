@@ -1,10 +1,5 @@
-"""The live feed behind ``/ui``: heartbeats, pool telemetry, scale decisions and learner activity
-from NATS, kept for a few minutes and fanned out to every open dashboard page.
-
-It runs only while a page is open (the first page subscribes, the last one to leave
-unsubscribes), so nobody pays for it when nobody watches. Every event is encoded once, as
-``{"type": ..., "at": <unix s>, "data": {...}}``; docs/dashboard.md lists the types.
-"""
+"""The live feed behind ``/ui``: heartbeats, telemetry, scale decisions, learner activity, kept a few minutes
+and sent to every open page as ``{"type", "at", "data"}`` events (docs/dashboard.md)."""
 
 from __future__ import annotations
 
@@ -118,8 +113,7 @@ class LearningCounts:
 
 
 class FeedClient:
-    """One open page: a bounded queue of encoded events. A page too slow to keep up gets None
-    (then nothing more): it should reconnect and start from a fresh snapshot."""
+    """One open page's bounded queue of events; a page too slow gets None: it should reconnect."""
 
     def __init__(self, size: int) -> None:
         self.queue: asyncio.Queue[str | None] = asyncio.Queue(size)
@@ -152,8 +146,7 @@ class DashboardFeed:
         self.clock = clock
         self.history: deque[tuple[float, str]] = deque(maxlen=max_events)
         self.nodes: dict[str, NodeTrack] = {}
-        # (node, pool) -> when its telemetry was last seen, and its newest scale target and when:
-        # both forgotten after history_s, as nodes are (pools come and go with functions and nodes)
+        # (node, pool) -> its telemetry's last time; -> its newest scale target and when (kept history_s)
         self.pools: dict[tuple[str, str], float] = {}
         self.targets: dict[tuple[str, str], tuple[int, float]] = {}
         self.forwards = ForwardWindow()

@@ -22,16 +22,14 @@ from broker.subjects import Subjects, check_token
 
 
 class Bridge:
-    """What the routers share: the node's NATS client and subjects, the limits, who may do what,
-    the metrics and the background tasks. :class:`broker.http_bridge.HttpBridge` adds the apps."""
+    """What the routers share: NATS client, subjects, limits, who may do what, metrics, tasks."""
 
     def __init__(self, nc: Client, node: str, *, prefix: str = "faas", max_payload_bytes: int = 1024 * 1024,
                  invoke_timeout_s: float = 60.0, control_timeout_s: float = 3.0, operator_token: str | None = None,
                  invoke_token: str | None = None, callback_hosts: Collection[str] = (), p2pfaas_open: bool = False,
                  limits: HttpLimits = HttpLimits()) -> None:
-        """``operator_token``: routes that change state need it (None: an open bridge, for tests
-        and trusted networks); ``invoke_token``: invocation needs it too (None: open, as OpenFaaS
-        by default); ``callback_hosts``: the hosts ``X-Callback-Url`` may name (none by default);
+        """``operator_token``: routes that change state need it; ``invoke_token``: invocation needs it too
+        (None: open); ``callback_hosts``: the hosts ``X-Callback-Url`` may name (none by default);
         ``p2pfaas_open``: P2PFaaS's discovery and learner ports take changes without a token;
         ``limits``: what a client may hold and how long it is waited for."""
         self.nc = nc
@@ -83,15 +81,12 @@ class Bridge:
 
     # -- shared by the routers --------------------------------------------------------------
     async def authorize_p2pfaas_change(self, request: Request) -> None:
-        """State changes on P2PFaaS's own discovery and learner ports (a machine registering,
-        rewards, a reset): as open as in P2PFaaS when ``p2pfaas_open`` (its clients carry no token:
-        keep those ports on a trusted network), else the operator token as everywhere else."""
+        """Changes on P2PFaaS's own ports: open if ``p2pfaas_open``, else the operator's."""
         if not self.p2pfaas_open:
             await self.require_operator(request)
 
     def new_call_id(self) -> str:
-        """Random, not counted: ``GET /result/{id}`` answers whoever names an id (every HTTP caller
-        is the bridge's one client), so no id may follow from another caller's (docs/security.md)."""
+        """Random, not counted: ``GET /result/{id}`` answers whoever names an id."""
         return secrets.token_hex(16)
 
     async def read_body(self, request: Request) -> bytes:

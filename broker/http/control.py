@@ -23,9 +23,7 @@ if TYPE_CHECKING:
 
 
 def known_keys(body: bytes, contract: type[BaseModel]) -> bytes:
-    """A JSON object without the keys ``contract`` does not have: P2PFaaS ignores unknown keys in
-    configuration bodies, and this is where its clients meet p2pfaas's strict contracts. Anything
-    else passes unchanged (the node says what is wrong with it)."""
+    """The JSON object without keys ``contract`` lacks (P2PFaaS ignores them); else unchanged."""
     try:
         data = orjson.loads(body)
     except orjson.JSONDecodeError:

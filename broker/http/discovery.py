@@ -1,9 +1,5 @@
-"""P2PFaaS's discovery API on its own port (19000; docs/compat.md): ``GET /`` (hello),
-``GET /list`` (alive peers; a machine polling it with ``User-Agent: Machine`` and the
-``p2pfaas-machine-*`` headers joins the node's peers), ``GET /reset`` and
-``GET|POST /configuration``. Each is a request/reply on ``faas.<node>.discovery.*``
-(``.peers`` for a plain list).
-"""
+"""P2PFaaS's discovery API on its own port (19000; docs/compat.md), each route a request/reply on
+``faas.<node>.discovery.*`` (``.peers`` for a plain list)."""
 
 from __future__ import annotations
 

@@ -1,15 +1,6 @@
-"""The HTTP edge in front of every bridge port: uvicorn's httptools protocol with what it lacks.
-
-The edge's invariant (docs/security.md, "HTTP edge"): every open connection holds one slot of its
-client's address and one of its bridge process, never more than ``HttpLimits.client_connections``
-and ``connections``; a connection beyond either is answered a small 503 and closed before a byte of
-it is read. A request's head (request line and headers) is counted as its bytes arrive and never
-holds more than ``HEAD_LIMIT`` bytes (one pipelined behind another in the same read: less than twice
-that) or ``HEADER_COUNT_LIMIT`` headers: beyond, 431 (414 when the URL is what is too long) and the
-connection is closed. A connection that stays silent, or whose
-head or body comes too slowly, is cut. Every refusal and cut is counted by reason (``p2pfaas_http_refused_total``) and logged
-at most once per ``LOG_EVERY_S`` per reason.
-"""
+"""The HTTP edge in front of every bridge port (docs/security.md, "HTTP edge"): per-client and per-process
+connection slots (beyond: 503 before a byte is read), bounded request heads (431/414), cut slow
+connections; each refusal counted by reason and logged at most every ``LOG_EVERY_S``."""
 
 from __future__ import annotations
 
@@ -57,8 +48,8 @@ def _response(status: int, phrase: str, text: str, extra: bytes = b"") -> bytes:
 
 
 class Edge:
-    """The connection slots of one bridge process's servers, and the count and log of what they
-    refused or cut. Limits are fixed when serving starts (``limits``, and the open-file limit)."""
+    """One bridge process's connection slots (``limits``, and the open-file limit), and the count
+    and log of what they refused or cut."""
 
     def __init__(self, limits: HttpLimits = HttpLimits(), refused=None) -> None:
         self.limits = limits
@@ -123,8 +114,7 @@ class Edge:
 
 
 def _raise_file_limit(wanted: int) -> int:
-    """The process's soft limit of open files, raised towards ``wanted`` (up to the hard limit) when
-    lower: each connection is an open file, and a refused accept is a client left hanging."""
+    """The soft limit of open files, raised towards ``wanted`` (each connection is one)."""
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     if soft != resource.RLIM_INFINITY and soft < wanted:
         new = wanted if hard == resource.RLIM_INFINITY else min(wanted, hard)
@@ -139,8 +129,7 @@ class _TooManyHeaders(Exception):
 
 
 def _guarded_protocol():
-    """uvicorn's httptools protocol with what it lacks: the edge (the module's docstring), a deadline
-    for a request's headers (from the first byte or from the connection) and for its body."""
+    """uvicorn's httptools protocol with the edge and deadlines for a request's head and body."""
     if importlib.util.find_spec("httptools") is None:
         return "h11"
     import httptools
@@ -243,8 +232,7 @@ def _guarded_protocol():
             self.data_received(view[room:])
 
         def _feed(self, data) -> None:
-            """uvicorn's data_received, with its refusals made by the edge (counted, logged at most every
-            LOG_EVERY_S: uvicorn logs one line per invalid request)."""
+            """uvicorn's data_received, with its refusals made (counted, logged sparingly) by the edge."""
             self._unset_keepalive_if_required()
             try:
                 self.parser.feed_data(data)
@@ -261,8 +249,7 @@ def _guarded_protocol():
                     self._refuse(400, "Bad Request", "Invalid HTTP request received.", "invalid")
 
         def _refuse(self, status: int, phrase: str, text: str, reason: str) -> None:
-            """Answer ``status`` and close; what the client still sends is dropped meanwhile. A response
-            still being written for an earlier (pipelined) request is cut instead: nothing may follow it."""
+            """Answer ``status`` and close (a pipelined response being written is cut instead)."""
             self._head_room = -1
             self.edge.note(reason, self._client)
             transport = self.transport
@@ -324,12 +311,8 @@ def edge_websocket(edge: Edge):
 
 
 class _OneWrite:
-    """A response's transport that writes its status line and headers together with the body that
-    follows them: uvicorn writes the two in two system calls, and the client wakes up for each (a
-    direct call's latency, bench/invoke_path.py row 2). The first write is held; the next one
-    leaves with it at once, or, when no body follows in this turn of the loop, it leaves alone at
-    the end of the turn. Everything but ``write`` is the connection's own; what is held is written
-    before the connection closes."""
+    """A response's transport writing its head with the body that follows in one system call (uvicorn's two
+    wake the client twice): the first write waits for the next or the end of this turn of the loop."""
 
     __slots__ = ("_transport", "_loop", "_held")
 

@@ -1,10 +1,5 @@
-"""Invocation over HTTP: ``/function/{fn}`` (direct), ``/async-function/{fn}`` and ``/result/{id}``.
-
-The direct call is the hot path, so it is served by a plain ASGI handler in front of the
-framework (:class:`FastInvoke`): read the body, one NATS request to the node, copy the
-node's P2PFaaS headers onto the response. The FastAPI routes of the same paths exist for
-the OpenAPI docs and for servers without the fast path; both call :func:`direct_call`.
-"""
+"""Invocation over HTTP: ``/function/{fn}`` (direct; the hot path, :class:`FastInvoke` in front of the
+framework), ``/async-function/{fn}`` and ``/result/{id}``."""
 
 from __future__ import annotations
 
@@ -29,8 +24,7 @@ from broker.subjects import TOKEN_RE, check_token
 log = logging.getLogger(__name__)
 
 FUNCTION_PATH = "/function/"
-# an async call whose store got no acknowledgement (JetStream electing a leader after a server
-# died, a restart) is tried again this long before the caller gets 503 "not accepted"
+# an async call's store without acknowledgement is tried again this long before 503 "not accepted"
 SUBMIT_PATIENCE_S = 6.0
 _CALLER = {name.lower().encode(): name for name in H.CALLER_HEADERS}
 _OCTETS = (b"content-type", b"application/octet-stream")
@@ -61,8 +55,7 @@ def error(status: int, message: str, **headers: str) -> JSONResponse:
 
 
 async def faas_error(request: Request, exc: FaasError) -> JSONResponse:
-    """Every app's one handler of p2pfaas's errors: their HTTP status and ``{code, message}``
-    (503 with Retry-After, 401 with the Bearer challenge)."""
+    """Every app's handler of p2pfaas's errors: their HTTP status and ``{code, message}``."""
     headers = {H.RETRY_AFTER: "1"} if exc.http_status == 503 else {}
     if exc.http_status == 401:
         headers = {"WWW-Authenticate": "Bearer"}
@@ -70,9 +63,7 @@ async def faas_error(request: Request, exc: FaasError) -> JSONResponse:
 
 
 def port_app(title: str, hello: str) -> FastAPI:
-    """The app of one of P2PFaaS's other ports (discovery, learner): ``GET /`` answers ``hello``
-    (the same on every node, as its clients compare it); errors as on the main port (a node that
-    does not answer is 503, a body too large 413, a missing token 401)."""
+    """The app of another P2PFaaS port: ``GET /`` answers ``hello``; errors as on the main port."""
     app = FastAPI(title=title, version=VERSION)
     app.add_exception_handler(FaasError, faas_error)   # type: ignore[arg-type]
 
@@ -168,11 +159,9 @@ async def _send(send, status: int, body: bytes, headers: list[tuple[bytes, bytes
 
 
 async def call_state(bridge: Bridge, call_id: str) -> tuple[Answer | None, bool]:
-    """Async call ``call_id``'s stored answer, and whether its task is still stored (waiting or
-    running), read from JetStream: every bridge process (``--http-processes``, a restarted
-    bridge) answers the same. Both are asked at once. The node stores the answer before it
-    removes the task, so when neither is found the answer is asked again: a task removed since
-    the first look has its answer stored by then, and a call that exists is never "unknown"."""
+    """Async call ``call_id``'s stored answer, and whether its task is still stored, read from JetStream
+    (every bridge process answers the same). The node stores the answer before it removes the task, so
+    when neither is found the answer is asked again: a call that exists is never "unknown"."""
     faas, client = bridge.faas, bridge.client_id
     found = await asyncio.gather(faas.stored_answer(client, call_id), faas.stored_call(client, call_id),
                                  return_exceptions=True)   # both end before a failure is raised
@@ -186,8 +175,7 @@ async def call_state(bridge: Bridge, call_id: str) -> tuple[Answer | None, bool]
 
 
 async def deliver_callback(bridge: Bridge, fut: "asyncio.Future[Answer]", call_id: str, url: str) -> None:
-    """POST the answer of async call ``call_id`` to ``url`` when it comes (a call without a
-    callback gets no task: its answer waits in the results stream for ``/result/{id}``)."""
+    """POST the answer of async call ``call_id`` to ``url`` when it comes."""
     loop, limits = asyncio.get_running_loop(), bridge.limits
     deadline = loop.time() + CALLBACK_WAIT_S
     try:

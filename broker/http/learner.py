@@ -1,16 +1,5 @@
-"""P2PFaaS's learner API over HTTP (docs/learner.md, docs/compat.md), in two shapes:
-
-* :func:`learner_router` -- ``/learner/*`` on the node's main port, p2pfaas's own JSON
-  (``LearnerStats``, ``LearnerWeights``, strict 400s);
-* :func:`learner_app` -- the original learner service's API on its own port (19020): ``/act``,
-  ``/train``, ``/train_batch`` and ``/learner/{parameters,stats,weights,reset}`` with P2PFaaS's
-  bodies, so its clients (the benchmark client with ``-learning``) train the node's model.
-
-Both go through :class:`LearnerGateway`: act and the model's controls are request/reply with the
-node's learner; train and train_batch store samples on the node's durable reward stream, each
-with the message id ``reward.<node>.<eid>``, so a sample is counted once whoever sends it (the
-node's own deadline reward or a client's).
-"""
+"""P2PFaaS's learner API over HTTP (docs/learner.md): ``/learner/*`` on the main port in p2pfaas's JSON, and
+the original service's API on its own port (19020). Samples are stored once per ``reward.<node>.<eid>``."""
 
 from __future__ import annotations
 
@@ -113,8 +102,7 @@ class LearnerGateway:
 
 
 def p2pfaas_sample(entry: Any) -> LearnerTrainSample:
-    """A sample as P2PFaaS's clients send it: ``eid`` and ``action`` may be text (``"17"``,
-    ``"1.000000"``), the state ``"a,b"``; other keys are ignored. ContractError if unusable."""
+    """A sample as P2PFaaS's clients send it (``eid``, ``action`` may be text)."""
     if not isinstance(entry, dict):
         raise ContractError(f"a sample must be a JSON object with {', '.join(SAMPLE_FIELDS)}")
     fields = {k: entry[k] for k in SAMPLE_FIELDS if k in entry}
@@ -264,8 +252,7 @@ def learner_app(bridge: "Bridge") -> FastAPI:
 
 
 def p2pfaas_error(response: Response) -> Response:
-    """P2PFaaS's learner answered every refusal 500; p2pfaas keeps its JSON reason in the body
-    (503 stays 503: nobody answered, try again)."""
+    """P2PFaaS's learner answered every refusal 500 (503 stays: nobody answered, try again)."""
     if response.status_code in (200, 503):
         return response
     response.status_code = 500
@@ -273,9 +260,7 @@ def p2pfaas_error(response: Response) -> Response:
 
 
 def p2pfaas_weights(weights: dict[str, Any]) -> dict[str, Any]:
-    """A Q-table model as P2PFaaS's learner shows it: ``actions_map`` (action -> column),
-    ``states_map`` (state -> row; states as ``"f1,f2,..."``, not concatenated) and ``table``.
-    Other models (networks) keep p2pfaas's ``LearnerWeights`` JSON."""
+    """A Q-table model as P2PFaaS shows it; other models keep ``LearnerWeights``."""
     if weights.get("algorithm") != "dsarsa":
         return weights
     import torch   # only here: reading a table needs torch's loader, the bridge otherwise does not

@@ -1,13 +1,5 @@
-"""OpenFaaS's management routes, served from the node's own function registry and pools
-(docs/compat.md): ``/system/functions`` (list, deploy, update, delete), ``/system/function/{fn}``,
-``/system/scale-function/{fn}``, ``/system/secrets`` and P2PFaaS's ``/monitoring/scale-delay/{fn}``.
-Each is one request/reply on ``faas.<node>.functions.*``; every one that changes something, and the
-list of secrets, passes the bridge's ``changes_state`` check.
-
-A deploy body is OpenFaaS's or P2PFaaS's wrapping of it (``{"openfaas_service": {...}}``), read by
-broker/deploy_body.py; it reaches every node (nodes/catalogue.py). What is not supported is
-refused with 400 when it asks for something, never dropped in silence.
-"""
+"""OpenFaaS's management routes (``/system/*``) and P2PFaaS's ``/monitoring/scale-delay/{fn}``, each one
+request/reply on ``faas.<node>.functions.*`` (docs/compat.md)."""
 
 from __future__ import annotations
 
@@ -29,8 +21,7 @@ if TYPE_CHECKING:
 
 
 def deployment(body: bytes) -> dict[str, Any] | Response:
-    """The deployment of an OpenFaaS (or P2PFaaS) deploy body (broker/deploy_body.py), or the 400
-    saying why not."""
+    """The deployment of an OpenFaaS (or P2PFaaS) deploy body, or the 400 saying why not."""
     try:
         return read_deployment(orjson.loads(body)).model_dump(exclude_defaults=True)
     except orjson.JSONDecodeError as exc:

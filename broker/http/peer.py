@@ -1,10 +1,5 @@
-"""``POST /peer/function/{fn}``: an original P2PFaaS node forwards a job to this node.
-
-Its ``PeerJobRequest`` (JSON, payload in base64, ``User-Agent: Machine``) becomes a forward on
-``faas.<node>.forward...`` (hops as it counts them, the sender's IP as the path so far); the
-node's answer goes back as P2PFaaS's ``PeerJobResponse``: ``peers_list`` (the executor first,
-this node last, each with its timings), ``body`` in base64 and ``status_code``.
-"""
+"""``POST /peer/function/{fn}``: an original P2PFaaS node forwards a job, as a forward on
+``faas.<node>.forward...``, answered as P2PFaaS's ``PeerJobResponse``."""
 
 from __future__ import annotations
 
@@ -66,8 +61,7 @@ def peer_router(bridge: "Bridge") -> APIRouter:
     async def peer_function(fn: str, request: Request) -> Response:
         if request.headers.get(H.USER_AGENT) != H.USER_AGENT_MACHINE:   # as P2PFaaS: only nodes call it
             return await reply(500, {"code": codes.GENERIC, "message": "called from not a machine"})
-        # it runs a function as /function does: not the way around the invoke token (a P2PFaaS
-        # node sends none: its jobs come in without one only where P2PFaaS's ports are open)
+        # it runs a function: the invoke token, unless P2PFaaS's ports are open (its nodes send none)
         if not bridge.p2pfaas_open and not bridge.may_invoke(request.headers.get("authorization")):
             raise Unauthorized("a peer job runs a function: it needs the invoke token (Authorization: Bearer ...), "
                                "or the P2PFaaS layout (up --loopback-hosts), whose P2PFaaS routes are open")

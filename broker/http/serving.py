@@ -1,12 +1,5 @@
-"""Serving the HTTP bridge: uvicorn inside our own event loop, with its fastest parser, behind an
-edge that no one client can exhaust.
-
-Measured in bench/invoke_path.py: uvicorn with httptools on uvloop, the app's direct-call
-fast path in front of FastAPI. A bridge may run as several processes on one port
-(``SO_REUSEPORT``: the kernel spreads connections over them); each process has its own
-NATS connection. ``p2pfaas bridge http --processes N`` and ``p2pfaas up`` use this.
-
-The edge that no one client can exhaust is broker/http/edge.py.
+"""Serving the HTTP bridge: uvicorn (httptools) inside our own event loop, behind the edge that no one
+client can exhaust (broker/http/edge.py). Several bridge processes may share a port (``SO_REUSEPORT``).
 """
 
 from __future__ import annotations
@@ -46,9 +39,8 @@ def listening_socket(host: str, port: int, reuse_port: bool) -> socket.socket:
 async def serve_in_loop(bridge: "Bridge", apps: list[tuple[object, str, int, bool]],
                         started: asyncio.Event | None = None, *, reuse_port: bool = False,
                         tls: tuple[str, str] | None = None) -> None:
-    """Serve each ``(app, host, port, lifespan)`` until ``bridge.shutdown()``; the app with the
-    lifespan (the scheduler API) starts and stops the bridge's NATS client. ``tls``: (certificate,
-    key) files: HTTPS only. The servers share one edge: a client's slots count on every port."""
+    """Serve each ``(app, host, port, lifespan)`` until ``bridge.shutdown()`` (the lifespan app starts and
+    stops the bridge's NATS client); ``tls``: HTTPS only. One edge: a client's slots count on every port."""
     edge = bridge.http_edge = Edge(bridge.limits, refused=bridge.http_refused)
     if isinstance(HTTP_IMPLEMENTATION, str):   # no httptools: h11 and uvicorn's own limits
         http, ws, limit = HTTP_IMPLEMENTATION, "auto", edge.limit

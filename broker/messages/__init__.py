@@ -1,13 +1,10 @@
-"""Message contracts: every JSON payload that crosses a broker, by what it is about.
-
-Frozen pydantic v2 models with ``extra="forbid"``; encode/decode only through
-:mod:`broker.codec` so the wire format lives in one place; broker/protocol.py says which
-subject carries which (docs/protocol.md)."""
+"""Message contracts: every JSON payload that crosses a broker (frozen, unknown keys refused), encoded
+and decoded only by :mod:`broker.codec`; broker/protocol.py says which subject carries which."""
 
 # ruff: noqa: F401
 
 from broker.messages.base import Contract, FiniteFloat
-from broker.messages.calls import (DirectAnswer, ErrorBody, HopTiming, LearningDecision, Rejection, Result, Status,
+from broker.messages.calls import (DirectAnswer, ErrorBody, HopTiming, LearningDecision, Rejection, Result,
                                    Timings, WorkerCall, WorkerCalls, WorkerOutcome, WorkerOutcomes, WorkerStatus,
                                    WorkerStatusRequest)
 from broker.messages.control import NodeConfiguration, NodeGone, NodeLoad, SchedulerChange, SchedulerConfiguration

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import time
-from typing import Literal
 
 from pydantic import Field
 
@@ -14,10 +13,8 @@ from broker.messages.base import Contract
 class HopTiming(Contract):
     """Timings of one node on a request's path (P2PFaaS ``peers_list`` entry).
 
-    ``arrival`` is when the request reached that node (unix time; for a peer,
-    when its durable stream stored the forward); ``total_s`` runs from there to
-    the result, so it is filled in by the worker that executes the request.
-    """
+    ``arrival``: when the request reached that node (unix time; a peer: when its stream stored the
+    forward); ``total_s`` runs from there to the result (filled in by the worker that runs it)."""
 
     node: str
     arrival: float = 0.0
@@ -73,10 +70,8 @@ class LearningDecision(Contract):
 class Result(Contract):
     """Outcome of an invocation, published on ``faas.result.<client>.<req>``.
 
-    ``status`` is an HTTP-like code (200 ok, 400 bad input, 404 unknown
-    function, 413 too large, 500 function error, 504 timeout); ``output`` is the
-    function's output as text when it is UTF-8, else base64 in ``output_b64``.
-    """
+    ``status`` is HTTP-like (200 ok, 400 bad input, 404 unknown function, 413 too large, 500 function
+    error, 504 timeout); ``output`` is the output as text when it is UTF-8, else base64 in ``output_b64``."""
 
     request_id: str
     client: str
@@ -100,10 +95,8 @@ class Result(Contract):
 class Rejection(Contract):
     """A request the system refused, published on ``faas.reject.<client>.<req>``.
 
-    ``code`` follows P2PFaaS (401 deliberately rejected, ...) or the HTTP code of
-    a validation error (400, 404, 413); ``http_status`` is what the HTTP bridge
-    answers.
-    """
+    ``code`` follows P2PFaaS (401 deliberately rejected, ...) or is a validation error's HTTP code
+    (400, 404, 413); ``http_status`` is what the HTTP bridge answers."""
 
     request_id: str
     client: str
@@ -184,8 +177,7 @@ class WorkerStatusRequest(Contract):
 
 
 class WorkerStatus(Contract):
-    """The calls of a :class:`WorkerStatusRequest` the worker still runs; the others it never got
-    or finished (their outcomes were sent again just before this answer)."""
+    """The calls of a :class:`WorkerStatusRequest` the worker still runs (the others' outcomes sent again)."""
 
     running: list[int] = Field(default_factory=list)
 
@@ -195,6 +187,3 @@ class ErrorBody(Contract):
 
     code: int
     message: str
-
-
-Status = Literal["ok", "error"]

@@ -10,8 +10,7 @@ from broker.messages.base import Contract
 
 
 class NodeGone(Contract):
-    """On ``<prefix>.<node>.gone``: the node stopped (``by`` is the node itself, or one of its
-    workers that saw it die); callers waiting on it fail at once."""
+    """On ``<prefix>.<node>.gone``: the node stopped (``by``: it, or a worker that saw it die)."""
 
     node: str
     by: str

@@ -25,10 +25,8 @@ DEFAULT_ZERO_AFTER_S = 60.0   # a pool that may scale to zero does after this lo
 
 class FunctionScaling(Contract):
     """A function's own pool of workers: ``min``..``max`` of them. With ``min`` 0 the pool scales to
-    zero after ``zero_after_s`` without a call (default DEFAULT_ZERO_AFTER_S) and its next call
-    wakes it (the call waits for the cold start, it is not refused). ``policy``: the scaling
-    policy the stack's controller runs for it (a name of controller/names.py; ``off``: none, the
-    pool keeps the size it is given)."""
+    zero after ``zero_after_s`` without a call (default DEFAULT_ZERO_AFTER_S); its next call waits for
+    the cold start. ``policy``: the controller's scaling policy for it (``off``: the size it is given)."""
 
     min: int = Field(default=1, ge=0, le=256)
     max: int = Field(default=16, ge=1, le=256)
@@ -64,9 +62,8 @@ class FunctionDeployment(Contract):
     function's environment (its workers', or its container's), OpenFaaS's ``envVars``.
 
     ``timeout_s`` and ``concurrency`` (calls one worker runs at once) replace the function's own.
-    ``scaling``, ``secrets`` (names of the deployment's secrets, read with
-    ``functions.secret(name)``) and ``limits`` give it a pool of its own: workers shared with other
-    functions could neither be scaled for it nor keep its secrets from the others' code."""
+    ``scaling``, ``secrets`` (read with ``functions.secret(name)``) and ``limits`` give it a pool of its
+    own (shared workers could neither be scaled for it nor keep its secrets from others' code)."""
 
     service: str = Field(pattern=r"^[A-Za-z0-9_-]{1,64}$")
     reference: str = Field(min_length=1, max_length=512)

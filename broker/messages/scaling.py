@@ -12,9 +12,7 @@ from broker.messages.base import Contract, FiniteFloat
 class PoolTelemetry(Contract):
     """One control-period sample of a worker pool, on ``faas.<node>.telemetry.<pool>``.
 
-    The simulator produces exactly this too, so the autoscaling environment has
-    the same observation whether it runs offline or on the live system.
-    """
+    The simulator produces the same, so the autoscaling environment observes alike offline and live."""
 
     node: str
     pool: str
@@ -96,8 +94,7 @@ class SchedulingExperience(Contract):
 
     @property
     def msg_id(self) -> str:
-        """Its JetStream message id: the reward stream keeps the first sample per EID, whoever
-        sends it (the node's deadline reward or a client's), so none is counted twice."""
+        """Its JetStream message id: the reward stream keeps one sample per EID, whoever sends it."""
         return f"reward.{self.node}.{self.eid}"
 
 
