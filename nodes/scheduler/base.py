@@ -5,12 +5,9 @@ from __future__ import annotations
 
 import abc
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, ClassVar, Protocol, Sequence
+from typing import ClassVar, Protocol, Sequence
 
 from broker import codes
-
-if TYPE_CHECKING:
-    from nodes.scheduler.learning import LearningContext
 
 
 @dataclass(frozen=True, slots=True)
@@ -48,7 +45,8 @@ class SchedulingView(Protocol):
     """The node's view that algorithms decide on (nodes/scheduler/view.py's NodeView)."""
 
     node_id: str
-    learning: LearningContext | None   # the LearningScheduler's learner and rewards (None: no learner)
+    # the LearningScheduler's learner and rewards (a nodes.scheduler.learning.LearningContext; None: no learner)
+    learning: object | None
 
     def local_load(self) -> LocalLoad: ...
 

@@ -311,7 +311,7 @@ class LearningScheduler(SchedulingAlgorithm):
         if request.external:  # P2PFaaS: a forwarded request runs here
             return run_locally(view, loss=True)
         learning = view.learning
-        if learning is None:
+        if not isinstance(learning, LearningContext):
             if not self._warned:
                 log.warning("%s on %s has no learner context: running requests locally", self.describe(), view.node_id)
                 self._warned = True
