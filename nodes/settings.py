@@ -24,11 +24,16 @@ def host_of(address: str) -> str:
 TOKEN = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
 
 
+def comma_separated(value: object) -> object:
+    """A setting's list as an option or variable gives it, ``a, b``: its items, empty ones left out."""
+    return [item.strip() for item in value.split(",") if item.strip()] if isinstance(value, str) else value
+
+
 DEFAULT_WORKER_IMAGE = "p2pfaas-worker:latest"   # `p2pfaas image build` makes it
 
 
 class PoolSpec(BaseModel):
-    """A dedicated, autoscaled worker pool for some functions (the farm of DESIGN.md §6): its tasks
+    """A dedicated, autoscaled worker pool for some functions (the farm, docs/autoscaling.md): its tasks
     are always queued (no admission control); the controller keeps its QoS by scaling min..max."""
 
     model_config = ConfigDict(extra="forbid")
@@ -168,7 +173,7 @@ class NodeSettings(BaseSettings):
     @field_validator("seeds", mode="before")
     @classmethod
     def _seed_list(cls, value: object) -> object:
-        return [u.strip() for u in value.split(",") if u.strip()] if isinstance(value, str) else value
+        return comma_separated(value)
 
     @field_validator("functions", mode="before")
     @classmethod

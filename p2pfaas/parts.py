@@ -17,6 +17,7 @@ from broker import handoff
 from broker.connection import credentials_from_env
 from broker.embedded import die_with_parent_preexec
 from broker.http.limits import HttpLimits
+from nodes.settings import comma_separated
 from broker.lifecycle import child_env, hard_exit_after, on_parent_gone, parent_gone, parent_pipe_watched, run_loop
 
 if TYPE_CHECKING:
@@ -91,7 +92,7 @@ class HttpBridgeSettings(BaseSettings):
     @field_validator("callback_hosts", mode="before")
     @classmethod
     def _host_list(cls, value: object) -> object:
-        return tuple(h for h in value.split(",") if h) if isinstance(value, str) else value
+        return comma_separated(value)
 
     @property
     def tls(self) -> tuple[str, str] | None:
