@@ -166,16 +166,27 @@ def test_p2pfaas_benchmark_client_runs_clean_against_the_devices_addresses(edge,
     -learning) against the three devices' addresses: each device set up as a P2PFaaS operator
     would, through the devices' own HTTP APIs."""
     binary = build_benchmark_client(tmp_path)   # skips, saying why, without Go or the stored sources
-    for device in DEVICES:
-        auth = {"Authorization": f"Bearer {edge.operator_token(device)}"}
-        for path, body in (("system/functions", {"service": "fn-pigo", "reference": "standin_functions:fn_pigo"}),
-                           ("configuration", {"parallel_running_functions_max": 3, "queue_length_max": 2,
-                                              "queue_enabled": False}),
-                           ("configuration/scheduler", {"name": "LearningScheduler", "parameters": ["2"]})):
-            r = post(edge, "c1", f"{edge.http(device)}/{path}", json.dumps(body).encode(), headers=auth)
+    # The devices are shared by the module: the configuration and the scheduler this test sets
+    # (a learning scheduler may reject or forward) go back to what they were, also on failure.
+    before = {(d, path): edge.lab.call("c1", lambda d=d, path=path: httpx.get(f"{edge.http(d)}/{path}", timeout=5).json())
+              for d in DEVICES for path in ("configuration", "configuration/scheduler")}
+    try:
+        for device in DEVICES:
+            auth = {"Authorization": f"Bearer {edge.operator_token(device)}"}
+            for path, body in (("system/functions", {"service": "fn-pigo", "reference": "standin_functions:fn_pigo"}),
+                               ("configuration", {"parallel_running_functions_max": 3, "queue_length_max": 2,
+                                                  "queue_enabled": False}),
+                               ("configuration/scheduler", {"name": "LearningScheduler", "parameters": ["2"]})):
+                r = post(edge, "c1", f"{edge.http(device)}/{path}", json.dumps(body).encode(), headers=auth)
+                assert r.status_code == 200, (device, path, r.text)
+        (tmp_path / "hosts.txt").write_text("\n".join(edge.address(d) for d in DEVICES) + "\n")
+        done = edge.lab.run("c1", [*documented_command_line(binary), "-benchmark-time", "10"], cwd=tmp_path,
+                            timeout_s=120)
+    finally:
+        for (device, path), body in before.items():
+            r = post(edge, "c1", f"{edge.http(device)}/{path}", json.dumps(body).encode(),
+                     headers={"Authorization": f"Bearer {edge.operator_token(device)}"})
             assert r.status_code == 200, (device, path, r.text)
-    (tmp_path / "hosts.txt").write_text("\n".join(edge.address(d) for d in DEVICES) + "\n")
-    done = edge.lab.run("c1", [*documented_command_line(binary), "-benchmark-time", "10"], cwd=tmp_path, timeout_s=120)
     output = done.stdout + done.stderr
     assert done.returncode == 0, output[-3000:]
     assert "Benchmark ended" in output and "res=200" in output
