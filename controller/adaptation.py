@@ -14,8 +14,7 @@ from broker.subjects import scaling_model
 from controller.baselines import RLPolicy
 from controller.evaluation import episode_workloads, run_episode
 from controller.features import RewardConfig
-from controller.online import online_weights
-from controller.online import ModelGuard
+from controller.online import ModelGuard, online_weights
 from controller.scenario import Scenario
 from controller.training import load_model
 from nodes.learner.models import ModelSlot, agent_from_weights
@@ -31,8 +30,8 @@ class OnlineLearning:
                  seed: int = 0) -> None:
         self.name = name
         self.policy = RLPolicy(name, agent, scenario, action_mode)
-        self.guard = ModelGuard(self.policy, **(guard_options or {}))
         self.reward = reward or RewardConfig()
+        self.guard = ModelGuard(self.policy, **{"miss_cost": self.reward.miss_cost, **(guard_options or {})})
         self.slot = ModelSlot(scaling_model(POOL), agent.algorithm, agent.n_actions, agent.obs_dim, seed=seed)
         self.slot.seed(online_weights(NODE, POOL, agent))
         self.guard.floor_version = self.slot.experiences
@@ -54,6 +53,7 @@ class OnlineLearning:
         self.periods += 1
         self.online_periods += self.guard.online_version is not None
         wanted = self.policy.decide(t, current_target)
+        self.guard.shadow(current_target, wanted)
         obs, action = self.policy.last_observation, self.policy.last_action
         bounds = self.policy.scenario.workers
         changed = min(bounds.max, max(bounds.min, int(wanted))) != current_target

@@ -72,7 +72,7 @@ class LiveController:
         if self.actions is None:
             self.actions = self.policy.actions if rl else ScalingActions("target")
         self.observe = ObservationBuilder(self.scenario)
-        self.guard = (ModelGuard(self.policy, **self.guard_options)
+        self.guard = (ModelGuard(self.policy, **self._guard_options)
                       if rl and self.learn_online and self.policy.learns_online else None)
         self.local = None
         self.learner_note = ""
@@ -246,7 +246,7 @@ class LiveController:
         rl = isinstance(policy, RLPolicy)
         self.policy, self.policy_name = policy, name
         self.actions = policy.actions if rl else ScalingActions("target")
-        self.guard = ModelGuard(policy, **self.guard_options) if rl and self.learn_online and policy.learns_online \
+        self.guard = ModelGuard(policy, **self._guard_options) if rl and self.learn_online and policy.learns_online \
             else None
         self.learner_note = ""
         self._previous = None
@@ -258,6 +258,10 @@ class LiveController:
                 log.warning("controller %s/%s: the old policy's weights subscription: %r", self.node, self.pool, exc)
         if self.guard is not None:
             await self._connect_learner()   # never fails: without a learner the policy's weights decide
+
+    @property
+    def _guard_options(self) -> dict[str, Any]:
+        return {"miss_cost": self.reward.miss_cost, **self.guard_options}
 
     async def _reply(self, msg: Msg, status: int, body: bytes) -> None:
         if not msg.reply:
@@ -341,6 +345,8 @@ class LiveController:
             self._background(self._retry_learner())
         obs = self.observe(telemetry)
         wanted = self.policy.decide(telemetry, self.target)
+        if self.guard is not None:
+            self.guard.shadow(self.target, wanted)
         target = min(bounds.max, max(bounds.min, int(wanted)))
         if isinstance(self.policy, RLPolicy) and self.policy.last_action is not None:
             action = self.policy.last_action

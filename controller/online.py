@@ -14,6 +14,7 @@ from typing import Any
 from broker.messages import LearnerWeights, PoolTelemetry
 from broker.subjects import scaling_model
 from controller.baselines import RLPolicy
+from controller.features import RewardConfig
 
 log = logging.getLogger(__name__)
 
@@ -26,6 +27,8 @@ RISING, SURGING = 1.25, 2.0   # arrival rate over the lowest of the previous STR
 STRATUM_LOOKBACK = 3          # a step in load and the periods that drain its backlog
 STRATA = 3
 MIN_STRATUM_PERIODS = 3       # shipped periods of a stratum before its periods are judged
+BATCH = 8                     # periods per batch mean of the paired worker difference: neighbouring
+                              # periods share a state, so single ones are not independent draws
 
 
 def load_stratum(rate: float, previous: deque[float]) -> int:
@@ -82,6 +85,31 @@ class Reference:
 
 
 @dataclass(frozen=True)
+class CostVerdict:
+    """The online weights' cost against the anchor's over the same periods, in workers per period:
+    the workers they asked for above what the anchor asked for in the same states (paired, so the
+    hour's load cancels out) plus the work they missed beyond the anchor's expected QoS, priced as
+    the env prices it."""
+
+    extra_workers: float
+    missed_workers: float
+    sigma: float
+    tolerance: float             # workers per period too few to act on, however sure
+
+    @property
+    def difference(self) -> float:
+        return self.extra_workers + self.missed_workers
+
+    @property
+    def dearer(self) -> bool:
+        return self.difference - max(self.tolerance, Z_99 * self.sigma) > 0
+
+    @property
+    def cheaper(self) -> bool:
+        return self.difference + max(self.tolerance, Z_95 * self.sigma) < 0
+
+
+@dataclass(frozen=True)
 class Verdict:
     """The online weights' newest judged periods against the anchor in the same strata."""
 
@@ -89,6 +117,7 @@ class Verdict:
     expected_qos: float
     margin: float                # one-sided 99 %
     promotion_margin: float      # one-sided 95 %
+    sigma: float                 # of the QoS, by chance alone
 
     @property
     def worse(self) -> bool:
@@ -113,11 +142,18 @@ class ModelGuard:
       ``reseeded``; only versions trained from the anchor again are taken after that.
     * Above it by more than chance (one-sided 95 %) over ``promote_periods``, the online weights
       become the anchor: online learning drifts as well as it improves.
+    * With ``judge_cost`` (off by default: it sees the workers a decision costs now, not the
+      deadlines they meet in a later surge; docs/autoscaling.md), cost over ``promote_periods``
+      (``CostVerdict``, with ``shadow`` called after each decision):
+      cheaper than the anchor by more than chance (95 %) and ``cost_tolerance`` of the anchor's
+      workers, the online weights become the anchor; dearer by as much (chance at 99 %), they are
+      rolled back.
     """
 
     def __init__(self, policy: RLPolicy, reference_periods: int = 8, trial_periods: int = 32,
                  min_tasks: int = 50, tolerance: float = 0.005, window_periods: int = 200,
-                 promote_periods: int = 96) -> None:
+                 promote_periods: int = 96, miss_cost: float = RewardConfig().miss_cost,
+                 judge_cost: bool = False, cost_tolerance: float = 0.02) -> None:
         self.policy = policy
         self.anchor, self.anchor_version = policy.agent, None   # None: the shipped weights
         self.reference_periods, self.trial_periods = reference_periods, trial_periods
@@ -128,6 +164,10 @@ class ModelGuard:
         # the same periods (met, completed, stratum), newest last: only recent ones are judged, so a
         # version turning bad after days of good ones is not diluted in them
         self.recent: deque[tuple[int, int, int]] = deque(maxlen=max(trial_periods, window_periods, promote_periods))
+        self.miss_cost, self.judge_cost, self.cost_tolerance = miss_cost, judge_cost, cost_tolerance
+        # per decision of online weights: the workers they asked for minus the anchor's in that state,
+        # and the anchor's
+        self.extra: deque[tuple[int, int]] = deque(maxlen=promote_periods)
         self._rates: deque[float] = deque(maxlen=STRATUM_LOOKBACK)
         self.online_version: int | None = None
         self.candidate: tuple[Any, int] | None = None
@@ -176,9 +216,46 @@ class ModelGuard:
                         100 * worse.expected_qos, 100 * worse.margin, self._anchor_name)
             self.rollback()
             return True
-        if long is not None and self.trial.periods >= self.promote_periods and long.better:
-            self._promote(long)
+        if long is None or self.trial.periods < self.promote_periods:
+            return False
+        cost = self.cost_verdict(long, t) if self.judge_cost else None
+        if long.better or (cost is not None and cost.cheaper):
+            self._promote(long, cost)
+        elif cost is not None and cost.dearer:
+            log.warning("controller: online weights %s cost %.2f workers per period more than the %s in the same "
+                        "states (%.2f asked for, %.2f in missed work; chance %.2f): rolling back to the %s",
+                        self.version, cost.difference, self._anchor_name, cost.extra_workers, cost.missed_workers,
+                        Z_99 * cost.sigma, self._anchor_name)
+            self.rollback()
+            return True
         return False
+
+    def shadow(self, current_target: int, chosen: int) -> None:
+        """After online weights decided ``chosen``: what the anchor asks for in the same state."""
+        policy = self.policy
+        if not self.judge_cost or self.online_version is None or policy.last_observation is None:
+            return
+        bounds = policy.scenario.workers
+        anchor_action = int(self.anchor.act(policy.last_observation, explore=False))
+        anchor = min(bounds.max, max(bounds.min, policy.actions.target(anchor_action, current_target, policy.observe)))
+        self.extra.append((min(bounds.max, max(bounds.min, int(chosen))) - anchor, anchor))
+
+    def cost_verdict(self, qos: Verdict, t: PoolTelemetry) -> CostVerdict | None:
+        """Over the newest ``promote_periods`` decisions; the spread of the asked-for difference from
+        batch means of ``BATCH`` periods, the missed work's from the QoS verdict's chance."""
+        if len(self.extra) < self.promote_periods:
+            return None
+        extra = [difference for difference, _ in self.extra]
+        batches = [sum(extra[i:i + BATCH]) / BATCH for i in range(0, len(extra) - BATCH + 1, BATCH)]
+        mean = sum(batches) / len(batches)
+        variance = sum((b - mean) ** 2 for b in batches) / (len(batches) - 1) / len(batches)
+        # a missed task is its work S over the period T, at miss_cost (controller/features.py RewardConfig)
+        scenario = self.policy.scenario
+        per_period = qos.tally.completed / qos.tally.periods * scenario.mean_service_s / max(t.period_s, 1e-9)
+        missed = self.miss_cost * per_period * (qos.expected_qos - qos.tally.qos)
+        sigma = math.sqrt(variance + (self.miss_cost * per_period * qos.sigma) ** 2)
+        anchor_workers = sum(anchor for _, anchor in self.extra) / len(self.extra)
+        return CostVerdict(mean, missed, sigma, self.cost_tolerance * anchor_workers)
 
     @property
     def _anchor_name(self) -> str:
@@ -206,20 +283,25 @@ class ModelGuard:
             if tally.periods >= periods and tally.completed >= self.min_tasks:
                 sigma = math.sqrt(variance) / tally.completed
                 return Verdict(tally, expected_met / tally.completed, max(self.tolerance, Z_99 * sigma),
-                               max(self.tolerance, Z_95 * sigma))
+                               max(self.tolerance, Z_95 * sigma), sigma)
         return None
 
     def _new_trial(self) -> None:
         self.trial = QoSTally()
         self.recent.clear()
+        self.extra.clear()
 
-    def _promote(self, verdict: Verdict) -> None:
+    def _promote(self, verdict: Verdict, cost: CostVerdict | None = None) -> None:
         log.info("controller: online weights %s promoted: %.2f %% of deadlines met over %d periods, the %s %.2f %% "
-                 "in periods of the same load (margin %.2f points); a rollback comes back to them", self.version,
+                 "in periods of the same load (margin %.2f points), %s; a rollback comes back to them", self.version,
                  100 * verdict.tally.qos, verdict.tally.periods, self._anchor_name, 100 * verdict.expected_qos,
-                 100 * verdict.margin)
+                 100 * verdict.margin, "cost not judged" if cost is None else
+                 f"{cost.difference:+.2f} workers per period of cost (chance {Z_95 * cost.sigma:.2f})")
         self.anchor, self.anchor_version = self.policy.agent, self.online_version
-        self.reference = Reference(self.window_periods)
+        if verdict.better:
+            self.reference = Reference(self.window_periods)
+        # promoted on cost, their QoS is the old reference's: their newest periods join it, rather
+        # than standing alone for the load of one hour
         for met, completed, stratum in self.recent:
             self.reference.add(stratum, met, completed)
         self.promotions += 1

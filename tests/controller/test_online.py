@@ -207,3 +207,82 @@ def test_a_small_lasting_drop_is_caught_over_the_longer_window():
     # 93.5 %: within chance over 32 periods (2.33 x 5 / sqrt(32) = 2.1 points), not over 96 (1.2)
     rolled_back = [guard.observe(period(93 + i % 2, 100)) for i in range(96)]
     assert rolled_back.index(True) == 95 and guard.rollbacks == 1
+
+
+def decided(guard: ModelGuard, t, current: int = 8) -> bool:
+    """One period as the controller runs it: judge, decide, then what the anchor would have asked for."""
+    rolled_back = guard.observe(t)
+    guard.shadow(current, guard.policy.decide(t, current))
+    return rolled_back
+
+
+def test_online_weights_asking_fewer_workers_in_the_same_states_for_the_same_qos_are_promoted():
+    """Paired with the anchor's decision in the same state, so the hour's load cancels out."""
+    shipped, leaner = Agent(1), Agent(0)          # keep the target; one worker fewer
+    policy = RLPolicy("pg", shipped, SC)
+    guard = ModelGuard(policy, reference_periods=8, trial_periods=8, min_tasks=100, promote_periods=16, judge_cost=True)
+    for _ in range(8):
+        decided(guard, period(100, 100))
+    guard.offer(leaner, 5)
+    assert [decided(guard, period(100, 100)) for _ in range(16)] == [False] * 16
+    assert guard.promotions == 0                  # 15 judged decisions so far: not yet
+    assert not decided(guard, period(100, 100))
+    assert guard.promotions == 1 and guard.anchor is leaner and guard.rollbacks == 0
+    # promoted on cost, not on QoS: the QoS reference keeps the shipped model's periods (of other
+    # hours too) and adds theirs, rather than standing on their 16 periods alone
+    assert guard.reference.total_periods == 8 + 17
+
+
+def test_online_weights_asking_more_workers_for_no_better_qos_are_rolled_back():
+    shipped, richer = Agent(1), Agent(2)          # keep; one worker more
+    policy = RLPolicy("pg", shipped, SC)
+    guard = ModelGuard(policy, reference_periods=8, trial_periods=8, min_tasks=100, promote_periods=16, judge_cost=True)
+    for _ in range(8):
+        decided(guard, period(100, 100))
+    guard.offer(richer, 5)
+    rolled_back = [decided(guard, period(100, 100)) for _ in range(20)]
+    assert rolled_back.index(True) == 16 and guard.rollbacks == 1 and policy.agent is shipped
+    assert guard.promotions == 0
+    # by default cost is not judged: those workers may be what meets a later surge's deadlines
+    guard = ModelGuard(RLPolicy("pg", shipped, SC), reference_periods=8, trial_periods=8, min_tasks=100,
+                       promote_periods=16)
+    for _ in range(8):
+        decided(guard, period(100, 100))
+    guard.offer(richer, 5)
+    assert not any(decided(guard, period(100, 100)) for _ in range(40)) and not guard.extra
+
+
+def test_online_weights_deciding_as_the_anchor_does_are_never_judged_on_cost():
+    policy = RLPolicy("pg", Agent(1), SC)
+    guard = ModelGuard(policy, reference_periods=8, trial_periods=8, min_tasks=100, promote_periods=16, judge_cost=True)
+    for i in range(8):
+        decided(guard, period(95 + 3 * (-1) ** i, 100))
+    guard.offer(Agent(1), 5)
+    assert not any(decided(guard, period(95 + 3 * (-1) ** i, 100)) for i in range(200))
+    assert guard.promotions == 0 and guard.rollbacks == 0
+
+
+def test_fewer_workers_are_not_promoted_when_the_missed_work_costs_more_than_they_save():
+    """Priced as the env prices a miss (miss_cost x its work): 1 point of QoS on 100 tasks of 2 s
+    per 8 s period is 60 x 25 x 0.01 = 15 workers, far more than the one saved."""
+    policy = RLPolicy("pg", Agent(1), SC)
+    guard = ModelGuard(policy, reference_periods=8, trial_periods=8, min_tasks=100, promote_periods=16, judge_cost=True,
+                       tolerance=0.02)            # a 1-point drop is within QoS's tolerance here
+    for _ in range(8):
+        decided(guard, period(100, 100))
+    guard.offer(Agent(0), 5)
+    rolled_back = [decided(guard, period(99, 100)) for _ in range(20)]
+    assert guard.promotions == 0 and rolled_back.index(True) == 16   # dearer: rolled back on cost
+
+
+def test_a_gain_smaller_than_the_cost_tolerance_is_no_reason_to_promote_or_roll_back():
+    """Sure but small: a tenth of a worker per period out of 8 is under 2 % of the anchor's."""
+    policy = RLPolicy("pg", Agent(1), SC)
+    guard = ModelGuard(policy, reference_periods=8, trial_periods=8, min_tasks=100, promote_periods=16, judge_cost=True)
+    for _ in range(8):
+        decided(guard, period(100, 100))
+    guard.offer(Agent(1), 5)
+    for i in range(60):
+        policy.agent = Agent(0 if i % 10 == 0 else 1)   # one worker fewer one period in ten
+        assert not decided(guard, period(100, 100))
+    assert guard.promotions == 0 and guard.rollbacks == 0
