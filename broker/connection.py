@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import os
 import re
 import socket
 import ssl
@@ -22,6 +21,7 @@ from broker.errors import BrokerUnavailable, NotPermitted
 from broker.fastpath import NatsClient
 from broker.header_blocks import HeaderBlock
 from broker.header_blocks import header_block, header_text   # noqa: F401 (re-exported)
+from broker.settings import broker_settings
 
 log = logging.getLogger(__name__)
 
@@ -121,7 +121,8 @@ async def connect(url: str | list[str], name: str, *, connect_timeout_s: float =
     ``P2PFAAS_TLS_CA_PEM`` (a worker, which may not read the data dir)."""
 
     credentials = credentials or credentials_from_env()
-    tls_ca = tls_ca or os.environ.get("P2PFAAS_TLS_CA")
+    settings = broker_settings()
+    tls_ca = tls_ca or settings.tls_ca
     options: dict = {}
     if credentials:  # options, not the URL: nats-py uses them for the servers it discovers too
         options.update(user=credentials[0], password=credentials[1])
@@ -129,8 +130,8 @@ async def connect(url: str | list[str], name: str, *, connect_timeout_s: float =
         options["tls"] = ssl.create_default_context(cafile=tls_ca)
     elif ca_pem := handoff.get(TLS_CA_PEM):
         options["tls"] = ssl.create_default_context(cadata=ca_pem)
-    if os.environ.get("P2PFAAS_INBOX_PREFIX"):   # a device's: the hub sends it only its own replies (broker/edge.py)
-        options["inbox_prefix"] = os.environ["P2PFAAS_INBOX_PREFIX"]
+    if settings.inbox_prefix:
+        options["inbox_prefix"] = settings.inbox_prefix
 
     connection: list[Client] = []
     first_error: list[Exception] = []   # the first connect retries until its deadline: its last error says why

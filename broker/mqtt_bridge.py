@@ -8,7 +8,6 @@ import asyncio
 import contextlib
 import itertools
 import logging
-import os
 import time
 from datetime import datetime, timezone
 
@@ -33,6 +32,7 @@ from broker.errors import InvalidSubject, InvalidToken
 from broker.lifecycle import StartStop, still_wanted
 from broker.mqtt_client import default_client_id, mqtt_tls, parse_mqtt_url
 from broker.messages import Rejection
+from broker.settings import broker_settings
 from broker.streams import ensure_shared_streams, results_stream
 from broker.subjects import Subjects, from_mqtt, to_mqtt
 
@@ -77,7 +77,7 @@ class MqttBridge(StartStop):
         self._mqtt.manual_ack_set(True)
         if credentials:
             self._mqtt.username_pw_set(*credentials)
-        mqtt_tls(self._mqtt, mqtt_url, os.environ.get("P2PFAAS_TLS_CA"))
+        mqtt_tls(self._mqtt, mqtt_url, broker_settings().tls_ca)
         self._mqtt.max_inflight_messages_set(200)
         self._mqtt.reconnect_delay_set(min_delay=0.1, max_delay=2)   # back at once when Mosquitto returns
         self._mqtt.on_connect = self._on_connect

@@ -5,12 +5,12 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import os
 
 from nats.js import JetStreamContext
 from nats.js.api import DiscardPolicy, RetentionPolicy, StorageType, StreamConfig
 from nats.js.errors import APIError, BadRequestError, NotFoundError, ServiceUnavailableError
 
+from broker.settings import broker_settings
 from broker.subjects import Subjects
 
 log = logging.getLogger(__name__)
@@ -66,11 +66,8 @@ def experiences_stream(subjects: Subjects, node: str) -> str:
 
 
 def stream_replicas() -> int:
-    """Replicas of every stream: ``P2PFAAS_STREAM_REPLICAS`` (default 1; 3 in compose.yaml's cluster)."""
-    value = os.environ.get("P2PFAAS_STREAM_REPLICAS", "1")
-    if not value.isdigit() or not 1 <= int(value) <= 5:
-        raise ValueError(f"P2PFAAS_STREAM_REPLICAS must be 1..5 (JetStream's limit), got {value!r}")
-    return int(value)
+    """Replicas of every stream: ``P2PFAAS_STREAM_REPLICAS`` (``broker.settings``)."""
+    return broker_settings().stream_replicas
 
 
 _COMPARED = ("subjects", "retention", "storage", "max_bytes", "max_msgs", "max_age", "duplicate_window", "discard",

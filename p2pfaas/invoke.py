@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import threading
 import time
 import uuid
@@ -14,6 +13,7 @@ import paho.mqtt.client as mqtt
 from broker.client import Answer, FaasClient
 from broker.connection import connect
 from broker.mqtt_client import mqtt_tls, parse_mqtt_url
+from broker.settings import broker_settings
 from broker.subjects import Subjects, from_mqtt
 
 
@@ -27,7 +27,7 @@ class Outcome:
 
 def via_http(url: str, fn: str, data: bytes, headers: dict[str, str], timeout_s: float) -> Outcome:
     start = time.perf_counter()
-    verify = os.environ.get("P2PFAAS_TLS_CA") or True   # a deployment's own CA (up --tls)
+    verify = broker_settings().tls_ca or True   # a deployment's own CA (up --tls)
     response = httpx.post(f"{url.rstrip('/')}/function/{fn}", content=data, headers=headers, timeout=timeout_s,
                           verify=verify)
     return Outcome(response.status_code, response.content,
@@ -79,7 +79,7 @@ def via_mqtt(mqtt_url: str, node: str, fn: str, data: bytes, timeout_s: float, p
     c.on_connect, c.on_subscribe, c.on_message = on_connect, on_subscribe, on_message
     if password is not None:
         c.username_pw_set(client, password)
-    mqtt_tls(c, mqtt_url, os.environ.get("P2PFAAS_TLS_CA"))
+    mqtt_tls(c, mqtt_url, broker_settings().tls_ca)
     c.connect(host, port, keepalive=30)
     c.loop_start()
     try:

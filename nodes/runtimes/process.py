@@ -17,6 +17,7 @@ import orjson
 from broker.connection import TLS_CA_PEM, credentials_from_env
 from broker.handoff import FUNCTION_SECRETS, HANDOFF_FD_ENV, handoff_fd
 from broker.lifecycle import child_env, remove_pid_file, write_pid_file
+from broker.settings import broker_settings
 from nodes.sandbox import WorkerSandbox
 from nodes.settings import NodeSettings
 from nodes.worker import WORKER_CREDENTIALS, Worker
@@ -35,7 +36,7 @@ def worker_identity() -> dict[str, str]:
     # no worker identity (a broker of one's own, a node run by hand): the node's, as before any existed
     creds = credentials_from_env(WORKER_CREDENTIALS) or credentials_from_env()
     out = {"P2PFAAS_NATS_USER": creds[0], "P2PFAAS_NATS_PASSWORD": creds[1]} if creds else {}
-    ca = os.environ.get("P2PFAAS_TLS_CA")
+    ca = broker_settings().tls_ca
     if ca:
         out[TLS_CA_PEM] = Path(ca).read_text()
     return out
