@@ -52,6 +52,13 @@ class StartStop:
         await self.stop()
 
 
+async def cancel_and_wait(task: asyncio.Task | None) -> None:
+    """Cancel ``task`` (None: nothing to do) and wait until it has ended, whatever its outcome."""
+    if task is not None:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+
+
 class Tasks:
     """Tasks a service holds (asyncio keeps only weak references), each failure logged as ``what``."""
 

@@ -17,7 +17,7 @@ from nats.js.errors import BucketNotFoundError
 
 from broker.codec import decode
 from broker.errors import ContractError
-from broker.lifecycle import still_wanted
+from broker.lifecycle import cancel_and_wait, still_wanted
 from broker.messages import FunctionDeployment, PoolTelemetry
 from broker.subjects import Subjects
 from controller.live import LiveController
@@ -59,9 +59,7 @@ class FunctionScaler:
         if self._sub is not None:
             with contextlib.suppress(Exception):
                 await self._sub.unsubscribe()
-        if self._watch is not None:
-            self._watch.cancel()
-            await asyncio.gather(self._watch, return_exceptions=True)
+        await cancel_and_wait(self._watch)
         async with self._lock:
             for key in list(self.controllers):
                 await self._stop(key)

@@ -18,7 +18,7 @@ from nats.aio.client import Client
 from nats.aio.msg import Msg
 
 from broker import headers as H
-from broker.lifecycle import still_wanted
+from broker.lifecycle import cancel_and_wait, still_wanted
 from broker.codec import decode, encode
 from broker.errors import ContractError
 from broker.messages import (ErrorBody, LearnerWeights, PolicySwitch, PolicySwitched, PoolPulse, PoolTelemetry, ScaleCommand,
@@ -116,10 +116,8 @@ class LiveController:
             if sub is not None:
                 await sub.unsubscribe()
         self._sub = self._switch_sub = self._pulse_sub = None
-        if self._watch is not None:
-            self._watch.cancel()
-            await asyncio.gather(self._watch, return_exceptions=True)
-            self._watch = None
+        await cancel_and_wait(self._watch)
+        self._watch = None
         for task in list(self._tasks):
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)

@@ -14,6 +14,7 @@ from nats.js.errors import BucketNotFoundError, NotFoundError
 
 from broker.codec import decode, encode
 from broker.errors import ContractError
+from broker.lifecycle import cancel_and_wait
 from broker.messages import FunctionDeployment
 from broker.streams import stream_replicas
 from broker.subjects import Subjects
@@ -67,9 +68,7 @@ class Catalogue:
         self._task = asyncio.create_task(self._follow(apply), name=f"{self.node}-catalogue")
 
     async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            await asyncio.gather(self._task, return_exceptions=True)
+        await cancel_and_wait(self._task)
         if self._watcher is not None:
             try:
                 await self._watcher.stop()

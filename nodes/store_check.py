@@ -9,7 +9,7 @@ import logging
 
 from nats.aio.client import Client
 
-from broker.lifecycle import still_wanted
+from broker.lifecycle import cancel_and_wait, still_wanted
 from broker.streams import async_stream, store_check_stream
 from broker.subjects import Subjects
 
@@ -30,9 +30,7 @@ class StoreCheck:
         return self
 
     async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            await asyncio.gather(self._task, return_exceptions=True)
+        await cancel_and_wait(self._task)
 
     async def _run(self) -> None:
         while True:

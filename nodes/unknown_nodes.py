@@ -19,7 +19,7 @@ from nats.js.errors import BadRequestError, NotFoundError
 from broker.streams import async_stream
 from broker.errors import InvalidToken
 from broker.subjects import TOKEN_RE, Subjects, check_node
-from broker.lifecycle import still_wanted
+from broker.lifecycle import cancel_and_wait, still_wanted
 from nodes.intake import BATCH
 
 log = logging.getLogger(__name__)
@@ -48,9 +48,7 @@ class UnknownNodeSweeper:
         return self
 
     async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            await asyncio.gather(self._task, return_exceptions=True)
+        await cancel_and_wait(self._task)
 
     async def _run(self) -> None:
         await asyncio.sleep(self.period_s * (0.5 + random.random()))   # nodes do not all sweep at once

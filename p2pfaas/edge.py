@@ -21,7 +21,7 @@ from broker.auth import OPERATOR, SYSTEM, AuthStore, AuthStoreError
 from broker.permissions import hub_accounts
 from broker.edge import LEAF_PORT, PING_INTERVAL, Invitation
 from broker.embedded import NatsServer
-from broker.lifecycle import data_dir_held, hold_data_dir, still_wanted, write_whole
+from broker.lifecycle import cancel_and_wait, data_dir_held, hold_data_dir, still_wanted, write_whole
 from broker.subjects import check_node
 from broker.tls import TlsFiles, client_certificate, ensure_certificates
 from p2pfaas.stack import log_to_stderr
@@ -155,9 +155,7 @@ class Hub:
             await close_quietly(nc)
 
     async def stop(self) -> None:
-        if self._watch is not None:
-            self._watch.cancel()
-            await asyncio.gather(self._watch, return_exceptions=True)
+        await cancel_and_wait(self._watch)
         await self.supervisor.stop_all(["nats-server"])
         if self._lock is not None:
             (self.settings.data_dir / HUB_FILE).unlink(missing_ok=True)

@@ -19,7 +19,7 @@ from broker.control import ControlError
 from broker.errors import ContractError
 from broker.messages import DiscoveryConfiguration, Heartbeat, MachineAnnouncement, NodeLoad, PeerInfo, PeerList
 from broker.subjects import Subjects, group_token
-from broker.lifecycle import still_wanted
+from broker.lifecycle import cancel_and_wait, still_wanted
 from nodes import peer_http
 from nodes.config_store import read_node_file, write_node_file
 from nodes.discovery.machines import MachinePoller, MachineTable, valid_ip
@@ -213,10 +213,8 @@ class DiscoveryService:
         if self.http is not None:
             await self.http.aclose()
             self.http = None
-        if self._task:
-            self._task.cancel()
-            await asyncio.gather(self._task, return_exceptions=True)
-            self._task = None
+        await cancel_and_wait(self._task)
+        self._task = None
         for sub in [*self._subs, *([self._heartbeats] if self._heartbeats else [])]:
             try:
                 await sub.unsubscribe()
