@@ -5,7 +5,7 @@ and tests set them per test. A node's own settings are ``nodes.settings.NodeSett
 
 from __future__ import annotations
 
-from pydantic import Field
+from pydantic import Field, ValidationError
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 
@@ -21,6 +21,6 @@ def broker_settings() -> BrokerSettings:
     """This process's, now; a bad value is a ValueError naming its variable."""
     try:
         return BrokerSettings()
-    except ValueError as exc:   # pydantic's ValidationError names the field, not the variable
+    except ValidationError as exc:   # it names the field, not the variable
         fields = ", ".join(f"P2PFAAS_{'.'.join(map(str, e['loc'])).upper()}: {e['msg']}" for e in exc.errors())
         raise ValueError(f"broker settings: {fields}") from None

@@ -56,7 +56,7 @@ class OnlineLearning:
         self.guard.shadow(current_target, wanted)
         obs, action = self.policy.last_observation, self.policy.last_action
         bounds = self.policy.scenario.workers
-        changed = min(bounds.max, max(bounds.min, int(wanted))) != current_target
+        changed = bounds.clamp(wanted) != current_target
         if self._previous is not None:   # the previous decision's outcome is this period
             prev_obs, prev_action, prev_changed = self._previous
             reward = self.reward.reward(t, self.policy.scenario, prev_changed)

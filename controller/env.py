@@ -148,7 +148,7 @@ class FarmScalingEnv(gym.Env[np.ndarray, np.integer]):
             raise ValueError(f"invalid action {action!r} for {self.action_space}")
         bounds = self.scenario.workers
         wanted = self.actions.target(int(action), self._target, self.observe)
-        target = min(bounds.max, max(bounds.min, wanted))
+        target = bounds.clamp(wanted)
         changed = target != self._target
         self._target = target
         self.backend.apply(target)

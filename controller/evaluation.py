@@ -114,7 +114,7 @@ def run_episode(
     target, total = bounds.initial, 0.0
     steps = [_record(telemetry, target, 0.0)]
     for _ in range(scenario.steps):
-        wanted = min(bounds.max, max(bounds.min, int(policy.decide(telemetry, target))))
+        wanted = bounds.clamp(policy.decide(telemetry, target))
         changed, target = wanted != target, wanted
         backend.apply(target)
         telemetry = backend.advance(scenario.step_seconds)

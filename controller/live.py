@@ -332,7 +332,7 @@ class LiveController:
         bounds = self.scenario.workers
         if not self._adopted:   # the pool as it is now: our current target
             self._adopted = True
-            self.target = min(bounds.max, max(bounds.min, telemetry.workers_ready + telemetry.workers_starting))
+            self.target = bounds.clamp(telemetry.workers_ready + telemetry.workers_starting)
         if self.guard is not None and (self.guard.observe(telemetry)
                                        or (self.guard.awaiting_reseed and not self._reseeding)):
             self._background(self._reseed_learner())   # a rollback; or a re-seed that failed, tried again
@@ -345,7 +345,7 @@ class LiveController:
         wanted = self.policy.decide(telemetry, self.target)
         if self.guard is not None:
             self.guard.shadow(self.target, wanted)
-        target = min(bounds.max, max(bounds.min, int(wanted)))
+        target = bounds.clamp(wanted)
         if isinstance(self.policy, RLPolicy) and self.policy.last_action is not None:
             action = self.policy.last_action
         else:

@@ -164,6 +164,9 @@ class ModelGuard:
         # the same periods (met, completed, stratum), newest last: only recent ones are judged, so a
         # version turning bad after days of good ones is not diluted in them
         self.recent: deque[tuple[int, int, int]] = deque(maxlen=max(trial_periods, window_periods, promote_periods))
+        if judge_cost and promote_periods < 2 * BATCH:
+            raise ValueError(f"judge_cost needs promote_periods >= {2 * BATCH} (two batches for a spread), "
+                             f"got {promote_periods}")
         self.miss_cost, self.judge_cost, self.cost_tolerance = miss_cost, judge_cost, cost_tolerance
         # per decision of online weights: the workers they asked for minus the anchor's in that state,
         # and the anchor's
@@ -237,8 +240,8 @@ class ModelGuard:
             return
         bounds = policy.scenario.workers
         anchor_action = int(self.anchor.act(policy.last_observation, explore=False))
-        anchor = min(bounds.max, max(bounds.min, policy.actions.target(anchor_action, current_target, policy.observe)))
-        self.extra.append((min(bounds.max, max(bounds.min, int(chosen))) - anchor, anchor))
+        anchor = bounds.clamp(policy.actions.target(anchor_action, current_target, policy.observe))
+        self.extra.append((bounds.clamp(chosen) - anchor, anchor))
 
     def cost_verdict(self, qos: Verdict, t: PoolTelemetry) -> CostVerdict | None:
         """Over the newest ``promote_periods`` decisions; the spread of the asked-for difference from

@@ -204,6 +204,9 @@ class WorkerBounds(_Model):
             raise ValueError(f"need min <= initial <= max, got {self.min} <= {self.initial} <= {self.max}")
         return self
 
+    def clamp(self, workers: float) -> int:
+        return min(self.max, max(self.min, int(workers)))
+
 
 class DeadlineSpec(_Model):
     """Each task's deadline is ``factor`` x its own service time, clamped to ``[min, max]``."""

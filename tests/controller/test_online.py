@@ -286,3 +286,9 @@ def test_a_gain_smaller_than_the_cost_tolerance_is_no_reason_to_promote_or_roll_
         policy.agent = Agent(0 if i % 10 == 0 else 1)   # one worker fewer one period in ten
         assert not decided(guard, period(100, 100))
     assert guard.promotions == 0 and guard.rollbacks == 0
+
+
+def test_judging_cost_over_fewer_periods_than_two_batches_is_refused_when_built():
+    with pytest.raises(ValueError, match="promote_periods >= 16"):
+        ModelGuard(RLPolicy("pg", Agent(1), SC), promote_periods=8, judge_cost=True)
+    ModelGuard(RLPolicy("pg", Agent(1), SC), promote_periods=8)   # cost not judged: nothing to refuse
