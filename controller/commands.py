@@ -150,6 +150,7 @@ def train_scaling(
     ship: Annotated[bool, typer.Option(help="Write the package's shipped model controller/models/scaling-<agent>.npz instead (maintainers).")] = False,
     warm_start: Annotated[int, typer.Option(min=0, help="pg, target mode: first imitate, on this many training episodes, the target action that did best held constant (minutes per 1,000); 0: none.")] = 0,
     learning_rate: Annotated[Optional[float], typer.Option(min=0.0, help="The optimizer's step size (default: the agent's, 1e-4 for pg and dqn).")] = None,
+    from_model: Annotated[Optional[Path], typer.Option(help="Fine-tune: go on training this saved model (.npz of the same agent and action mode) instead of a new one; its sidecar is kept in the new one's.")] = None,
 ) -> None:
     """Train an RL scaling agent on the simulated farm and save it (portable .npz + a JSON sidecar
     recording the command and seed)."""
@@ -160,7 +161,7 @@ def train_scaling(
     from rich.progress import BarColumn, MofNCompleteColumn, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
     from controller.features import ACTION_MODES
-    from controller.training import DEFAULT_STEPS, rl_agents, shipped_model, train_agent
+    from controller.training import DEFAULT_STEPS, NotContinuable, rl_agents, shipped_model, train_agent
     from p2pfaas.progress import WorkProgress
 
     try:
@@ -173,6 +174,9 @@ def train_scaling(
         raise typer.BadParameter(f"must be one of {', '.join(ACTION_MODES)}", param_hint="--action-mode")
     if warm_start and (agent != "pg" or action_mode != "target"):
         raise typer.BadParameter("a warm start trains pg in the 'target' action mode", param_hint="--warm-start")
+    if warm_start and from_model is not None:
+        raise typer.BadParameter("a warm start makes a new model; --from-model goes on training a trained one",
+                                 param_hint="--warm-start")
     families = ("generated", "mixed", "mixed-paper")
     if workloads not in families:
         _check_scenario(workloads)
@@ -185,11 +189,14 @@ def train_scaling(
     with WorkProgress(*columns) as progress:
         demos = progress.add_task("demonstrations (warm start)", total=warm_start) if warm_start else None
         task = progress.add_task(f"{agent} on {workloads}", total=total)
-        trained = train_agent(agent, target, total, seed=seed, action_mode=action_mode, command=command,
-                              out=shipped_model(agent) if ship else out, warm_start=warm_start,
-                              learning_rate=learning_rate,
-                              warm_start_progress=lambda done, all_: progress.update(demos, completed=done, total=all_),
-                              progress=lambda done, all_: progress.update(task, completed=done, total=all_))
+        try:
+            trained = train_agent(agent, target, total, seed=seed, action_mode=action_mode, command=command,
+                                  out=shipped_model(agent) if ship else out, warm_start=warm_start,
+                                  learning_rate=learning_rate, from_model=from_model,
+                                  warm_start_progress=lambda done, all_: progress.update(demos, completed=done, total=all_),
+                                  progress=lambda done, all_: progress.update(task, completed=done, total=all_))
+        except NotContinuable as exc:
+            raise typer.BadParameter(str(exc), param_hint="--from-model") from None
     Console().print(f"model: {trained.path} ({trained.path.stat().st_size / 1024:.0f} KiB, "
                     f"{trained.metadata['train_seconds']:g} s)")
 

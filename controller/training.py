@@ -86,6 +86,10 @@ def default_model_path(models_dir: Path, kind: str, workloads: str, action_mode:
     return Path(models_dir) / f"scaling-{kind}-{workloads}-{action_mode}.npz"
 
 
+class NotContinuable(ValueError):
+    """A ``--from-model`` that cannot be trained on here (unreadable, another agent or action space)."""
+
+
 @dataclasses.dataclass(frozen=True)
 class TrainedModel:
     kind: str
@@ -108,9 +112,11 @@ def train_agent(
     warm_start: int = 0,
     warm_start_progress: Callable[[int, int], None] | None = None,
     learning_rate: float | None = None,
+    from_model: Path | None = None,
 ) -> TrainedModel:
     """Train a ``kind`` agent on the simulator (training seeds) and save it as a portable ``.npz`` with
-    a JSON sidecar saying how; ``warm_start`` episodes of imitation first (controller/imitation.py)."""
+    a JSON sidecar saying how; ``warm_start`` episodes of imitation first (controller/imitation.py);
+    ``from_model``: go on training that saved model instead of a new one (fine-tuning)."""
     agents = rl_agents()
     if kind not in agents:
         raise ValueError(f"unknown RL agent {kind!r}; available: {', '.join(agents) or 'none (nodes.learner.algorithms missing)'}")
@@ -125,7 +131,12 @@ def train_agent(
         config = dataclasses.replace(config, learning_rate=learning_rate)
     if warm_start and kind != "pg":
         raise ValueError(f"a warm start trains an actor-critic agent (pg), not {kind!r}")
-    agent = agent_class(env.observation_space.shape[0], int(env.action_space.n), config=config, seed=seed)
+    if from_model is not None:
+        if warm_start:
+            raise ValueError("a warm start makes a new model; fine-tuning goes on from a trained one: not both")
+        agent, base = continued_agent(Path(from_model), kind, action_mode, env, learning_rate)
+    else:
+        agent, base = agent_class(env.observation_space.shape[0], int(env.action_space.n), config=config, seed=seed), None
     started = time.perf_counter()
     imitated: dict[str, Any] = {}
     with torch_threads(1):
@@ -142,10 +153,12 @@ def train_agent(
         "workloads": name, "steps": steps, "seed": seed, "reward": dataclasses.asdict(env.reward_config),
         **({"warm_start": imitated} if imitated else {}),
         **({"learning_rate": learning_rate} if learning_rate is not None else {}),
+        **({"from_model": base} if base else {}),
         "command": command or f"p2pfaas train scaling {kind} --workloads {name} --steps {steps} --seed {seed} "
                               f"--action-mode {action_mode}"
                               + (f" --warm-start {warm_start}" if warm_start else "")
-                              + (f" --learning-rate {learning_rate:g}" if learning_rate is not None else ""),
+                              + (f" --learning-rate {learning_rate:g}" if learning_rate is not None else "")
+                              + (f" --from-model {from_model}" if from_model is not None else ""),
         "train_seconds": round(time.perf_counter() - started, 1),
         "episodes": len(returns),
         "last_returns_mean": round(sum(returns[-50:]) / max(1, len(returns[-50:])), 4),
@@ -155,6 +168,29 @@ def train_agent(
     save_portable(path, agent, metadata)
     sidecar_of(path).write_bytes(orjson.dumps(metadata, option=orjson.OPT_INDENT_2 | orjson.OPT_SORT_KEYS))
     return TrainedModel(kind=kind, path=path, metrics=metrics, metadata=metadata)
+
+
+def continued_agent(path: Path, kind: str, action_mode: str, env: FarmScalingEnv,
+                    learning_rate: float | None) -> tuple[Any, dict[str, Any]]:
+    """A saved model ready to train on (its own hyper-parameters, ``learning_rate`` if given) and what
+    the new sidecar keeps of it: its digest and its own sidecar, since ``--ship`` may overwrite the file."""
+    import hashlib
+
+    from nodes.learner.algorithms.agent import IncompatibleWeights
+
+    try:
+        data = path.read_bytes()
+        agent, metadata = load_model(path, {"learning_rate": learning_rate} if learning_rate is not None else None)
+    except (OSError, IncompatibleWeights) as exc:
+        raise NotContinuable(f"{path}: {exc}") from None
+    problems = [f"{what} is {have!r}, not {want!r}" for what, have, want in (
+        ("its agent", metadata.get("kind", agent.algorithm), kind),
+        ("its action mode", metadata.get("action_mode"), action_mode),
+        ("its observation size", agent.obs_dim, env.observation_space.shape[0]),
+        ("its number of actions", agent.n_actions, int(env.action_space.n))) if have != want]
+    if problems:
+        raise NotContinuable(f"{path}: cannot go on training it here: {'; '.join(problems)}")
+    return agent, {"path": str(path), "sha256": hashlib.sha256(data).hexdigest(), "metadata": metadata}
 
 
 def load_model(path: Path, config_overrides: dict[str, Any] | None = None) -> tuple[Any, dict[str, Any]]:

@@ -75,6 +75,43 @@ def test_train_scaling_warm_start_records_how_the_model_was_made(tmp_path):
     assert result.exit_code == 2 and "warm start" in result.output
 
 
+def test_train_scaling_from_model_goes_on_training_that_model(tmp_path):
+    """Fine-tuning starts from the saved weights (not new ones), keeps the base's digest and sidecar
+    (``--ship`` may overwrite the base), and refuses a model of another agent or action space."""
+    import hashlib
+
+    import torch
+
+    from controller.env import FarmScalingEnv
+    from controller.training import continued_agent, load_model
+
+    base = shipped_model("pg")
+    env = FarmScalingEnv("spike", action_mode="target")
+    started, _ = continued_agent(base, "pg", "target", env, learning_rate=None)
+    shipped, _ = load_model(base)
+    for a, b in zip(started.network.parameters(), shipped.network.parameters()):
+        assert torch.equal(a, b)   # the very weights of the file, not a fresh network
+
+    model = tmp_path / "tuned.npz"
+    result = runner.invoke(app, ["train", "pg", "--workloads", "spike", "--steps", "2048", "--seed", "5",
+                                 "--learning-rate", "1e-3", "--from-model", str(base), "--out", str(model)])
+    assert result.exit_code == 0, result.output
+    meta = json.loads(sidecar_of(model).read_text())
+    assert meta["from_model"]["sha256"] == hashlib.sha256(base.read_bytes()).hexdigest()
+    assert meta["from_model"]["metadata"]["command"] == json.loads(sidecar_of(base).read_text())["command"]
+    assert f"--from-model {base}" in meta["command"] and meta["learning_rate"] == 1e-3
+    tuned, _ = load_model(model)
+    moved = [float((a - b).abs().max()) for a, b in zip(tuned.network.state_dict().values(), shipped.network.state_dict().values())]
+    assert max(moved) > 0 and max(moved) < 1.0   # one rollout of updates away from the base
+
+    for args, words in ((["train", "sarsa", "--from-model", str(base)], "its agent is 'pg', not 'sarsa'"),
+                        (["train", "pg", "--action-mode", "unit", "--from-model", str(base)], "its action mode"),
+                        (["train", "pg", "--from-model", str(tmp_path / "none.npz")], "none.npz"),
+                        (["train", "pg", "--warm-start", "2", "--from-model", str(base)], "warm start")):
+        result = runner.invoke(app, args)
+        assert result.exit_code == 2 and words in result.output, (args, result.output)
+
+
 def test_eval_tables_read_whole_at_80_columns():
     """Every table of `eval scaling` within 80 columns, every policy, peer and rule name whole on
     its line (a terminal cut them: "fixed-…"); the rules' and references' notes in a legend."""
