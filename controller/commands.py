@@ -142,7 +142,7 @@ def eval_scaling(
 
 def train_scaling(
     agent: Annotated[str, typer.Argument(help=f"RL agent to train: {', '.join(RL_NAMES)} (ppo: pg).")],
-    workloads: Annotated[str, typer.Option(help="'mixed' (the default: half generated workloads, half the shipped scenarios, all on training seeds), 'mixed-paper' (the paper's setting for a quarter of the episodes, mixed for the rest: the shipped PPO's), 'generated' (only generated ones) or one scenario (name or file).")] = "mixed",
+    workloads: Annotated[str, typer.Option(help="'mixed' (the default: half generated workloads, half the shipped scenarios, all on training seeds), 'mixed-paper' (the paper's setting for a quarter of the episodes, mixed for the rest), 'generated' or 'paper' (one family), one scenario (name or file), or a weighted mix of those, NAME:WEIGHT,... (e.g. 'paper:40,bursty:20,mixed:40').")] = "mixed",
     steps: Annotated[Optional[int], typer.Option(min=1, help="Environment steps (control periods) to train for (default: pg 300,000, dqn and sarsa 200,000: minutes).")] = None,
     seed: Annotated[int, typer.Option(min=0, help="Seed of the agent and of the training episodes (drawn >= 2**32, never an evaluation seed).")] = 0,
     action_mode: Annotated[str, typer.Option(help="Action space: 'target' (keep, or a square-root-staffing size: jumps in one step), 'unit' (-1/0/+1) or 'wide' (-4..+4).")] = "target",
@@ -177,12 +177,18 @@ def train_scaling(
     if warm_start and from_model is not None:
         raise typer.BadParameter("a warm start makes a new model; --from-model goes on training a trained one",
                                  param_hint="--warm-start")
-    families = ("generated", "mixed", "mixed-paper")
-    if workloads not in families:
-        _check_scenario(workloads)
     from controller.scenario import load_scenario
+    from controller.workloads import MixError, is_mix, parse_mix
 
-    target = workloads if workloads in families else load_scenario(workloads)
+    families = ("generated", "paper", "mixed", "mixed-paper")
+    if is_mix(workloads):
+        try:
+            parse_mix(workloads)
+        except MixError as exc:
+            raise typer.BadParameter(str(exc), param_hint="--workloads") from None
+    elif workloads not in families:
+        _check_scenario(workloads)
+    target = workloads if workloads in families or is_mix(workloads) else load_scenario(workloads)
     total = steps or DEFAULT_STEPS[agent]
     command = "p2pfaas " + " ".join(shlex.quote(a) for a in sys.argv[1:]) if sys.argv[1:2] == ["train"] else ""
     columns = (TextColumn("training {task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(), TimeRemainingColumn())

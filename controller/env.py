@@ -23,7 +23,7 @@ from controller.features import (
 from controller.panic import PanicRule
 from controller.scenario import Scenario, load_scenario
 from controller.simulator import EpisodeTotals, FarmSimulator
-from controller.workloads import FAMILIES, TRAINING_MIXES, training_scenario
+from controller.workloads import FAMILIES, TRAINING_MIXES, is_mix, parse_mix, training_scenario
 
 __all__ = [
     "ACTION_DELTAS", "OBSERVATION_FIELDS", "TRAINING_SEED_FLOOR", "FarmBackend", "FarmScalingEnv", "RewardConfig",
@@ -92,7 +92,8 @@ class FarmScalingEnv(gym.Env[np.ndarray, np.integer]):
     * Never terminates; truncated after ``scenario.max_steps`` decisions, the last ``info["totals"]``
       the ``EpisodeTotals``. One warm-up period runs before the first observation.
     * Each episode's workload seed is drawn >= 2**32 from ``np_random``; ``scenario`` "generated",
-      "mixed" or "mixed-paper" draws the scenario from it too (controller/workloads.py).
+      "mixed", "mixed-paper" or a mix (``paper:40,bursty:20,mixed:40``) draws the scenario from it too
+      (controller/workloads.py).
     * ``panic``: the controller's reaction between periods (controller/panic.py) runs here as live.
     """
 
@@ -108,7 +109,8 @@ class FarmScalingEnv(gym.Env[np.ndarray, np.integer]):
     ) -> None:
         self.actions = ScalingActions(action_mode)
         self.panic = panic
-        self.family = scenario if isinstance(scenario, str) and (scenario in FAMILIES or scenario in TRAINING_MIXES) else None
+        self.family = scenario if isinstance(scenario, str) and (scenario in FAMILIES or scenario in TRAINING_MIXES
+                                                                 or is_mix(scenario) and bool(parse_mix(scenario))) else None
         if self.family and backend is not None:
             raise ValueError("generated workloads run on the simulator: do not pass a backend")
         self._use(training_scenario(self.family, TRAINING_SEED_FLOOR) if self.family else load_scenario(scenario),

@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import platform
+import re
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -83,7 +84,8 @@ def shipped_model(kind: str) -> Path:
 
 
 def default_model_path(models_dir: Path, kind: str, workloads: str, action_mode: str) -> Path:
-    return Path(models_dir) / f"scaling-{kind}-{workloads}-{action_mode}.npz"
+    slug = re.sub(r"[^A-Za-z0-9_.-]+", "-", workloads).strip("-")   # a mix: paper:40,mixed:60
+    return Path(models_dir) / f"scaling-{kind}-{slug}-{action_mode}.npz"
 
 
 class NotContinuable(ValueError):

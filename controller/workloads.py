@@ -3,6 +3,7 @@ cold starts), each a pure function of its seed; training seeds are >= 2**32, eva
 
 from __future__ import annotations
 
+import functools
 import math
 from typing import Any
 
@@ -130,11 +131,67 @@ def family_scenario(family: str, seed: int) -> Scenario:
     return FAMILIES[family](seed)
 
 
+class MixError(ValueError):
+    """A training mix that cannot be drawn from (a bad weight, an unknown or nested part)."""
+
+
+def is_mix(workloads: str) -> bool:
+    """``NAME:WEIGHT,...`` (``paper:40,bursty:20,mixed:40``): a weighted mix of training workloads."""
+    return isinstance(workloads, str) and ":" in workloads
+
+
+@functools.lru_cache(maxsize=64)
+def parse_mix(spec: str) -> tuple[tuple[str, float], ...]:
+    """The parts of a mix and their shares (weights scaled to sum to 1). A part is a family
+    (generated, paper), ``mixed``, a shipped scenario or a scenario file; ``mixed-paper`` is itself a
+    mix drawn from the same numbers, so it is refused: write its parts instead."""
+    from controller.scenario import ScenarioError, load_scenario
+
+    parts: list[tuple[str, float]] = []
+    for item in spec.split(","):
+        name, sep, weight = item.strip().rpartition(":")
+        try:
+            value = float(weight)
+        except ValueError:
+            value = -1.0
+        if not sep or not name or not value > 0 or not math.isfinite(value):
+            raise MixError(f"{item.strip()!r}: each part of a mix is NAME:WEIGHT with a positive weight")
+        if name == MIXED_PAPER:
+            raise MixError(f"{MIXED_PAPER!r} is itself a mix: write its parts ({PAPER}:25,{MIXED}:75)")
+        if name not in FAMILIES and name != MIXED:
+            try:
+                load_scenario(name)
+            except ScenarioError as exc:
+                raise MixError(f"{name!r}: not a family, 'mixed' or a scenario ({exc})") from None
+        parts.append((name, value))
+    total = sum(w for _, w in parts)
+    return tuple((name, w / total) for name, w in parts)
+
+
+@functools.lru_cache(maxsize=16)
+def _scenario(name: str) -> Scenario:
+    from controller.scenario import load_scenario
+
+    return load_scenario(name)
+
+
 def training_scenario(family: str, seed: int) -> Scenario:
     """A training episode's scenario: ``mixed`` a shipped one for half the seeds, else generated;
-    ``mixed-paper`` the paper's setting for a quarter, else ``mixed``; a family draws one."""
+    ``mixed-paper`` the paper's setting for a quarter, else ``mixed``; a mix (:func:`parse_mix`) one
+    of its parts by weight; a family draws one."""
     from controller.scenario import load_scenario, shipped_scenarios
 
+    if is_mix(family):
+        # the same draw as mixed-paper's, so that "paper:25,mixed:75" is mixed-paper episode for episode
+        u = float(np.random.default_rng(np.random.SeedSequence([seed, 3])).random())
+        parts = parse_mix(family)
+        for name, share in parts[:-1]:
+            if u < share:
+                break
+            u -= share
+        else:
+            name = parts[-1][0]
+        return training_scenario(name, seed) if name in FAMILIES or name == MIXED else _scenario(name)
     if family == MIXED_PAPER:
         rng = np.random.default_rng(np.random.SeedSequence([seed, 3]))
         return paper_scenario(seed) if rng.random() < 0.25 else training_scenario(MIXED, seed)
