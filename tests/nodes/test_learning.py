@@ -140,6 +140,8 @@ async def test_with_no_slot_here_the_shipped_model_forwards_to_a_free_peer_inste
             FaasClient(nc, client="dev1", prefix=prefix) as faas:
         blind = await two_at_once(["1", "2", "false", "false"], "blind")
         await wait_until(lambda: n1.scheduler.main.n_running + n1.scheduler.main.n_queued == 0, 10)
+        # n1 hears heartbeats from its first learning decision on: without n2's, the state is blind
+        await wait_until(lambda: n1.scheduler.learning.peer_loads.free_slots("n2") == 2, 10)
         seeing = await two_at_once(["1", "2", "false", "true"], "seeing")
     assert sorted(a.status for a in blind) == [200, 500]   # run here, no room: overloaded (P2PFaaS: 500 {code 400})
     assert [a.status for a in seeing] == [200, 200]
