@@ -174,13 +174,10 @@ def train_scaling(
         raise typer.BadParameter(f"must be one of {', '.join(ACTION_MODES)}", param_hint="--action-mode")
     if warm_start and (agent != "pg" or action_mode != "target"):
         raise typer.BadParameter("a warm start trains pg in the 'target' action mode", param_hint="--warm-start")
-    if warm_start and from_model is not None:
-        raise typer.BadParameter("a warm start makes a new model; --from-model goes on training a trained one",
-                                 param_hint="--warm-start")
     from controller.scenario import load_scenario
-    from controller.workloads import MixError, is_mix, parse_mix
+    from controller.workloads import FAMILIES, TRAINING_MIXES, MixError, is_mix, parse_mix
 
-    families = ("generated", "paper", "mixed", "mixed-paper")
+    families = (*FAMILIES, *TRAINING_MIXES)
     if is_mix(workloads):
         try:
             parse_mix(workloads)

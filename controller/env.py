@@ -23,7 +23,7 @@ from controller.features import (
 from controller.panic import PanicRule
 from controller.scenario import Scenario, load_scenario
 from controller.simulator import EpisodeTotals, FarmSimulator
-from controller.workloads import FAMILIES, TRAINING_MIXES, is_mix, parse_mix, training_scenario
+from controller.workloads import FAMILIES, TRAINING_MIXES, is_mix, training_scenario
 
 __all__ = [
     "ACTION_DELTAS", "OBSERVATION_FIELDS", "TRAINING_SEED_FLOOR", "FarmBackend", "FarmScalingEnv", "RewardConfig",
@@ -110,7 +110,7 @@ class FarmScalingEnv(gym.Env[np.ndarray, np.integer]):
         self.actions = ScalingActions(action_mode)
         self.panic = panic
         self.family = scenario if isinstance(scenario, str) and (scenario in FAMILIES or scenario in TRAINING_MIXES
-                                                                 or is_mix(scenario) and bool(parse_mix(scenario))) else None
+                                                                 or is_mix(scenario)) else None
         if self.family and backend is not None:
             raise ValueError("generated workloads run on the simulator: do not pass a backend")
         self._use(training_scenario(self.family, TRAINING_SEED_FLOOR) if self.family else load_scenario(scenario),

@@ -135,7 +135,7 @@ def train_agent(
         raise ValueError(f"a warm start trains an actor-critic agent (pg), not {kind!r}")
     if from_model is not None:
         if warm_start:
-            raise ValueError("a warm start makes a new model; fine-tuning goes on from a trained one: not both")
+            raise NotContinuable("a warm start makes a new model; --from-model goes on training a trained one: not both")
         agent, base = continued_agent(Path(from_model), kind, action_mode, env, learning_rate)
     else:
         agent, base = agent_class(env.observation_space.shape[0], int(env.action_space.n), config=config, seed=seed), None
@@ -179,10 +179,11 @@ def continued_agent(path: Path, kind: str, action_mode: str, env: FarmScalingEnv
     import hashlib
 
     from nodes.learner.algorithms.agent import IncompatibleWeights
+    from nodes.learner.algorithms.portable import from_portable
 
     try:
         data = path.read_bytes()
-        agent, metadata = load_model(path, {"learning_rate": learning_rate} if learning_rate is not None else None)
+        agent, metadata = from_portable(data, {"learning_rate": learning_rate} if learning_rate is not None else None)
     except (OSError, IncompatibleWeights) as exc:
         raise NotContinuable(f"{path}: {exc}") from None
     problems = [f"{what} is {have!r}, not {want!r}" for what, have, want in (
