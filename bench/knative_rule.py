@@ -7,38 +7,74 @@ p99 <= 130 ms), every call answered 200, memory flat.
 `p2pfaas up --nodes 1 --k K` as a user runs it (worker processes, the HTTP bridge in the node's
 process); the built-in `sleep` with 0.1 is the function. The load generator is
 bench/loadgen/openloop (built here with the machine's Go; without Go the bench says so and
-stops). It prints the latency percentiles at the client, the status codes, the RSS of the node
-and its workers every 10 s, and the CPU every process spent per call (the load generator's
-share of the 2 cores included). ``--hey`` runs `hey -c 150 -q 7` after it, as issue 30 first
+stops). Before the stack starts, the same load runs against a bare Go server whose handler sleeps
+100 ms (bench/loadgen/echo -delay): the floor, what the load generator and the machine cost
+alone. The measurement starts once every worker is ready and 5 s of warm-up have run. It prints
+the latency percentiles at the client and what they add to the floor's, the status codes, the
+RSS of the node and its workers every 10 s, and the CPU every process spent per call (the load
+generator's share of the 2 cores included). ``--hey`` runs `hey -c 150 -q 7` after it, as issue 30 first
 measured: 150 workers whose rate limits tick together, bursts of 150 calls every 143 ms.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import shutil
+import socket
 import subprocess
 import sys
 import tempfile
 import threading
 import time
+import urllib.request
 from pathlib import Path
 
 from probes import cpu_seconds
 from stacks import ROOT, start_up, stop_up
 
+from broker.embedded import free_port
+
 PAGE = os.sysconf("SC_PAGE_SIZE")
 
 
-def build_openloop(work: Path) -> Path:
-    binary = work / "openloop"
+def build_go(work: Path, name: str) -> Path:
+    """bench/loadgen/NAME built with the machine's Go, offline."""
+    binary = work / name
     env = {**os.environ, "GOCACHE": str(work / "gocache"), "GOPROXY": "off", "GOFLAGS": "-mod=mod",
            "GOPATH": str(work / "gopath")}
-    subprocess.run(["go", "build", "-o", str(binary), str(ROOT / "bench" / "loadgen" / "openloop" / "main.go")], env=env,
+    subprocess.run(["go", "build", "-o", str(binary), str(ROOT / "bench" / "loadgen" / name / "main.go")], env=env,
                    check=True, cwd=work)
     return binary
+
+
+def floor(openloop: Path, echo: Path, rate: float, duration_s: float) -> dict:
+    """The same load against a bare Go server whose handler sleeps 100 ms: what the load generator
+    and the machine cost without any platform (measured in the same run, before the stack starts)."""
+    port = free_port()
+    server = subprocess.Popen([str(echo), "-listen", f"127.0.0.1:{port}", "-delay", "100ms"],
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 10
+        while True:
+            try:
+                socket.create_connection(("127.0.0.1", port), timeout=1).close()
+                break
+            except OSError:
+                if time.monotonic() > deadline or server.poll() is not None:
+                    raise RuntimeError("the Go floor server did not start") from None
+                time.sleep(0.05)
+        url = f"http://127.0.0.1:{port}/function/sleep"
+        subprocess.run([str(openloop), "-url", url, "-body", "0.1", "-rate", str(rate), "-duration", "3s"],
+                       capture_output=True, check=True)
+        measured = measure([str(openloop), "-url", url, "-body", "0.1", "-rate", str(rate), "-duration", f"{duration_s:g}s"],
+                           server.pid, duration_s)
+        return {**json.loads(measured["stdout"]), "cpu_s": measured["cpu_s"]}
+    finally:
+        server.kill()
+        server.wait(10)
 
 
 def tree(root: int) -> list[int]:
@@ -59,13 +95,31 @@ def tree(root: int) -> list[int]:
     return out
 
 
+def wait_pool_ready(base_url: str, timeout_s: float = 120.0) -> float:
+    """Seconds until the node's workers have all started (``p2pfaas_workers``: none starting, some
+    ready). `up` answers before that: calls sent earlier queue behind cold starts, which is not the
+    steady state the rule is about (on 2 cores 32 workers take ~5 s)."""
+    started = time.monotonic()
+    while time.monotonic() - started < timeout_s:
+        with contextlib.suppress(OSError):
+            text = urllib.request.urlopen(base_url + "/metrics", timeout=5).read().decode()
+            counts = {state: float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+                      if line.startswith("p2pfaas_workers{") for state in ("ready", "starting")
+                      if f'state="{state}"' in line}
+            if counts.get("ready", 0) > 0 and counts.get("starting", 1) == 0:
+                return time.monotonic() - started
+        time.sleep(0.25)
+    raise RuntimeError(f"the node's workers were not all ready within {timeout_s:g} s")
+
+
 def role(pid: int) -> str:
     try:
         cmd = open(f"/proc/{pid}/cmdline", "rb").read().replace(b"\0", b" ").decode(errors="replace")
     except OSError:
         return "?"
     for needle, name in (("nodes.worker", "workers"), ("nats-server", "nats-server"), (" node ", "node"),
-                         (" up ", "up (supervisor)"), ("openloop", "load generator"), ("hey", "load generator")):
+                         (" up ", "up (supervisor)"), ("openloop", "load generator"), ("hey", "load generator"),
+                         ("-delay", "Go server")):
         if needle in f" {cmd} ":
             return name
     return "other"
@@ -93,7 +147,7 @@ def measure(command: list[str], up_pid: int, duration_s: float) -> dict:
 
     sampler = threading.Thread(target=sample, daemon=True)
     rss.append(round(rss_mb([p for p in tree(up_pid) if role(p) in ("node", "workers")]), 1))
-    sampler.start()
+    sampler.start()   # (for the floor: no node, no workers, zeros)
     load = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     load_pid, load_cpu = load.pid, 0.0
     while load.poll() is None:
@@ -128,15 +182,20 @@ def run(duration_s: float = 40.0, rate: float = 1000.0, k: int = 128, hey: bool 
     """The rule's measurement on its own `up` (started and stopped here): the open-loop run's
     figures (and hey's, with ``hey``), the CPU per process, the RSS samples, and ``passed``."""
     work = Path(tempfile.mkdtemp(prefix="p2pfaas-knative-"))
-    openloop = build_openloop(work)
+    openloop = build_go(work, "openloop")
+    floor_s = min(duration_s, 20.0)
+    log(f"floor: a Go server whose handler sleeps 100 ms, {rate:g} req/s for {floor_s:g} s")
+    floored = floor(openloop, build_go(work, "echo"), rate, floor_s)
     up_log = (work / "up.log").open("w")
     up, endpoints = start_up(["--nodes", "1", "--k", str(k), "--queue", "1024", "--controller", "off", "--mqtt", "off",
                               "--http-port", "0", "--nats-port", "0"], work / "data", up_log)
-    report: dict = {"rate": rate, "duration_s": duration_s, "k": k}
+    report: dict = {"rate": rate, "duration_s": duration_s, "k": k, "floor": floored}
     try:
         url = endpoints["http"]["n1"] + "/function/sleep"
-        log(f"Knative's rule: sleep 0.1 at {rate:g} req/s for {duration_s:g} s (open loop), K={k}")
-        # warm up: every worker process started and the connections made
+        report["pool_ready_s"] = round(wait_pool_ready(endpoints["http"]["n1"]), 1)
+        log(f"Knative's rule: sleep 0.1 at {rate:g} req/s for {duration_s:g} s (open loop), K={k}; "
+            f"workers all ready {report['pool_ready_s']:g} s after `up` answered")
+        # warm up: the connections made, every code path run once
         subprocess.run([str(openloop), "-url", url, "-body", "0.1", "-rate", str(rate), "-duration", "5s"],
                        capture_output=True, check=True)
         measured = measure([str(openloop), "-url", url, "-body", "0.1", "-rate", str(rate),
@@ -164,6 +223,10 @@ def run(duration_s: float = 40.0, rate: float = 1000.0, k: int = 128, hey: bool 
 
 def describe(report: dict) -> list[str]:
     lines = []
+    base = report.get("floor")
+    if base:
+        lines.append(f"floor (Go server, sleep 100 ms, same load generator): p50 {base['p50_s'] * 1000:.1f} ms, "
+                     f"p95 {base['p95_s'] * 1000:.1f} ms, p99 {base['p99_s'] * 1000:.1f} ms, codes {base['codes']}")
     for name in ("openloop", "hey"):
         r = report.get(name)
         if not r or "skipped" in r:
@@ -172,6 +235,9 @@ def describe(report: dict) -> list[str]:
         lines.append(f"{name}: {r.get('rate', 0):.0f} req/s, p50 {r['p50_s'] * 1000:.1f} ms, p95 {r['p95_s'] * 1000:.1f} ms, "
                      f"p99 {r['p99_s'] * 1000:.1f} ms, codes {r['codes']}" + (f", errors {r['errors']}" if r.get("errors") else ""))
         lines.append(f"  the rule (p95 <= 110 ms, p99 <= 130 ms, all 200): {'PASS' if r['passed'] else 'MISS'}")
+        if base:
+            lines.append("  added to the floor: " + ", ".join(f"p{q} {(r[f'p{q}_s'] - base[f'p{q}_s']) * 1000:+.1f} ms"
+                                                           for q in ("50", "95", "99")))
         lines.append(f"  RSS of the node and its workers every 10 s (MB): {r['rss_mb']}")
         lines.append("  CPU ms per call: " + ", ".join(f"{k} {v * 1000 / max(1, calls):.3f}" for k, v in
                                                       sorted(r["cpu_s"].items(), key=lambda kv: -kv[1])))
