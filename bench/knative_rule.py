@@ -2,7 +2,8 @@
 rate (open loop, as vegeta), p95 within 10 ms of the function's own time (p95 <= 110 ms; and
 p99 <= 130 ms), every call answered 200, memory flat.
 
-    .venv/bin/python bench/knative_rule.py [--duration 40] [--rate 1000] [--k 128] [--hey] [--json OUT]
+    .venv/bin/python bench/knative_rule.py [--duration 40] [--rate 1000] [--k 128] [--hey]
+                                           [--sweep 250,500,750,1000] [--json OUT]
 
 `p2pfaas up --nodes 1 --k K` as a user runs it (worker processes, the HTTP bridge in the node's
 process); the built-in `sleep` with 0.1 is the function. The load generator is
@@ -38,6 +39,7 @@ from stacks import ROOT, start_up, stop_up
 from broker.embedded import free_port
 
 PAGE = os.sysconf("SC_PAGE_SIZE")
+SWEEP_S = 20.0   # seconds of each --sweep rate
 
 
 def build_go(work: Path, name: str) -> Path:
@@ -178,7 +180,8 @@ def parse_hey(text: str) -> dict:
     return out
 
 
-def run(duration_s: float = 40.0, rate: float = 1000.0, k: int = 128, hey: bool = False, log=print) -> dict:
+def run(duration_s: float = 40.0, rate: float = 1000.0, k: int = 128, hey: bool = False, log=print,
+        sweep: tuple[float, ...] = ()) -> dict:
     """The rule's measurement on its own `up` (started and stopped here): the open-loop run's
     figures (and hey's, with ``hey``), the CPU per process, the RSS samples, and ``passed``."""
     work = Path(tempfile.mkdtemp(prefix="p2pfaas-knative-"))
@@ -209,6 +212,13 @@ def run(duration_s: float = 40.0, rate: float = 1000.0, k: int = 128, hey: bool 
                 measured = measure(["hey", "-z", f"{duration_s:g}s", "-c", "150", "-q", "7", "-m", "POST", "-d", "0.1",
                                     url], up.pid, duration_s)
                 report["hey"] = {**parse_hey(measured["stdout"]), "cpu_s": measured["cpu_s"], "rss_mb": measured["rss_mb"]}
+        for each in sweep:   # where the added latency starts to grow, on the same stack
+            log(f"sweep: {each:g} req/s for {SWEEP_S:g} s")
+            measured = measure([str(openloop), "-url", url, "-body", "0.1", "-rate", str(each), "-duration", f"{SWEEP_S:g}s"],
+                               up.pid, SWEEP_S)
+            calls = max(1, sum(json.loads(measured["stdout"])["codes"].values()))
+            report.setdefault("sweep", []).append({**json.loads(measured["stdout"]), "cpu_ms_per_call": round(
+                sum(measured["cpu_s"].values()) * 1000 / calls, 3)})
     finally:
         stop_up(up)
         up_log.close()
@@ -241,6 +251,10 @@ def describe(report: dict) -> list[str]:
         lines.append(f"  RSS of the node and its workers every 10 s (MB): {r['rss_mb']}")
         lines.append("  CPU ms per call: " + ", ".join(f"{k} {v * 1000 / max(1, calls):.3f}" for k, v in
                                                       sorted(r["cpu_s"].items(), key=lambda kv: -kv[1])))
+    for r in report.get("sweep", []):
+        lines.append(f"sweep {r['rate']:5.0f} req/s: p50 {r['p50_s'] * 1000:.1f} ms, p95 {r['p95_s'] * 1000:.1f} ms, "
+                     f"p99 {r['p99_s'] * 1000:.1f} ms, codes {r['codes']}, CPU {r['cpu_ms_per_call']:.2f} ms per call "
+                     f"(every process, {r['cpu_ms_per_call'] * r['rate'] / 10 / (os.cpu_count() or 1):.0f} % of the cores)")
     return lines
 
 
@@ -250,11 +264,17 @@ def main() -> None:
     parser.add_argument("--rate", type=float, default=1000.0)
     parser.add_argument("--k", type=int, default=128)
     parser.add_argument("--hey", action="store_true", help="also hey -c 150 -q 7 (issue 30's first measurement)")
+    parser.add_argument("--sweep", default="", metavar="RATES",
+                        help=f"then these rates (req/s, comma-separated) for {SWEEP_S:g} s each on the same stack")
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()
     if shutil.which("go") is None:
         sys.exit("bench/knative_rule.py needs Go to build its load generator (apt-get install -y golang-go)")
-    report = run(args.duration, args.rate, args.k, args.hey)
+    try:
+        sweep = tuple(float(r) for r in args.sweep.split(",") if r.strip())
+    except ValueError:
+        parser.error(f"--sweep: rates are numbers separated by commas, got {args.sweep!r}")
+    report = run(args.duration, args.rate, args.k, args.hey, sweep=sweep)
     print("\n".join(describe(report)))
     if args.json:
         args.json.write_text(json.dumps(report, indent=2))
