@@ -348,7 +348,8 @@ async def _js_consumer(url: str, conn) -> None:
     await serve_commands(conn, {"count": count})
     puller.cancel()
     await asyncio.gather(puller, return_exceptions=True)
-    await close_quietly(nc)
+    # unsubscribed first: a drain waits for the fetch queue's messages to be taken, which nobody does now
+    await close_quietly(nc, sub)
 
 
 # ---------------------------------------------------------------------------------------------
