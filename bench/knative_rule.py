@@ -100,7 +100,7 @@ def tree(root: int) -> list[int]:
 def wait_pool_ready(base_url: str, timeout_s: float = 120.0) -> float:
     """Seconds until the node's workers have all started (``p2pfaas_workers``: none starting, some
     ready). `up` answers before that: calls sent earlier queue behind cold starts, which is not the
-    steady state the rule is about (on 2 cores 32 workers take ~5 s)."""
+    steady state the rule is about (on 2 cores 32 workers take 5-7 s)."""
     started = time.monotonic()
     while time.monotonic() - started < timeout_s:
         with contextlib.suppress(OSError):
@@ -149,7 +149,7 @@ def measure(command: list[str], up_pid: int, duration_s: float) -> dict:
 
     sampler = threading.Thread(target=sample, daemon=True)
     rss.append(round(rss_mb([p for p in tree(up_pid) if role(p) in ("node", "workers")]), 1))
-    sampler.start()   # (for the floor: no node, no workers, zeros)
+    sampler.start()
     load = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     load_pid, load_cpu = load.pid, 0.0
     while load.poll() is None:
