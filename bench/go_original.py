@@ -53,6 +53,14 @@ def _go_env(work: Path) -> dict[str, str]:
             "GOPATH": str(work / "gopath")}
 
 
+def build_loadgen(work: Path, name: str) -> Path:
+    """bench/loadgen/NAME (one file, standard library only) built under ``work``, offline."""
+    binary = work / name
+    subprocess.run(["go", "build", "-o", str(binary), str(ROOT / "bench/loadgen" / name / "main.go")], cwd=work,
+                   env={**_go_env(work), "GOFLAGS": "-mod=mod"}, check=True, capture_output=True, timeout=300)
+    return binary
+
+
 def build(work: Path) -> tuple[Path, Path]:
     """(the scheduler, the echo) built under ``work``."""
     src = work / "src"
@@ -70,13 +78,10 @@ def build(work: Path) -> tuple[Path, Path]:
         lines += [f"# {requirement}", "## explicit", *packages]
     lines += ["# github.com/gorilla/context v1.1.1", "## explicit"]
     (module / "vendor/modules.txt").write_text("\n".join(lines) + "\n")
-    scheduler, echo = work / "p2pfaas-scheduler", work / "echo"
-    env = _go_env(work)
-    subprocess.run(["go", "build", "-o", str(scheduler), "."], cwd=module, env=env, check=True, capture_output=True,
-                   timeout=600)
-    subprocess.run(["go", "build", "-o", str(echo), str(ROOT / "bench/loadgen/echo/main.go")], cwd=work,
-                   env={**env, "GOFLAGS": "-mod=mod"}, check=True, capture_output=True, timeout=300)
-    return scheduler, echo
+    scheduler = work / "p2pfaas-scheduler"
+    subprocess.run(["go", "build", "-o", str(scheduler), "."], cwd=module, env=_go_env(work), check=True,
+                   capture_output=True, timeout=600)
+    return scheduler, build_loadgen(work, "echo")
 
 
 def start(work: Path, scheduler: Path, echo: Path, echo_port: int, k: int = 64) -> list[subprocess.Popen]:

@@ -33,23 +33,14 @@ import time
 import urllib.request
 from pathlib import Path
 
+from go_original import build_loadgen
 from probes import cpu_seconds
-from stacks import ROOT, start_up, stop_up
+from stacks import start_up, stop_up
 
 from broker.embedded import free_port
 
 PAGE = os.sysconf("SC_PAGE_SIZE")
 SWEEP_S = 20.0   # seconds of each --sweep rate
-
-
-def build_go(work: Path, name: str) -> Path:
-    """bench/loadgen/NAME built with the machine's Go, offline."""
-    binary = work / name
-    env = {**os.environ, "GOCACHE": str(work / "gocache"), "GOPROXY": "off", "GOFLAGS": "-mod=mod",
-           "GOPATH": str(work / "gopath")}
-    subprocess.run(["go", "build", "-o", str(binary), str(ROOT / "bench" / "loadgen" / name / "main.go")], env=env,
-                   check=True, cwd=work)
-    return binary
 
 
 def floor(openloop: Path, echo: Path, rate: float, duration_s: float) -> dict:
@@ -185,10 +176,10 @@ def run(duration_s: float = 40.0, rate: float = 1000.0, k: int = 128, hey: bool 
     """The rule's measurement on its own `up` (started and stopped here): the open-loop run's
     figures (and hey's, with ``hey``), the CPU per process, the RSS samples, and ``passed``."""
     work = Path(tempfile.mkdtemp(prefix="p2pfaas-knative-"))
-    openloop = build_go(work, "openloop")
+    openloop = build_loadgen(work, "openloop")
     floor_s = min(duration_s, 20.0)
     log(f"floor: a Go server whose handler sleeps 100 ms, {rate:g} req/s for {floor_s:g} s")
-    floored = floor(openloop, build_go(work, "echo"), rate, floor_s)
+    floored = floor(openloop, build_loadgen(work, "echo"), rate, floor_s)
     up_log = (work / "up.log").open("w")
     up, endpoints = start_up(["--nodes", "1", "--k", str(k), "--queue", "1024", "--controller", "off", "--mqtt", "off",
                               "--http-port", "0", "--nats-port", "0"], work / "data", up_log)
@@ -216,8 +207,9 @@ def run(duration_s: float = 40.0, rate: float = 1000.0, k: int = 128, hey: bool 
             log(f"sweep: {each:g} req/s for {SWEEP_S:g} s")
             measured = measure([str(openloop), "-url", url, "-body", "0.1", "-rate", str(each), "-duration", f"{SWEEP_S:g}s"],
                                up.pid, SWEEP_S)
-            calls = max(1, sum(json.loads(measured["stdout"])["codes"].values()))
-            report.setdefault("sweep", []).append({**json.loads(measured["stdout"]), "cpu_ms_per_call": round(
+            result = json.loads(measured["stdout"])
+            calls = max(1, sum(result["codes"].values()))
+            report.setdefault("sweep", []).append({**result, "cpu_ms_per_call": round(
                 sum(measured["cpu_s"].values()) * 1000 / calls, 3)})
     finally:
         stop_up(up)
@@ -236,7 +228,9 @@ def describe(report: dict) -> list[str]:
     base = report.get("floor")
     if base:
         lines.append(f"floor (Go server, sleep 100 ms, same load generator): p50 {base['p50_s'] * 1000:.1f} ms, "
-                     f"p95 {base['p95_s'] * 1000:.1f} ms, p99 {base['p99_s'] * 1000:.1f} ms, codes {base['codes']}")
+                     f"p95 {base['p95_s'] * 1000:.1f} ms, p99 {base['p99_s'] * 1000:.1f} ms, codes {base['codes']}; "
+                     f"load generator {base['cpu_s'].get('load generator', 0) * 1000 / max(1, sum(base['codes'].values())):.3f}"
+                     " ms CPU per call")
     for name in ("openloop", "hey"):
         r = report.get(name)
         if not r or "skipped" in r:
