@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import re
 import time
 from typing import Iterable
 
@@ -17,7 +18,9 @@ from broker import codes
 from broker import headers as H
 from broker.answers import VERSION, Answer, error_body
 from broker.errors import BrokerUnavailable, FaasError, NodeUnavailable, NotPermitted, Unauthorized
+from broker.header_blocks import NATS_HDR_LINE
 from broker.http.bridge import Bridge
+from broker.http.edge import write_whole
 from broker.streams import RESULT_MAX_AGE_S
 from broker.subjects import TOKEN_RE, check_token
 
@@ -29,6 +32,10 @@ SUBMIT_PATIENCE_S = 6.0
 _CALLER = {name.lower().encode(): name for name in H.CALLER_HEADERS}
 _OCTETS = (b"content-type", b"application/octet-stream")
 _JSON = (b"content-type", b"application/json")
+_CALL_ID = H.CALL_ID.encode()
+_BLOCK_START = bytes(NATS_HDR_LINE) + b"\r\n"   # a header block's first line, without an inline status
+# header lines an answer passes on to its HTTP caller untouched: a token name (X-..., or Retry-After), a printable value
+_PASSED_ON = re.compile(rb"(?:(?:X-[!#$%&'*+.^_`|~0-9A-Za-z-]+|Retry-After):[ \t]*[\x20-\x7e\t]*\r\n)*")
 # an async call's answer is POSTed to its X-Callback-Url if it comes while the results stream
 # keeps it (as /result/{id} finds it), however long the call queued or ran: a direct call's
 # limit (invoke_timeout_s) is no async call's
@@ -134,7 +141,22 @@ class FastInvoke:
             if len(body) > bridge.max_payload_bytes:
                 return await _send(send, 413, error_body(codes.INPUT_NOT_VALID, f"payload exceeds the limit of {bridge.max_payload_bytes} bytes"), [_JSON])
         answer, call_id = await direct_call(bridge, fn, body, headers)
+        lines = _block_lines(answer.headers)
+        if lines is not None and write_whole(send, answer.status, b"%s: %s\r\n%s: %s\r\n%s" % (
+                *(_OCTETS if answer.status == 200 else _JSON), _CALL_ID, call_id.encode(), lines), answer.body):
+            return answer.status
         return await _send(send, answer.status, answer.body, answer_header_list(answer, call_id))
+
+
+def _block_lines(headers: object) -> bytes | None:
+    """An answer's header lines as they travelled, when all of them go to the HTTP caller as they are
+    (P2PFaaS's X- headers and Retry-After, printable ASCII): the response needs no parse, nor a check per
+    header. None otherwise (an inline status, another header, a byte to check): answer_header_list."""
+    block = getattr(headers, "block", None)
+    if block is None or not block.startswith(_BLOCK_START) or not block.endswith(b"\r\n\r\n"):
+        return None
+    lines = block[len(_BLOCK_START):-2]
+    return lines if _PASSED_ON.fullmatch(lines) else None
 
 
 def _caller_headers(raw: Iterable[tuple[bytes, bytes]]) -> tuple[dict[str, str], int | None, str | None]:
