@@ -338,6 +338,11 @@ class _OneWrite:
         self._flush()
         self._transport.close()
 
+    def write_now(self, data: bytes) -> None:
+        """A whole response: what is held goes first, then ``data``, without waiting for the turn's end."""
+        self._flush()
+        self._transport.write(data)
+
     def __getattr__(self, name: str):
         return getattr(self._transport, name)
 
@@ -353,7 +358,6 @@ _WHOLE_STATE = ("response_started", "response_complete", "disconnected", "keep_a
                 "default_headers", "message_event", "on_response", "access_log", "waiting_for_100_continue")
 if _Cycle is not None and not all(name in _Cycle.__init__.__code__.co_names for name in _WHOLE_STATE):
     _Cycle = None   # a uvicorn whose cycle keeps its state otherwise: ASGI's send, always
-_defaults: tuple[object, bytes] = (None, b"")   # uvicorn's default headers (a list it replaces each second), rendered
 
 
 def write_whole(send, status: int, head: bytes, body: bytes) -> bool:
@@ -361,7 +365,6 @@ def write_whole(send, status: int, head: bytes, body: bytes) -> bool:
     lines (each ending CRLF, checked by the caller), without content-length. False when ``send`` is not
     an idle uvicorn httptools cycle (another server, a test's transport, a paused write, an access log):
     the caller sends through ASGI then. What uvicorn's ``send`` would do, done once, for the hot path."""
-    global _defaults
     cycle = getattr(send, "__self__", None)
     if _Cycle is None or type(cycle) is not _Cycle or cycle.response_started or cycle.access_log \
             or cycle.flow.write_paused or status not in _STATUS_LINE:
@@ -369,17 +372,15 @@ def write_whole(send, status: int, head: bytes, body: bytes) -> bool:
     cycle.response_started, cycle.waiting_for_100_continue = True, False
     if cycle.disconnected:
         return True
-    defaults = cycle.default_headers
-    if _defaults[0] is not defaults:
-        _defaults = (defaults, b"".join(b"%s: %s\r\n" % (name, value) for name, value in defaults))
     transport = cycle.transport
-    if isinstance(transport, _OneWrite):
-        transport._flush()
-        transport = transport._transport
     if not transport.is_closing():
-        transport.write(b"%s%s%scontent-length: %d\r\n%s\r\n%s" % (
-            _STATUS_LINE[status], _defaults[1], head, len(body), b"" if cycle.keep_alive else b"connection: close\r\n",
-            body))
+        defaults = b"".join(b"%s: %s\r\n" % pair for pair in cycle.default_headers)   # date, server
+        response = b"%s%s%scontent-length: %d\r\n%s\r\n%s" % (
+            _STATUS_LINE[status], defaults, head, len(body), b"" if cycle.keep_alive else b"connection: close\r\n", body)
+        if isinstance(transport, _OneWrite):
+            transport.write_now(response)
+        else:
+            transport.write(response)
     cycle.response_complete = True
     cycle.message_event.set()
     if not cycle.keep_alive:

@@ -32,6 +32,7 @@ SUBMIT_PATIENCE_S = 6.0
 _CALLER = {name.lower().encode(): name for name in H.CALLER_HEADERS}
 _OCTETS = (b"content-type", b"application/octet-stream")
 _JSON = (b"content-type", b"application/json")
+_OCTETS_LINE, _JSON_LINE = (b"%s: %s\r\n" % pair for pair in (_OCTETS, _JSON))
 _CALL_ID = H.CALL_ID.encode()
 _BLOCK_START = bytes(NATS_HDR_LINE) + b"\r\n"   # a header block's first line, without an inline status
 # header lines an answer passes on to its HTTP caller untouched: a token name (X-..., or Retry-After), a printable value
@@ -142,9 +143,10 @@ class FastInvoke:
                 return await _send(send, 413, error_body(codes.INPUT_NOT_VALID, f"payload exceeds the limit of {bridge.max_payload_bytes} bytes"), [_JSON])
         answer, call_id = await direct_call(bridge, fn, body, headers)
         lines = _block_lines(answer.headers)
-        if lines is not None and write_whole(send, answer.status, b"%s: %s\r\n%s: %s\r\n%s" % (
-                *(_OCTETS if answer.status == 200 else _JSON), _CALL_ID, call_id.encode(), lines), answer.body):
-            return answer.status
+        if lines is not None:
+            head = b"%s%s: %s\r\n%s" % (_OCTETS_LINE if answer.status == 200 else _JSON_LINE, _CALL_ID, call_id.encode(), lines)
+            if write_whole(send, answer.status, head, answer.body):
+                return answer.status
         return await _send(send, answer.status, answer.body, answer_header_list(answer, call_id))
 
 
