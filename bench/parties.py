@@ -27,6 +27,9 @@ JS_STREAM = "BENCH_JS"
 JS_SUBJECT = "bench.js.task"
 JS_PROGRESS = "bench.js.progress"   # the raw consumer's running count of acknowledged messages
 JS_BATCH = 256                      # what the node's intake pulls at once (nodes/intake.py)
+# raw durable calls: the contract's two stores (a call, then its result) done with nats-py alone
+JS2_CALLS, JS2_RESULTS = "BENCH_JS2", "BENCH_JS2_RESULTS"
+JS2_CALL, JS2_RESULT = "bench.js2.call", "bench.js2.result"
 TIMING_SAMPLE = 32                  # one answer in this many has its timing headers read (the reading costs CPU)
 
 
@@ -245,6 +248,33 @@ async def _loadgen(url: str, conn) -> None:
         return await faas_calls(p, lambda faas, payload: faas.call_async(NODE_ID, FN, payload, req=new_request_id(),
                                                                          timeout_s=30.0))
 
+    async def raw_durable(p: dict) -> dict:
+        """Row 4's contract with nats-py alone: store a call (unique subject, message id, waiting for
+        JetStream's ack), then wait for its result on a subscription, as ``FaasClient.call_async`` does."""
+        payload, waiting = p["payload"].encode(), {}
+
+        async def on_result(msg) -> None:
+            fut = waiting.pop(msg.subject.rsplit(".", 1)[1], None)
+            if fut is not None and not fut.done():
+                fut.set_result(msg.data)
+
+        sub = await nc.subscribe(f"{JS2_RESULT}.>", cb=on_result)
+
+        async def call():
+            req = uuid.uuid4().hex
+            fut = waiting[req] = asyncio.get_running_loop().create_future()
+            try:
+                await js.publish(f"{JS2_CALL}.{req}", payload, headers={"Nats-Msg-Id": req}, timeout=10.0)
+                if await asyncio.wait_for(fut, 30.0) != payload:
+                    raise RuntimeError("bad result")
+            finally:
+                waiting.pop(req, None)
+            return True, None
+        try:
+            return await drive(call, p["n"], p["start_at"], p["end_at"])
+        finally:
+            await sub.unsubscribe()
+
     async def js_publish(p: dict) -> dict:
         """Pipelined ``publish_async`` while at most ``window`` messages wait for the consumer."""
         payload, window, start_at, end_at = p["payload"].encode(), p["window"], p["start_at"], p["end_at"]
@@ -271,7 +301,8 @@ async def _loadgen(url: str, conn) -> None:
         return {"published_rps": acked["in_window"] / window_s, "errors": acked["errors"]}
 
     conn.send(("ready", {"pid": os.getpid()}))
-    await serve_commands(conn, {"raw": raw, "direct": direct, "async": durable, "js_publish": js_publish})
+    await serve_commands(conn, {"raw": raw, "direct": direct, "async": durable, "js_publish": js_publish,
+                                "raw_durable": raw_durable})
     for faas in clients.values():
         await faas.stop()
     await close_quietly(nc)
@@ -307,7 +338,8 @@ def js_consumer_main(url: str, conn) -> None:
 
 async def _js_consumer(url: str, conn) -> None:
     """A work-queue stream like the node's async intake (file storage), a durable pull consumer
-    with explicit acks; fetches batches of ``JS_BATCH``, acks each message, says how many."""
+    with explicit acks; fetches batches of ``JS_BATCH``, acks each message, says how many. Also the
+    other end of the raw durable calls (row 4's ceiling): their results stored, their calls acked."""
     from nats.errors import TimeoutError as NatsTimeout
     from nats.js.api import AckPolicy, ConsumerConfig, RetentionPolicy, StorageType, StreamConfig
     from nats.js.errors import NotFoundError
@@ -337,19 +369,61 @@ async def _js_consumer(url: str, conn) -> None:
             consumed += len(msgs)
             await nc.publish(JS_PROGRESS, str(consumed).encode())
 
+    # the raw durable calls' other end: pull calls, store each one's result (unique subject, message
+    # id), acknowledge the call once JetStream acknowledged its result (what the node does)
+    for name, subjects, retention in ((JS2_CALLS, f"{JS2_CALL}.>", RetentionPolicy.WORK_QUEUE),
+                                      (JS2_RESULTS, f"{JS2_RESULT}.>", RetentionPolicy.LIMITS)):
+        with contextlib.suppress(NotFoundError):
+            await js.delete_stream(name)
+        await js.add_stream(StreamConfig(name=name, subjects=[subjects], storage=StorageType.FILE, retention=retention))
+    await js.add_consumer(JS2_CALLS, ConsumerConfig(durable_name="bench", ack_policy=AckPolicy.EXPLICIT,
+                                                    max_ack_pending=20_000))
+    calls = await js.pull_subscribe_bind(durable="bench", stream=JS2_CALLS)
+
+    stored_calls: list = []          # calls whose result JetStream acknowledged, to acknowledge in turn
+    some_stored = asyncio.Event()
+
+    def ack_when_stored(msg):
+        def done(fut: asyncio.Future) -> None:
+            if not fut.cancelled() and fut.exception() is None:
+                stored_calls.append(msg)
+                some_stored.set()
+        return done
+
+    async def answer() -> None:
+        while True:
+            try:
+                msgs = await calls.fetch(JS_BATCH, timeout=1.0)
+            except (NatsTimeout, asyncio.TimeoutError):
+                continue
+            for msg in msgs:
+                req = msg.subject.rsplit(".", 1)[1]
+                stored = await js.publish_async(f"{JS2_RESULT}.{req}", msg.data, headers={"Nats-Msg-Id": req})
+                stored.add_done_callback(ack_when_stored(msg))
+
+    async def acknowledge() -> None:   # one task for every acknowledgement, not one per call
+        while True:
+            await some_stored.wait()
+            some_stored.clear()
+            done = stored_calls[:]
+            stored_calls.clear()
+            for msg in done:
+                await msg.ack()
+
     async def count(p: dict) -> dict:
         await sleep_until(p["start_at"])
         first = consumed
         await sleep_until(p["end_at"])
         return {"consumed_rps": (consumed - first) / (p["end_at"] - p["start_at"])}
 
-    puller = asyncio.create_task(pull())
+    tasks = [asyncio.create_task(pull()), asyncio.create_task(answer()), asyncio.create_task(acknowledge())]
     conn.send(("ready", {"pid": os.getpid()}))
     await serve_commands(conn, {"count": count})
-    puller.cancel()
-    await asyncio.gather(puller, return_exceptions=True)
+    for task in tasks:
+        task.cancel()
+    await asyncio.gather(*tasks, return_exceptions=True)
     # unsubscribed first: a drain waits for the fetch queue's messages to be taken, which nobody does now
-    await close_quietly(nc, sub)
+    await close_quietly(nc, sub, calls)
 
 
 # ---------------------------------------------------------------------------------------------
