@@ -417,7 +417,7 @@ def floor_row(rows: list[dict], reps: list[dict]) -> None:
     request/reply (6 wake-ups; the Go original's path has 4). Their bare p50s, summed per repetition,
     against the Go original's p50: what p2pfaas would reach if its node and worker cost nothing."""
     per = [(r["http_seq"][ECHO_FAST]["p50_us"] + r["nats_seq"]["raw"]["p50_us"], r["http_seq"][GO_ORIGINAL]["p50_us"])
-           for r in reps if GO_ORIGINAL in r.get("http_seq", {}) and "raw" in r.get("nats_seq", {})]
+           for r in reps if {GO_ORIGINAL, ECHO_FAST} <= r.get("http_seq", {}).keys() and "raw" in r.get("nats_seq", {})]
     if per:
         rows.append({"metric": "   2g's floor: httptools echo p50 + raw NATS request/reply p50 (info)",
                      "baseline": med([go for _, go in per]), "p2pfaas": med([f for f, _ in per]),
