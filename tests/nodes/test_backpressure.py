@@ -10,6 +10,7 @@ import time
 import pytest
 
 from broker.codec import decode
+from broker.lifecycle import still_wanted
 from broker.messages import Result
 from broker.streams import async_stream
 from broker.subjects import Subjects
@@ -38,6 +39,7 @@ async def test_a_burst_of_async_calls_waits_in_the_stream_and_each_is_answered_o
             nonlocal held_peak, backlog_seen
             js = nc.jetstream()
             while True:
+                still_wanted()   # a cancel that consumer_info's wait_for swallowed still ends the loop
                 held_peak = max(held_peak, len(intake.held))
                 info = await js.consumer_info(async_stream(s), consumer_name("n1"))
                 backlog_seen = max(backlog_seen, info.num_pending)
