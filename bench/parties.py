@@ -348,22 +348,32 @@ async def _js_consumer(url: str, conn) -> None:
 
     nc = await connect(url, "bench-js-consumer")
     js = nc.jetstream()
-    with contextlib.suppress(NotFoundError):
-        await js.delete_stream(JS_STREAM)
-    await js.add_stream(StreamConfig(name=JS_STREAM, subjects=[JS_SUBJECT], storage=StorageType.FILE,
-                                     retention=RetentionPolicy.WORK_QUEUE))
-    await js.add_consumer(JS_STREAM, ConsumerConfig(durable_name="bench", ack_policy=AckPolicy.EXPLICIT,
-                                                    max_ack_pending=20_000))
-    sub = await js.pull_subscribe_bind(durable="bench", stream=JS_STREAM)
+
+    async def new_stream(name: str, subject: str, retention: RetentionPolicy) -> None:
+        with contextlib.suppress(NotFoundError):
+            await js.delete_stream(name)
+        await js.add_stream(StreamConfig(name=name, subjects=[subject], storage=StorageType.FILE, retention=retention))
+
+    async def work_queue(name: str, subject: str):
+        """A new file-stored work-queue stream and a durable pull consumer on it, explicit acks."""
+        await new_stream(name, subject, RetentionPolicy.WORK_QUEUE)
+        await js.add_consumer(name, ConsumerConfig(durable_name="bench", ack_policy=AckPolicy.EXPLICIT,
+                                                   max_ack_pending=20_000))
+        return await js.pull_subscribe_bind(durable="bench", stream=name)
+
+    async def batches(pulled):
+        while True:
+            try:
+                yield await pulled.fetch(JS_BATCH, timeout=1.0)
+            except (NatsTimeout, asyncio.TimeoutError):
+                continue
+
+    sub = await work_queue(JS_STREAM, JS_SUBJECT)
     consumed = 0
 
     async def pull() -> None:
         nonlocal consumed
-        while True:
-            try:
-                msgs = await sub.fetch(JS_BATCH, timeout=1.0)
-            except (NatsTimeout, asyncio.TimeoutError):
-                continue
+        async for msgs in batches(sub):
             for msg in msgs:
                 await msg.ack()
             consumed += len(msgs)
@@ -371,14 +381,8 @@ async def _js_consumer(url: str, conn) -> None:
 
     # the raw durable calls' other end: pull calls, store each one's result (unique subject, message
     # id), acknowledge the call once JetStream acknowledged its result (what the node does)
-    for name, subjects, retention in ((JS2_CALLS, f"{JS2_CALL}.>", RetentionPolicy.WORK_QUEUE),
-                                      (JS2_RESULTS, f"{JS2_RESULT}.>", RetentionPolicy.LIMITS)):
-        with contextlib.suppress(NotFoundError):
-            await js.delete_stream(name)
-        await js.add_stream(StreamConfig(name=name, subjects=[subjects], storage=StorageType.FILE, retention=retention))
-    await js.add_consumer(JS2_CALLS, ConsumerConfig(durable_name="bench", ack_policy=AckPolicy.EXPLICIT,
-                                                    max_ack_pending=20_000))
-    calls = await js.pull_subscribe_bind(durable="bench", stream=JS2_CALLS)
+    await new_stream(JS2_RESULTS, f"{JS2_RESULT}.>", RetentionPolicy.LIMITS)
+    calls = await work_queue(JS2_CALLS, f"{JS2_CALL}.>")
 
     stored_calls: list = []          # calls whose result JetStream acknowledged, to acknowledge in turn
     some_stored = asyncio.Event()
@@ -391,11 +395,7 @@ async def _js_consumer(url: str, conn) -> None:
         return done
 
     async def answer() -> None:
-        while True:
-            try:
-                msgs = await calls.fetch(JS_BATCH, timeout=1.0)
-            except (NatsTimeout, asyncio.TimeoutError):
-                continue
+        async for msgs in batches(calls):
             for msg in msgs:
                 req = msg.subject.rsplit(".", 1)[1]
                 stored = await js.publish_async(f"{JS2_RESULT}.{req}", msg.data, headers={"Nats-Msg-Id": req})
