@@ -12,7 +12,7 @@ from typing import Protocol, runtime_checkable
 import numpy as np
 
 from broker.messages import PoolTelemetry
-from controller.features import ObservationBuilder, ScalingActions
+from controller.features import ObservationBuilder, ScalingActions, observation_size
 from controller.scenario import Scenario
 
 
@@ -218,7 +218,7 @@ class RLPolicy:
         if n_actions != self.actions.n:
             raise ValueError(f"{name}: the agent has {n_actions} actions, action mode {self.actions.mode!r} {self.actions.n}")
         self.name, self.agent, self.scenario, self.explore, self.version = name, agent, scenario, explore, version
-        self.observe = ObservationBuilder(scenario)
+        self.observe = ObservationBuilder(scenario, observation_size(agent))
         self.last_observation: np.ndarray | None = None
         self.last_action: int | None = None
 
@@ -233,7 +233,7 @@ class RLPolicy:
 
     def rebind(self, scenario: Scenario) -> None:
         """Decide on ``scenario`` from the next ``reset()`` on (an online run changes workloads)."""
-        self.scenario, self.observe = scenario, ObservationBuilder(scenario)
+        self.scenario, self.observe = scenario, ObservationBuilder(scenario, self.observe.size)
 
     def decide(self, t: PoolTelemetry, current_target: int) -> int:
         obs = self.observe(t)

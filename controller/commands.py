@@ -151,6 +151,7 @@ def train_scaling(
     warm_start: Annotated[int, typer.Option(min=0, help="pg, target mode: first imitate, on this many training episodes, the target action that did best held constant (minutes per 1,000); 0: none.")] = 0,
     learning_rate: Annotated[Optional[float], typer.Option(min=0.0, help="The optimizer's step size (default: the agent's, 1e-4 for pg and dqn).")] = None,
     from_model: Annotated[Optional[Path], typer.Option(help="Fine-tune: go on training this saved model (.npz of the same agent and action mode) instead of a new one; its sidecar is kept in the new one's.")] = None,
+    widen: Annotated[bool, typer.Option(help="With --from-model: a model of the 14 observation fields of older releases goes on training with all 16 (its first layer gets zero weights for the long-memory fields, so it starts deciding as before).")] = False,
 ) -> None:
     """Train an RL scaling agent on the simulated farm and save it (portable .npz + a JSON sidecar
     recording the command and seed)."""
@@ -172,6 +173,8 @@ def train_scaling(
         raise typer.BadParameter(f"unknown agent {agent!r}; available: {', '.join(rl_agents()) or 'none'}", param_hint="AGENT")
     if action_mode not in ACTION_MODES:
         raise typer.BadParameter(f"must be one of {', '.join(ACTION_MODES)}", param_hint="--action-mode")
+    if widen and from_model is None:
+        raise typer.BadParameter("widens a saved model's input: it needs --from-model", param_hint="--widen")
     if warm_start and (agent != "pg" or action_mode != "target"):
         raise typer.BadParameter("a warm start trains pg in the 'target' action mode", param_hint="--warm-start")
     from controller.scenario import load_scenario
@@ -195,7 +198,7 @@ def train_scaling(
         try:
             trained = train_agent(agent, target, total, seed=seed, action_mode=action_mode, command=command,
                                   out=shipped_model(agent) if ship else out, warm_start=warm_start,
-                                  learning_rate=learning_rate, from_model=from_model,
+                                  learning_rate=learning_rate, from_model=from_model, widen=widen,
                                   warm_start_progress=lambda done, all_: progress.update(demos, completed=done, total=all_),
                                   progress=lambda done, all_: progress.update(task, completed=done, total=all_))
         except NotContinuable as exc:

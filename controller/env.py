@@ -19,6 +19,7 @@ from controller.features import (
     ObservationBuilder,
     RewardConfig,
     ScalingActions,
+    check_observation_size,
 )
 from controller.panic import PanicRule
 from controller.scenario import Scenario, load_scenario
@@ -86,7 +87,8 @@ class FarmScalingEnv(gym.Env[np.ndarray, np.integer]):
 
     * Actions: ``unit`` Discrete(3) -1/keep/+1; ``wide`` Discrete(9) ``a - 4``; ``target`` Discrete(7):
       keep, or ``ceil(need + beta sqrt(need))`` (``TARGET_ACTIONS``). Targets clamped to ``workers.min/max``.
-    * Observation: Box(14,) float32, ``OBSERVATION_FIELDS`` (worker counts / 32).
+    * Observation: Box(16,) float32, ``OBSERVATION_FIELDS`` (worker counts / 32); ``observation_size=14``
+      the first 14, as models made before the long-memory fields take.
     * Reward: ``-(billed + miss_cost x missed x S / T) / 32 - change_penalty x [target changed]``
       (``RewardConfig``: worker-seconds, a miss priced at ``miss_cost`` = 60 times its work).
     * Never terminates; truncated after ``scenario.max_steps`` decisions, the last ``info["totals"]``
@@ -106,8 +108,10 @@ class FarmScalingEnv(gym.Env[np.ndarray, np.integer]):
         reward: RewardConfig | None = None,
         backend: FarmBackend | None = None,
         panic: bool = True,
+        observation_size: int = len(OBSERVATION_FIELDS),
     ) -> None:
         self.actions = ScalingActions(action_mode)
+        self.observation_size = check_observation_size(observation_size)
         self.panic = panic
         self.family = scenario if isinstance(scenario, str) and (scenario in FAMILIES or scenario in TRAINING_MIXES
                                                                  or is_mix(scenario)) else None
@@ -117,14 +121,15 @@ class FarmScalingEnv(gym.Env[np.ndarray, np.integer]):
                   backend)
         self.reward_config = reward or RewardConfig()
         self.action_space = spaces.Discrete(self.actions.n)
-        self.observation_space = spaces.Box(OBSERVATION_LOW, OBSERVATION_HIGH, dtype=np.float32)
+        n = self.observation_size
+        self.observation_space = spaces.Box(OBSERVATION_LOW[:n], OBSERVATION_HIGH[:n], dtype=np.float32)
         self._steps = 0
 
     def _use(self, scenario: Scenario, backend: FarmBackend | None = None) -> None:
         self.scenario = scenario
         self.backend: FarmBackend = (backend if backend is not None else
                                      SimulatedFarm(scenario, panic=PanicRule(scenario) if self.panic else None))
-        self.observe = ObservationBuilder(scenario)
+        self.observe = ObservationBuilder(scenario, self.observation_size)
         self._target = scenario.workers.initial
 
     @property

@@ -18,6 +18,7 @@ from controller.scenario import Scenario
 N_REF = 32.0          # worker counts are divided by this
 HISTORY = 6           # periods of arrival history the trend features look back on
 NEED_WINDOW = 2       # target actions size the pool for the highest need of this many periods
+LONG_HISTORY = 16     # periods the long-memory features look back on
 DEAD_BAND = 0.15      # target actions leave the pool alone when it would shrink by less than this share
 
 OBSERVATION_FIELDS = (
@@ -35,10 +36,26 @@ OBSERVATION_FIELDS = (
     "cold_start",       # mean cold start / step
     "capacity",         # workers.max
     "deadline_slack",   # (mean deadline - mean service) / mean service
+    "load_peak_long",   # highest load of the last LONG_HISTORY periods
+    "since_peak_long",  # periods since that highest load / LONG_HISTORY
 )
 # the first eight fields and "capacity" are worker counts / N_REF
-OBSERVATION_LOW = np.array([0, -4, 0, 0, 0, -4, 0, 0, -8, 0, 0, 0, 0, 0], dtype=np.float32)
-OBSERVATION_HIGH = np.array([8, 4, 8, 8, 8, 4, 8, 8, 12, 1, 8, 4, 8, 10], dtype=np.float32)
+OBSERVATION_LOW = np.array([0, -4, 0, 0, 0, -4, 0, 0, -8, 0, 0, 0, 0, 0, 0, 0], dtype=np.float32)
+OBSERVATION_HIGH = np.array([8, 4, 8, 8, 8, 4, 8, 8, 12, 1, 8, 4, 8, 10, 8, 1], dtype=np.float32)
+# A model sees the first n fields: models made before the long-memory fields take 14, newer ones all
+OBSERVATION_SIZES = (14, len(OBSERVATION_FIELDS))
+
+
+def observation_size(agent) -> int:
+    """How many fields ``agent`` (anything with ``obs_dim``) takes; all of them when it does not say."""
+    return int(getattr(agent, "obs_dim", 0) or len(OBSERVATION_FIELDS))
+
+
+def check_observation_size(size: int) -> int:
+    if size not in OBSERVATION_SIZES:
+        raise ValueError(f"a scaling model takes {' or '.join(map(str, OBSERVATION_SIZES))} observation fields, "
+                         f"not {size}")
+    return size
 
 
 def mean_delay_s(delay) -> float:
@@ -56,10 +73,13 @@ def need_of(t: PoolTelemetry, scenario: Scenario) -> float:
 
 
 class ObservationBuilder:
-    """Each period's telemetry as the observation; stateful (the last ``HISTORY`` periods): ``reset()``
-    when an episode or live session starts, then call it once per period, in order."""
+    """Each period's telemetry as the observation; stateful (the last ``LONG_HISTORY`` periods):
+    ``reset()`` when an episode or live session starts, then call it once per period, in order.
+    ``size``: the first that many ``OBSERVATION_FIELDS`` (a model's own ``obs_dim``)."""
 
-    def __init__(self, scenario: Scenario) -> None:
+    def __init__(self, scenario: Scenario, size: int = len(OBSERVATION_FIELDS)) -> None:
+        self.size = check_observation_size(size)
+        self.low, self.high = OBSERVATION_LOW[:size], OBSERVATION_HIGH[:size]
         self.scenario = scenario
         service, deadline = scenario.mean_service_s, scenario.mean_deadline_s
         self._constants = (
@@ -71,6 +91,7 @@ class ObservationBuilder:
 
     def reset(self) -> None:
         self._loads: deque[float] = deque(maxlen=HISTORY)
+        self._long: deque[float] = deque(maxlen=LONG_HISTORY)
         self._needs: deque[float] = deque(maxlen=NEED_WINDOW)
         self._backlog: float | None = None
 
@@ -92,6 +113,9 @@ class ObservationBuilder:
         previous_load = self._loads[-1] if self._loads else load
         previous_backlog = self._backlog if self._backlog is not None else backlog
         self._loads.append(load)
+        self._long.append(load)
+        long_peak = max(self._long)   # a surge's aftermath: calm now, a high load not long ago
+        since_peak = len(self._long) - 1 - max(i for i, x in enumerate(self._long) if x == long_peak)
         self._backlog = backlog
         need = load + backlog
         self._needs.append(need)
@@ -111,10 +135,12 @@ class ObservationBuilder:
                 0.0 if stalled else t.qos,
                 t.latency_p95_s / sc.mean_deadline_s,
                 *self._constants,
+                long_peak / N_REF,
+                since_peak / LONG_HISTORY,
             ],
             dtype=np.float32,
         )
-        return np.clip(raw, OBSERVATION_LOW, OBSERVATION_HIGH)
+        return np.clip(raw[:self.size], self.low, self.high)
 
 
 # --------------------------------------------------------------------------- actions

@@ -25,7 +25,7 @@ from broker.messages import (ErrorBody, LearnerWeights, PolicySwitch, PolicySwit
                              ScalingExperience)
 from broker.subjects import Subjects, scaling_model
 from controller.baselines import RLPolicy, ScalingPolicy
-from controller.features import ObservationBuilder, RewardConfig, ScalingActions
+from controller.features import OBSERVATION_FIELDS, ObservationBuilder, RewardConfig, ScalingActions
 from controller.online import ONLINE_OVERRIDES, ModelGuard, online_weights
 from controller.panic import PanicRule
 from controller.scenario import Scenario
@@ -71,7 +71,7 @@ class LiveController:
         rl = isinstance(self.policy, RLPolicy)
         if self.actions is None:
             self.actions = self.policy.actions if rl else ScalingActions("target")
-        self.observe = ObservationBuilder(self.scenario)
+        self.observe = ObservationBuilder(self.scenario, self.policy.observe.size if rl else len(OBSERVATION_FIELDS))
         self.guard = (ModelGuard(self.policy, **self._guard_options)
                       if rl and self.learn_online and self.policy.learns_online else None)
         self.local = None

@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 
 from controller.baselines import RLPolicy
-from controller.features import ACTION_MODES, OBSERVATION_LOW, ScalingActions
+from controller.features import ACTION_MODES, OBSERVATION_SIZES, ScalingActions
 from controller.scenario import Scenario
 
 EXTRA = "pip install 'p2pfaas[sb3]'"
@@ -23,6 +23,7 @@ class SB3Agent:
     def __init__(self, model, algorithm: str) -> None:
         self.model, self.algorithm = model, algorithm
         self.n_actions = int(model.action_space.n)
+        self.obs_dim = int(model.observation_space.shape[0])
 
     def act(self, obs: np.ndarray, explore: bool = False) -> int:
         action, _ = self.model.predict(obs, deterministic=not explore)
@@ -48,7 +49,7 @@ def load_sb3_policy(path: Path, scenario: Scenario, name: str | None = None) -> 
                          "(DQN, PPO or A2C)")
     obs_space, act_space = data.get("observation_space"), data.get("action_space")
     if not isinstance(act_space, spaces.Discrete) or not isinstance(obs_space, spaces.Box) \
-            or obs_space.shape != OBSERVATION_LOW.shape:
+            or len(obs_space.shape) != 1 or obs_space.shape[0] not in OBSERVATION_SIZES:
         raise ValueError(f"{path}: trained on another env (observation {getattr(obs_space, 'shape', '?')}, "
                          f"actions {act_space}); train it on p2pfaas/FarmScaling-v0")
     modes = [m for m in ACTION_MODES if ScalingActions(m).n == act_space.n]

@@ -15,7 +15,7 @@ from typing import Any
 import orjson
 
 from controller.baselines import RLPolicy
-from controller.env import FarmScalingEnv, RewardConfig
+from controller.env import OBSERVATION_FIELDS, FarmScalingEnv, RewardConfig
 from controller.scenario import Scenario
 
 RL_KINDS = ("dqn", "pg", "sarsa")
@@ -54,10 +54,11 @@ def agent_config(kind: str, agent_class: type, steps: int, action_mode: str) -> 
         values.update(num_steps=2048, learning_rate=1e-4, update_epochs=8)
     if kind == "sarsa" and {"bins", "low", "high"} <= fields:
         # Fields (controller/features.py): load, trend, peak, spread, backlog, growth, ready,
-        # starting, headroom, qos, p95, cold start, capacity, slack. One bin ignores a field.
-        values["bins"] = (1, 3, 1, 3, 2, 1, 1, 2, 8, 2, 1, 1, 1, 1)
-        values["low"] = (0, -0.03, 0, 0, 0, -1, 0, 0, -2, 0.95, 0, 0, 0, 0)
-        values["high"] = (1, 0.03, 1, 0.25, 0.05, 1, 1, 0.03, 6, 1, 1, 1, 1, 1)
+        # starting, headroom, qos, p95, cold start, capacity, slack, long peak, since it. One bin
+        # ignores a field: the table is the size it was before the long-memory fields.
+        values["bins"] = (1, 3, 1, 3, 2, 1, 1, 2, 8, 2, 1, 1, 1, 1, 1, 1)
+        values["low"] = (0, -0.03, 0, 0, 0, -1, 0, 0, -2, 0.95, 0, 0, 0, 0, 0, 0)
+        values["high"] = (1, 0.03, 1, 0.25, 0.05, 1, 1, 0.03, 6, 1, 1, 1, 1, 1, 1, 1)
         values["default_action"] = ScalingActions(action_mode).keep
     return config_class(**values)
 
@@ -115,17 +116,22 @@ def train_agent(
     warm_start_progress: Callable[[int, int], None] | None = None,
     learning_rate: float | None = None,
     from_model: Path | None = None,
+    widen: bool = False,
 ) -> TrainedModel:
     """Train a ``kind`` agent on the simulator (training seeds) and save it as a portable ``.npz`` with
     a JSON sidecar saying how; ``warm_start`` episodes of imitation first (controller/imitation.py);
-    ``from_model``: go on training that saved model instead of a new one (fine-tuning)."""
+    ``from_model``: go on training that saved model instead of a new one (fine-tuning); ``widen``: a
+    model of fewer observation fields (an older release's 14) goes on with all of them."""
     agents = rl_agents()
     if kind not in agents:
         raise ValueError(f"unknown RL agent {kind!r}; available: {', '.join(agents) or 'none (nodes.learner.algorithms missing)'}")
     from nodes.learner.algorithms.portable import save_portable
 
     steps = steps or DEFAULT_STEPS[kind]
-    env = FarmScalingEnv(workloads, action_mode=action_mode, reward=reward)
+    if widen and from_model is None:
+        raise NotContinuable("--widen widens a saved model's input: it needs --from-model")
+    size = len(OBSERVATION_FIELDS) if from_model is None or widen else saved_observation_size(Path(from_model))
+    env = FarmScalingEnv(workloads, action_mode=action_mode, reward=reward, observation_size=size)
     name = workloads if isinstance(workloads, str) else workloads.name
     agent_class = agents[kind]
     config = agent_config(kind, agent_class, steps, action_mode)
@@ -136,7 +142,7 @@ def train_agent(
     if from_model is not None:
         if warm_start:
             raise NotContinuable("a warm start makes a new model; --from-model goes on training a trained one: not both")
-        agent, base = continued_agent(Path(from_model), kind, action_mode, env, learning_rate)
+        agent, base = continued_agent(Path(from_model), kind, action_mode, env, learning_rate, widen)
     else:
         agent, base = agent_class(env.observation_space.shape[0], int(env.action_space.n), config=config, seed=seed), None
     started = time.perf_counter()
@@ -160,7 +166,8 @@ def train_agent(
                               f"--action-mode {action_mode}"
                               + (f" --warm-start {warm_start}" if warm_start else "")
                               + (f" --learning-rate {learning_rate:g}" if learning_rate is not None else "")
-                              + (f" --from-model {from_model}" if from_model is not None else ""),
+                              + (f" --from-model {from_model}" if from_model is not None else "")
+                              + (" --widen" if widen else ""),
         "train_seconds": round(time.perf_counter() - started, 1),
         "episodes": len(returns),
         "last_returns_mean": round(sum(returns[-50:]) / max(1, len(returns[-50:])), 4),
@@ -172,10 +179,45 @@ def train_agent(
     return TrainedModel(kind=kind, path=path, metrics=metrics, metadata=metadata)
 
 
+def saved_observation_size(path: Path) -> int:
+    from nodes.learner.algorithms.agent import IncompatibleWeights
+    from nodes.learner.algorithms.portable import read_header
+
+    try:
+        return int(read_header(path.read_bytes())[0]["obs_dim"])
+    except (OSError, IncompatibleWeights, KeyError, ValueError) as exc:
+        raise NotContinuable(f"{path}: {exc}") from None
+
+
+def widened(data: bytes, size: int) -> bytes:
+    """A saved network of fewer inputs taking ``size``: zero weights for the new ones (every first
+    layer's), so it decides exactly as before until training gives them a use."""
+    import io
+
+    import numpy as np
+
+    from nodes.learner.algorithms.portable import HEADER, read_header
+
+    header, arrays = read_header(data)
+    old = int(header["obs_dim"])
+    firsts = [name for name, a in arrays.items() if name.endswith(".0.weight") and a.ndim == 2 and a.shape[1] == old]
+    if not firsts:
+        raise NotContinuable(f"a {header['algorithm']} model has no input layer to widen (a table: train a new one)")
+    for name in firsts:
+        a = arrays[name]
+        arrays[name] = np.concatenate([a, np.zeros((a.shape[0], size - old), a.dtype)], axis=1)
+    header["obs_dim"] = size
+    buffer = io.BytesIO()
+    np.savez_compressed(buffer, **{HEADER: np.frombuffer(orjson.dumps(header, option=orjson.OPT_SERIALIZE_NUMPY),
+                                                          dtype=np.uint8)}, **arrays)
+    return buffer.getvalue()
+
+
 def continued_agent(path: Path, kind: str, action_mode: str, env: FarmScalingEnv,
-                    learning_rate: float | None) -> tuple[Any, dict[str, Any]]:
+                    learning_rate: float | None, widen: bool = False) -> tuple[Any, dict[str, Any]]:
     """A saved model ready to train on (its own hyper-parameters, ``learning_rate`` if given) and what
-    the new sidecar keeps of it: its digest and its own sidecar, since ``--ship`` may overwrite the file."""
+    the new sidecar keeps of it: its digest and its own sidecar, since ``--ship`` may overwrite the file;
+    ``widen``: its input widened to the env's observation first."""
     import hashlib
 
     from nodes.learner.algorithms.agent import IncompatibleWeights
@@ -183,7 +225,11 @@ def continued_agent(path: Path, kind: str, action_mode: str, env: FarmScalingEnv
 
     try:
         data = path.read_bytes()
-        agent, metadata = from_portable(data, {"learning_rate": learning_rate} if learning_rate is not None else None)
+        size = env.observation_space.shape[0]
+        wide = widened(data, size) if widen and saved_observation_size(path) < size else data
+        agent, metadata = from_portable(wide, {"learning_rate": learning_rate} if learning_rate is not None else None)
+    except NotContinuable as exc:
+        raise NotContinuable(f"{path}: {exc}") if not str(exc).startswith(str(path)) else exc from None
     except (OSError, IncompatibleWeights) as exc:
         raise NotContinuable(f"{path}: {exc}") from None
     problems = [f"{what} is {have!r}, not {want!r}" for what, have, want in (

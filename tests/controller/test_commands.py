@@ -112,6 +112,38 @@ def test_train_scaling_from_model_goes_on_training_that_model(tmp_path):
         assert result.exit_code == 2 and words in result.output, (args, result.output)
 
 
+def test_widen_gives_a_model_of_14_fields_the_long_memory_ones_and_it_decides_as_before(tmp_path):
+    """``--widen``: an older model (14 observation fields; the shipped DQN) goes on training with all
+    16; zero weights for the new fields, so before training it acts exactly as it did."""
+    import numpy as np
+
+    from controller.features import OBSERVATION_FIELDS
+    from controller.training import load_model, widened
+
+    base = shipped_model("dqn")
+    old, _ = load_model(base)
+    assert old.obs_dim == 14
+    wide_file = tmp_path / "wide.npz"
+    wide_file.write_bytes(widened(base.read_bytes(), len(OBSERVATION_FIELDS)))
+    wide, _ = load_model(wide_file)
+    rng = np.random.default_rng(3)
+    for obs in rng.uniform(0, 1, (200, len(OBSERVATION_FIELDS))).astype(np.float32):
+        assert wide.act(obs, explore=False) == old.act(obs[:14], explore=False)
+
+    model = tmp_path / "tuned.npz"
+    result = runner.invoke(app, ["train", "dqn", "--workloads", "spike", "--steps", "300", "--from-model", str(base),
+                                 "--widen", "--out", str(model)])
+    assert result.exit_code == 0, result.output
+    assert load_model(model)[0].obs_dim == 16 and "--widen" in json.loads(sidecar_of(model).read_text())["command"]
+    result = runner.invoke(app, ["train", "dqn", "--steps", "300", "--from-model", str(base), "--out", str(model)])
+    assert result.exit_code == 0, result.output   # without --widen: its own 14 fields
+    assert load_model(model)[0].obs_dim == 14
+    for args, words in ((["train", "sarsa", "--from-model", str(shipped_model("sarsa")), "--widen"], "no input layer"),
+                        (["train", "pg", "--widen"], "needs --from-model")):
+        result = runner.invoke(app, args)
+        assert result.exit_code == 2 and words in result.output, (args, result.output)
+
+
 def test_eval_tables_read_whole_at_80_columns():
     """Every table of `eval scaling` within 80 columns, every policy, peer and rule name whole on
     its line (a terminal cut them: "fixed-…"); the rules' and references' notes in a legend."""

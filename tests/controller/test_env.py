@@ -6,7 +6,7 @@ from gymnasium.utils.env_checker import check_env
 import controller
 from controller.env import TRAINING_SEED_FLOOR, FarmScalingEnv, RewardConfig, SimulatedFarm
 from controller.evaluation import run_episode
-from controller.features import N_REF, OBSERVATION_FIELDS, ObservationBuilder, ScalingActions, need_of, staffing
+from controller.features import LONG_HISTORY, N_REF, OBSERVATION_FIELDS, ObservationBuilder, ScalingActions, need_of, staffing
 from controller.scenario import load_scenario
 
 from .conftest import make_scenario, telemetry
@@ -126,11 +126,29 @@ def test_observation_carries_the_trend():
     want = {"load": load / N_REF, "load_trend": (load - 2) / N_REF, "load_peak": load / N_REF,
             "load_spread": (load - 2) / N_REF, "backlog": backlog / N_REF, "backlog_growth": backlog / N_REF,
             "ready": 6 / N_REF, "starting": 2 / N_REF, "headroom": (8 - load - backlog) / np.sqrt(load + backlog),
-            "qos": 0.5, "latency_p95": 30 / 4, "cold_start": 0.0, "capacity": 16 / N_REF, "deadline_slack": 1.0}
+            "qos": 0.5, "latency_p95": 30 / 4, "cold_start": 0.0, "capacity": 16 / N_REF, "deadline_slack": 1.0,
+            "load_peak_long": load / N_REF, "since_peak_long": 0.0}
     for name, value in want.items():
         assert fields[name] == pytest.approx(value, rel=1e-5), name
     build.reset()
     np.testing.assert_array_equal(build(t)[1], 0.0)  # no history: no trend
+
+
+def test_the_long_memory_fields_remember_a_surge_the_short_window_has_forgotten():
+    sc = make_scenario()   # 2 s service
+    build, short = ObservationBuilder(sc), ObservationBuilder(sc, 14)
+    loads = [1.0] * 3 + [5.0] * 2 + [2.0] * 10   # a surge, then calm for longer than HISTORY periods
+    for rate in loads:
+        obs, first = build(telemetry(arrival_rate=rate)), short(telemetry(arrival_rate=rate))
+    fields = dict(zip(OBSERVATION_FIELDS, obs.tolist()))
+    assert fields["load_peak"] == pytest.approx(4 / N_REF)          # the last six periods: calm
+    assert fields["load_peak_long"] == pytest.approx(10 / N_REF)    # the surge, 10 periods ago
+    assert fields["since_peak_long"] == pytest.approx(10 / LONG_HISTORY)
+    np.testing.assert_array_equal(first, obs[:14])   # a model of 14 fields sees what it always saw
+    with pytest.raises(ValueError, match="14 or 16"):
+        ObservationBuilder(sc, 15)
+    env = FarmScalingEnv("spike", action_mode="target", observation_size=14)
+    assert env.observation_space.shape == (14,) and env.reset(seed=1)[0].shape == (14,)
 
 
 def test_reward_prices_worker_seconds_and_misses():

@@ -56,7 +56,8 @@ async def test_controller_scales_on_telemetry_and_publishes_experiences(nc, pref
     else:
         assert {t.model_version for t in targets} == {SHIPPED} and "did not answer" in ctl.learner_note
     exp = decode(ScalingExperience, experiences.messages[0].data)
-    assert len(exp.observation) == 14 and 0 <= exp.action < 7 and exp.reward < 0 and exp.policy == policy_name
+    # a model's own fields (this DQN of an older release takes 14); a baseline's carry them all
+    assert len(exp.observation) == (14 if policy_name == "dqn" else 16) and 0 <= exp.action < 7 and exp.reward < 0 and exp.policy == policy_name
 
 
 class Keeps:
@@ -102,7 +103,7 @@ def learner_settings(nats_server, prefix, tmp_path):
 
 def acts_like(a, b, scenario=SCENARIO, n: int = 40) -> bool:
     rng = np.random.default_rng(0)
-    build = ObservationBuilder(scenario)
+    build = ObservationBuilder(scenario, a.obs_dim)
     observations = [build(telemetry(arrival_rate=float(r), queue_length=int(q), workers_ready=int(w)))
                     for r, q, w in zip(rng.uniform(0, 8, n), rng.integers(0, 30, n), rng.integers(1, 16, n))]
     return all(a.act(o) == b.act(o) for o in observations)

@@ -57,7 +57,7 @@ async def test_env_api_checks_pass_on_the_live_pool(node_factory, nats_server, p
                 env.unwrapped.backend.close()
 
         obs, steps, totals = await asyncio.to_thread(run)
-        assert obs.shape == (14,) and obs.dtype == np.float32
+        assert obs.shape == (16,) and obs.dtype == np.float32
         assert steps[-1][4]["target"] == 3
         assert node.pools["farm"].target == 3          # the env's actions reached the real pool
         assert totals.duration_s > 0
