@@ -185,6 +185,29 @@ async def test_the_controller_switches_policy_on_request_and_refuses_what_it_can
     assert (last.policy, last.target_workers) == ("fixed-5", 5)
 
 
+async def test_a_switch_to_a_model_of_fewer_fields_stores_experiences_of_its_own_size(nc, prefix, tmp_path):
+    """A baseline's experiences carry all 16 fields; after a switch to the shipped DQN (14 fields, an
+    older release's model) they carry its 14, which its learner model takes."""
+    from broker.messages import PolicySwitch
+
+    s = Subjects(prefix)
+    await ensure_node_streams(nc.jetstream(), s, "n1")
+    async with Collector(nc, s.experience("n1", "farm")) as experiences:
+        async with LiveController(nc, "n1", "farm", make_baseline("reactive-avg", SCENARIO), SCENARIO, prefix=prefix,
+                                  policy_name="reactive-avg", models_dir=tmp_path) as ctl:
+            for i in range(2):
+                await nc.publish(s.telemetry("n1", "farm"), encode(telemetry(**BURST, time=100.0 + i)))
+                await wait_until(lambda i=i: len(ctl.history) == i + 1 and len(experiences.messages) == i)
+            await nc.request(s.pool_policy("n1", "farm"), encode(PolicySwitch(node="n1", pool="farm", policy="dqn")),
+                             timeout=10)
+            for i in range(2, 4):
+                await nc.publish(s.telemetry("n1", "farm"), encode(telemetry(**BURST, time=100.0 + i)))
+                await wait_until(lambda i=i: len(ctl.history) == i + 1)
+            await wait_until(lambda: len(experiences.messages) == 2)   # none pairs the two policies' steps
+    sizes = [(e.policy, len(e.observation)) for e in (decode(ScalingExperience, m.data) for m in experiences.messages)]
+    assert sizes == [("reactive-avg", 16), ("dqn", 14)]
+
+
 async def test_a_learner_that_comes_up_after_the_controller_is_seeded_and_followed(nc, prefix, learner_settings):
     """The node's learner was not answering when the controller started (the node restarting, or
     `p2pfaas controller` started first): the controller said so once and never learned online
