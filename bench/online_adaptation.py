@@ -4,7 +4,8 @@ frozen on the same episodes (controller/adaptation.py, issue 27).
 
     .venv/bin/python bench/online_adaptation.py [--kind pg] [--model FILE.npz] [--workloads paper] [--episodes 200]
                                                 [--block 20] [--seed 1000] [--learning-rate X]
-                                                [--rollout N] [--guard '{"trial_periods": 32}']
+                                                [--rollout N] [--online '{"update_epochs": 2}']
+                                                [--guard '{"trial_periods": 32}']
 
 Prints one line per block of episodes: the mean cost (-return) with online learning and of the
 shipped model, their ratio, QoS and mean workers of both, the version deciding at the block's
@@ -34,6 +35,7 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=1000)
     parser.add_argument("--learning-rate", type=float, help="what-if: the online learning rate")
     parser.add_argument("--rollout", type=int, help="what-if: PPO's online rollout (periods)")
+    parser.add_argument("--online", default="{}", help="what-if: more online hyper-parameters of the agent (JSON)")
     parser.add_argument("--guard", default="{}", help="what-if: ModelGuard keyword arguments (JSON)")
     args = parser.parse_args()
     overrides = online.ONLINE_OVERRIDES.setdefault(args.kind, {})
@@ -41,6 +43,7 @@ def main() -> None:
         overrides["learning_rate"] = args.learning_rate
     if args.rollout is not None:
         overrides["num_steps"] = args.rollout
+    overrides.update(json.loads(args.online))
     guard = json.loads(args.guard)
     logging.basicConfig(level=logging.ERROR)   # the guard's rollback lines are counted, not printed
     print(f"{args.kind} on {args.workloads}, episodes {args.seed}..{args.seed + args.episodes - 1}; "
