@@ -42,6 +42,11 @@ class ControlStep:
     model_version: str = ""
 
 
+def experience_fields(policy: ScalingPolicy) -> int:
+    """The observation fields of ``policy``'s experiences: an RL model's own, all for a baseline."""
+    return policy.observe.size if isinstance(policy, RLPolicy) else len(OBSERVATION_FIELDS)
+
+
 @dataclass
 class LiveController:
     nc: Client
@@ -71,7 +76,7 @@ class LiveController:
         rl = isinstance(self.policy, RLPolicy)
         if self.actions is None:
             self.actions = self.policy.actions if rl else ScalingActions("target")
-        self.observe = ObservationBuilder(self.scenario, self.policy.observe.size if rl else len(OBSERVATION_FIELDS))
+        self.observe = ObservationBuilder(self.scenario, experience_fields(self.policy))
         self.guard = (ModelGuard(self.policy, **self._guard_options)
                       if rl and self.learn_online and self.policy.learns_online else None)
         self.local = None
@@ -244,9 +249,8 @@ class LiveController:
         rl = isinstance(policy, RLPolicy)
         self.policy, self.policy_name = policy, name
         self.actions = policy.actions if rl else ScalingActions("target")
-        size = policy.observe.size if rl else len(OBSERVATION_FIELDS)
-        if size != self.observe.size:   # its experiences carry the new model's own fields
-            self.observe = ObservationBuilder(self.scenario, size)
+        if experience_fields(policy) != self.observe.size:   # its experiences carry the new model's own fields
+            self.observe = ObservationBuilder(self.scenario, experience_fields(policy))
         self.guard = ModelGuard(policy, **self._guard_options) if rl and self.learn_online and policy.learns_online \
             else None
         self.learner_note = ""

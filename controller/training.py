@@ -189,16 +189,11 @@ def saved_observation_size(path: Path) -> int:
         raise NotContinuable(f"{path}: {exc}") from None
 
 
-def widened(data: bytes, size: int) -> bytes:
-    """A saved network of fewer inputs taking ``size``: zero weights for the new ones (every first
-    layer's), so it decides exactly as before until training gives them a use."""
-    import io
-
+def widen_inputs(header: dict[str, Any], arrays: dict[str, Any], size: int) -> None:
+    """A saved network of fewer inputs (``read_header``'s parts, changed in place) taking ``size``: zero
+    weights for the new ones (every first layer's), so it decides exactly as before until trained."""
     import numpy as np
 
-    from nodes.learner.algorithms.portable import HEADER, read_header
-
-    header, arrays = read_header(data)
     old = int(header["obs_dim"])
     firsts = [name for name, a in arrays.items() if name.endswith(".0.weight") and a.ndim == 2 and a.shape[1] == old]
     if not firsts:
@@ -207,10 +202,6 @@ def widened(data: bytes, size: int) -> bytes:
         a = arrays[name]
         arrays[name] = np.concatenate([a, np.zeros((a.shape[0], size - old), a.dtype)], axis=1)
     header["obs_dim"] = size
-    buffer = io.BytesIO()
-    np.savez_compressed(buffer, **{HEADER: np.frombuffer(orjson.dumps(header, option=orjson.OPT_SERIALIZE_NUMPY),
-                                                          dtype=np.uint8)}, **arrays)
-    return buffer.getvalue()
 
 
 def continued_agent(path: Path, kind: str, action_mode: str, env: FarmScalingEnv,
@@ -221,16 +212,16 @@ def continued_agent(path: Path, kind: str, action_mode: str, env: FarmScalingEnv
     import hashlib
 
     from nodes.learner.algorithms.agent import IncompatibleWeights
-    from nodes.learner.algorithms.portable import from_portable
+    from nodes.learner.algorithms.portable import agent_from, read_header
 
     try:
         data = path.read_bytes()
-        size = env.observation_space.shape[0]
-        wide = widened(data, size) if widen and saved_observation_size(path) < size else data
-        agent, metadata = from_portable(wide, {"learning_rate": learning_rate} if learning_rate is not None else None)
-    except NotContinuable as exc:
-        raise NotContinuable(f"{path}: {exc}") if not str(exc).startswith(str(path)) else exc from None
-    except (OSError, IncompatibleWeights) as exc:
+        header, arrays = read_header(data)
+        metadata = header["metadata"]
+        if widen and header["obs_dim"] < env.observation_space.shape[0]:
+            widen_inputs(header, arrays, env.observation_space.shape[0])
+        agent = agent_from(header, arrays, {"learning_rate": learning_rate} if learning_rate is not None else None)
+    except (OSError, IncompatibleWeights, NotContinuable) as exc:
         raise NotContinuable(f"{path}: {exc}") from None
     problems = [f"{what} is {have!r}, not {want!r}" for what, have, want in (
         ("its agent", metadata.get("kind", agent.algorithm), kind),

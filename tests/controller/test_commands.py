@@ -117,15 +117,14 @@ def test_widen_gives_a_model_of_14_fields_the_long_memory_ones_and_it_decides_as
     16; zero weights for the new fields, so before training it acts exactly as it did."""
     import numpy as np
 
+    from controller.env import FarmScalingEnv
     from controller.features import OBSERVATION_FIELDS
-    from controller.training import load_model, widened
+    from controller.training import continued_agent, load_model
 
     base = shipped_model("dqn")
     old, _ = load_model(base)
     assert old.obs_dim == 14
-    wide_file = tmp_path / "wide.npz"
-    wide_file.write_bytes(widened(base.read_bytes(), len(OBSERVATION_FIELDS)))
-    wide, _ = load_model(wide_file)
+    wide, _ = continued_agent(base, "dqn", "target", FarmScalingEnv("spike", action_mode="target"), None, widen=True)
     rng = np.random.default_rng(3)
     for obs in rng.uniform(0, 1, (200, len(OBSERVATION_FIELDS))).astype(np.float32):
         assert wide.act(obs, explore=False) == old.act(obs[:14], explore=False)

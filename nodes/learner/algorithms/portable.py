@@ -80,17 +80,23 @@ def read_header(data: bytes) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
 def from_portable(data: bytes, config_overrides: dict[str, Any] | None = None) -> tuple[Any, dict[str, Any]]:
     """(a new agent acting as the saved one, the file's metadata); ``config_overrides`` replace
     hyper-parameters that do not shape the model (e.g. a learning rate for online training)."""
+    header, arrays = read_header(data)
+    return agent_from(header, arrays, config_overrides), header["metadata"]
+
+
+def agent_from(header: dict[str, Any], arrays: dict[str, np.ndarray],
+               config_overrides: dict[str, Any] | None = None) -> Any:
+    """The agent a file's ``read_header`` describes."""
     from . import AGENTS
     from .agent import config_from_dict
 
-    header, arrays = read_header(data)
     cls = AGENTS.get(header["algorithm"])
     if cls is None:
         raise IncompatibleWeights(f"unknown algorithm {header['algorithm']!r}")
     config = {k: _tuples(v) for k, v in {**header["config"], **(config_overrides or {})}.items()}
     agent = cls(header["obs_dim"], header["n_actions"], config_from_dict(cls.config_class, config), header["seed"])
     agent.load_weights_state(_unflatten(arrays, header["values"]))
-    return agent, header["metadata"]
+    return agent
 
 
 def save_portable(path: str | Path, agent: Any, metadata: dict[str, Any] | None = None) -> Path:
