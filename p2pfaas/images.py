@@ -200,7 +200,11 @@ def local_torch_wheel() -> Path | None:
 
 
 # -- a base image without a registry ------------------------------------------------
-def debootstrap_rootfs(cache_dir: Path, suite: str = "bookworm", progress: Progress | None = None) -> Path:
+DEBOOTSTRAP_TIMEOUT_S = 1200.0   # seen here: 1-2 min; on a busy machine with a slow mirror, longer
+
+
+def debootstrap_rootfs(cache_dir: Path, suite: str = "bookworm", progress: Progress | None = None,
+                       timeout_s: float = DEBOOTSTRAP_TIMEOUT_S) -> Path:
     """A tar of a minimal Debian ``suite`` with python3 and venv, made once and cached."""
     tarball = cache_dir / f"rootfs-{suite}-python3.tar"
     if tarball.is_file():
@@ -212,14 +216,43 @@ def debootstrap_rootfs(cache_dir: Path, suite: str = "bookworm", progress: Progr
         rootfs = Path(tmp) / "rootfs"
         if progress:
             progress(f"debootstrap {suite} (python3, python3-venv) into {rootfs} ...")
-        done = subprocess.run(["debootstrap", "--variant=minbase", "--include=python3,python3-venv,ca-certificates",
-                               suite, str(rootfs)], capture_output=True, text=True)
-        if done.returncode != 0:
-            raise RuntimeError(f"debootstrap failed ({done.returncode}): {done.stderr[-2000:] or done.stdout[-2000:]}")
+        _debootstrap(["debootstrap", "--variant=minbase", "--include=python3,python3-venv,ca-certificates",
+                      suite, str(rootfs)], rootfs, timeout_s)
         partial = tarball.with_suffix(".partial")
         subprocess.run(["tar", "-C", str(rootfs), "-cf", str(partial), "."], check=True)
         partial.rename(tarball)  # atomic: a concurrent or interrupted run never sees half a tar
     return tarball
+
+
+def _debootstrap(command: list[str], rootfs: Path, timeout_s: float) -> None:
+    """Run ``command``; whatever ends it (a failure, its bound, an interrupt such as a test's
+    timeout) ends debootstrap too and unmounts what it mounted inside ``rootfs`` (its /proc):
+    the temporary directory can then be removed, and no debootstrap goes on writing into it."""
+    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                               start_new_session=True)
+    try:
+        output, _ = process.communicate(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        raise RuntimeError(f"debootstrap took longer than {timeout_s:.0f} s (a slow mirror?); "
+                           f"stopped it, nothing was cached") from None
+    finally:
+        if process.poll() is None:
+            os.killpg(process.pid, 9)
+            process.wait()
+        _unmount_below(rootfs)
+    if process.returncode != 0:
+        raise RuntimeError(f"debootstrap failed ({process.returncode}): {output[-2000:]}")
+
+
+def _unmount_below(root: Path) -> None:
+    """Unmount every mount point at or below ``root``, deepest first."""
+    prefix = str(root.resolve())
+    with open("/proc/self/mounts", encoding="utf-8") as mounts:
+        points = [line.split()[1].replace("\\040", " ") for line in mounts]
+    for point in sorted((p for p in points if p == prefix or p.startswith(prefix + "/")), reverse=True):
+        done = subprocess.run(["umount", "-l", point], capture_output=True, text=True)
+        if done.returncode != 0:
+            log.warning("could not unmount %s: %s", point, done.stderr.strip())
 
 
 def import_base_image(client: docker.DockerClient, name: str, cache_dir: Path, progress: Progress | None = None) -> str:

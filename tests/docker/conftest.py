@@ -18,12 +18,20 @@ log = logging.getLogger(__name__)
 
 BASE_IMAGE = "p2pfaas-base:bookworm"
 TEST_PREFIX = re.compile(r"^t[0-9a-f]{10}$")   # the `prefix` fixture's shape
+BASE_TARBALL = "rootfs-bookworm-python3.tar"
+# The first docker test on a machine makes the base image (debootstrap: its own bound, 20 min);
+# the suite's 120 s per test would cut it off, and every later test would start it again.
+FIRST_BUILD_TIMEOUT_S = images.DEBOOTSTRAP_TIMEOUT_S + 300
+_base_failure: list[str] = []   # why the base image could not be made: later tests fail at once
 
 
 def pytest_collection_modifyitems(config, items):
+    first_build = not (cache_dir() / BASE_TARBALL).is_file()
     for item in items:
         if "tests/docker/" in str(item.fspath).replace("\\", "/"):
             item.add_marker(pytest.mark.docker)
+            if first_build:
+                item.add_marker(pytest.mark.timeout(FIRST_BUILD_TIMEOUT_S), append=False)
 
 
 @pytest.fixture(scope="session")
@@ -51,9 +59,15 @@ def _remove_test_containers(client: docker.DockerClient) -> None:
 @pytest.fixture(scope="session")
 def base_image(docker_client) -> str:
     """A Debian bookworm image with python3 + venv, from debootstrap (about a minute, once per machine)."""
-    if shutil.which("debootstrap") is None and not (cache_dir() / "rootfs-bookworm-python3.tar").exists():
+    if _base_failure:
+        pytest.fail(f"no base image (an earlier test tried): {_base_failure[0]}")
+    if shutil.which("debootstrap") is None and not (cache_dir() / BASE_TARBALL).exists():
         pytest.fail("debootstrap is not installed: apt-get install -y debootstrap (.ci/run does this)")
-    return images.import_base_image(docker_client, BASE_IMAGE, cache_dir(), progress=log.info)
+    try:
+        return images.import_base_image(docker_client, BASE_IMAGE, cache_dir(), progress=log.info)
+    except BaseException as exc:   # pytest-timeout's Failed too: the next tests must not start it again
+        _base_failure.append(f"{type(exc).__name__}: {exc}"[:500])
+        raise
 
 
 @pytest.fixture(scope="session")

@@ -3,14 +3,18 @@ match pyproject.toml, and `p2pfaas image build` works (and fails clearly without
 
 from __future__ import annotations
 
+import os
 import re
+import shutil
 import subprocess
 import sys
 import tomllib
 from pathlib import Path
 
+import pytest
 from typer.testing import CliRunner
 
+from p2pfaas import images
 from p2pfaas.cli import app
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -64,3 +68,33 @@ def test_image_build_cli_without_an_engine_says_so(monkeypatch):
     result = CliRunner().invoke(app, ["image", "build"])
     assert result.exit_code == 2
     assert "no Docker engine at unix:///nonexistent/docker.sock" in result.output
+
+
+def running(pid: int) -> bool:
+    """Alive and not a zombie (a killed orphan waits for init to reap it)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="mounts a tmpfs as debootstrap mounts /proc: needs root")
+def test_a_debootstrap_cut_off_is_stopped_and_leaves_nothing_mounted(tmp_path):
+    """Past its bound (or interrupted), the base-image build stops debootstrap and unmounts what it
+    mounted in the rootfs, so its temporary directory can be removed; the caller gets the reason."""
+    rootfs = tmp_path / "rootfs"
+    (rootfs / "proc").mkdir(parents=True)
+    pids = tmp_path / "pids"
+    script = f"echo $$ > {pids}; mount -t tmpfs none {rootfs}/proc && sleep 60 & echo $! >> {pids}; wait"
+    with pytest.raises(RuntimeError, match="took longer than 1 s"):
+        images._debootstrap(["sh", "-c", script], rootfs, timeout_s=1)
+    with open("/proc/self/mounts", encoding="utf-8") as mounts:
+        assert not [line for line in mounts if str(rootfs) in line]
+    for pid in map(int, pids.read_text().split()):   # the command and its child: the whole group
+        assert not running(pid)
+    shutil.rmtree(rootfs)
+
+
+def test_a_failed_debootstrap_says_why(tmp_path):
+    with pytest.raises(RuntimeError, match=r"debootstrap failed \(3\): no mirror"):
+        images._debootstrap(["sh", "-c", "echo no mirror; exit 3"], tmp_path / "rootfs", timeout_s=30)
