@@ -152,6 +152,7 @@ def train_scaling(
     learning_rate: Annotated[Optional[float], typer.Option(min=0.0, help="The optimizer's step size (default: the agent's, 1e-4 for pg and dqn).")] = None,
     from_model: Annotated[Optional[Path], typer.Option(help="Fine-tune: go on training this saved model (.npz of the same agent and action mode) instead of a new one; its sidecar is kept in the new one's.")] = None,
     widen: Annotated[bool, typer.Option(help="With --from-model: a model of the 14 observation fields of older releases goes on training with all 16 (its first layer gets zero weights for the long-memory fields, so it starts deciding as before).")] = False,
+    miss_cost: Annotated[Optional[float], typer.Option(min=0.0, help="What a missed deadline costs in training, in the task's work (default: the env's, 60). Higher trains a more cautious policy; eval scaling judges every policy at the default.")] = None,
 ) -> None:
     """Train an RL scaling agent on the simulated farm and save it (portable .npz + a JSON sidecar
     recording the command and seed)."""
@@ -161,7 +162,7 @@ def train_scaling(
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
-    from controller.features import ACTION_MODES
+    from controller.features import ACTION_MODES, RewardConfig
     from controller.training import DEFAULT_STEPS, NotContinuable, rl_agents, shipped_model, train_agent
     from p2pfaas.progress import WorkProgress
 
@@ -199,6 +200,7 @@ def train_scaling(
             trained = train_agent(agent, target, total, seed=seed, action_mode=action_mode, command=command,
                                   out=shipped_model(agent) if ship else out, warm_start=warm_start,
                                   learning_rate=learning_rate, from_model=from_model, widen=widen,
+                                  reward=RewardConfig(miss_cost=miss_cost) if miss_cost is not None else None,
                                   warm_start_progress=lambda done, all_: progress.update(demos, completed=done, total=all_),
                                   progress=lambda done, all_: progress.update(task, completed=done, total=all_))
         except NotContinuable as exc:

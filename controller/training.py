@@ -167,7 +167,8 @@ def train_agent(
                               + (f" --warm-start {warm_start}" if warm_start else "")
                               + (f" --learning-rate {learning_rate:g}" if learning_rate is not None else "")
                               + (f" --from-model {from_model}" if from_model is not None else "")
-                              + (" --widen" if widen else ""),
+                              + (" --widen" if widen else "")
+                              + (f" --miss-cost {env.reward_config.miss_cost:g}" if reward is not None else ""),
         "train_seconds": round(time.perf_counter() - started, 1),
         "episodes": len(returns),
         "last_returns_mean": round(sum(returns[-50:]) / max(1, len(returns[-50:])), 4),

@@ -75,6 +75,22 @@ def test_train_scaling_warm_start_records_how_the_model_was_made(tmp_path):
     assert result.exit_code == 2 and "warm start" in result.output
 
 
+def test_train_scaling_prices_a_miss_as_asked_and_says_so(tmp_path):
+    """--miss-cost is the training env's price of a missed deadline (risk-aware training); the
+    sidecar records the reward the env trained with."""
+    model = tmp_path / "cautious.npz"
+    result = runner.invoke(app, ["train", "pg", "--workloads", "spike", "--steps", "64", "--miss-cost", "90",
+                                 "--out", str(model)])
+    assert result.exit_code == 0, result.output
+    meta = json.loads(sidecar_of(model).read_text())
+    assert meta["reward"]["miss_cost"] == 90.0
+    default = tmp_path / "default.npz"
+    assert runner.invoke(app, ["train", "pg", "--workloads", "spike", "--steps", "64", "--out", str(default)]).exit_code == 0
+    assert json.loads(sidecar_of(default).read_text())["reward"]["miss_cost"] == 60.0
+    result = runner.invoke(app, ["train", "pg", "--miss-cost", "-1", "--out", str(tmp_path / "no.npz")])
+    assert result.exit_code == 2 and "--miss-cost" in result.output
+
+
 def test_train_scaling_from_model_goes_on_training_that_model(tmp_path):
     """Fine-tuning starts from the saved weights (not new ones), keeps the base's digest and sidecar
     (``--ship`` may overwrite the base), and refuses a model of another agent or action space."""
