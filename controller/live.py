@@ -249,8 +249,9 @@ class LiveController:
         rl = isinstance(policy, RLPolicy)
         self.policy, self.policy_name = policy, name
         self.actions = policy.actions if rl else ScalingActions("target")
-        if experience_fields(policy) != self.observe.size:   # its experiences carry the new model's own fields
-            self.observe = ObservationBuilder(self.scenario, experience_fields(policy))
+        size = experience_fields(policy)
+        if size != self.observe.size:   # its experiences carry the new model's own fields
+            self.observe = ObservationBuilder(self.scenario, size)
         self.guard = ModelGuard(policy, **self._guard_options) if rl and self.learn_online and policy.learns_online \
             else None
         self.learner_note = ""

@@ -206,7 +206,7 @@ DEBOOTSTRAP_TIMEOUT_S = 1200.0   # seen here: 1-2 min; on a busy machine with a 
 def debootstrap_rootfs(cache_dir: Path, suite: str = "bookworm", progress: Progress | None = None,
                        timeout_s: float = DEBOOTSTRAP_TIMEOUT_S) -> Path:
     """A tar of a minimal Debian ``suite`` with python3 and venv, made once and cached."""
-    tarball = cache_dir / f"rootfs-{suite}-python3.tar"
+    tarball = rootfs_tarball(cache_dir, suite)
     if tarball.is_file():
         return tarball
     if shutil.which("debootstrap") is None:
@@ -224,6 +224,11 @@ def debootstrap_rootfs(cache_dir: Path, suite: str = "bookworm", progress: Progr
     return tarball
 
 
+def rootfs_tarball(cache_dir: Path, suite: str = "bookworm") -> Path:
+    """Where ``debootstrap_rootfs`` caches ``suite``'s tar."""
+    return cache_dir / f"rootfs-{suite}-python3.tar"
+
+
 def _debootstrap(command: list[str], rootfs: Path, timeout_s: float) -> None:
     """Run ``command``; whatever ends it (a failure, its bound, an interrupt such as a test's
     timeout) ends debootstrap too and unmounts what it mounted inside ``rootfs`` (its /proc):
@@ -239,17 +244,17 @@ def _debootstrap(command: list[str], rootfs: Path, timeout_s: float) -> None:
         if process.poll() is None:
             os.killpg(process.pid, 9)
             process.wait()
-        _unmount_below(rootfs)
+        unmount_below(rootfs)
     if process.returncode != 0:
         raise RuntimeError(f"debootstrap failed ({process.returncode}): {output[-2000:]}")
 
 
-def _unmount_below(root: Path) -> None:
-    """Unmount every mount point at or below ``root``, deepest first."""
-    prefix = str(root.resolve())
+def unmount_below(root: Path) -> None:
+    """Unmount every mount point below ``root`` (not ``root`` itself), deepest first."""
+    prefix = str(root.resolve()) + "/"
     with open("/proc/self/mounts", encoding="utf-8") as mounts:
         points = [line.split()[1].replace("\\040", " ") for line in mounts]
-    for point in sorted((p for p in points if p == prefix or p.startswith(prefix + "/")), reverse=True):
+    for point in sorted((p for p in points if p.startswith(prefix)), reverse=True):
         done = subprocess.run(["umount", "-l", point], capture_output=True, text=True)
         if done.returncode != 0:
             log.warning("could not unmount %s: %s", point, done.stderr.strip())

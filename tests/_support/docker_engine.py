@@ -24,6 +24,8 @@ from typing import IO, Iterator
 import docker
 from docker.errors import DockerException
 
+from p2pfaas.images import unmount_below
+
 PR_SET_PDEATHSIG = 1
 
 
@@ -132,7 +134,7 @@ class PrivateDockerd:
             self._log.close()
             self._log = None
         for path in reversed(self._dirs):
-            _unmount_under(path)  # dockerd leaves its netns bind mount behind
+            unmount_below(path)  # dockerd leaves its netns bind mount behind
             shutil.rmtree(path, ignore_errors=True)
         self._dirs.clear()
         if self._lock is not None:
@@ -181,8 +183,3 @@ def _reachable_engine() -> docker.DockerClient | None:
     return None
 
 
-def _unmount_under(path: Path) -> None:
-    with open("/proc/mounts") as mounts:
-        points = [line.split()[1] for line in mounts if line.split()[1].startswith(f"{path}/")]
-    for point in sorted(points, key=len, reverse=True):
-        subprocess.run(["umount", "-l", point], capture_output=True)

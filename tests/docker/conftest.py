@@ -18,7 +18,6 @@ log = logging.getLogger(__name__)
 
 BASE_IMAGE = "p2pfaas-base:bookworm"
 TEST_PREFIX = re.compile(r"^t[0-9a-f]{10}$")   # the `prefix` fixture's shape
-BASE_TARBALL = "rootfs-bookworm-python3.tar"
 # The first docker test on a machine makes the base image (debootstrap: its own bound, 20 min);
 # the suite's 120 s per test would cut it off, and every later test would start it again.
 FIRST_BUILD_TIMEOUT_S = images.DEBOOTSTRAP_TIMEOUT_S + 300
@@ -26,7 +25,7 @@ _base_failure: list[str] = []   # why the base image could not be made: later te
 
 
 def pytest_collection_modifyitems(config, items):
-    first_build = not (cache_dir() / BASE_TARBALL).is_file()
+    first_build = not images.rootfs_tarball(cache_dir()).is_file()
     for item in items:
         if "tests/docker/" in str(item.fspath).replace("\\", "/"):
             item.add_marker(pytest.mark.docker)
@@ -61,7 +60,7 @@ def base_image(docker_client) -> str:
     """A Debian bookworm image with python3 + venv, from debootstrap (about a minute, once per machine)."""
     if _base_failure:
         pytest.fail(f"no base image (an earlier test tried): {_base_failure[0]}")
-    if shutil.which("debootstrap") is None and not (cache_dir() / BASE_TARBALL).exists():
+    if shutil.which("debootstrap") is None and not images.rootfs_tarball(cache_dir()).exists():
         pytest.fail("debootstrap is not installed: apt-get install -y debootstrap (.ci/run does this)")
     try:
         return images.import_base_image(docker_client, BASE_IMAGE, cache_dir(), progress=log.info)

@@ -12,6 +12,7 @@ import tomllib
 from pathlib import Path
 
 import pytest
+from stack_processes import alive
 from typer.testing import CliRunner
 
 from p2pfaas import images
@@ -70,14 +71,6 @@ def test_image_build_cli_without_an_engine_says_so(monkeypatch):
     assert "no Docker engine at unix:///nonexistent/docker.sock" in result.output
 
 
-def running(pid: int) -> bool:
-    """Alive and not a zombie (a killed orphan waits for init to reap it)."""
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
-    except FileNotFoundError:
-        return False
-
-
 @pytest.mark.skipif(os.geteuid() != 0, reason="mounts a tmpfs as debootstrap mounts /proc: needs root")
 def test_a_debootstrap_cut_off_is_stopped_and_leaves_nothing_mounted(tmp_path):
     """Past its bound (or interrupted), the base-image build stops debootstrap and unmounts what it
@@ -91,7 +84,7 @@ def test_a_debootstrap_cut_off_is_stopped_and_leaves_nothing_mounted(tmp_path):
     with open("/proc/self/mounts", encoding="utf-8") as mounts:
         assert not [line for line in mounts if str(rootfs) in line]
     for pid in map(int, pids.read_text().split()):   # the command and its child: the whole group
-        assert not running(pid)
+        assert not alive(pid)   # a killed orphan may stay a zombie until init reaps it
     shutil.rmtree(rootfs)
 
 
