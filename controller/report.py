@@ -5,6 +5,8 @@ peer's return, and use <= 1.15x the lookahead oracle's workers at 99 %."""
 
 from __future__ import annotations
 
+import math
+import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -31,6 +33,7 @@ class TargetCheck:
     episode_return: float
     best_peer: str
     best_peer_return: float
+    gap_se: float                     # standard error of the per-episode return gap to the best peer
     scaling_actions: float
     reactive_actions: float
 
@@ -46,9 +49,22 @@ class TargetCheck:
     def beats_peers(self) -> bool:
         return self.episode_return > self.best_peer_return
 
+    @property
+    def gap(self) -> float:
+        return self.episode_return - self.best_peer_return
+
 
 def _mean(p: PolicyReport, key: str) -> float:
     return p.metrics[key].mean
+
+
+def paired_se(p: PolicyReport, q: PolicyReport) -> float:
+    """Standard error of the mean per-episode return difference of two policies run on the same
+    seeds; NaN for a single episode. A gap within about two of them is for more episodes to decide."""
+    if [e.seed for e in p.episodes] != [e.seed for e in q.episodes]:
+        raise ValueError(f"{p.name} and {q.name} did not run the same episodes")
+    gaps = [a.episode_return - b.episode_return for a, b in zip(p.episodes, q.episodes)]
+    return statistics.stdev(gaps) / math.sqrt(len(gaps)) if len(gaps) > 1 else float("nan")
 
 
 def _reference(report: EvalReport, word: str, unless: str = "\0") -> PolicyReport | None:
@@ -73,7 +89,7 @@ def target_checks(reports: Sequence[EvalReport]) -> list[TargetCheck]:
             peer_reaches_99=any(_mean(q, "qos_pct") >= QOS_TARGET_PCT for q in peers),
             workers_vs_lookahead=_mean(p, "mean_workers") / _mean(lookahead, "mean_workers"),
             episode_return=_mean(p, "episode_return"), best_peer=best.name,
-            best_peer_return=_mean(best, "episode_return"),
+            best_peer_return=_mean(best, "episode_return"), gap_se=paired_se(p, best),
             scaling_actions=_mean(p, "scaling_actions"),
             reactive_actions=min((_mean(r, "scaling_actions") for r in reactive), default=float("nan")),
         ) for p in rl)
@@ -113,7 +129,7 @@ def _mark(ok: bool | None) -> str:
 
 
 TARGET_HEADERS = ("scenario", "RL policy", "QoS % (ceiling)", ">= 99 % (if a peer is)", "workers / lookahead",
-                  "<= 1.15 at 99 %", "return (best peer)", "> peers", "actions (reactive)")
+                  "<= 1.15 at 99 %", "return (best peer)", "> peers", "gap ± se", "actions (reactive)")
 
 
 def target_rows(checks: Sequence[TargetCheck]) -> list[tuple[str, ...]]:
@@ -121,8 +137,13 @@ def target_rows(checks: Sequence[TargetCheck]) -> list[tuple[str, ...]]:
         c.scenario, c.policy, f"{c.qos_pct:.2f} ({c.qos_ceiling_pct:.2f})", _mark(c.qos_ok),
         f"{c.workers_vs_lookahead:.2f}", _mark(c.workers_ok),
         f"{c.episode_return:.1f} ({c.best_peer.split(' (')[0]} {c.best_peer_return:.1f})", _mark(c.beats_peers),
+        _gap(c),
         f"{c.scaling_actions:.1f} ({c.reactive_actions:.1f})",
     ) for c in checks]
+
+
+def _gap(c: TargetCheck) -> str:
+    return f"{c.gap:+.1f}" if math.isnan(c.gap_se) else f"{c.gap:+.1f} ± {c.gap_se:.1f}"
 
 
 def _cell(p: PolicyReport, key: str, fmt: str) -> str:
@@ -217,10 +238,12 @@ def targets_tables(checks: Sequence[TargetCheck]) -> list:
                              "the largest pool's QoS; / lookahead: mean workers over the lookahead oracle's, at "
                              "most 1.15 at 99 %; actions: scaling actions (the reactive baselines' are above)")
     peers = text_table(
-        "RL targets: the peers", ("scenario", "RL", "return", "> peers", "best peer", "peer's"),
+        "RL targets: the peers", ("scenario", "RL", "return", "> peers", "best peer", "peer's", "gap ± se"),
         [(c.scenario, c.policy, f"{c.episode_return:.1f}", _mark(c.beats_peers), c.best_peer.split(" (")[0],
-          f"{c.best_peer_return:.1f}") for c in checks], text=(0, 1, 4),
-        caption="peers: every baseline and causal rule; return: the env's (higher is better), the best peer's")
+          f"{c.best_peer_return:.1f}", _gap(c)) for c in checks], text=(0, 1, 4),
+        caption="peers: every baseline and causal rule; return: the env's (higher is better), the best peer's; "
+                "gap: the return minus the best peer's, ± its standard error over the same episodes (a gap "
+                "within about two of them is for more episodes to decide: --episodes)")
     return [limit, peers]
 
 

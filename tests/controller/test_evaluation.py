@@ -16,7 +16,7 @@ from controller.evaluation import (
     write_plots,
 )
 from controller.oracle import ORACLE_BETAS, InstantResizeOracle, LookaheadOracle
-from controller.report import markdown_report, report_table, target_checks
+from controller.report import markdown_report, paired_se, report_table, target_checks
 from controller.scenario import load_scenario
 from controller.training import load_model, load_rl_policy, rl_agents, sidecar_of, train_agent
 
@@ -170,8 +170,28 @@ def test_generated_evaluation_with_references_and_target_checks(tmp_path):
     assert check.policy == "sarsa" and check.best_peer == "reactive-avg"
     assert check.workers_vs_lookahead == pytest.approx(mean(sarsa, "mean_workers") / mean(lookahead, "mean_workers"))
     assert check.beats_peers == (mean(sarsa, "episode_return") > mean(peer, "episode_return"))
+    gaps = [a.episode_return - b.episode_return for a, b in zip(sarsa.episodes, peer.episodes)]
+    assert check.gap == pytest.approx(np.mean(gaps))
+    assert check.gap_se == pytest.approx(np.std(gaps, ddof=1) / np.sqrt(3)) and check.gap_se > 0
     assert check.qos_ok == (None if mean(peer, "qos_pct") < 99 else mean(sarsa, "qos_pct") >= 99)
     assert check.workers_ok == (mean(sarsa, "qos_pct") >= 99 and check.workers_vs_lookahead <= 1.15)
     assert "| **sarsa** |" in markdown_report([rep], 3, 5)
     with pytest.raises(ValueError, match="PolicySpec"):
         evaluate("generated", [FixedSize(load_scenario("steady"))], episodes=2)
+
+
+def test_the_gap_to_a_peer_is_paired_per_episode():
+    """Two policies on the same seeds: the gap's standard error is that of the per-episode differences,
+    NaN for a single episode, and a report of other seeds is refused, not paired."""
+    specs = [PolicySpec("fixed-9", lambda sc: make_baseline("fixed-9", sc)),
+             PolicySpec("reactive-max", lambda sc: make_baseline("reactive-max", sc))]
+    three = evaluate("steady", specs, episodes=3, seed=4)
+    a, b = three.policies
+    gaps = [x.episode_return - y.episode_return for x, y in zip(a.episodes, b.episodes)]
+    assert paired_se(a, b) == pytest.approx(np.std(gaps, ddof=1) / np.sqrt(3))
+    one = evaluate("steady", specs, episodes=1, seed=4)
+    assert np.isnan(paired_se(*one.policies))
+    later = evaluate("steady", specs, episodes=3, seed=5)
+    for other in (one, later):
+        with pytest.raises(ValueError, match="not run the same episodes"):
+            paired_se(a, other.policies[1])
