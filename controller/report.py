@@ -46,12 +46,12 @@ class TargetCheck:
         return self.qos_pct >= QOS_TARGET_PCT and self.workers_vs_lookahead <= LOOKAHEAD_FACTOR
 
     @property
-    def beats_peers(self) -> bool:
-        return self.episode_return > self.best_peer_return
-
-    @property
     def gap(self) -> float:
         return self.episode_return - self.best_peer_return
+
+    @property
+    def beats_peers(self) -> bool:
+        return self.gap > 0
 
 
 def _mean(p: PolicyReport, key: str) -> float:
