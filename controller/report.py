@@ -189,8 +189,9 @@ def _fits(headers: Sequence[str], rows: Sequence[Sequence[str]], width: int) -> 
 
 
 def text_table(title: str, headers: Sequence[str], rows: Sequence[Sequence[str]], *, text: Sequence[int] = (0,),
-               caption: str | None = None, styles: Sequence[str | None] | None = None):
-    """The ``text`` columns are never wrapped nor cut, numbers fold; the caption is wrapped to the console."""
+               caption: str | None = None, styles: Sequence[str | None] | None = None, words: Sequence[int] = ()):
+    """The ``text`` columns are never wrapped nor cut, the ``words`` columns wrap between words, and the
+    other columns (numbers) fold only their cells, never their header; the caption wraps to the console."""
     from rich import box
     from rich.console import Group
     from rich.table import Table
@@ -198,7 +199,9 @@ def text_table(title: str, headers: Sequence[str], rows: Sequence[Sequence[str]]
 
     table = Table(title=title, box=box.SIMPLE_HEAD, show_edge=False, padding=(0, 1, 0, 0), title_justify="left")
     for i, header in enumerate(headers):
-        table.add_column(header, justify="left" if i in text else "right", no_wrap=i in text, overflow="fold")
+        # a header's longest word is the narrowest a column gets: "retur|n" read as two words
+        table.add_column(header, justify="left" if i in text or i in words else "right", no_wrap=i in text,
+                         overflow="fold", min_width=max(len(w) for w in header.split()))
     for i, row in enumerate(rows):
         table.add_row(*row, style=styles[i] if styles else None)
     return Group(table, Text(caption)) if caption else table
@@ -240,7 +243,7 @@ def targets_tables(checks: Sequence[TargetCheck]) -> list:
     peers = text_table(
         "RL targets: the peers", ("scenario", "RL", "return", "> peers", "best peer", "peer's", "gap ± se"),
         [(c.scenario, c.policy, f"{c.episode_return:.1f}", _mark(c.beats_peers), c.best_peer.split(" (")[0],
-          f"{c.best_peer_return:.1f}", _gap(c)) for c in checks], text=(0, 1, 4),
+          f"{c.best_peer_return:.1f}", _gap(c)) for c in checks], text=(0, 1), words=(4,),
         caption="peers: every baseline and causal rule; return: the env's (higher is better), the best peer's; "
                 "gap: the return minus the best peer's, ± its standard error over the same episodes (a gap "
                 "within about two of them is for more episodes to decide: --episodes)")

@@ -16,7 +16,7 @@ from controller.evaluation import (
     write_plots,
 )
 from controller.oracle import ORACLE_BETAS, InstantResizeOracle, LookaheadOracle
-from controller.report import markdown_report, paired_se, report_table, target_checks
+from controller.report import TargetCheck, markdown_report, paired_se, report_table, target_checks, targets_tables
 from controller.scenario import load_scenario
 from controller.training import load_model, load_rl_policy, rl_agents, sidecar_of, train_agent
 
@@ -66,6 +66,31 @@ def test_outputs(report, tmp_path):
     assert png.name == "scaling-bursty.png" and png.read_bytes()[:4] == b"\x89PNG"
     table, legend = report_table(report).renderables
     assert table.row_count == 4 and "QoS %" in [c.header for c in table.columns] and "over the episodes" in str(legend)
+
+
+def test_a_long_peer_name_wraps_between_words_and_no_header_or_number_is_cut_at_80_columns():
+    """A rule's full name as the best peer (generated workloads, 1,000 episodes) once squeezed the
+    number columns until their headers read "retur / n" and "peer' / s"."""
+    from rich.console import Console
+
+    peer = "rule hysteresis beta 4 band [1.5, 6]"
+    check = TargetCheck("generated", "pg", 98.06, 99.05, False, 0.94, -27.2, f"{peer} (best of 12 rules)", -26.66,
+                        0.40, 9.9, 34.9)
+    console = Console(width=80, record=True, color_system=None)
+    for table in targets_tables([check]):
+        console.print(table)
+    lines = console.export_text().splitlines()
+    assert max(len(line.rstrip()) for line in lines) <= 80
+    header = next(line for line in lines if line.startswith("scenario") and "best peer" in line)
+    assert header.split() == ["scenario", "RL", "return", ">", "peers", "best", "peer", "peer's", "gap", "±", "se"]
+    row = lines[lines.index(header) + 2]
+    assert row.split()[:4] == ["generated", "pg", "-27.2", "no"] and "-26.7" in row and "-0.5 ± 0.4" in row
+    start, end = header.index("best peer"), header.index("peer's")
+    at = lines.index(header) + 2
+    cell = [lines[at][start:end].strip()]
+    while not lines[at + len(cell)][:start].strip():   # the row's continuation lines
+        cell.append(lines[at + len(cell)][start:end].strip())
+    assert " ".join(cell) == peer, lines   # whole, wrapped between its words
 
 
 RL = sorted(rl_agents())
