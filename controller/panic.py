@@ -1,7 +1,7 @@
 """Knative's panic mode between control periods: every ``tick_s`` pulse, ``need = rate x S + queue
 x S / period``; at ``threshold`` x the workers (ready + starting) the target rises at once to
-``ceil(need + sqrt(need))`` (never lowered: the policy does that). The simulator and the live
-controller run this same rule."""
+``ceil(need + headroom x sqrt(need))`` (never lowered: the policy does that). The simulator and the
+live controller run this same rule."""
 
 from __future__ import annotations
 
@@ -12,7 +12,10 @@ from broker.messages import PoolPulse
 from controller.scenario import Scenario
 
 TICK_S = 2.0          # Knative's autoscaler tick
-THRESHOLD = 2.0       # Knative's panic threshold: 200 % of the capacity there is
+# Knative panics at 200 % of the capacity there is; a surge of 1.4-2x met a lean pool for a whole
+# period at that, the generated workloads' costliest episodes (docs/autoscaling.md)
+THRESHOLD = 1.4
+HEADROOM = 2.0        # the raised target's square-root staffing: need + 2 sqrt(need)
 
 
 @dataclass(frozen=True)
@@ -20,6 +23,7 @@ class PanicRule:
     scenario: Scenario
     tick_s: float = TICK_S
     threshold: float = THRESHOLD
+    headroom: float = HEADROOM
 
     def need(self, pulse: PoolPulse) -> float:
         service = self.scenario.mean_service_s
@@ -32,5 +36,5 @@ class PanicRule:
         capacity = max(1, pulse.workers_ready + pulse.workers_starting)
         if need < self.threshold * capacity:
             return None
-        raised = min(self.scenario.workers.max, math.ceil(need + math.sqrt(need)))
+        raised = min(self.scenario.workers.max, math.ceil(need + self.headroom * math.sqrt(need)))
         return raised if raised > target else None

@@ -13,7 +13,7 @@ from broker.subjects import Subjects
 from controller.env import SimulatedFarm
 from controller.evaluation import run_episode
 from controller.live import LiveController
-from controller.panic import PanicRule
+from controller.panic import HEADROOM, THRESHOLD, PanicRule
 from support import Collector, wait_until
 
 from .conftest import make_scenario, telemetry
@@ -44,8 +44,11 @@ def test_the_rule_raises_to_the_square_root_staffing_of_the_need_and_never_lower
     rule = PanicRule(BURST)
     need = 20 / 2.0 * 1.0 + 8 * 1.0 / 8.0   # 10/s x 1 s, and 8 queued drained in one period
     assert rule.need(pulse(arrivals=20, queue_length=8)) == pytest.approx(need)
-    assert rule.react(pulse(arrivals=20, queue_length=8), target=1) == math.ceil(need + math.sqrt(need))
-    assert rule.react(pulse(arrivals=20, queue_length=8, workers_ready=6), target=6) is None   # 11 < 2 x 6: no panic
+    assert rule.react(pulse(arrivals=20, queue_length=8), target=1) == math.ceil(need + HEADROOM * math.sqrt(need))
+    assert THRESHOLD * 7 <= need < THRESHOLD * 8
+    assert rule.react(pulse(arrivals=20, queue_length=8, workers_ready=8), target=8) is None   # 11 < 1.4 x 8: no panic
+    assert rule.react(pulse(arrivals=20, queue_length=8, workers_ready=7), target=7) is not None
+    assert PanicRule(BURST, threshold=2.0).react(pulse(arrivals=20, queue_length=8, workers_ready=6), target=6) is None
     assert rule.react(pulse(arrivals=20, queue_length=8), target=20) is None                  # never lower
     assert rule.react(pulse(arrivals=400), target=1) == BURST.workers.max                     # within bounds
 
@@ -69,13 +72,13 @@ async def test_live_the_controller_raises_the_target_on_a_pulse_and_says_why(nc,
             await nc.publish(s.pulse("n1", "farm"), encode(pulse(arrivals=20)))   # before the first telemetry: ignored
             await nc.publish(s.telemetry("n1", "farm"), encode(telemetry(node="n1", pool="farm", workers_ready=1)))
             await wait_until(lambda: len(commands.messages) == 1)
-            await nc.publish(s.pulse("n1", "farm"), encode(pulse(arrivals=3)))    # 1.5 busy for 1: below 2x, no panic
+            await nc.publish(s.pulse("n1", "farm"), encode(pulse(arrivals=2)))    # 1 busy for 1: below 1.4x, no panic
             await nc.publish(s.pulse("n1", "farm"), encode(pulse(arrivals=20)))
             await wait_until(lambda: len(commands.messages) == 2)
-            assert ctl.target == math.ceil(10 + math.sqrt(10)) and ctl.panics == 1
+            assert ctl.target == math.ceil(10 + HEADROOM * math.sqrt(10)) and ctl.panics == 1
     first, raised = (decode(ScaleCommand, m.data) for m in commands.messages)
     assert (first.target_workers, first.reason) == (1, "kept")
-    assert (raised.target_workers, raised.reason) == (14, "panic")
+    assert (raised.target_workers, raised.reason) == (17, "panic")
 
 
 async def test_a_baseline_is_left_to_its_own_rule_unless_told(nc, prefix):
