@@ -6,7 +6,7 @@ live controller run this same rule."""
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 
 from broker.messages import PoolPulse
 from controller.scenario import Scenario
@@ -38,3 +38,8 @@ class PanicRule:
             return None
         raised = min(self.scenario.workers.max, math.ceil(need + self.headroom * math.sqrt(need)))
         return raised if raised > target else None
+
+
+def default_settings() -> dict[str, float]:
+    """The rule the simulator and the controller run unless told otherwise, as a model's sidecar records it."""
+    return {f.name: f.default for f in fields(PanicRule) if f.name != "scenario"}

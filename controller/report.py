@@ -53,6 +53,11 @@ class TargetCheck:
     def beats_peers(self) -> bool:
         return self.gap > 0
 
+    @property
+    def peer_name(self) -> str:
+        """The best peer's name without its note ("rule X (best of 12 rules)" -> "rule X")."""
+        return self.best_peer.split(" (")[0]
+
 
 def _mean(p: PolicyReport, key: str) -> float:
     return p.metrics[key].mean
@@ -136,7 +141,7 @@ def target_rows(checks: Sequence[TargetCheck]) -> list[tuple[str, ...]]:
     return [(
         c.scenario, c.policy, f"{c.qos_pct:.2f} ({c.qos_ceiling_pct:.2f})", _mark(c.qos_ok),
         f"{c.workers_vs_lookahead:.2f}", _mark(c.workers_ok),
-        f"{c.episode_return:.1f} ({c.best_peer.split(' (')[0]} {c.best_peer_return:.1f})", _mark(c.beats_peers),
+        f"{c.episode_return:.1f} ({c.peer_name} {c.best_peer_return:.1f})", _mark(c.beats_peers),
         _gap(c),
         f"{c.scaling_actions:.1f} ({c.reactive_actions:.1f})",
     ) for c in checks]
@@ -242,7 +247,7 @@ def targets_tables(checks: Sequence[TargetCheck]) -> list:
                              "most 1.15 at 99 %; actions: scaling actions (the reactive baselines' are above)")
     peers = text_table(
         "RL targets: the peers", ("scenario", "RL", "return", "> peers", "best peer", "peer's", "gap ± se"),
-        [(c.scenario, c.policy, f"{c.episode_return:.1f}", _mark(c.beats_peers), c.best_peer.split(" (")[0],
+        [(c.scenario, c.policy, f"{c.episode_return:.1f}", _mark(c.beats_peers), c.peer_name,
           f"{c.best_peer_return:.1f}", _gap(c)) for c in checks], text=(0, 1), words=(4,),
         caption="peers: every baseline and causal rule; return: the env's (higher is better), the best peer's; "
                 "gap: the return minus the best peer's, ± its standard error over the same episodes (a gap "

@@ -161,8 +161,7 @@ def train_agent(
         "kind": kind, "algorithm": agent.algorithm, "purpose": "scaling", "action_mode": action_mode,
         "workloads": name, "steps": steps, "seed": seed, "reward": dataclasses.asdict(env.reward_config),
         # the reaction between periods it trained with: the live controller runs today's (controller/panic.py)
-        "panic": ({"threshold": panic.THRESHOLD, "headroom": panic.HEADROOM, "tick_s": panic.TICK_S}
-                  if env.panic else None),
+        "panic": panic.default_settings() if env.panic else None,
         **({"warm_start": imitated} if imitated else {}),
         **({"learning_rate": learning_rate} if learning_rate is not None else {}),
         **({"from_model": base} if base else {}),

@@ -16,6 +16,7 @@ from controller.evaluation import (
     write_plots,
 )
 from controller.oracle import ORACLE_BETAS, InstantResizeOracle, LookaheadOracle
+from controller.panic import HEADROOM, THRESHOLD
 from controller.report import TargetCheck, markdown_report, paired_se, report_table, target_checks, targets_tables
 from controller.scenario import load_scenario
 from controller.training import load_model, load_rl_policy, rl_agents, sidecar_of, train_agent
@@ -109,6 +110,7 @@ def test_train_save_load_evaluate(kind, tmp_path):
     assert len(trained.metrics["charts/episodic_return"]) == 300 // sc.steps
     meta = json.loads(sidecar_of(trained.path).read_text())
     assert meta["seed"] == 0 and meta["steps"] == 300 and meta["kind"] == kind and "train scaling" in meta["command"]
+    assert meta["panic"] == {"threshold": THRESHOLD, "headroom": HEADROOM, "tick_s": 2.0}   # the rule it trained under
     assert load_model(trained.path)[1] == meta
     policy = load_rl_policy(trained.path, sc)
     result = evaluate(sc, [policy], episodes=1, seed=0)
