@@ -6,6 +6,7 @@ from pathlib import Path
 
 import orjson
 
+from controller import panic
 from controller.baselines import ScalingPolicy, make_baseline
 from controller.names import AUTO, MODEL_SUFFIX, SB3_SUFFIX, canonical
 from controller.scenario import Scenario
@@ -22,13 +23,39 @@ from controller.training import (
 AUTO_KIND = "pg"                         # what "auto" runs: the shipped PPO (the best shipped model, docs/autoscaling.md)
 
 
+def _reaction(settings: dict) -> str:
+    def value(key: str) -> str:
+        v = settings.get(key)
+        return f"{v:g}" if isinstance(v, (int, float)) else "?"
+    return f"{value('threshold')}x the pool, raising to need + {value('headroom')} sqrt(need)"
+
+
+def reaction_note(meta: dict) -> str | None:
+    """What to know when a model trained under another reaction between periods than the controller's:
+    it was trained for one, so it may hold too few or too many workers under another."""
+    current = panic.default_settings()
+    if "panic" not in meta:
+        return (f"it does not record the reaction between periods it trained with (older models); the controller's "
+                f"is at {_reaction(current)}")
+    trained = meta["panic"]
+    if trained is None:
+        return f"it trained without the reaction between periods; the controller's is at {_reaction(current)}"
+    if {k: trained.get(k) for k in current} != current:
+        return (f"it trained with the reaction between periods at {_reaction(trained)}, the controller's is at "
+                f"{_reaction(current)}: fine-tune it under this one (docs/autoscaling.md)")
+    return None
+
+
 def describe_model(path: Path) -> str:
-    """One line on where a model comes from (its sidecar's training command and seed)."""
+    """One line on where a model comes from (its sidecar's training command and seed), and whether it
+    trained under the controller's reaction between periods."""
     try:
         meta = orjson.loads(sidecar_of(path).read_bytes())
     except (OSError, orjson.JSONDecodeError):
         return str(path)
-    return f"{path} (trained with `{meta.get('command', '?')}`, seed {meta.get('seed', '?')})"
+    note = reaction_note(meta)
+    return (f"{path} (trained with `{meta.get('command', '?')}`, seed {meta.get('seed', '?')})"
+            + (f"; {note}" if note else ""))
 
 
 def model_for(kind: str, models_dir: Path) -> tuple[Path, bool]:

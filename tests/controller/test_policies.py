@@ -41,3 +41,25 @@ def test_your_own_model_wins_and_files_and_baselines_resolve(tmp_path):
         resolve_policy("alphago", SC, tmp_path)
     with pytest.raises(ValueError, match="no model file"):
         resolve_policy(str(tmp_path / "missing.npz"), SC, tmp_path)
+
+
+def test_a_model_trained_under_another_reaction_between_periods_says_so(tmp_path):
+    from controller import panic
+    from controller.policies import describe_model
+
+    own = train_agent("sarsa", "generated", 100, seed=1, out=tmp_path / "scaling-sarsa-mixed-target.npz")
+    assert "reaction between periods" not in describe_model(own.path)   # trained under today's rule
+    sidecar = sidecar_of(own.path)
+    meta = json.loads(sidecar.read_text())
+    assert meta["panic"] == panic.default_settings()
+    for trained, says in (({**meta["panic"], "threshold": 2.0, "headroom": 1.0},
+                           "trained with the reaction between periods at 2x the pool, raising to need + 1 sqrt"),
+                          (None, "trained without the reaction between periods"),
+                          ({"threshold": 2.0}, "at 2x the pool, raising to need + ? sqrt")):
+        sidecar.write_text(json.dumps({**meta, "panic": trained}))
+        note = describe_model(own.path)
+        assert says in note and f"the controller's is at {panic.THRESHOLD:g}x the pool" in note
+    sidecar.write_text(json.dumps({k: v for k, v in meta.items() if k != "panic"}))
+    assert "does not record the reaction between periods" in describe_model(own.path)
+    _, _, note = resolve_policy(str(own.path), SC, tmp_path / "none")   # what up and controller print
+    assert "does not record the reaction between periods" in note
