@@ -40,6 +40,9 @@ def reaction_note(meta: dict) -> str | None:
     trained = meta["panic"]
     if trained is None:
         return f"it trained without the reaction between periods; the controller's is at {_reaction(current)}"
+    if not isinstance(trained, dict):
+        return (f"its sidecar's reaction between periods ({trained!r}) is unreadable; the controller's is at "
+                f"{_reaction(current)}")
     if {k: trained.get(k) for k in current} != current:
         return (f"it trained with the reaction between periods at {_reaction(trained)}, the controller's is at "
                 f"{_reaction(current)}: fine-tune it under this one (docs/autoscaling.md)")
@@ -52,6 +55,8 @@ def describe_model(path: Path) -> str:
     try:
         meta = orjson.loads(sidecar_of(path).read_bytes())
     except (OSError, orjson.JSONDecodeError):
+        return str(path)
+    if not isinstance(meta, dict):
         return str(path)
     note = reaction_note(meta)
     return (f"{path} (trained with `{meta.get('command', '?')}`, seed {meta.get('seed', '?')})"

@@ -55,7 +55,8 @@ def test_a_model_trained_under_another_reaction_between_periods_says_so(tmp_path
     for trained, says in (({**meta["panic"], "threshold": 2.0, "headroom": 1.0},
                            "trained with the reaction between periods at 2x the pool, raising to need + 1 sqrt"),
                           (None, "trained without the reaction between periods"),
-                          ({"threshold": 2.0}, "at 2x the pool, raising to need + ? sqrt")):
+                          ({"threshold": 2.0}, "at 2x the pool, raising to need + ? sqrt"),
+                          (1.4, "reaction between periods (1.4) is unreadable")):
         sidecar.write_text(json.dumps({**meta, "panic": trained}))
         note = describe_model(own.path)
         assert says in note and f"the controller's is at {panic.THRESHOLD:g}x the pool" in note
@@ -63,3 +64,5 @@ def test_a_model_trained_under_another_reaction_between_periods_says_so(tmp_path
     assert "does not record the reaction between periods" in describe_model(own.path)
     _, _, note = resolve_policy(str(own.path), SC, tmp_path / "none")   # what up and controller print
     assert "does not record the reaction between periods" in note
+    sidecar.write_text("[]")   # not a sidecar at all: the path alone, no crash
+    assert describe_model(own.path) == str(own.path)
