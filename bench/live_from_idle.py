@@ -3,17 +3,20 @@ minimum), then `p2pfaas farm run --scenario bursty` at speed 1. One stack per co
 after the other on the same machine, the same seed for every run.
 
     .venv/bin/python bench/live_from_idle.py [--idle 120] [--controllers auto,reactive-max,kpa]
-                                             [--speed 1] [--json out.json]
+                                             [--rounds 1] [--speed 1] [--json out.json]
 
 Per controller: deadlines met, worker-seconds and mean workers of the farm pool, scaling
 actions, and the panics (targets raised between decisions) the controller's log names. About 7
-minutes per controller at speed 1 (start, idle, the 248 s episode and its grace).
+minutes per controller at speed 1 (start, idle, the 248 s episode and its grace). With
+``--rounds N`` every controller runs N times, the order rotated each round so that none always
+runs first or last on a shared machine, and the medians come last.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import statistics
 import subprocess
 import tempfile
 import time
@@ -54,23 +57,39 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--idle", type=float, default=120.0, help="seconds the stack idles before the run")
     parser.add_argument("--controllers", default="auto,reactive-max,kpa")
+    parser.add_argument("--rounds", type=int, default=1, help="runs per controller, the order rotated each round")
     parser.add_argument("--speed", type=float, default=1.0)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()
+    if args.rounds < 1:
+        parser.error("--rounds must be >= 1")
+    controllers = args.controllers.split(",")
     rows = []
     with tempfile.TemporaryDirectory(prefix="live-idle-") as tmp:
-        for controller in args.controllers.split(","):
-            row = run(controller, args.idle, args.speed, args.seed, Path(tmp))
-            rows.append(row)
-            print(f"{controller}: QoS {100 * row['qos']:.2f} %, {row['worker_seconds']:.0f} worker-s, "
-                  f"{row['mean_workers']:.1f} mean workers, {row['scaling_actions']} actions, "
-                  f"{row['panics']} panics, lost {row['lost']}", flush=True)
-    print("\n| controller | deadlines met | worker-seconds | mean workers | scaling actions | panics |")
-    print("|---|---|---|---|---|---|")
+        for r in range(args.rounds):
+            for controller in controllers[r % len(controllers):] + controllers[:r % len(controllers)]:
+                row = run(controller, args.idle, args.speed, args.seed, Path(tmp) / f"round-{r + 1}")
+                rows.append({**row, "round": r + 1})
+                print(f"round {r + 1}, {controller}: QoS {100 * row['qos']:.2f} %, {row['worker_seconds']:.0f} "
+                      f"worker-s, {row['mean_workers']:.1f} mean workers, {row['scaling_actions']} actions, "
+                      f"{row['panics']} panics, lost {row['lost']}", flush=True)
+    print("\n| round | controller | deadlines met | worker-seconds | mean workers | scaling actions | panics |")
+    print("|---|---|---|---|---|---|---|")
     for r in rows:
-        print(f"| {r['controller']} | {100 * r['qos']:.2f} % of {r['tasks']} | {r['worker_seconds']:,.0f} | "
-              f"{r['mean_workers']:.1f} | {r['scaling_actions']} | {r['panics']} |")
+        print(f"| {r['round']} | {r['controller']} | {100 * r['qos']:.2f} % of {r['tasks']} | "
+              f"{r['worker_seconds']:,.0f} | {r['mean_workers']:.1f} | {r['scaling_actions']} | {r['panics']} |")
+    if args.rounds > 1:
+        print(f"\nmedians over {args.rounds} rounds")
+        print("| controller | deadlines met | worker-seconds | fewer worker-seconds than, in how many rounds |")
+        print("|---|---|---|---|")
+        spent = {(r["controller"], r["round"]): r["worker_seconds"] for r in rows}
+        for c in controllers:
+            mine = [r for r in rows if r["controller"] == c]
+            fewer = ", ".join(f"{o} {sum(spent[c, k] < spent[o, k] for k in range(1, args.rounds + 1))}/{args.rounds}"
+                              for o in controllers if o != c)
+            print(f"| {c} | {100 * statistics.median(r['qos'] for r in mine):.2f} % | "
+                  f"{statistics.median(r['worker_seconds'] for r in mine):,.0f} | {fewer} |")
     if args.json:
         args.json.write_text(json.dumps(rows, indent=2))
 
