@@ -34,19 +34,18 @@ def reaction_note(meta: dict) -> str | None:
     """What to know when a model trained under another reaction between periods than the controller's:
     it was trained for one, so it may hold too few or too many workers under another."""
     current = panic.default_settings()
+    trained = meta.get("panic")
+    if isinstance(trained, dict) and {k: trained.get(k) for k in current} == current:
+        return None
     if "panic" not in meta:
-        return (f"it does not record the reaction between periods it trained with (older models); the controller's "
-                f"is at {_reaction(current)}")
-    trained = meta["panic"]
-    if trained is None:
-        return f"it trained without the reaction between periods; the controller's is at {_reaction(current)}"
-    if not isinstance(trained, dict):
-        return (f"its sidecar's reaction between periods ({trained!r}) is unreadable; the controller's is at "
-                f"{_reaction(current)}")
-    if {k: trained.get(k) for k in current} != current:
-        return (f"it trained with the reaction between periods at {_reaction(trained)}, the controller's is at "
-                f"{_reaction(current)}: fine-tune it under this one (docs/autoscaling.md)")
-    return None
+        why = "it does not record the reaction between periods it trained with (older models)"
+    elif trained is None:
+        why = "it trained without the reaction between periods"
+    elif isinstance(trained, dict):
+        why = f"it trained with the reaction between periods at {_reaction(trained)}"
+    else:
+        why = f"its sidecar's reaction between periods ({trained!r}) is unreadable"
+    return f"{why}; the controller's is at {_reaction(current)} (docs/autoscaling.md: fine-tune it under this one)"
 
 
 def describe_model(path: Path) -> str:
@@ -55,7 +54,7 @@ def describe_model(path: Path) -> str:
     try:
         meta = orjson.loads(sidecar_of(path).read_bytes())
     except (OSError, orjson.JSONDecodeError):
-        return str(path)
+        meta = None
     if not isinstance(meta, dict):
         return str(path)
     note = reaction_note(meta)
